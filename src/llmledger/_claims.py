@@ -1,0 +1,70 @@
+"""Who holds a claim, and whether that holder is still alive.
+
+A claim is written as ``host/pid/run_id``. A claim from this host whose process
+is gone (a crash, a kernel restart) or whose run has ended in this very process
+can be taken back at once; any other claim is left alone until it is older than
+`stale_after`, because we cannot see into other machines.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+
+_active_runs: set[str] = set()
+_active_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Claimant:
+    host: str
+    pid: int
+    run_id: str
+
+    @classmethod
+    def new(cls) -> Claimant:
+        return cls(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
+
+    @classmethod
+    def parse(cls, text: str) -> Claimant | None:
+        host, sep, rest = text.rpartition("/")
+        host, sep2, pid = host.rpartition("/")
+        if not (sep and sep2 and pid.isdigit()):
+            return None
+        return cls(host, int(pid), rest)
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.pid}/{self.run_id}"
+
+    def __enter__(self) -> Claimant:
+        with _active_lock:
+            _active_runs.add(self.run_id)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _active_lock:
+            _active_runs.discard(self.run_id)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def is_abandoned(claim: str) -> bool:
+    """True when the claim's holder certainly no longer runs (same host only)."""
+    holder = Claimant.parse(claim)
+    if holder is None or holder.host != socket.gethostname():
+        return False
+    if holder.pid == os.getpid():
+        with _active_lock:
+            return holder.run_id not in _active_runs
+    return not _pid_alive(holder.pid)

@@ -1,0 +1,92 @@
+"""`llmledger demo`: the whole story on the bundled reviews, in under a minute, with or without an API key."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import duckdb
+import polars as pl
+
+from ._api import apply_llm, last_report
+from .simulator import Simulator
+
+PROMPT = "Classify the sentiment of this product review as positive, negative or neutral. Review: {text}"
+SYSTEM = "Answer with one word: positive, negative or neutral."
+BROKEN = " <corrupted upload>"  # the simulator answers 400 to prompts containing this
+
+
+def reviews_path() -> Path:
+    for candidate in (Path(__file__).parent / "_data" / "reviews.csv",
+                      Path(__file__).resolve().parents[2] / "data" / "reviews.csv"):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError("reviews.csv not found; run `python data/make_reviews.py` in the repository")
+
+
+@contextlib.contextmanager
+def _client() -> Iterator[tuple[anthropic.AsyncAnthropic | None, Simulator | None]]:
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        print("ANTHROPIC_API_KEY is set: using the real Anthropic API (this costs money).")
+        yield None, None
+        return
+    with Simulator(latency=0.02, poison=BROKEN) as sim:
+        print(f"ANTHROPIC_API_KEY is not set: using llmledger's offline simulator at {sim.base_url}.\n"
+              "Answers are simulated (a small word list decides the sentiment); no network, no cost.")
+        yield anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="simulator"), sim
+
+
+def _show(title: str, frame: pl.DataFrame) -> None:
+    print(f"\n{title}")
+    with pl.Config(tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, fmt_str_lengths=60):
+        print(frame)
+
+
+def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
+    with _client() as (client, sim):
+        rows = rows or (3000 if sim else 20)
+        folder = Path(tempfile.mkdtemp(prefix="llmledger-demo-")) if store is None else None
+        path = Path(store) if store else folder / "ledger.duckdb"  # type: ignore[operator]
+        df = pl.read_csv(reviews_path()).head(rows)
+        # Three reviews carry text the (simulated) API rejects, so the first run shows failed rows.
+        broken_ids = df["review_id"].head(3).to_list() if sim else []
+        df = df.with_columns(pl.when(pl.col("review_id").is_in(broken_ids))
+                             .then(pl.col("text") + BROKEN).otherwise(pl.col("text")).alias("text"))
+        print(f"\nStore: {path}  (table 'reviews', step 'sentiment', {df.height:,} rows)")
+
+        def run(frame: pl.DataFrame, label: str) -> pl.DataFrame:
+            print(f"\n== {label}")
+            out = apply_llm(frame, "sentiment", prompt=PROMPT, system=SYSTEM, key="review_id", store=path,
+                            table="reviews", max_tokens=5, client=client, concurrency=16)
+            report = last_report()
+            print(f"-> this run paid {report.calls:,} calls" if report else "")
+            return out
+
+        run(df, "First run: every row is new")
+        run(df, "Second run, same cell: everything is DONE, so it pays nothing")
+
+        with duckdb.connect(str(path), read_only=True) as con:
+            _show("Progress by SQL: SELECT sentiment_status, count(*) FROM reviews GROUP BY ALL",
+                  con.sql("SELECT sentiment_status, count(*) AS n FROM reviews GROUP BY ALL ORDER BY n DESC").pl())
+            _show("Failed rows: SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
+                  "WHERE sentiment_status = 'FAILED'",
+                  con.sql("SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
+                          "WHERE sentiment_status = 'FAILED' ORDER BY review_id").pl())
+
+        if broken_ids:
+            fixed = df.with_columns(pl.col("text").str.replace_all(BROKEN, "", literal=True))
+            run(fixed, f"Third run: the {len(broken_ids)} broken reviews are cleaned; only they are sent")
+
+        with duckdb.connect(str(path), read_only=True) as con:
+            _show("Answers and cost by SQL",
+                  con.sql("SELECT sentiment, count(*) AS n, sum(sentiment_input_tokens) AS tokens_in, "
+                          "sum(sentiment_output_tokens) AS tokens_out, round(sum(sentiment_cost_usd), 4) AS usd "
+                          "FROM reviews GROUP BY ALL ORDER BY n DESC").pl())
+        if sim:
+            print(f"\nThe simulator answered {sim.stats()['paid']:,} paid calls for {df.height:,} rows: "
+                  "nothing was paid twice.")
+        print(f"\nTry: llmledger status {path}")

@@ -1,0 +1,319 @@
+"""The run loop: claim rows, send them concurrently, commit results in chunks.
+
+One asyncio task owns the store (claims and commits, each in a worker thread
+so requests keep flowing meanwhile); `concurrency` sender tasks own the
+requests. Stopping (Ctrl-C, cancel, outage, bad credentials) always ends the
+same way: commit what finished, give back the claims of what did not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import polars as pl
+
+from . import _store as st
+from ._claims import Claimant
+from ._client import CallFailed, Kind, Pacer, Reply, backoff, cost_usd, send
+from ._prompt import FINGERPRINT_COL, PROMPT_COL
+from ._report import RunReport
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to retry the API's own failures (429, 529, 5xx, timeouts, dropped connections).
+
+    The circuit breaker trips when `outage_failures` transient failures in a row
+    have happened and nothing succeeded for `outage_after` seconds.
+    """
+
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+    outage_after: float = 60.0
+    outage_failures: int = 10
+
+
+@dataclass
+class RunConfig:
+    model: str
+    system: str | None
+    max_tokens: int
+    chunk_size: int
+    concurrency: int
+    max_attempts: int
+    redo: str  # "none" | "all" | "stale"
+    commit_every: float
+    retry: RetryPolicy
+    request_options: dict[str, Any]
+    grace: float = 1.0  # seconds in-flight requests get to finish after an interrupt
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Runner:
+    def __init__(self, *, store: st.Store, layout: st.Layout, work: pl.DataFrame, cfg: RunConfig,
+                 client: anthropic.AsyncAnthropic, claimant: Claimant, report: RunReport,
+                 run_started: datetime, stop_flag: threading.Event,
+                 on_progress: Callable[[RunReport, int], None] | None = None) -> None:
+        self.store, self.layout, self.work, self.cfg = store, layout, work, cfg
+        self.client, self.claimant, self.report = client, claimant, report
+        self.run_started = run_started
+        self.stop_flag = stop_flag
+        self.on_progress = on_progress
+        self.pacer = Pacer()
+        self.cursor = 0
+        self.buffer: list[dict[str, Any]] = []
+        self.oldest: float | None = None
+        self.stopping: str | None = None
+        self.in_flight = 0
+        self.transient_streak = 0
+        self.last_success = time.monotonic()
+        self.params = {"max_attempts": cfg.max_attempts, "redo": cfg.redo, "run_started": run_started}
+
+    # -- control ---------------------------------------------------------------------------------
+    def stop(self, outcome: str, message: str = "") -> None:
+        if self.stopping is None:
+            self.stopping = outcome
+            self.report.outcome = outcome
+            self.report.message = message
+        self._wake.set()
+
+    async def run(self) -> RunReport:
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        started = time.monotonic()
+        store_task = asyncio.create_task(self._store_loop())
+        watcher = asyncio.create_task(self._watch_stop_flag())
+        senders = [asyncio.create_task(self._sender()) for _ in range(self.cfg.concurrency)]
+        try:
+            pending = set(senders)
+            while pending and self.stopping is None:
+                _, pending = await asyncio.wait(pending | {store_task}, timeout=0.1,
+                                                return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(store_task)
+                if store_task.done():
+                    store_task.result()  # surfaces a store error
+                    break
+            if pending:
+                grace = self.cfg.grace if self.stopping == "interrupted" else 0.0
+                if grace:
+                    _, pending = await asyncio.wait(pending, timeout=grace)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+            self.senders_done = True
+            self._wake.set()
+            await store_task
+        finally:
+            watcher.cancel()
+            for task in senders:
+                task.cancel()
+            if not store_task.done():
+                store_task.cancel()
+            self.report.seconds = time.monotonic() - started
+        return self.report
+
+    async def _watch_stop_flag(self) -> None:
+        while True:
+            if self.stop_flag.is_set():
+                self.stop("interrupted", "interrupted: finished rows committed, claims released")
+                return
+            await asyncio.sleep(0.05)
+
+    # -- the store side -------------------------------------------------------------------------
+    senders_done = False
+
+    async def _store_loop(self) -> None:
+        low_water = max(self.cfg.concurrency, 1)
+        exhausted = False
+        while True:
+            now = time.monotonic()
+            finishing = self.senders_done or self.stopping is not None
+            flush = bool(self.buffer) and (finishing or len(self.buffer) >= self.cfg.chunk_size or
+                                           (self.oldest is not None and now - self.oldest >= self.cfg.commit_every))
+            want = 0
+            if not exhausted and self.stopping is None and self.queue.qsize() < low_water:
+                want = max(self.cfg.chunk_size, 2 * self.cfg.concurrency)
+            if flush or want:
+                batch = self._take_buffer() if flush else []
+                claimed = await asyncio.to_thread(self._commit_and_claim, batch, want)
+                for row in claimed:
+                    self.queue.put_nowait(row)
+                if want and self.cursor >= self.work.height:
+                    exhausted = True
+                    for _ in range(self.cfg.concurrency):
+                        self.queue.put_nowait(None)
+                continue
+            if finishing and not self.buffer:
+                break
+            self._wake.clear()
+            timeout = self.cfg.commit_every if self.buffer else 0.1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+        if self.stopping is not None:
+            self.report.released = await asyncio.to_thread(self._release)
+
+    def _take_buffer(self) -> list[dict[str, Any]]:
+        batch, self.buffer, self.oldest = self.buffer, [], None
+        return batch
+
+    def _commit_and_claim(self, batch: list[dict[str, Any]], want: int) -> list[dict[str, Any]]:
+        results = self._results_frame(batch) if batch else None
+        now = utcnow()
+        claimed: list[dict[str, Any]] = []
+        start_cursor = self.cursor
+
+        def work(con: Any) -> None:
+            self.cursor = start_cursor  # a retried transaction starts over
+            claimed.clear()
+            if results is not None:
+                st.commit_results(con, self.layout, results, now=now)
+            while want and len(claimed) < want and self.cursor < self.work.height:
+                chunk = self.work.slice(self.cursor, want - len(claimed))
+                got = st.claim(con, self.layout, chunk, claimant=str(self.claimant), now=now, params=self.params)
+                claimed.extend(got.iter_rows(named=True))
+                self.cursor += chunk.height
+
+        try:
+            self.store.transaction(work, wait=None if self.stopping is None else 30.0)
+        except TimeoutError:
+            self.cursor = start_cursor
+            if results is not None:
+                self._spill(results)
+            return []
+        except BaseException:
+            self.cursor = start_cursor
+            raise
+        return claimed
+
+    def _spill(self, results: pl.DataFrame) -> None:
+        """The store stayed locked while stopping: keep paid results on disk next to it."""
+        folder = spill_folder(self.store.path)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.layout.table}.{self.layout.step}.{uuid.uuid4().hex[:8]}.parquet"
+        results.write_parquet(path)
+        self.report.message += f" Store was locked; {results.height} results saved to {path} (merged next run)."
+
+    def _release(self) -> int:
+        try:
+            return int(self.store.transaction(
+                lambda con: st.release_claims(con, self.layout, claimant=str(self.claimant),
+                                              max_attempts=self.cfg.max_attempts), wait=30.0))
+        except TimeoutError:
+            return 0
+
+    def _results_frame(self, batch: list[dict[str, Any]]) -> pl.DataFrame:
+        schema = {k: self.work.schema[k] for k in self.layout.key} | st.RESULT_SCHEMA
+        return pl.from_dicts(batch, schema=schema)
+
+    # -- the request side -----------------------------------------------------------------------
+    async def _sender(self) -> None:
+        while self.stopping is None:
+            row = await self.queue.get()
+            if row is None:
+                return
+            await self._process(row)
+
+    async def _process(self, row: dict[str, Any]) -> None:
+        cfg, tries = self.cfg, 0
+        while self.stopping is None:
+            self.in_flight += 1
+            try:
+                reply = await send(self.client, self.pacer, model=cfg.model, prompt=row[PROMPT_COL],
+                                   system=cfg.system, max_tokens=cfg.max_tokens, extra=cfg.request_options)
+            except CallFailed as failure:
+                if failure.kind is Kind.FATAL:
+                    self.stop("auth", f"the API refused the credentials ({failure}); no row was marked "
+                                      "failed. Check ANTHROPIC_API_KEY (or the client you passed) and run again.")
+                    return
+                if failure.kind is Kind.PERMANENT:
+                    self._record(row, None, str(failure))
+                    return
+                self._transient(failure)
+                if self.stopping is not None:
+                    return
+                await asyncio.sleep(backoff(tries, base=cfg.retry.base_delay, cap=cfg.retry.max_delay,
+                                            retry_after=failure.retry_after))
+                tries += 1
+                continue
+            finally:
+                self.in_flight -= 1
+            self._record(row, reply, None)
+            return
+
+    def _transient(self, failure: CallFailed) -> None:
+        self.report.retries += 1
+        self.transient_streak += 1
+        self._note_error(str(failure))
+        policy = self.cfg.retry
+        quiet_for = time.monotonic() - self.last_success
+        if self.transient_streak >= policy.outage_failures and quiet_for >= policy.outage_after:
+            self.stop("outage", f"the API kept failing ({self.transient_streak} transient errors in a row, "
+                                f"no success for {quiet_for:.0f}s; last: {failure}). Stopped cleanly; "
+                                "unsent rows stay as they were. Run the same call again later to resume.")
+
+    def _note_error(self, message: str) -> None:
+        errors = self.report.errors
+        errors.append(message)
+        del errors[:-5]
+
+    def _record(self, row: dict[str, Any], reply: Reply | None, error: str | None) -> None:
+        cfg, rep = self.cfg, self.report
+        attempts = 1 if row["was_done"] else int(row["attempts"] or 0) + 1
+        result = {k: row[k] for k in self.layout.key}
+        now = utcnow()
+        if reply is not None:
+            self.transient_streak = 0
+            self.last_success = time.monotonic()
+            cost = cost_usd(reply.model, reply.input_tokens, reply.output_tokens)
+            rep.calls += 1
+            rep.done += 1
+            rep.input_tokens += reply.input_tokens
+            rep.output_tokens += reply.output_tokens
+            rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
+            result.update(status="DONE", output=reply.text, attempts=attempts, error=None,
+                          input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, cost_usd=cost,
+                          stop_reason=reply.stop_reason, model=reply.model, fingerprint=row[FINGERPRINT_COL],
+                          finished_at=now)
+        else:
+            status = "NEEDS_REVIEW" if attempts >= cfg.max_attempts else "FAILED"
+            if status == "FAILED":
+                rep.failed += 1
+            else:
+                rep.needs_review += 1
+            self._note_error(error or "")
+            result.update(status=status, output=None, attempts=attempts, error=error, input_tokens=None,
+                          output_tokens=None, cost_usd=None, stop_reason=None, model=cfg.model,
+                          fingerprint=None, finished_at=now)
+        if self.oldest is None:
+            self.oldest = time.monotonic()
+        self.buffer.append(result)
+        if len(self.buffer) >= cfg.chunk_size:
+            self._wake.set()
+        if self.on_progress:
+            self.on_progress(rep, 1)
+
+
+def spill_folder(store_path: Path) -> Path:
+    return store_path.with_name(store_path.name + ".unsaved")
+
+
+def merge_spills(con: Any, layout: st.Layout, store_path: Path) -> list[Path]:
+    """Commit results an earlier run had to keep beside a locked store; return the files to delete."""
+    folder = spill_folder(store_path)
+    files = sorted(folder.glob(f"{layout.table}.{layout.step}.*.parquet")) if folder.is_dir() else []
+    for path in files:
+        st.commit_results(con, layout, pl.read_parquet(path), now=utcnow())
+    return files
