@@ -123,7 +123,7 @@ def apply_llm(
 
     global _last_report
     _last_report = report
-    if progress:
+    if progress or interrupted:  # after Ctrl-C the line is the only word on what happened
         print(str(report))
         for hint in report.hints():
             print("  " + hint)

@@ -137,8 +137,10 @@ class Store:
                     result = work(con)
                     con.execute("COMMIT")
                     return result
-                except duckdb.TransactionException:
+                except duckdb.TransactionException as exc:
                     con.execute("ROLLBACK")
+                    if "conflict" not in str(exc).lower():
+                        raise
                     time.sleep(0.01 * (attempt + 1))
                 except BaseException:
                     with contextlib.suppress(duckdb.Error):
@@ -326,12 +328,13 @@ def select_work(con: duckdb.DuckDBPyConnection, layout: Layout, *, where: str | 
     narrow = ""
     if where:
         narrow = f"SEMI JOIN (SELECT {using} FROM {t} WHERE ({where})) AS w USING ({using})"
+        columns = list(column_types(con, layout.table))
         try:
-            con.execute(f"SELECT count(*) FROM {t} WHERE ({where})")
+            one(con, f"SELECT count(*) FROM {t} WHERE ({where})")
         except duckdb.Error as exc:
             raise WhereClauseError(f"where={where!r} does not work on table {layout.table!r}: "
                                    f"{str(exc).splitlines()[0]}. It is SQL over the fact table's columns: "
-                                   f"{list(column_types(con, layout.table))}") from None
+                                   f"{columns}") from None
     s, fp = layout.col("_status"), layout.col("_fingerprint")
     joined = f"FROM {INCOMING} AS i JOIN {t} AS t ON {layout.key_join}"
     work = con.sql(

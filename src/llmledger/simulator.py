@@ -25,7 +25,7 @@ import re
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
@@ -66,7 +66,7 @@ def default_reply(prompt: str, system: str | None = None) -> str:
         score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
         return "positive" if score > 0 else "negative" if score < 0 else "neutral"
     last = prompt.strip().splitlines()[-1] if prompt.strip() else ""
-    words = last.split()
+    words = last.split(": ", 1)[-1].split()
     extract = " ".join(words[:12]) + (" …" if len(words) > 12 else "")
     return f"Summary: {extract}"
 
@@ -130,6 +130,7 @@ class Simulator:
         self._bucket: _Bucket | None = None
         self._reset_bucket()
         self._stats = self._empty_stats()
+        self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._server = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -182,6 +183,19 @@ class Simulator:
     def reset_stats(self) -> None:
         with self._lock:
             self._stats = self._empty_stats()
+            self._log.clear()
+
+    def log(self) -> list[dict[str, Any]]:
+        """Every request so far (the last 100,000): time, status, prompt, system, model, max_tokens."""
+        with self._lock:
+            return list(self._log)
+
+    def _note(self, body: Any, status: int) -> None:
+        body = body if isinstance(body, dict) else {}
+        system = body.get("system")
+        with self._lock:
+            self._log.append({"time": time.time(), "status": status, "prompt": _user_text(body),
+                              "system": system, "model": body.get("model"), "max_tokens": body.get("max_tokens")})
 
     def stats(self) -> dict[str, Any]:
         """Counts so far: `requests`, `paid` (200 answers), `by_status`, `dropped`, tokens, `prompts`."""
@@ -374,6 +388,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             f = sim.faults
             delay = f.latency + (sim._rng.random() * f.jitter if f.jitter else 0.0)
             if action == "drop":
+                sim._note(body, 0)
                 with sim._lock:
                     sim._stats["dropped"] += 1
                 if delay:
@@ -383,6 +398,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 return
             headers = sim._ratelimit_headers()
             if action == "error":
+                sim._note(body, status)
                 with sim._lock:
                     sim._stats["by_status"][status] += 1
                 if status in (429, 529) or status >= 500:
@@ -397,6 +413,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 self._error(status, message, headers)
                 return
             if problem:
+                sim._note(body, 400)
                 with sim._lock:
                     sim._stats["by_status"][400] += 1
                 self._error(400, problem, headers)
@@ -404,6 +421,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             if delay:
                 time.sleep(delay)
             answer = sim._answer(body)
+            sim._note(body, 200)
             with sim._lock:
                 sim._stats["by_status"][200] += 1
             self._send(200, answer, headers)

@@ -1,0 +1,73 @@
+"""Shared fixtures: a live simulator on 127.0.0.1, a real SDK client pointed at it, a store in tmp_path."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import duckdb
+import polars as pl
+import pytest
+
+from llmledger import Simulator, apply_llm
+
+HELPERS = Path(__file__).parent / "helpers"
+SMS_SPAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "sms_spam.tsv"
+
+
+@pytest.fixture
+def sim() -> Iterator[Simulator]:
+    with Simulator() as s:
+        yield s
+
+
+@pytest.fixture
+def client(sim: Simulator) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "ledger" / "test.duckdb"
+
+
+@pytest.fixture
+def run(client: anthropic.AsyncAnthropic, store: Path) -> Any:
+    """apply_llm with the test client, store and table filled in, and no progress bar."""
+    return functools.partial(apply_llm, client=client, store=store, table="messages", progress=False)
+
+
+def frame(n: int, *, start: int = 0, word: str = "hello") -> pl.DataFrame:
+    return pl.DataFrame({"id": list(range(start, start + n)),
+                         "text": [f"{word} message number {i}" for i in range(start, start + n)]})
+
+
+def sql(store: Path, query: str) -> list[tuple[Any, ...]]:
+    with duckdb.connect(str(store), read_only=True) as con:
+        return con.execute(query).fetchall()
+
+
+def subprocess_env(base_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("ANTHROPIC_API_KEY", None)
+    env["ANTHROPIC_BASE_URL"] = base_url
+    env["LLMLEDGER_TEST_KEY"] = "test-key"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def helper_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(HELPERS / "run_step.py"), *args]
+
+
+@pytest.fixture
+def sms() -> pl.DataFrame:
+    if not SMS_SPAM.exists():
+        pytest.skip(f"{SMS_SPAM} is not here (it lives in the shared folder beside the project)")
+    rows = [line.split("\t", 1) for line in SMS_SPAM.read_text(encoding="utf-8").splitlines() if "\t" in line]
+    return pl.DataFrame({"label": [r[0] for r in rows], "text": [r[1] for r in rows]}).with_row_index("id")

@@ -1,0 +1,79 @@
+"""Behaviour 8: bad input gets a clear error naming the problem, and writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from llmledger import (
+    InvalidInputError,
+    KeyColumnError,
+    PromptError,
+    Simulator,
+    StepNameError,
+    StoreError,
+    WhereClauseError,
+)
+
+from .conftest import frame, sql
+
+CASES = [
+    pytest.param(frame(3).rename({"id": "row"}), {}, KeyColumnError, "no 'id' column", id="no-id-no-key"),
+    pytest.param(frame(3), {"key": "nope"}, KeyColumnError, "'nope' is not in the frame", id="missing-key"),
+    pytest.param(pl.DataFrame({"id": [1, 1, 2], "text": ["a", "b", "c"]}), {}, KeyColumnError,
+                 r"not unique.*'id': 1.*2 times", id="duplicate-key"),
+    pytest.param(pl.DataFrame({"id": [1, None, 3], "text": ["a", "b", "c"]}), {}, KeyColumnError,
+                 r"null in row\(s\) \[1\]", id="null-key"),
+    pytest.param(frame(3), {"prompt": "Summarize: {txt}"}, PromptError, r"'txt'.*Did you mean \{text\}",
+                 id="unknown-template-column"),
+    pytest.param(frame(3), {"prompt": "Summarize: {}"}, PromptError, "positional field", id="positional-field"),
+    pytest.param(frame(3), {"prompt": "Summarize: {text"}, PromptError, "not a valid format string",
+                 id="broken-template"),
+    pytest.param(frame(3), {"prompt": lambda row: 1 / 0}, PromptError, "ZeroDivisionError", id="callable-raises"),
+    pytest.param(frame(3), {"step": "my step"}, StepNameError, "'my step'", id="step-with-space"),
+    pytest.param(frame(3), {"step": "1st"}, StepNameError, "'1st'", id="step-starts-with-digit"),
+    pytest.param(frame(3), {"step": "summary; DROP TABLE x"}, StepNameError, "DROP TABLE", id="step-injection"),
+    pytest.param(frame(3), {"where": "id >"}, WhereClauseError, r"where='id >'.*Parser Error", id="where-parse"),
+    pytest.param(frame(3), {"where": "no_such_col = 1"}, WhereClauseError, "no_such_col", id="where-bind"),
+    pytest.param(frame(3), {"redo": "yes"}, InvalidInputError, "redo must be", id="redo-value"),
+    pytest.param(frame(3), {"concurrency": 0}, InvalidInputError, "concurrency must be a positive", id="concurrency"),
+    pytest.param([1, 2, 3], {}, InvalidInputError, "polars or pandas DataFrame, got list", id="not-a-frame"),
+]
+
+
+@pytest.mark.parametrize(("df", "kwargs", "error", "message"), CASES)
+def test_bad_input_raises_and_writes_nothing(run, sim: Simulator, store: Path, df, kwargs, error, message) -> None:
+    args = {"step": "summary", "prompt": "Summarize: {text}", **kwargs}
+    with pytest.raises(error, match=message):
+        run(df, args.pop("step"), **args)
+    assert not store.exists(), "a rejected call leaves no store behind"
+    assert sim.stats()["requests"] == 0
+
+
+def test_bad_input_leaves_an_existing_store_unchanged(run, sim: Simulator, store: Path) -> None:
+    run(frame(3), "summary", prompt="Summarize: {text}")
+    before = sql(store, "SELECT * FROM messages ORDER BY id")
+    with pytest.raises(WhereClauseError):
+        run(frame(6), "summary", prompt="Summarize: {text}", where="nonsense((")
+    with pytest.raises(KeyColumnError, match="BIGINT in table 'messages' but VARCHAR"):
+        run(frame(3).with_columns(pl.col("id").cast(pl.String)), "summary", prompt="Summarize: {text}")
+    assert sql(store, "SELECT * FROM messages ORDER BY id") == before
+    assert sql(store, "SELECT count(*) FROM messages") == [(3,)], "rows of the rejected call were not inserted"
+    assert sim.stats()["paid"] == 3
+
+
+def test_a_file_that_is_not_duckdb_is_refused_untouched(run, tmp_path: Path) -> None:
+    csv = tmp_path / "data.csv"
+    csv.write_text("id,text\n1,a\n")
+    with pytest.raises(StoreError, match="not a DuckDB database file"):
+        run(frame(3), "summary", prompt="Summarize: {text}", store=csv)
+    assert csv.read_text() == "id,text\n1,a\n"
+    with pytest.raises(StoreError, match="is a directory"):
+        run(frame(3), "summary", prompt="Summarize: {text}", store=tmp_path)
+
+
+def test_errors_are_catchable_as_value_errors(run) -> None:
+    with pytest.raises(ValueError):
+        run(frame(3), "bad name", prompt="{text}")

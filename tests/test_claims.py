@@ -1,0 +1,79 @@
+"""Behaviour 3: claims, crash recovery, and two runs on one store never sending a row twice."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import duckdb
+
+from llmledger import Simulator, last_report
+
+from .conftest import frame, helper_cmd, sql, subprocess_env
+
+
+def _claim(store: Path, ids: list[int], claimant: str, started: datetime) -> None:
+    with duckdb.connect(str(store)) as con:
+        con.execute("UPDATE messages SET summary_status = 'RUNNING', summary_claimed_by = ?, "
+                    "summary_running_started_at = ? WHERE list_contains(?, id)", [claimant, started, ids])
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_claims_of_a_dead_process_on_this_host_are_taken_back_at_once(run, sim: Simulator, store: Path) -> None:
+    run(frame(10), "summary", prompt="Summarize: {text}", where="false")  # records rows, sends nothing
+    _claim(store, [0, 1, 2, 3, 4], f"{socket.gethostname()}/{_dead_pid()}/deadbeef", _now())
+    out = run(frame(10), "summary", prompt="Summarize: {text}")  # default stale_after is 30 minutes
+    assert out["summary_status"].to_list() == ["DONE"] * 10
+    assert sim.stats()["paid"] == 10 and max(sim.paid_prompts().values()) == 1
+
+
+def test_live_or_remote_claims_are_left_alone_until_stale(run, sim: Simulator, store: Path) -> None:
+    run(frame(10), "summary", prompt="Summarize: {text}", where="false")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _claim(store, [0, 1], f"{socket.gethostname()}/{sleeper.pid}/alive", _now())
+        _claim(store, [2, 3], "another-host/1234/remote", _now())
+        _claim(store, [4], "another-host/1234/remote", _now() - timedelta(hours=2))
+        out = run(frame(10), "summary", prompt="Summarize: {text}", stale_after=timedelta(hours=1))
+        statuses = dict(zip(out["id"], out["summary_status"], strict=True))
+        assert [statuses[i] for i in range(5)] == ["RUNNING"] * 4 + ["DONE"]
+        assert sim.stats()["paid"] == 6
+        assert last_report().running_elsewhere == 4  # type: ignore[union-attr]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    out = run(frame(10), "summary", prompt="Summarize: {text}", stale_after=timedelta(hours=1))
+    statuses = dict(zip(out["id"], out["summary_status"], strict=True))
+    assert statuses[0] == statuses[1] == "DONE", "the sleeper is gone, so its claims came back at once"
+    assert statuses[2] == "RUNNING", "a fresh claim from another host waits for stale_after"
+
+
+def test_two_processes_on_one_store_never_send_the_same_row_twice(store: Path) -> None:
+    rows = 600
+    with Simulator(latency=0.01) as sim:
+        env = subprocess_env(sim.base_url)
+        procs = [subprocess.Popen(helper_cmd(str(store), str(rows), "--concurrency", "8", "--chunk-size", "50"),
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        outputs = [p.communicate(timeout=120) for p in procs]
+        for p, (out, err) in zip(procs, outputs, strict=True):
+            assert p.returncode == 0, err
+        paid = sim.paid_prompts()
+    assert sum(paid.values()) == rows
+    assert max(paid.values()) == 1
+    assert sql(store, "SELECT summary_status, count(*) FROM messages GROUP BY ALL") == [("DONE", rows)]
+    runs = sql(store, "SELECT calls FROM llmledger_runs ORDER BY calls")
+    assert len(runs) == 2 and sum(r[0] for r in runs) == rows
+    assert runs[0][0] > 0, "both processes did part of the work"

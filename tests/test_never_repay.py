@@ -1,0 +1,100 @@
+"""Behaviour 1: a rerun pays for nothing that is DONE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import polars as pl
+
+from llmledger import Simulator
+from llmledger.simulator import default_reply
+
+from .conftest import frame, sql
+
+
+def test_second_identical_call_pays_nothing(run, sim: Simulator) -> None:
+    df = frame(40)
+    first = run(df, "summary", prompt="Summarize: {text}")
+    assert sim.stats()["paid"] == 40
+    second = run(df, "summary", prompt="Summarize: {text}")
+    assert sim.stats()["paid"] == 40
+    assert second.equals(first)
+    assert first["summary_status"].unique().to_list() == ["DONE"]
+
+
+def test_request_carries_prompt_and_system_and_output_is_the_reply(run, sim: Simulator) -> None:
+    df = frame(5)
+    out = run(df, "summary", prompt="Summarize: {text}", system="Be brief.", model="claude-test-1", max_tokens=77)
+    log = sim.log()
+    assert sorted(r["prompt"] for r in log) == sorted(f"Summarize: {t}" for t in df["text"])
+    assert {r["system"] for r in log} == {"Be brief."}
+    assert {r["model"] for r in log} == {"claude-test-1"}
+    assert {r["max_tokens"] for r in log} == {77}
+    assert out["summary"].to_list() == [default_reply(f"Summarize: {t}") for t in df["text"]]
+
+
+def test_new_rows_are_the_only_ones_paid(run, sim: Simulator, store: Path) -> None:
+    run(frame(30), "summary", prompt="Summarize: {text}")
+    grown = pl.concat([frame(30), frame(7, start=30)])
+    out = run(grown, "summary", prompt="Summarize: {text}")
+    assert sim.stats()["paid"] == 37
+    assert max(sim.paid_prompts().values()) == 1
+    assert out["summary_status"].to_list() == ["DONE"] * 37
+    assert sql(store, "SELECT count(*) FROM messages") == [(37,)]
+
+
+def test_order_extra_columns_and_rereading_a_file_change_nothing(run, sim: Simulator, tmp_path: Path) -> None:
+    csv = tmp_path / "input.csv"
+    frame(25).write_csv(csv)
+    run(pl.read_csv(csv), "summary", prompt="Summarize: {text}")
+    assert sim.stats()["paid"] == 25
+
+    shuffled = pl.read_csv(csv).sample(fraction=1.0, shuffle=True, seed=3).with_columns(
+        pl.lit("unrelated").alias("note"), pl.col("id").alias("id_copy"))
+    out = run(shuffled, "summary", prompt="Summarize: {text}")
+    assert sim.stats()["paid"] == 25
+    assert out["id"].to_list() == shuffled["id"].to_list(), "rows come back in the order they went in"
+    assert out.columns == [*shuffled.columns, "summary", "summary_status"]
+
+
+def test_pandas_in_pandas_out(run, sim: Simulator) -> None:
+    df = pd.DataFrame({"id": [3, 1, 2], "text": ["c", "a", "b"]}, index=[10, 11, 12])
+    out = run(df, "summary", prompt="Summarize: {text}")
+    assert isinstance(out, pd.DataFrame)
+    assert list(out.index) == [10, 11, 12]
+    assert list(out["summary"]) == [default_reply(f"Summarize: {t}") for t in ["c", "a", "b"]]
+    assert list(out["summary_status"]) == ["DONE"] * 3
+
+
+def test_ledger_is_plain_sql(run, store: Path) -> None:
+    run(frame(10), "summary", prompt="Summarize: {text}")
+    with duckdb.connect(str(store), read_only=True) as con:
+        cols = {r[0]: r[1] for r in con.execute("DESCRIBE messages").fetchall()}
+        rows = con.execute("SELECT summary_status, count(*), sum(summary_attempts), "
+                           "count(summary_input_tokens), count(summary_fingerprint), count(summary_finished_at) "
+                           "FROM messages GROUP BY ALL").fetchall()
+    for name, kind in [("id", "BIGINT"), ("text", "VARCHAR"), ("summary", "VARCHAR"), ("summary_status", "VARCHAR"),
+                       ("summary_running_started_at", "TIMESTAMP"), ("summary_attempts", "INTEGER"),
+                       ("summary_error", "VARCHAR"), ("summary_claimed_by", "VARCHAR")]:
+        assert cols[name] == kind
+    assert rows == [("DONE", 10, 10, 10, 10, 10)]
+
+
+def test_default_key_is_id_and_outputs_chain_into_a_second_step(run, sim: Simulator, store: Path) -> None:
+    out = run(frame(6), "summary", prompt="Summarize: {text}")
+    again = run(out, "title", prompt="Title for: {summary}")
+    assert sim.stats()["paid"] == 12
+    assert again.columns == ["id", "text", "summary", "summary_status", "title", "title_status"]
+    # the first step's columns were not copied over by the second call
+    assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'") == [(6,)]
+
+
+def test_real_data_duplicate_texts_are_separate_rows(run, sim: Simulator, sms: pl.DataFrame) -> None:
+    sample = sms.head(600)
+    out = run(sample, "label_guess", prompt="Is this spam? {text}", concurrency=32)
+    assert sim.stats()["paid"] == 600
+    assert out["label_guess_status"].to_list() == ["DONE"] * 600
+    run(sample.reverse(), "label_guess", prompt="Is this spam? {text}", concurrency=32)
+    assert sim.stats()["paid"] == 600

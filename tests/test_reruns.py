@@ -1,0 +1,82 @@
+"""Behaviour 6: reruns are targeted, and stale rows are reported, not silently re-paid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from llmledger import Simulator, last_report
+
+from .conftest import frame, sql
+
+
+def test_where_narrows_the_rows(run, sim: Simulator, store: Path) -> None:
+    df = frame(20).with_columns((pl.col("id") % 2 == 0).alias("even"))
+    out = run(df, "summary", prompt="Summarize: {text}", where="even AND id < 10")
+    assert sim.stats()["paid"] == 5
+    assert out.filter(pl.col("summary_status") == "DONE")["id"].to_list() == [0, 2, 4, 6, 8]
+    assert out.filter(pl.col("id") >= 10)["summary_status"].unique().to_list() == ["NOT_STARTED"]
+
+
+def test_redo_resends_flagged_rows_and_keeps_the_old_answers(run, sim: Simulator, store: Path) -> None:
+    run(frame(10), "summary", prompt="Summarize: {text}")
+    with duckdb.connect(str(store)) as con:
+        con.execute("ALTER TABLE messages ADD COLUMN flagged BOOLEAN DEFAULT false")
+        con.execute("UPDATE messages SET flagged = true WHERE id IN (2, 7)")
+        old = dict(con.execute("SELECT id, summary FROM messages WHERE flagged").fetchall())
+
+    run(frame(10), "summary", prompt="Summarize: {text}", where="flagged")
+    assert sim.stats()["paid"] == 10, "without redo, DONE rows are not re-sent"
+
+    sim.responder = lambda prompt, system: "second opinion: " + prompt
+    out = run(frame(10), "summary", prompt="Summarize: {text}", where="flagged", redo=True)
+    assert sim.stats()["paid"] == 12
+    assert sorted(p for p, n in sim.paid_prompts().items() if n == 2) == [
+        "Summarize: hello message number 2", "Summarize: hello message number 7"]
+    assert out.filter(pl.col("id").is_in([2, 7]))["summary"].str.starts_with("second opinion").all()
+    history = dict(sql(store, "SELECT json_extract(row_key, '$.id')::INT, output FROM llmledger_history"))
+    assert history == old, "a redo keeps the answers it replaces"
+
+
+def test_changed_prompt_is_reported_stale_and_not_repaid(run, sim: Simulator, store: Path) -> None:
+    df = frame(12)
+    run(df, "summary", prompt="Summarize: {text}")
+    out = run(df, "summary", prompt="Summarize briefly: {text}")
+    report = last_report()
+    assert sim.stats()["paid"] == 12
+    assert report is not None and report.stale == 12 and report.calls == 0
+    assert out["summary_status"].to_list() == ["DONE"] * 12
+
+    changed = df.with_columns(pl.when(pl.col("id") < 3).then(pl.lit("new text")).otherwise("text").alias("text"))
+    run(changed, "summary", prompt="Summarize: {text}")
+    assert last_report().stale == 3  # type: ignore[union-attr]
+    run(changed, "summary", prompt="Summarize: {text}", redo="stale")
+    assert sim.stats()["paid"] == 15
+    assert sim.paid_prompts()["Summarize: new text"] == 3
+    run(changed, "summary", prompt="Summarize: {text}")
+    assert last_report().stale == 0  # type: ignore[union-attr]
+    assert sim.stats()["paid"] == 15
+
+
+def test_model_and_system_changes_are_stale_too(run, sim: Simulator) -> None:
+    df = frame(4)
+    run(df, "summary", prompt="Summarize: {text}")
+    run(df, "summary", prompt="Summarize: {text}", model="claude-other")
+    assert last_report().stale == 4  # type: ignore[union-attr]
+    run(df, "summary", prompt="Summarize: {text}", system="Be terse.")
+    assert last_report().stale == 4  # type: ignore[union-attr]
+    assert sim.stats()["paid"] == 4
+
+
+def test_needs_review_rows_come_back_with_redo(run, sim: Simulator, store: Path) -> None:
+    sim.configure(poison="number 1")
+    for _ in range(2):
+        run(frame(3), "summary", prompt="Summarize: {text}", max_attempts=2)
+    assert sql(store, "SELECT summary_status FROM messages WHERE id = 1") == [("NEEDS_REVIEW",)]
+    sim.configure(poison=None)
+    run(frame(3), "summary", prompt="Summarize: {text}", max_attempts=2, where="summary_status = 'NEEDS_REVIEW'",
+        redo=True)
+    assert sql(store, "SELECT summary_status, summary_error FROM messages WHERE id = 1") == [("DONE", None)]
+    assert sim.stats()["paid"] == 3
