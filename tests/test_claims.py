@@ -68,7 +68,7 @@ def test_two_processes_on_one_store_never_send_the_same_row_twice(store: Path) -
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for _ in range(2)]
         outputs = [p.communicate(timeout=120) for p in procs]
-        for p, (out, err) in zip(procs, outputs, strict=True):
+        for p, (_out, err) in zip(procs, outputs, strict=True):
             assert p.returncode == 0, err
         paid = sim.paid_prompts()
     assert sum(paid.values()) == rows

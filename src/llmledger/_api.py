@@ -28,7 +28,7 @@ from ._prompt import (
     request_signature,
 )
 from ._report import RunReport
-from ._runner import RetryPolicy, RunConfig, Runner, merge_spills, utcnow
+from ._runner import RetryPolicy, RunConfig, Runner, merge_journals, utcnow
 from .errors import (
     AuthenticationFailed,
     InvalidInputError,
@@ -214,7 +214,7 @@ def _prepare(ledger: st.Store, incoming: pl.DataFrame, frame: pl.DataFrame, keys
              step: str, where: str | None, cfg: RunConfig, run_started: Any, stale: timedelta,
              template_text: str) -> tuple[st.Layout, pl.DataFrame, dict[str, int]]:
     existed = ledger.path.exists()
-    spilled: list[Path] = []
+    journals: list[Path] = []
 
     def work(con: Any) -> tuple[st.Layout, pl.DataFrame, dict[str, int]]:
         con.register(st.INCOMING, incoming)
@@ -224,7 +224,7 @@ def _prepare(ledger: st.Store, incoming: pl.DataFrame, frame: pl.DataFrame, keys
         layout = st.Layout(table=table, step=step, key=keys, mirror=mirror)
         st.ensure_schema(con, layout, model=cfg.model, prompt=template_text, system=cfg.system, now=run_started)
         st.upsert(con, layout)
-        spilled[:] = merge_spills(con, layout, ledger.path)
+        journals[:] = merge_journals(con, layout, ledger.path, {k: frame.schema[k] for k in keys})
         st.recover_claims(con, layout, max_attempts=cfg.max_attempts, stale_before=run_started - stale,
                           is_abandoned=is_abandoned)
         params = {"max_attempts": cfg.max_attempts, "redo": cfg.redo, "run_started": run_started}
@@ -240,7 +240,7 @@ def _prepare(ledger: st.Store, incoming: pl.DataFrame, frame: pl.DataFrame, keys
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
         raise
-    for path in spilled:
+    for path in journals:
         path.unlink(missing_ok=True)
     return result
 

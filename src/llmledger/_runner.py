@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,8 +22,11 @@ import anthropic
 import polars as pl
 
 from . import _store as st
-from ._claims import Claimant
+from ._claims import Claimant, is_abandoned
 from ._client import CallFailed, Kind, Pacer, Reply, backoff, cost_usd, send
+from ._journal import Journal
+from ._journal import pending as pending_journals
+from ._journal import read as read_journal
 from ._prompt import FINGERPRINT_COL, PROMPT_COL
 from ._report import RunReport
 
@@ -73,6 +75,7 @@ class Runner:
         self.stop_flag = stop_flag
         self.on_progress = on_progress
         self.pacer = Pacer()
+        self.journal = Journal(store.path, layout.table, layout.step, str(claimant))
         self.cursor = 0
         self.buffer: list[dict[str, Any]] = []
         self.oldest: float | None = None
@@ -147,8 +150,8 @@ class Runner:
             if not exhausted and self.stopping is None and self.queue.qsize() < low_water:
                 want = max(self.cfg.chunk_size, 2 * self.cfg.concurrency)
             if flush or want:
-                batch = self._take_buffer() if flush else []
-                claimed = await asyncio.to_thread(self._commit_and_claim, batch, want)
+                batch, journal = self._take_buffer() if flush else ([], None)
+                claimed = await asyncio.to_thread(self._commit_and_claim, batch, want, journal)
                 for row in claimed:
                     self.queue.put_nowait(row)
                 if want and self.cursor >= self.work.height:
@@ -165,11 +168,12 @@ class Runner:
         if self.stopping is not None:
             self.report.released = await asyncio.to_thread(self._release)
 
-    def _take_buffer(self) -> list[dict[str, Any]]:
+    def _take_buffer(self) -> tuple[list[dict[str, Any]], Path | None]:
         batch, self.buffer, self.oldest = self.buffer, [], None
-        return batch
+        return batch, self.journal.rotate()
 
-    def _commit_and_claim(self, batch: list[dict[str, Any]], want: int) -> list[dict[str, Any]]:
+    def _commit_and_claim(self, batch: list[dict[str, Any]], want: int,
+                          journal: Path | None) -> list[dict[str, Any]]:
         results = self._results_frame(batch) if batch else None
         now = utcnow()
         claimed: list[dict[str, Any]] = []
@@ -190,21 +194,16 @@ class Runner:
             self.store.transaction(work, wait=None if self.stopping is None else 30.0)
         except TimeoutError:
             self.cursor = start_cursor
-            if results is not None:
-                self._spill(results)
+            if journal is not None:
+                self.report.message += (f" The store stayed locked; {len(batch)} answers are kept in {journal} "
+                                        "and the next run merges them.")
             return []
         except BaseException:
             self.cursor = start_cursor
             raise
+        if journal is not None:
+            journal.unlink(missing_ok=True)
         return claimed
-
-    def _spill(self, results: pl.DataFrame) -> None:
-        """The store stayed locked while stopping: keep paid results on disk next to it."""
-        folder = spill_folder(self.store.path)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{self.layout.table}.{self.layout.step}.{uuid.uuid4().hex[:8]}.parquet"
-        results.write_parquet(path)
-        self.report.message += f" Store was locked; {results.height} results saved to {path} (merged next run)."
 
     def _release(self) -> int:
         try:
@@ -297,6 +296,7 @@ class Runner:
             result.update(status=status, output=None, attempts=attempts, error=error, input_tokens=None,
                           output_tokens=None, cost_usd=None, stop_reason=None, model=cfg.model,
                           fingerprint=None, finished_at=now)
+        self.journal.append(result)
         if self.oldest is None:
             self.oldest = time.monotonic()
         self.buffer.append(result)
@@ -306,14 +306,16 @@ class Runner:
             self.on_progress(rep, 1)
 
 
-def spill_folder(store_path: Path) -> Path:
-    return store_path.with_name(store_path.name + ".unsaved")
+def merge_journals(con: Any, layout: st.Layout, store_path: Path, key_types: dict[str, Any]) -> list[Path]:
+    """Commit the answers that runs which died on this host had journaled but not committed.
 
-
-def merge_spills(con: Any, layout: st.Layout, store_path: Path) -> list[Path]:
-    """Commit results an earlier run had to keep beside a locked store; return the files to delete."""
-    folder = spill_folder(store_path)
-    files = sorted(folder.glob(f"{layout.table}.{layout.step}.*.parquet")) if folder.is_dir() else []
-    for path in files:
-        st.commit_results(con, layout, pl.read_parquet(path), now=utcnow())
-    return files
+    Returns the files to delete once the transaction has committed.
+    """
+    merged = []
+    for path, holder in pending_journals(store_path, layout.table, layout.step):
+        if is_abandoned(holder):
+            results = read_journal(path, key_types | st.RESULT_SCHEMA)
+            if results.height:
+                st.commit_results(con, layout, results, now=utcnow(), only_unfinished=True)
+            merged.append(path)
+    return merged

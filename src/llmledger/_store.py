@@ -375,18 +375,23 @@ RESULT_SCHEMA = {
 
 
 def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.DataFrame, *,
-                   now: datetime) -> None:
-    """Write outputs and statuses of one chunk; archive outputs that a redo replaces."""
+                   now: datetime, only_unfinished: bool = False) -> None:
+    """Write outputs and statuses of one chunk; archive outputs that a redo replaces.
+
+    `only_unfinished` (for journals of crashed runs) leaves rows that are
+    DONE or NEEDS_REVIEW by now untouched, so an old answer never overwrites a newer one.
+    """
     con.register("llmledger_results", results)
     try:
         t = q(layout.table)
         out = layout.col("")
+        guard = f" AND t.{layout.col('_status')} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
         con.execute(
             f"INSERT INTO {HISTORY_TABLE} SELECT $table, $step, {layout.key_json()}, t.{out}, "
             f"t.{layout.col('_model')}, t.{layout.col('_fingerprint')}, t.{layout.col('_input_tokens')}, "
             f"t.{layout.col('_output_tokens')}, t.{layout.col('_cost_usd')}, t.{layout.col('_finished_at')}, "
             f"$now FROM {t} AS t JOIN llmledger_results AS i ON {layout.key_join} "
-            f"WHERE i.status = 'DONE' AND t.{out} IS NOT NULL",
+            f"WHERE i.status = 'DONE' AND t.{out} IS NOT NULL{guard}",
             {"table": layout.table, "step": layout.step, "now": now})
         done = "i.status = 'DONE'"
         sets = {
@@ -405,7 +410,7 @@ def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.D
             "_fingerprint": f"CASE WHEN {done} THEN i.fingerprint ELSE t.{layout.col('_fingerprint')} END",
         }
         assignments = ", ".join(f"{layout.col(k)} = {v}" for k, v in sets.items())
-        con.execute(f"UPDATE {t} AS t SET {assignments} FROM llmledger_results AS i WHERE {layout.key_join}")
+        con.execute(f"UPDATE {t} AS t SET {assignments} FROM llmledger_results AS i WHERE {layout.key_join}{guard}")
     finally:
         con.unregister("llmledger_results")
 

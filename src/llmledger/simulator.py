@@ -22,6 +22,7 @@ import json
 import math
 import random
 import re
+import sys
 import threading
 import time
 import uuid
@@ -113,6 +114,15 @@ class _Bucket:
         return False, (1 - self.tokens) / self.rate
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up (killed, cancelled) is normal here, not worth a traceback."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class Simulator:
     """A local Messages API server on 127.0.0.1, started in a background thread."""
 
@@ -131,8 +141,7 @@ class Simulator:
         self._reset_bucket()
         self._stats = self._empty_stats()
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _make_handler(self))
-        self._server.daemon_threads = True
+        self._server = _QuietServer(("127.0.0.1", port), _make_handler(self))
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------

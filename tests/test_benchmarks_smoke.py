@@ -1,0 +1,24 @@
+"""Keeps tests/benchmarks/bench.py working: each measurement once, small, asserting behaviour not speed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .benchmarks import bench
+
+
+def test_noop_rerun_makes_no_calls(tmp_path: Path) -> None:
+    result = bench.noop_rerun(5_000, tmp_path)
+    assert result["calls"] == 0 and result["stale"] == 0 and result["skipped"] == 5_000
+
+
+def test_pacing_keeps_429s_rare(tmp_path: Path) -> None:
+    result = bench.throughput(60, 40.0, 0.05, tmp_path)
+    assert result["share_429"] < 0.05, result
+
+
+def test_kill_9_repays_only_what_was_in_flight(tmp_path: Path) -> None:
+    result = bench.kill9(240, tmp_path, concurrency=8, latency=0.05)
+    assert result["repaid"] <= result["in_flight_at_kill"] <= 8, result
+    assert result["journaled_not_committed"] + result["committed"] + result["in_flight_at_kill"] == \
+        result["paid_before_kill"]
