@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anthropic
 import polars as pl
 import pytest
 
@@ -40,6 +41,9 @@ CASES = [
     pytest.param(frame(3), {"redo": "yes"}, InvalidInputError, "redo must be", id="redo-value"),
     pytest.param(frame(3), {"concurrency": 0}, InvalidInputError, "concurrency must be a positive", id="concurrency"),
     pytest.param([1, 2, 3], {}, InvalidInputError, "polars or pandas DataFrame, got list", id="not-a-frame"),
+    pytest.param(frame(3), {"client": anthropic.Anthropic(api_key="k")}, InvalidInputError,
+                 "must be an anthropic.AsyncAnthropic", id="sync-client"),
+    pytest.param(frame(3), {"table": "llmledger_runs"}, InvalidInputError, "'llmledger_runs'", id="reserved-table"),
 ]
 
 

@@ -8,7 +8,7 @@ import duckdb
 import pandas as pd
 import polars as pl
 
-from llmledger import Simulator
+from llmledger import Simulator, last_report
 from llmledger.simulator import default_reply
 
 from .conftest import frame, sql
@@ -91,10 +91,37 @@ def test_default_key_is_id_and_outputs_chain_into_a_second_step(run, sim: Simula
     assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'") == [(6,)]
 
 
-def test_real_data_duplicate_texts_are_separate_rows(run, sim: Simulator, sms: pl.DataFrame) -> None:
-    sample = sms.head(600)
+def test_duplicate_texts_share_one_call_in_real_data(run, sim: Simulator, sms: pl.DataFrame, store: Path) -> None:
+    sample = sms.head(1500)
+    distinct = sample["text"].n_unique()
+    assert distinct < sample.height, "the SMS collection repeats some texts"
     out = run(sample, "label_guess", prompt="Is this spam? {text}", concurrency=32)
-    assert sim.stats()["paid"] == 600
-    assert out["label_guess_status"].to_list() == ["DONE"] * 600
-    run(sample.reverse(), "label_guess", prompt="Is this spam? {text}", concurrency=32)
-    assert sim.stats()["paid"] == 600
+    assert sim.stats()["paid"] == distinct
+    assert max(sim.paid_prompts().values()) == 1
+    assert out["label_guess_status"].to_list() == ["DONE"] * sample.height
+    answers = out.group_by("text").agg(pl.col("label_guess").n_unique().alias("answers"))
+    assert answers["answers"].max() == 1, "identical texts got the identical answer"
+    report = last_report()
+    assert report is not None and (report.calls, report.reused) == (distinct, sample.height - distinct)
+    assert sql(store, "SELECT sum(label_guess_input_tokens > 0::INT) FROM messages") == [(distinct,)], \
+        "reused rows cost nothing"
+
+    # a later frame with more rows: texts already answered are reused from the ledger, not paid again
+    run(sms.head(2000), "label_guess", prompt="Is this spam? {text}", concurrency=32)
+    assert sim.stats()["paid"] == sms.head(2000)["text"].n_unique()
+    run(sample.reverse(), "label_guess", prompt="Is this spam? {text}")
+    assert sim.stats()["paid"] == sms.head(2000)["text"].n_unique()
+
+
+def test_dedupe_false_sends_every_row(run, sim: Simulator) -> None:
+    df = pl.DataFrame({"id": [1, 2, 3], "text": ["same", "same", "other"]})
+    run(df, "summary", prompt="Summarize: {text}", dedupe=False)
+    assert sim.stats()["paid"] == 3
+
+
+def test_new_frame_columns_join_the_fact_table_for_where(run, sim: Simulator, store: Path) -> None:
+    run(frame(6), "summary", prompt="Summarize: {text}", where="false")
+    tagged = frame(6).with_columns(pl.when(pl.col("id") < 2).then(pl.lit("en")).otherwise(pl.lit("fr")).alias("lang"))
+    run(tagged, "summary", prompt="Summarize: {text}", where="lang = 'en'")
+    assert sim.stats()["paid"] == 2
+    assert sql(store, "SELECT lang, count(*) FROM messages GROUP BY ALL ORDER BY ALL") == [("en", 2), ("fr", 4)]

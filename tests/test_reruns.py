@@ -49,12 +49,13 @@ def test_changed_prompt_is_reported_stale_and_not_repaid(run, sim: Simulator, st
     assert report is not None and report.stale == 12 and report.calls == 0
     assert out["summary_status"].to_list() == ["DONE"] * 12
 
-    changed = df.with_columns(pl.when(pl.col("id") < 3).then(pl.lit("new text")).otherwise("text").alias("text"))
+    changed = df.with_columns(pl.when(pl.col("id") < 3).then(pl.format("new text {}", "id")).otherwise("text")
+                              .alias("text"))
     run(changed, "summary", prompt="Summarize: {text}")
     assert last_report().stale == 3  # type: ignore[union-attr]
     run(changed, "summary", prompt="Summarize: {text}", redo="stale")
     assert sim.stats()["paid"] == 15
-    assert sim.paid_prompts()["Summarize: new text"] == 3
+    assert [sim.paid_prompts()[f"Summarize: new text {i}"] for i in range(3)] == [1, 1, 1]
     run(changed, "summary", prompt="Summarize: {text}")
     assert last_report().stale == 0  # type: ignore[union-attr]
     assert sim.stats()["paid"] == 15

@@ -15,7 +15,7 @@ import polars as pl
 
 from . import _store as st
 from ._claims import Claimant, is_abandoned
-from ._client import DEFAULT_MODEL, default_client
+from ._client import DEFAULT_MODEL, Reply, default_client
 from ._display import Progress
 from ._loop import run_blocking
 from ._prompt import (
@@ -28,7 +28,7 @@ from ._prompt import (
     request_signature,
 )
 from ._report import RunReport
-from ._runner import RetryPolicy, RunConfig, Runner, merge_journals, utcnow
+from ._runner import Outcome, RetryPolicy, RunConfig, Runner, merge_journals, utcnow
 from .errors import (
     AuthenticationFailed,
     InvalidInputError,
@@ -70,6 +70,7 @@ def apply_llm(
     retry: RetryPolicy | None = None,
     commit_every: float = 0.5,
     request_options: dict[str, Any] | None = None,
+    dedupe: bool = True,
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
@@ -86,6 +87,9 @@ def apply_llm(
     stale = stale_after if isinstance(stale_after, timedelta) else timedelta(seconds=float(stale_after))
     if stale.total_seconds() <= 0:
         raise InvalidInputError(f"stale_after must be positive, got {stale_after!r}")
+    if client is not None and not isinstance(client, anthropic.AsyncAnthropic):
+        raise InvalidInputError(f"client must be an anthropic.AsyncAnthropic (llmledger sends rows concurrently), "
+                                f"got {type(client).__name__}; e.g. anthropic.AsyncAnthropic(api_key=...)")
     path = Path(store).expanduser()
     st.check_store_path(path)
 
@@ -95,14 +99,15 @@ def apply_llm(
     cfg = RunConfig(model=model, system=system, max_tokens=max_tokens, chunk_size=chunk_size,
                     concurrency=concurrency, max_attempts=max_attempts,
                     redo={False: "none", True: "all", "stale": "stale"}[redo],  # type: ignore[index]
-                    commit_every=commit_every, retry=retry or RetryPolicy(), request_options=request_options or {})
+                    commit_every=commit_every, retry=retry or RetryPolicy(), request_options=request_options or {},
+                    dedupe=dedupe)
     stop_flag = threading.Event()
     ledger = st.Store(path, should_stop=stop_flag.is_set)
     template_text = prompt if isinstance(prompt, str) else getattr(prompt, "__name__", repr(prompt))
 
     with Claimant.new() as claimant:
         run_started = utcnow()
-        layout, work, counts = _prepare(ledger, incoming, frame, keys, table=table, step=step, where=where,
+        layout, work, counts, known = _prepare(ledger, incoming, frame, keys, table=table, step=step, where=where,
                                         cfg=cfg, run_started=run_started, stale=stale,
                                         template_text=template_text)
         report = RunReport(table=table, step=step, rows=frame.height, selected=work.height,
@@ -115,7 +120,8 @@ def apply_llm(
         try:
             if work.height:
                 _, interrupted = run_blocking(lambda: _execute(
-                    ledger, layout, work, cfg, client, claimant, report, run_started, stop_flag, bar), stop_flag.set)
+                    ledger, layout, work, cfg, client, claimant, report, run_started, stop_flag, bar, known),
+                    stop_flag.set)
         finally:
             bar.close()
             outputs = ledger.transaction(lambda con: _finish(con, layout, frame.select(keys), report,
@@ -212,11 +218,11 @@ def _incoming(frame: pl.DataFrame, keys: list[str], prompts: pl.Series, fps: pl.
 
 def _prepare(ledger: st.Store, incoming: pl.DataFrame, frame: pl.DataFrame, keys: list[str], *, table: str,
              step: str, where: str | None, cfg: RunConfig, run_started: Any, stale: timedelta,
-             template_text: str) -> tuple[st.Layout, pl.DataFrame, dict[str, int]]:
+             template_text: str) -> tuple[st.Layout, pl.DataFrame, dict[str, int], dict[str, Outcome]]:
     existed = ledger.path.exists()
     journals: list[Path] = []
 
-    def work(con: Any) -> tuple[st.Layout, pl.DataFrame, dict[str, int]]:
+    def work(con: Any) -> tuple[st.Layout, pl.DataFrame, dict[str, int], dict[str, Outcome]]:
         con.register(st.INCOMING, incoming)
         owned = st.owned_columns(con, table, step)
         mirror = [c for c in incoming.columns if c not in keys and c not in owned
@@ -230,7 +236,11 @@ def _prepare(ledger: st.Store, incoming: pl.DataFrame, frame: pl.DataFrame, keys
         params = {"max_attempts": cfg.max_attempts, "redo": cfg.redo, "run_started": run_started}
         work_rows, counts = st.select_work(con, layout, where=where, params=params)
         con.unregister(st.INCOMING)
-        return layout, work_rows.cast({k: frame.schema[k] for k in keys}), counts
+        known: dict[str, Outcome] = {}
+        if cfg.dedupe and cfg.redo != "all" and work_rows.height:  # a redo asks for a fresh answer
+            for r in st.known_answers(con, layout, work_rows).iter_rows(named=True):
+                known[r["fingerprint"]] = (Reply(r["output"], 0, 0, r["stop_reason"], r["model"]), None)
+        return layout, work_rows.cast({k: frame.schema[k] for k in keys}), counts, known
 
     try:
         result = ledger.transaction(work)
@@ -247,12 +257,14 @@ def _prepare(ledger: st.Store, incoming: pl.DataFrame, frame: pl.DataFrame, keys
 
 async def _execute(ledger: st.Store, layout: st.Layout, work: pl.DataFrame, cfg: RunConfig,
                    client: anthropic.AsyncAnthropic | None, claimant: Claimant, report: RunReport,
-                   run_started: Any, stop_flag: threading.Event, bar: Progress) -> RunReport:
+                   run_started: Any, stop_flag: threading.Event, bar: Progress,
+                   known: dict[str, Outcome]) -> RunReport:
     own = client is None
     api = default_client() if own else client.with_options(max_retries=0)  # type: ignore[union-attr]
     try:
         runner = Runner(store=ledger, layout=layout, work=work, cfg=cfg, client=api, claimant=claimant,
-                        report=report, run_started=run_started, stop_flag=stop_flag, on_progress=bar.update)
+                        report=report, run_started=run_started, stop_flag=stop_flag, on_progress=bar.update,
+                        known=known)
         return await runner.run()
     finally:
         if own:
@@ -266,7 +278,7 @@ def _finish(con: Any, layout: st.Layout, keys: pl.DataFrame, report: RunReport, 
         "model": cfg.model, "started_at": run_started, "finished_at": utcnow(), "outcome": report.outcome,
         "rows_in_frame": report.rows, "rows_selected": report.selected, "done": report.done,
         "failed": report.failed, "needs_review": report.needs_review, "stale": report.stale,
-        "calls": report.calls, "retries": report.retries, "input_tokens": report.input_tokens,
+        "calls": report.calls, "reused": report.reused, "retries": report.retries, "input_tokens": report.input_tokens,
         "output_tokens": report.output_tokens, "cost_usd": report.cost_usd,
     })
     return st.read_outputs(con, layout, keys)

@@ -63,7 +63,9 @@ def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
             out = apply_llm(frame, "sentiment", prompt=PROMPT, system=SYSTEM, key="review_id", store=path,
                             table="reviews", max_tokens=5, client=client, concurrency=16)
             report = last_report()
-            print(f"-> this run paid {report.calls:,} calls" if report else "")
+            if report:
+                print(f"-> this run paid {report.calls:,} calls; {report.reused:,} rows reused the answer to an "
+                      "identical request")
             return out
 
         run(df, "First run: every row is new")
@@ -87,6 +89,8 @@ def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
                           "sum(sentiment_output_tokens) AS tokens_out, round(sum(sentiment_cost_usd), 4) AS usd "
                           "FROM reviews GROUP BY ALL ORDER BY n DESC").pl())
         if sim:
-            print(f"\nThe simulator answered {sim.stats()['paid']:,} paid calls for {df.height:,} rows: "
-                  "nothing was paid twice.")
+            paid = sim.paid_prompts()
+            print(f"\nThe simulator answered {sum(paid.values()):,} paid calls for {df.height:,} rows "
+                  f"({len(paid):,} distinct prompts): " + ("nothing was paid twice." if max(paid.values()) == 1
+                                                          else "SOME PROMPTS WERE PAID TWICE."))
         print(f"\nTry: llmledger status {path}")

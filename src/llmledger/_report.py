@@ -20,6 +20,7 @@ class RunReport:
     running_elsewhere: int = 0
     released: int = 0  # claims given back unsent (interrupt, outage)
     calls: int = 0  # answered (paid) requests
+    reused: int = 0  # rows answered by an identical request's answer, at no cost
     retries: int = 0  # transient failures that were retried
     input_tokens: int = 0
     output_tokens: int = 0
@@ -46,6 +47,8 @@ class RunReport:
             parts.append(f"{self.running_elsewhere:,} running elsewhere")
         if self.outcome != "completed":
             parts.append(f"{self.remaining:,} not sent")
+        if self.reused:
+            parts.append(f"{self.reused:,} reused")
         parts.append(f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens, "
                      f"{cost})")
         line = " · ".join(parts) + f" in {self.seconds:.1f}s"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -57,7 +58,11 @@ class RunConfig:
     commit_every: float
     retry: RetryPolicy
     request_options: dict[str, Any]
+    dedupe: bool = True  # rows with identical requests share one call
     grace: float = 1.0  # seconds in-flight requests get to finish after an interrupt
+
+
+Outcome = tuple[Reply | None, str | None]  # an answer, or the error of a permanent failure
 
 
 def utcnow() -> datetime:
@@ -68,13 +73,16 @@ class Runner:
     def __init__(self, *, store: st.Store, layout: st.Layout, work: pl.DataFrame, cfg: RunConfig,
                  client: anthropic.AsyncAnthropic, claimant: Claimant, report: RunReport,
                  run_started: datetime, stop_flag: threading.Event,
-                 on_progress: Callable[[RunReport, int], None] | None = None) -> None:
+                 on_progress: Callable[[RunReport, int], None] | None = None,
+                 known: dict[str, Outcome] | None = None) -> None:
         self.store, self.layout, self.work, self.cfg = store, layout, work, cfg
         self.client, self.claimant, self.report = client, claimant, report
         self.run_started = run_started
         self.stop_flag = stop_flag
         self.on_progress = on_progress
         self.pacer = Pacer()
+        self.answers: dict[str, Outcome] = dict(known or {})
+        self.twins: dict[str, asyncio.Future[Outcome | None]] = {}
         self.journal = Journal(store.path, layout.table, layout.step, str(claimant))
         self.cursor = 0
         self.buffer: list[dict[str, Any]] = []
@@ -99,15 +107,19 @@ class Runner:
         started = time.monotonic()
         store_task = asyncio.create_task(self._store_loop())
         watcher = asyncio.create_task(self._watch_stop_flag())
+        failure: BaseException | None = None
         senders = [asyncio.create_task(self._sender()) for _ in range(self.cfg.concurrency)]
         try:
             pending = set(senders)
             while pending and self.stopping is None:
-                _, pending = await asyncio.wait(pending | {store_task}, timeout=0.1,
-                                                return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(pending | {store_task}, timeout=0.1,
+                                                   return_when=asyncio.FIRST_COMPLETED)
                 pending.discard(store_task)
+                for task in done:
+                    if task.exception() is not None:  # a bug or a store error: stop cleanly, then raise it
+                        failure = task.exception()
+                        self.stop("error", f"{type(failure).__name__}: {failure}")
                 if store_task.done():
-                    store_task.result()  # surfaces a store error
                     break
             if pending:
                 grace = self.cfg.grace if self.stopping == "interrupted" else 0.0
@@ -118,7 +130,10 @@ class Runner:
                 await asyncio.gather(*pending, return_exceptions=True)
             self.senders_done = True
             self._wake.set()
-            await store_task
+            if not store_task.done():
+                await store_task
+            if failure is not None:
+                raise failure
         finally:
             watcher.cancel()
             for task in senders:
@@ -165,8 +180,7 @@ class Runner:
             timeout = self.cfg.commit_every if self.buffer else 0.1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-        if self.stopping is not None:
-            self.report.released = await asyncio.to_thread(self._release)
+        self.report.released = await asyncio.to_thread(self._release)
 
     def _take_buffer(self) -> tuple[list[dict[str, Any]], Path | None]:
         batch, self.buffer, self.oldest = self.buffer, [], None
@@ -226,31 +240,58 @@ class Runner:
             await self._process(row)
 
     async def _process(self, row: dict[str, Any]) -> None:
+        """Answer one row, sharing one request among rows whose requests are identical."""
+        fp = row[FINGERPRINT_COL]
+        if self.cfg.dedupe:
+            if fp in self.answers:
+                self._record(row, *self.answers[fp], reused=True)
+                return
+            twin = self.twins.get(fp)
+            if twin is not None:
+                outcome = await asyncio.shield(twin)
+                if outcome is not None:  # None: the twin was stopped, so this row is released too
+                    self._record(row, *outcome, reused=True)
+                return
+            self.twins[fp] = asyncio.get_running_loop().create_future()
+        outcome: Outcome | None = None
+        try:
+            outcome = await self._call(row)
+            if outcome is not None:
+                self._record(row, *outcome)
+                if self.cfg.dedupe:
+                    self.answers[fp] = outcome
+        finally:
+            future = self.twins.pop(fp, None)
+            if future is not None and not future.done():
+                future.set_result(outcome)
+
+    async def _call(self, row: dict[str, Any]) -> Outcome | None:
+        """Send until there is an answer or a permanent error; None when the run stops first."""
         cfg, tries = self.cfg, 0
         while self.stopping is None:
             self.in_flight += 1
+            retry_after: float | None = None
             try:
                 reply = await send(self.client, self.pacer, model=cfg.model, prompt=row[PROMPT_COL],
                                    system=cfg.system, max_tokens=cfg.max_tokens, extra=cfg.request_options)
+                return reply, None
             except CallFailed as failure:
                 if failure.kind is Kind.FATAL:
                     self.stop("auth", f"the API refused the credentials ({failure}); no row was marked "
                                       "failed. Check ANTHROPIC_API_KEY (or the client you passed) and run again.")
-                    return
+                    return None
                 if failure.kind is Kind.PERMANENT:
-                    self._record(row, None, str(failure))
-                    return
+                    return None, str(failure)
                 self._transient(failure)
-                if self.stopping is not None:
-                    return
-                await asyncio.sleep(backoff(tries, base=cfg.retry.base_delay, cap=cfg.retry.max_delay,
-                                            retry_after=failure.retry_after))
-                tries += 1
-                continue
+                retry_after = failure.retry_after
             finally:
                 self.in_flight -= 1
-            self._record(row, reply, None)
-            return
+            if self.stopping is not None:
+                return None
+            await asyncio.sleep(backoff(tries, base=cfg.retry.base_delay, cap=cfg.retry.max_delay,
+                                        retry_after=retry_after))
+            tries += 1
+        return None
 
     def _transient(self, failure: CallFailed) -> None:
         self.report.retries += 1
@@ -268,12 +309,17 @@ class Runner:
         errors.append(message)
         del errors[:-5]
 
-    def _record(self, row: dict[str, Any], reply: Reply | None, error: str | None) -> None:
+    def _record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool = False) -> None:
         cfg, rep = self.cfg, self.report
         attempts = 1 if row["was_done"] else int(row["attempts"] or 0) + 1
         result = {k: row[k] for k in self.layout.key}
         now = utcnow()
-        if reply is not None:
+        if reply is not None and reused:  # an identical request was answered already: nothing to pay
+            reply = dataclasses.replace(reply, input_tokens=0, output_tokens=0)
+            rep.reused += 1
+            rep.done += 1
+            cost: float | None = 0.0
+        elif reply is not None:
             self.transient_streak = 0
             self.last_success = time.monotonic()
             cost = cost_usd(reply.model, reply.input_tokens, reply.output_tokens)
@@ -281,6 +327,7 @@ class Runner:
             rep.done += 1
             rep.input_tokens += reply.input_tokens
             rep.output_tokens += reply.output_tokens
+        if reply is not None:
             rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
             result.update(status="DONE", output=reply.text, attempts=attempts, error=None,
                           input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, cost_usd=cost,

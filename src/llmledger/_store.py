@@ -93,7 +93,7 @@ class Store:
     def open(self, *, wait: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
         """Open the file, waiting while another process holds it.
 
-        `wait` bounds the wait in seconds (None: until `should_stop` says so).
+        `wait` bounds the wait in seconds (None: until `should_stop` says so, or forever).
         Raises `TimeoutError` when it gives up, so callers can keep their data.
         """
         with self._lock:
@@ -115,7 +115,8 @@ class Store:
                 if not _is_lock_error(exc):
                     raise StoreError(f"cannot open store {str(self.path)!r}: {exc}") from exc
                 waited = time.monotonic() - start
-                if (wait is not None and waited >= wait) or (self.should_stop and self.should_stop()):
+                gave_up = waited >= wait if wait is not None else bool(self.should_stop and self.should_stop())
+                if gave_up:
                     raise TimeoutError(f"store {str(self.path)!r} is locked by another process: {exc}") from exc
                 if not told and waited > 1 and self.on_wait:
                     self.on_wait(f"waiting for {self.path.name}: {str(exc).split(':', 1)[-1].strip()}")
@@ -191,7 +192,7 @@ def _ensure_meta(con: duckdb.DuckDBPyConnection) -> None:
         run_id VARCHAR, table_name VARCHAR, step VARCHAR, claimant VARCHAR, model VARCHAR,
         started_at TIMESTAMP, finished_at TIMESTAMP, outcome VARCHAR, rows_in_frame BIGINT,
         rows_selected BIGINT, done BIGINT, failed BIGINT, needs_review BIGINT, stale BIGINT,
-        calls BIGINT, retries BIGINT, input_tokens BIGINT, output_tokens BIGINT, cost_usd DOUBLE)""")
+        calls BIGINT, reused BIGINT, retries BIGINT, input_tokens BIGINT, output_tokens BIGINT, cost_usd DOUBLE)""")
     con.execute(f"""CREATE TABLE IF NOT EXISTS {HISTORY_TABLE} (
         table_name VARCHAR, step VARCHAR, row_key VARCHAR, output VARCHAR, model VARCHAR,
         fingerprint VARCHAR, input_tokens BIGINT, output_tokens BIGINT, cost_usd DOUBLE,
@@ -347,6 +348,20 @@ def select_work(con: duckdb.DuckDBPyConnection, layout: Layout, *, where: str | 
         f"{joined}")
     stale, running, review = (int(x) for x in counts_row)
     return work, {"stale": stale, "running_elsewhere": running, "needs_review": review}
+
+
+def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame) -> pl.DataFrame:
+    """One stored DONE answer per fingerprint that `work` asks for: identical requests need no new call."""
+    con.register("llmledger_wanted", work.select(FINGERPRINT_COL).unique())
+    try:
+        fp = layout.col("_fingerprint")
+        return con.sql(
+            f"SELECT t.{fp} AS fingerprint, any_value(t.{layout.col('')}) AS output, "
+            f"any_value(t.{layout.col('_stop_reason')}) AS stop_reason, any_value(t.{layout.col('_model')}) AS model "
+            f"FROM {q(layout.table)} AS t SEMI JOIN llmledger_wanted AS w ON t.{fp} = w.{FINGERPRINT_COL} "
+            f"WHERE t.{layout.col('_status')} = 'DONE' GROUP BY t.{fp}").pl()
+    finally:
+        con.unregister("llmledger_wanted")
 
 
 def claim(con: duckdb.DuckDBPyConnection, layout: Layout, batch: pl.DataFrame, *, claimant: str,

@@ -116,6 +116,7 @@ class _Bucket:
 
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # many clients connect at once; the default backlog of 5 refuses some
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up (killed, cancelled) is normal here, not worth a traceback."""
