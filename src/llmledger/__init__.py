@@ -4,9 +4,11 @@
     out = apply_llm(df, "summary", prompt="Summarize: {text}", key="id", store="data/ledger.duckdb")
 """
 
-from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, last_report
+from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async
 from ._client import DEFAULT_MODEL
+from ._query import progress, sql
 from ._report import RunReport
+from ._run import Run, last_report
 from ._runner import RetryPolicy
 from .errors import (
     AuthenticationFailed,
@@ -33,6 +35,7 @@ __all__ = [
     "OutageError",
     "PromptError",
     "RetryPolicy",
+    "Run",
     "RunReport",
     "RunStopped",
     "Simulator",
@@ -40,5 +43,8 @@ __all__ = [
     "StoreError",
     "WhereClauseError",
     "apply_llm",
+    "apply_llm_async",
     "last_report",
+    "progress",
+    "sql",
 ]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import re
-import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -14,38 +13,15 @@ import anthropic
 import polars as pl
 
 from . import _store as st
-from ._claims import Claimant, is_abandoned
-from ._client import DEFAULT_MODEL, Reply, default_client
-from ._display import Progress
-from ._loop import run_blocking
-from ._prompt import (
-    FINGERPRINT_COL,
-    PROMPT_COL,
-    Prompt,
-    check_prompt,
-    fingerprints,
-    render,
-    request_signature,
-)
-from ._report import RunReport
-from ._runner import Outcome, RetryPolicy, RunConfig, Runner, merge_journals, utcnow
-from .errors import (
-    AuthenticationFailed,
-    InvalidInputError,
-    KeyColumnError,
-    OutageError,
-    StepNameError,
-)
+from ._client import DEFAULT_MODEL
+from ._prompt import FINGERPRINT_COL, PROMPT_COL, Prompt, check_prompt, fingerprints, render, request_signature
+from ._run import Plan, Run
+from ._runner import RetryPolicy, RunConfig
+from .errors import InvalidInputError, KeyColumnError, StepNameError
 
 DEFAULT_STORE = "llmledger.duckdb"
 DEFAULT_TABLE = "ledger"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_last_report: RunReport | None = None
-
-
-def last_report() -> RunReport | None:
-    """The report of the most recent `apply_llm` call in this process."""
-    return _last_report
 
 
 def apply_llm(
@@ -71,11 +47,13 @@ def apply_llm(
     commit_every: float = 0.5,
     request_options: dict[str, Any] | None = None,
     dedupe: bool = True,
+    background: bool = False,
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
     Returns `df` in its order with `{step}` (the answer) and `{step}_status`
-    appended. Rows already DONE cost nothing; see the README for the status model.
+    appended. Rows already DONE cost nothing; see the README for the status
+    model. With `background=True` it returns a `Run` handle at once instead.
     """
     frame, from_pandas = _as_polars(df)
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
@@ -95,52 +73,35 @@ def apply_llm(
 
     prompts = render(prompt, frame, keys)
     signature = request_signature(model=model, system=system, max_tokens=max_tokens)
-    incoming = _incoming(frame, keys, prompts, fingerprints(prompts, signature))
     cfg = RunConfig(model=model, system=system, max_tokens=max_tokens, chunk_size=chunk_size,
                     concurrency=concurrency, max_attempts=max_attempts,
                     redo={False: "none", True: "all", "stale": "stale"}[redo],  # type: ignore[index]
                     commit_every=commit_every, retry=retry or RetryPolicy(), request_options=request_options or {},
                     dedupe=dedupe)
-    stop_flag = threading.Event()
-    ledger = st.Store(path, should_stop=stop_flag.is_set)
-    template_text = prompt if isinstance(prompt, str) else getattr(prompt, "__name__", repr(prompt))
+    plan = Plan(df=df, frame=frame, from_pandas=from_pandas, keys=keys, table=table, step=step, where=where,
+                stale=stale, cfg=cfg, store=path,
+                incoming=_incoming(frame, keys, prompts, fingerprints(prompts, signature)),
+                template_text=prompt if isinstance(prompt, str) else getattr(prompt, "__name__", repr(prompt)),
+                client=client, progress=progress)
+    run = Run(plan)
+    if background:
+        return run.start_background()
+    return run.execute(foreground=True)
 
-    with Claimant.new() as claimant:
-        run_started = utcnow()
-        layout, work, counts, known = _prepare(ledger, incoming, frame, keys, table=table, step=step, where=where,
-                                        cfg=cfg, run_started=run_started, stale=stale,
-                                        template_text=template_text)
-        report = RunReport(table=table, step=step, rows=frame.height, selected=work.height,
-                           stale=counts["stale"] if cfg.redo != "stale" else 0,
-                           running_elsewhere=counts["running_elsewhere"])
-        report.skipped = frame.height - work.height - report.running_elsewhere
-        bar = Progress(total=work.height, label=f"{table}.{step}", enabled=progress)
-        ledger.on_wait = bar.note
-        interrupted = False
-        try:
-            if work.height:
-                _, interrupted = run_blocking(lambda: _execute(
-                    ledger, layout, work, cfg, client, claimant, report, run_started, stop_flag, bar, known),
-                    stop_flag.set)
-        finally:
-            bar.close()
-            outputs = ledger.transaction(lambda con: _finish(con, layout, frame.select(keys), report,
-                                                              claimant, cfg, run_started), wait=30.0)
 
-    global _last_report
-    _last_report = report
-    if progress or interrupted:  # after Ctrl-C the line is the only word on what happened
-        print(str(report))
-        for hint in report.hints():
-            print("  " + hint)
-    if interrupted:
-        raise KeyboardInterrupt(str(report))
-    if report.outcome == "auth":
-        raise AuthenticationFailed(report.message, report=report)
-    if report.outcome == "outage":
-        raise OutageError(f"{report.message} {report.remaining:,} of {report.selected:,} selected rows remain.",
-                          report=report)
-    return _attach(df, frame, from_pandas, outputs, keys, step)
+async def apply_llm_async(df: Any, step: str, **options: Any) -> Any:
+    """`await apply_llm_async(df, step, prompt=...)`: the same call, without blocking the caller's event loop.
+
+    Cancelling the awaiting task stops the run like Ctrl-C.
+    """
+    if options.pop("background", False):
+        raise InvalidInputError("apply_llm_async takes no background=; use apply_llm(..., background=True)")
+    run = apply_llm(df, step, background=True, **options)
+    try:
+        return await asyncio.to_thread(run.wait)
+    except asyncio.CancelledError:
+        await asyncio.to_thread(run.cancel)
+        raise
 
 
 # -- input checks ---------------------------------------------------------------------------------
@@ -212,86 +173,3 @@ def _incoming(frame: pl.DataFrame, keys: list[str], prompts: pl.Series, fps: pl.
     out = frame.select(keep).with_columns(prompts.alias(PROMPT_COL), fps.alias(FINGERPRINT_COL))
     nulls = [c for c, t in out.schema.items() if t == pl.Null]
     return out.with_columns(pl.col(nulls).cast(pl.String)) if nulls else out
-
-
-# -- the run --------------------------------------------------------------------------------------
-
-def _prepare(ledger: st.Store, incoming: pl.DataFrame, frame: pl.DataFrame, keys: list[str], *, table: str,
-             step: str, where: str | None, cfg: RunConfig, run_started: Any, stale: timedelta,
-             template_text: str) -> tuple[st.Layout, pl.DataFrame, dict[str, int], dict[str, Outcome]]:
-    existed = ledger.path.exists()
-    journals: list[Path] = []
-
-    def work(con: Any) -> tuple[st.Layout, pl.DataFrame, dict[str, int], dict[str, Outcome]]:
-        con.register(st.INCOMING, incoming)
-        owned = st.owned_columns(con, table, step)
-        mirror = [c for c in incoming.columns if c not in keys and c not in owned
-                  and c not in (PROMPT_COL, FINGERPRINT_COL)]
-        layout = st.Layout(table=table, step=step, key=keys, mirror=mirror)
-        st.ensure_schema(con, layout, model=cfg.model, prompt=template_text, system=cfg.system, now=run_started)
-        st.upsert(con, layout)
-        journals[:] = merge_journals(con, layout, ledger.path, {k: frame.schema[k] for k in keys})
-        st.recover_claims(con, layout, max_attempts=cfg.max_attempts, stale_before=run_started - stale,
-                          is_abandoned=is_abandoned)
-        params = {"max_attempts": cfg.max_attempts, "redo": cfg.redo, "run_started": run_started}
-        work_rows, counts = st.select_work(con, layout, where=where, params=params)
-        con.unregister(st.INCOMING)
-        known: dict[str, Outcome] = {}
-        if cfg.dedupe and cfg.redo != "all" and work_rows.height:  # a redo asks for a fresh answer
-            for r in st.known_answers(con, layout, work_rows).iter_rows(named=True):
-                known[r["fingerprint"]] = (Reply(r["output"], 0, 0, r["stop_reason"], r["model"]), None)
-        return layout, work_rows.cast({k: frame.schema[k] for k in keys}), counts, known
-
-    try:
-        result = ledger.transaction(work)
-    except InvalidInputError:
-        if not existed:  # a bad call leaves no file behind
-            for leftover in (ledger.path, ledger.path.with_name(ledger.path.name + ".wal")):
-                with contextlib.suppress(FileNotFoundError):
-                    leftover.unlink()
-        raise
-    for path in journals:
-        path.unlink(missing_ok=True)
-    return result
-
-
-async def _execute(ledger: st.Store, layout: st.Layout, work: pl.DataFrame, cfg: RunConfig,
-                   client: anthropic.AsyncAnthropic | None, claimant: Claimant, report: RunReport,
-                   run_started: Any, stop_flag: threading.Event, bar: Progress,
-                   known: dict[str, Outcome]) -> RunReport:
-    own = client is None
-    api = default_client() if own else client.with_options(max_retries=0)  # type: ignore[union-attr]
-    try:
-        runner = Runner(store=ledger, layout=layout, work=work, cfg=cfg, client=api, claimant=claimant,
-                        report=report, run_started=run_started, stop_flag=stop_flag, on_progress=bar.update,
-                        known=known)
-        return await runner.run()
-    finally:
-        if own:
-            await api.close()
-
-
-def _finish(con: Any, layout: st.Layout, keys: pl.DataFrame, report: RunReport, claimant: Claimant,
-            cfg: RunConfig, run_started: Any) -> pl.DataFrame:
-    st.record_run(con, {
-        "run_id": claimant.run_id, "table_name": layout.table, "step": layout.step, "claimant": str(claimant),
-        "model": cfg.model, "started_at": run_started, "finished_at": utcnow(), "outcome": report.outcome,
-        "rows_in_frame": report.rows, "rows_selected": report.selected, "done": report.done,
-        "failed": report.failed, "needs_review": report.needs_review, "stale": report.stale,
-        "calls": report.calls, "reused": report.reused, "retries": report.retries, "input_tokens": report.input_tokens,
-        "output_tokens": report.output_tokens, "cost_usd": report.cost_usd,
-    })
-    return st.read_outputs(con, layout, keys)
-
-
-def _attach(df: Any, frame: pl.DataFrame, from_pandas: bool, outputs: pl.DataFrame, keys: list[str],
-            step: str) -> Any:
-    names = [step, f"{step}_status"]
-    outputs = outputs.cast({k: frame.schema[k] for k in keys})
-    joined = frame.select(keys).join(outputs, on=keys, how="left", maintain_order="left")
-    if from_pandas:
-        out = df.copy()
-        for name in names:
-            out[name] = joined[name].to_list()
-        return out
-    return pl.concat([frame.drop(names, strict=False), joined.select(names)], how="horizontal")

@@ -12,7 +12,8 @@ import anthropic
 import duckdb
 import polars as pl
 
-from ._api import apply_llm, last_report
+from ._api import apply_llm
+from ._run import last_report
 from .simulator import Simulator
 
 PROMPT = "Classify the sentiment of this product review as positive, negative or neutral. Review: {text}"

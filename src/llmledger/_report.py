@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import html
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import polars as pl
 
-@dataclass
+
+@dataclass(repr=False)
 class RunReport:
     table: str
     step: str
@@ -26,13 +30,55 @@ class RunReport:
     output_tokens: int = 0
     cost_usd: float | None = 0.0
     seconds: float = 0.0
-    outcome: str = "completed"  # completed | interrupted | outage | auth | error
+    outcome: str = "completed"  # preparing | running | completed | interrupted | cancelled | outage | auth | error
     message: str = ""
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the last few
+    in_flight: int = 0
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def remaining(self) -> int:
         return max(0, self.selected - self.done - self.failed - self.needs_review)
+
+    @property
+    def elapsed(self) -> float:
+        return self.seconds if self.outcome not in ("preparing", "running") else time.monotonic() - self.started
+
+    @property
+    def rate(self) -> float:
+        """Rows finished per second so far."""
+        finished = self.done + self.failed + self.needs_review
+        return finished / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        if self.outcome != "running" or not self.rate:
+            return None
+        return self.remaining / self.rate
+
+    def progress_frame(self) -> pl.DataFrame:
+        fields = ["table", "step", "outcome", "rows", "selected", "remaining", "in_flight", "done", "failed",
+                  "needs_review", "skipped", "stale", "reused", "calls", "retries", "input_tokens",
+                  "output_tokens", "cost_usd", "elapsed", "rate", "eta"]
+        return pl.DataFrame([{f: getattr(self, f) for f in fields}],
+                            schema_overrides={"cost_usd": pl.Float64, "eta": pl.Float64})
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:,.4f}"
+        cells = [("done", f"{self.done:,}"), ("failed", f"{self.failed:,}"),
+                 ("needs review", f"{self.needs_review:,}"), ("stale", f"{self.stale:,}"),
+                 ("skipped", f"{self.skipped:,}"), ("reused", f"{self.reused:,}"), ("calls paid", f"{self.calls:,}"),
+                 ("tokens in / out", f"{self.input_tokens:,} / {self.output_tokens:,}"), ("cost", cost),
+                 ("time", f"{self.seconds:,.1f}s")]
+        if self.outcome != "completed":
+            cells.insert(0, ("not sent", f"{self.remaining:,}"))
+        head = "".join(f"<th>{html.escape(k)}</th>" for k, _ in cells)
+        body = "".join(f"<td data-field='{html.escape(k)}'>{html.escape(v)}</td>" for k, v in cells)
+        return (f"<div class='llmledger-summary'><b>{html.escape(self.table)}.{html.escape(self.step)}</b> "
+                f"{html.escape(self.outcome)}<table><tr>{head}</tr><tr>{body}</tr></table></div>")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -270,6 +270,7 @@ class Runner:
         cfg, tries = self.cfg, 0
         while self.stopping is None:
             self.in_flight += 1
+            self.report.in_flight = self.in_flight
             retry_after: float | None = None
             try:
                 reply = await send(self.client, self.pacer, model=cfg.model, prompt=row[PROMPT_COL],
@@ -286,6 +287,7 @@ class Runner:
                 retry_after = failure.retry_after
             finally:
                 self.in_flight -= 1
+                self.report.in_flight = self.in_flight
             if self.stopping is not None:
                 return None
             await asyncio.sleep(backoff(tries, base=cfg.retry.base_delay, cap=cfg.retry.max_delay,
