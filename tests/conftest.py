@@ -71,3 +71,25 @@ def sms() -> pl.DataFrame:
         pytest.skip(f"{SMS_SPAM} is not here (it lives in the shared folder beside the project)")
     rows = [line.split("\t", 1) for line in SMS_SPAM.read_text(encoding="utf-8").splitlines() if "\t" in line]
     return pl.DataFrame({"label": [r[0] for r in rows], "text": [r[1] for r in rows]}).with_row_index("id")
+
+
+@pytest.fixture(autouse=True)
+def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Diagnostics: if a test runs for over 45 s, print the background loop's asyncio tasks."""
+    import threading
+
+    from llmledger import _loop
+
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(45) and _loop._loop is not None:
+            import asyncio
+
+            print(f"\n--- {request.node.nodeid} is slow; llmledger loop tasks:", file=sys.stderr)
+            for task in asyncio.all_tasks(_loop._loop):
+                task.print_stack(file=sys.stderr)
+
+    threading.Thread(target=watch, daemon=True).start()
+    yield
+    done.set()

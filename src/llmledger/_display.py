@@ -133,7 +133,9 @@ class Dashboard:
         self.widget.value = render_html(report)
 
 
-def make_display(enabled: bool, report: RunReport) -> Display:
+def make_display(enabled: bool, report: RunReport, *, background: bool = False) -> Display:
+    """The dashboard where widgets draw; else a tqdm bar, but not for a background run, whose
+    bar would spill into whatever cell runs next (its `progress()` is there instead)."""
     if not enabled:
         return Silent()
     if widget_frontend():
@@ -141,7 +143,7 @@ def make_display(enabled: bool, report: RunReport) -> Display:
             return Dashboard(report)
         except ImportError:
             pass
-    return Bar(report)
+    return Silent() if background else Bar(report)
 
 
 def show_summary(report: RunReport) -> None:

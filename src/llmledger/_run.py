@@ -114,7 +114,7 @@ class Run:
 
     # -- running ----------------------------------------------------------------------------------
     def start_background(self) -> Run:
-        self._display = make_display(self.plan.progress, self.report)  # shown in the caller's cell
+        self._display = make_display(self.plan.progress, self.report, background=True)  # in the caller's cell
         self._thread = threading.Thread(target=self._background, name="llmledger-run", daemon=True)
         self._thread.start()
         return self

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from ._journal import pending as pending_journals
 from ._journal import read as read_journal
 from ._prompt import FINGERPRINT_COL, PROMPT_COL
 from ._report import RunReport
+
+log = logging.getLogger("llmledger")
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,7 @@ class Runner:
         return None
 
     def _transient(self, failure: CallFailed) -> None:
+        log.info("transient failure, will retry: %s", failure)
         self.report.retries += 1
         self.transient_streak += 1
         self._note_error(str(failure))
