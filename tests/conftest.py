@@ -75,7 +75,7 @@ def sms() -> pl.DataFrame:
 
 @pytest.fixture(autouse=True)
 def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Diagnostics: if a test runs for over 45 s, print the background loop's asyncio tasks."""
+    """Diagnostics: if a test runs for over 120 s, print the background loop's asyncio tasks."""
     import threading
 
     from llmledger import _loop
@@ -83,12 +83,23 @@ def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> Iterator[None]:
     done = threading.Event()
 
     def watch() -> None:
-        if not done.wait(45) and _loop._loop is not None:
+        if not done.wait(120) and _loop._loop is not None:
             import asyncio
 
             print(f"\n--- {request.node.nodeid} is slow; llmledger loop tasks:", file=sys.stderr)
             for task in asyncio.all_tasks(_loop._loop):
                 task.print_stack(file=sys.stderr)
+            from llmledger import _runner
+
+            for runner in list(_runner.ACTIVE):
+                print("runner", runner.debug_state(), "loop time", _loop._loop.time(), file=sys.stderr)
+            import gc
+
+            for obj in gc.get_objects():
+                if isinstance(obj, Simulator):
+                    log = obj.log()
+                    print("sim", obj.base_url, obj.stats()["requests"], obj.stats()["paid"],
+                          "last:", log[-3:] if log else None, file=sys.stderr)
 
     threading.Thread(target=watch, daemon=True).start()
     yield

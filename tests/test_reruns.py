@@ -81,3 +81,12 @@ def test_needs_review_rows_come_back_with_redo(run, sim: Simulator, store: Path)
         redo=True)
     assert sql(store, "SELECT summary_status, summary_error FROM messages WHERE id = 1") == [("DONE", None)]
     assert sim.stats()["paid"] == 3
+
+
+def test_the_readme_stale_query_matches_stored_fingerprints(run, store: Path) -> None:
+    run(frame(5), "summary", prompt="Summarize: {text}", system="Be brief.", max_tokens=7, model="claude-x")
+    stale = """SELECT count(*) FROM messages WHERE summary_status = 'DONE'
+               AND summary_fingerprint <> md5(concat_ws(chr(31), $model, 'Be brief.', '7', 'Summarize: ' || text))"""
+    with duckdb.connect(str(store), read_only=True) as con:
+        assert con.execute(stale, {"model": "claude-x"}).fetchall() == [(0,)]
+        assert con.execute(stale, {"model": "claude-y"}).fetchall() == [(5,)]

@@ -190,6 +190,16 @@ async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, *, model: str, pr
     return reply
 
 
+def bounded_timeout(timeout: Any) -> anthropic.Timeout:
+    """The client's timeout, but never waiting long for a pooled connection, a connect or a write.
+
+    Those phases end before the API has the request, so giving up on them and
+    retrying cannot pay twice; the read timeout (the model's answer) stays as it was.
+    """
+    read = timeout.read if isinstance(timeout, anthropic.Timeout) else timeout
+    return anthropic.Timeout(read, connect=10.0, write=30.0, pool=10.0)
+
+
 def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
     """The real SDK, configured from the environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL)."""
     kwargs: dict[str, Any] = {"max_retries": 0}

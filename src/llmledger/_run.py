@@ -21,7 +21,7 @@ import polars as pl
 
 from . import _store as st
 from ._claims import Claimant, is_abandoned
-from ._client import Reply, default_client
+from ._client import Reply, bounded_timeout, default_client
 from ._display import make_display, show_summary
 from ._loop import background_loop, run_blocking
 from ._prompt import FINGERPRINT_COL, PROMPT_COL
@@ -230,7 +230,8 @@ async def _send_all(ledger: st.Store, layout: st.Layout, work: pl.DataFrame, pla
                     report: RunReport, started: Any, stop_flag: threading.Event, display: Any,
                     known: dict[str, Outcome]) -> RunReport:
     own = plan.client is None
-    api = default_client() if own else plan.client.with_options(max_retries=0)  # type: ignore[union-attr]
+    api = default_client() if own else plan.client
+    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout))
     try:
         runner = Runner(store=ledger, layout=layout, work=work, cfg=plan.cfg, client=api, claimant=claimant,
                         report=report, run_started=started, stop_flag=stop_flag, on_progress=display.update,

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from ._prompt import FINGERPRINT_COL, PROMPT_COL
 from ._report import RunReport
 
 log = logging.getLogger("llmledger")
+ACTIVE: weakref.WeakSet[Runner] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class Runner:
         self.pacer = Pacer()
         self.answers: dict[str, Outcome] = dict(known or {})
         self.twins: dict[str, asyncio.Future[Outcome | None]] = {}
+        self.doing: dict[str, str] = {}
+        ACTIVE.add(self)
         self.journal = Journal(store.path, layout.table, layout.step, str(claimant))
         self.cursor = 0
         self.buffer: list[dict[str, Any]] = []
@@ -251,6 +255,7 @@ class Runner:
                 return
             twin = self.twins.get(fp)
             if twin is not None:
+                self._doing(f"waiting for twin {fp[:8]}")
                 outcome = await asyncio.shield(twin)
                 if outcome is not None:  # None: the twin was stopped, so this row is released too
                     self._record(row, *outcome, reused=True)
@@ -275,6 +280,7 @@ class Runner:
             self.in_flight += 1
             self.report.in_flight = self.in_flight
             retry_after: float | None = None
+            self._doing(f"sending {row[PROMPT_COL]!r} (try {tries})")
             try:
                 reply = await send(self.client, self.pacer, model=cfg.model, prompt=row[PROMPT_COL],
                                    system=cfg.system, max_tokens=cfg.max_tokens, extra=cfg.request_options)
@@ -293,10 +299,23 @@ class Runner:
                 self.report.in_flight = self.in_flight
             if self.stopping is not None:
                 return None
+            self._doing(f"backoff {row[FINGERPRINT_COL][:8]} (try {tries})")
             await asyncio.sleep(backoff(tries, base=cfg.retry.base_delay, cap=cfg.retry.max_delay,
                                         retry_after=retry_after))
             tries += 1
         return None
+
+    def _doing(self, what: str) -> None:
+        """What each sender task awaits now: shown by `debug_state()` when a run looks stuck."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.doing[task.get_name()] = what
+
+    def debug_state(self) -> dict[str, Any]:
+        return {"doing": dict(self.doing), "queue": self.queue.qsize(), "cursor": self.cursor,
+                "work": self.work.height, "buffer": len(self.buffer), "stopping": self.stopping,
+                "in_flight": self.in_flight, "twins": list(self.twins)[:5],
+                "pacer": (self.pacer.interval, self.pacer._next, self.pacer._paused_until)}
 
     def _transient(self, failure: CallFailed) -> None:
         log.info("transient failure, will retry: %s", failure)
