@@ -120,3 +120,12 @@ def test_the_sdk_sees_the_simulators_errors_as_the_real_apis(sim: Simulator) -> 
     assert raw.headers["anthropic-ratelimit-requests-limit"] == "6000"
     message = raw.parse()
     assert message.usage.input_tokens > 0 and message.content[0].text
+
+
+def test_request_timeouts_are_bounded_but_never_lengthened() -> None:
+    from llmledger._client import bounded_timeout
+
+    t = bounded_timeout(anthropic.Timeout(600, connect=5.0), max_tokens=1024)
+    assert (t.read, t.connect, t.write, t.pool) == (102.4, 10.0, 30.0, 10.0)
+    assert bounded_timeout(anthropic.Timeout(20.0), max_tokens=8192).read == 20.0, "a shorter client timeout stays"
+    assert bounded_timeout(anthropic.Timeout(None), max_tokens=100).read == 60.0

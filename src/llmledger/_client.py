@@ -190,13 +190,18 @@ async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, *, model: str, pr
     return reply
 
 
-def bounded_timeout(timeout: Any) -> anthropic.Timeout:
-    """The client's timeout, but never waiting long for a pooled connection, a connect or a write.
+def bounded_timeout(timeout: Any, *, max_tokens: int) -> anthropic.Timeout:
+    """The client's timeout, bounded so that no request can stall a run for long.
 
-    Those phases end before the API has the request, so giving up on them and
-    retrying cannot pay twice; the read timeout (the model's answer) stays as it was.
+    Waiting for a pooled connection, a connect or a write ends before the API
+    has the request, so those are short. The read (the model's answer) is
+    bounded by the time to generate `max_tokens` at 10 tokens/s, at least 60 s:
+    longer than any healthy answer, and a retry after it is a retry the SDK
+    would make after its own 600 s anyway.
     """
     read = timeout.read if isinstance(timeout, anthropic.Timeout) else timeout
+    ceiling = max(60.0, max_tokens / 10.0)
+    read = ceiling if read is None else min(float(read), ceiling)
     return anthropic.Timeout(read, connect=10.0, write=30.0, pool=10.0)
 
 

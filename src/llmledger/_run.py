@@ -231,7 +231,7 @@ async def _send_all(ledger: st.Store, layout: st.Layout, work: pl.DataFrame, pla
                     known: dict[str, Outcome]) -> RunReport:
     own = plan.client is None
     api = default_client() if own else plan.client
-    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout))
+    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=plan.cfg.max_tokens))
     try:
         runner = Runner(store=ledger, layout=layout, work=work, cfg=plan.cfg, client=api, claimant=claimant,
                         report=report, run_started=started, stop_flag=stop_flag, on_progress=display.update,
