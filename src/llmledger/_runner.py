@@ -96,6 +96,7 @@ class Runner:
         self.oldest: float | None = None
         self.stopping: str | None = None
         self.in_flight = 0
+        self.senders_done = False
         self.transient_streak = 0
         self.last_success = time.monotonic()
         self.params = {"max_attempts": cfg.max_attempts, "redo": cfg.redo, "run_started": run_started}
@@ -158,8 +159,6 @@ class Runner:
             await asyncio.sleep(0.05)
 
     # -- the store side -------------------------------------------------------------------------
-    senders_done = False
-
     async def _store_loop(self) -> None:
         low_water = max(self.cfg.concurrency, 1)
         exhausted = False
