@@ -269,20 +269,17 @@ def _castable(con: duckdb.DuckDBPyConnection, src: str, dst: str) -> bool:
     return bool(numeric.match(src) and numeric.match(dst))
 
 
-def upsert(con: duckdb.DuckDBPyConnection, layout: Layout) -> int:
+def upsert(con: duckdb.DuckDBPyConnection, layout: Layout) -> None:
     """Insert the frame's new keys as NOT_STARTED; refresh copied columns that changed."""
     t, cols = q(layout.table), [*layout.key, *layout.mirror]
     col_list = ", ".join(q(c) for c in cols)
     using = ", ".join(q(k) for k in layout.key)
-    before = one(con, f"SELECT count(*) FROM {t}")[0]
     con.execute(f"INSERT INTO {t} ({col_list}) SELECT {col_list} FROM {INCOMING} "
                 f"ANTI JOIN {t} USING ({using})")
-    after = one(con, f"SELECT count(*) FROM {t}")[0]
     if layout.mirror:
         sets = ", ".join(f"{q(c)} = i.{q(c)}" for c in layout.mirror)
         changed = " OR ".join(f"t.{q(c)} IS DISTINCT FROM i.{q(c)}" for c in layout.mirror)
         con.execute(f"UPDATE {t} AS t SET {sets} FROM {INCOMING} AS i WHERE {layout.key_join} AND ({changed})")
-    return int(after - before)
 
 
 # -- claims and selection --------------------------------------------------------------------------
