@@ -247,7 +247,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, layout: Layout, *, model: str,
             raise KeyColumnError(f"table {layout.table!r} has no column {k!r}, so it cannot be keyed by it; "
                                  f"its columns are {list(existing)}. Pass the key it was built with, or a "
                                  "new table=.")
-        if existing[k] != incoming[k] and not _castable(con, incoming[k], existing[k]):
+        if existing[k] != incoming[k] and not _castable(incoming[k], existing[k]):
             raise KeyColumnError(f"key column {k!r} is {existing[k]} in table {layout.table!r} but "
                                  f"{incoming[k]} in the frame; cast it (e.g. pl.col({k!r}).cast(...)).")
     for c in layout.mirror:
@@ -264,7 +264,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection, layout: Layout, *, model: str,
                     [layout.table, layout.step, layout.key, now, model, prompt, system])
 
 
-def _castable(con: duckdb.DuckDBPyConnection, src: str, dst: str) -> bool:
+def _castable(src: str, dst: str) -> bool:
     numeric = re.compile(r"^(U?(TINY|SMALL|BIG|HUGE)?INT(EGER)?)$")
     return bool(numeric.match(src) and numeric.match(dst))
 
@@ -291,21 +291,26 @@ def prior_status(layout: Layout) -> str:
             f"ELSE 'FAILED' END) WHEN {f} IS NOT NULL THEN 'DONE' ELSE 'NOT_STARTED' END")
 
 
+def _give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any]) -> int:
+    """Return RUNNING rows matching `condition` to the status they had before their claim."""
+    s, r, c = layout.col("_status"), layout.col("_running_started_at"), layout.col("_claimed_by")
+    rows = con.execute(
+        f"UPDATE {q(layout.table)} SET {s} = {prior_status(layout)}, {r} = NULL, {c} = NULL "
+        f"WHERE {s} = 'RUNNING' AND ({condition}) RETURNING 1", params).fetchall()
+    return len(rows)
+
+
 def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, *, max_attempts: int,
                    stale_before: datetime, is_abandoned: Callable[[str], bool]) -> int:
     """Give back claims whose holder is gone (this host) or that are older than `stale_before`."""
     s, c, r = layout.col("_status"), layout.col("_claimed_by"), layout.col("_running_started_at")
     holders = [row[0] for row in con.execute(
         f"SELECT DISTINCT {c} FROM {q(layout.table)} WHERE {s} = 'RUNNING'").fetchall()]
-    dead = [h for h in holders if h is None or is_abandoned(h)]
     if not holders:
         return 0
-    rows = con.execute(
-        f"UPDATE {q(layout.table)} SET {s} = {prior_status(layout)}, {r} = NULL, {c} = NULL "
-        f"WHERE {s} = 'RUNNING' AND ({c} IS NULL OR list_contains($dead, {c}) OR {r} < $stale_before) "
-        "RETURNING 1",
-        {"dead": dead, "stale_before": stale_before, "max_attempts": max_attempts}).fetchall()
-    return len(rows)
+    dead = [h for h in holders if h is None or is_abandoned(h)]
+    return _give_back(con, layout, f"{c} IS NULL OR list_contains($dead, {c}) OR {r} < $stale_before",
+                      {"dead": dead, "stale_before": stale_before, "max_attempts": max_attempts})
 
 
 def eligible(layout: Layout, alias: str = "t") -> str:
@@ -428,12 +433,8 @@ def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.D
 
 
 def release_claims(con: duckdb.DuckDBPyConnection, layout: Layout, *, claimant: str, max_attempts: int) -> int:
-    s, r, c = layout.col("_status"), layout.col("_running_started_at"), layout.col("_claimed_by")
-    rows = con.execute(
-        f"UPDATE {q(layout.table)} SET {s} = {prior_status(layout)}, {r} = NULL, {c} = NULL "
-        f"WHERE {c} = $claimant AND {s} = 'RUNNING' RETURNING 1",
-        {"claimant": claimant, "max_attempts": max_attempts}).fetchall()
-    return len(rows)
+    return _give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant",
+                      {"claimant": claimant, "max_attempts": max_attempts})
 
 
 def read_outputs(con: duckdb.DuckDBPyConnection, layout: Layout, keys: pl.DataFrame) -> pl.DataFrame:
