@@ -89,10 +89,10 @@ def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> Iterator[None]:
             print(f"\n--- {request.node.nodeid} is slow; llmledger loop tasks:", file=sys.stderr)
             for task in asyncio.all_tasks(_loop._loop):
                 task.print_stack(file=sys.stderr)
-            from llmledger import _runner
+            from llmledger._exec import scheduler
 
-            for runner in list(_runner.ACTIVE):
-                print("runner", runner.debug_state(), "loop time", _loop._loop.time(), file=sys.stderr)
+            for runner in list(scheduler.ACTIVE):
+                print("scheduler", runner.debug_state(), "loop time", _loop._loop.time(), file=sys.stderr)
             import gc
 
             for obj in gc.get_objects():

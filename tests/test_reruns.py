@@ -7,6 +7,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+import llmledger
 from llmledger import Simulator, last_report
 
 from .conftest import frame, sql
@@ -83,10 +84,13 @@ def test_needs_review_rows_come_back_with_redo(run, sim: Simulator, store: Path)
     assert sim.stats()["paid"] == 3
 
 
-def test_the_readme_stale_query_matches_stored_fingerprints(run, store: Path) -> None:
+def test_the_readme_stale_query_matches_stored_fingerprints(run, sim: Simulator, store: Path) -> None:
     run(frame(5), "summary", prompt="Summarize: {text}", system="Be brief.", max_tokens=7, model="claude-x")
     stale = """SELECT count(*) FROM messages WHERE summary_status = 'DONE'
-               AND summary_fingerprint <> md5(concat_ws(chr(31), $model, 'Be brief.', '7', 'Summarize: ' || text))"""
-    with duckdb.connect(str(store), read_only=True) as con:
-        assert con.execute(stale, {"model": "claude-x"}).fetchall() == [(0,)]
-        assert con.execute(stale, {"model": "claude-y"}).fetchall() == [(5,)]
+               AND summary_fingerprint IS DISTINCT FROM summary_request_fingerprint"""
+    sent = {r["prompt"]: llmledger.fingerprint(r["body"]) for r in sim.log()}
+    stored = dict(sql(store, "SELECT 'Summarize: ' || text, summary_fingerprint::VARCHAR FROM messages"))
+    assert stored == sent, "fingerprint = md5 of the canonical JSON of the very body the API received"
+    assert sql(store, stale) == [(0,)]
+    run(frame(5), "summary", prompt="Summarize: {text}", system="Be brief.", max_tokens=7, model="claude-y")
+    assert sql(store, stale) == [(5,)]

@@ -4,12 +4,17 @@
     out = apply_llm(df, "summary", prompt="Summarize: {text}", key="id", store="data/ledger.duckdb")
 """
 
-from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async
-from ._client import DEFAULT_MODEL
-from ._query import progress, sql
+__version__ = "0.2.0"
+
+from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async, resume
+from ._exec.api import DEFAULT_MODEL
+from ._exec.online import RetryPolicy
+from ._ledger.states import Outcome, Redo, Status
+from ._prices import UnknownPriceWarning, prices, set_price
+from ._query import history, progress, sql
 from ._report import RunReport
+from ._request import fingerprint
 from ._run import Run, last_report
-from ._runner import RetryPolicy
 from .errors import (
     AuthenticationFailed,
     InvalidInputError,
@@ -17,9 +22,13 @@ from .errors import (
     LedgerError,
     OutageError,
     PromptError,
+    RetryRefused,
     RunStopped,
+    SpendLimitReached,
     StepNameError,
+    StoreBusy,
     StoreError,
+    StoreNotFound,
     WhereClauseError,
 )
 from .simulator import Simulator
@@ -32,19 +41,33 @@ __all__ = [
     "InvalidInputError",
     "KeyColumnError",
     "LedgerError",
+    "Outcome",
     "OutageError",
     "PromptError",
+    "Redo",
     "RetryPolicy",
+    "RetryRefused",
     "Run",
     "RunReport",
     "RunStopped",
     "Simulator",
+    "SpendLimitReached",
+    "Status",
     "StepNameError",
+    "StoreBusy",
     "StoreError",
+    "StoreNotFound",
+    "UnknownPriceWarning",
     "WhereClauseError",
+    "__version__",
     "apply_llm",
     "apply_llm_async",
+    "fingerprint",
+    "history",
     "last_report",
+    "prices",
     "progress",
+    "resume",
+    "set_price",
     "sql",
 ]

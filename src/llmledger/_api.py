@@ -1,4 +1,8 @@
-"""`apply_llm`: check the call, record the frame, run what still needs running, return the frame."""
+"""`apply_llm` and `resume`: check the call, then run what the ledger says still needs running.
+
+Every check here happens before anything is written: a bad call raises an
+`InvalidInputError` naming the offending value and leaves no trace.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,17 @@ from typing import Any, Literal
 import anthropic
 import polars as pl
 
-from . import _store as st
-from ._client import DEFAULT_MODEL
-from ._prompt import FINGERPRINT_COL, PROMPT_COL, Prompt, check_prompt, fingerprints, render, request_signature
-from ._run import Plan, Run
-from ._runner import RetryPolicy, RunConfig
+from ._exec.api import DEFAULT_MODEL
+from ._exec.online import RetryPolicy
+from ._exec.scheduler import RunConfig
+from ._ledger import StepDefinition
+from ._ledger.columns import step_columns
+from ._ledger.connection import check_store_path
+from ._ledger.states import Redo
+from ._prompt import Prompt, check_prompt, plan_prompt
+from ._report import RunReport
+from ._request import RequestSpec, check_max_tokens, check_request_options
+from ._run import Plan, Run, set_last_report
 from .errors import InvalidInputError, KeyColumnError, StepNameError
 
 DEFAULT_STORE = "llmledger.duckdb"
@@ -60,29 +70,20 @@ def apply_llm(
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
     keys = _resolve_key(frame, key, step)
     check_prompt(prompt, frame.columns)
-    _check_options(model=model, max_tokens=max_tokens, chunk_size=chunk_size, concurrency=concurrency,
-                   max_attempts=max_attempts, redo=redo, where=where, commit_every=commit_every)
-    stale = stale_after if isinstance(stale_after, timedelta) else timedelta(seconds=float(stale_after))
-    if stale.total_seconds() <= 0:
-        raise InvalidInputError(f"stale_after must be positive, got {stale_after!r}")
-    if client is not None and not isinstance(client, anthropic.AsyncAnthropic):
-        raise InvalidInputError(f"client must be an anthropic.AsyncAnthropic (llmledger sends rows concurrently), "
-                                f"got {type(client).__name__}; e.g. anthropic.AsyncAnthropic(api_key=...)")
-    path = Path(store).expanduser()
-    st.check_store_path(path)
-
-    prompts = render(prompt, frame, keys)
-    signature = request_signature(model=model, system=system, max_tokens=max_tokens)
-    cfg = RunConfig(model=model, system=system, max_tokens=max_tokens, chunk_size=chunk_size,
-                    concurrency=concurrency, max_attempts=max_attempts,
-                    redo={False: "none", True: "all", "stale": "stale"}[redo],  # type: ignore[index]
-                    commit_every=commit_every, retry=retry or RetryPolicy(), request_options=request_options or {},
-                    dedupe=dedupe)
-    plan = Plan(df=df, frame=frame, from_pandas=from_pandas, keys=keys, table=table, step=step, where=where,
-                stale=stale, cfg=cfg, store=path,
-                incoming=_incoming(frame, keys, prompts, fingerprints(prompts, signature)),
-                template_text=prompt if isinstance(prompt, str) else getattr(prompt, "__name__", repr(prompt)),
-                client=client, progress=progress)
+    if not isinstance(model, str) or not model:
+        raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
+    check_max_tokens(max_tokens)
+    if system is not None and not isinstance(system, str):
+        raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
+    request = RequestSpec(model=model, max_tokens=max_tokens, system=system,
+                          options=check_request_options(request_options))
+    stored = _storable(frame)
+    definition = StepDefinition(table=table, step=step, key=keys, request=request,
+                                prompt=plan_prompt(prompt, frame, stored.columns))
+    plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
+                 redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
+                 retry=retry, commit_every=commit_every, dedupe=dedupe)
+    plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
     run = Run(plan)
     if background:
         return run.start_background()
@@ -102,9 +103,76 @@ async def apply_llm_async(df: Any, step: str, **options: Any) -> Any:
     except asyncio.CancelledError:
         await asyncio.to_thread(run.cancel)
         raise
+    finally:
+        set_last_report(run.report)
+
+
+def resume(
+    store: str | Path,
+    table: str,
+    step: str,
+    *,
+    where: str | None = None,
+    redo: bool | Literal["stale"] = False,
+    concurrency: int = 16,
+    chunk_size: int = 200,
+    max_attempts: int = 3,
+    stale_after: timedelta | float = timedelta(minutes=30),
+    client: anthropic.AsyncAnthropic | None = None,
+    progress: bool = True,
+    retry: RetryPolicy | None = None,
+    commit_every: float = 0.5,
+    dedupe: bool = True,
+    background: bool = False,
+) -> Any:
+    """Finish a step that `apply_llm` started, from the store alone (after a kill, a closed laptop, a lost kernel).
+
+    Sends the rows of `table`.`step` that still need an answer, each with the
+    request apply_llm recorded for it, with the same guarantees as apply_llm.
+    Returns the run's `RunReport` (a `Run` handle with `background=True`);
+    rerunning the notebook cell afterwards pays nothing for the rows finished here.
+    """
+    _check_identifier(step, "step", StepNameError, 'e.g. "summary"')
+    _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
+    plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
+                 redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
+                 retry=retry, commit_every=commit_every, dedupe=dedupe)
+    check_store_path(plan.store, must_exist=True)
+    run = Run(plan)
+    if background:
+        return run.start_background()
+    result = run.execute(foreground=True)
+    assert isinstance(result, RunReport)
+    return result
 
 
 # -- input checks ---------------------------------------------------------------------------------
+
+def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurrency: Any, where: Any, redo: Any,
+          max_attempts: Any, stale_after: Any, client: Any, progress: bool, retry: RetryPolicy | None,
+          commit_every: Any, dedupe: bool) -> Plan:
+    for name, value in (("chunk_size", chunk_size), ("concurrency", concurrency), ("max_attempts", max_attempts)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+    if redo not in (False, True, "stale"):
+        raise InvalidInputError(f"redo must be False, True or 'stale', got {redo!r}")
+    if where is not None and (not isinstance(where, str) or not where.strip()):
+        raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
+    if isinstance(commit_every, bool) or not isinstance(commit_every, int | float) or commit_every <= 0:
+        raise InvalidInputError(f"commit_every must be a positive number of seconds, got {commit_every!r}")
+    stale = stale_after if isinstance(stale_after, timedelta) else timedelta(seconds=float(stale_after))
+    if stale.total_seconds() <= 0:
+        raise InvalidInputError(f"stale_after must be positive, got {stale_after!r}")
+    if client is not None and not isinstance(client, anthropic.AsyncAnthropic):
+        raise InvalidInputError(f"client must be an anthropic.AsyncAnthropic (llmledger sends rows concurrently), "
+                                f"got {type(client).__name__}; e.g. anthropic.AsyncAnthropic(api_key=...)")
+    path = Path(store).expanduser()
+    check_store_path(path)
+    cfg = RunConfig(chunk_size=chunk_size, concurrency=concurrency, max_attempts=max_attempts,
+                    commit_every=commit_every, retry=retry or RetryPolicy(), dedupe=dedupe)
+    return Plan(store=path, table=table, step=step, cfg=cfg, max_attempts=max_attempts,
+                redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress)
+
 
 def _as_polars(df: Any) -> tuple[pl.DataFrame, bool]:
     if isinstance(df, pl.DataFrame):
@@ -116,11 +184,26 @@ def _as_polars(df: Any) -> tuple[pl.DataFrame, bool]:
     raise InvalidInputError(f"df must be a polars or pandas DataFrame, got {type(df).__name__}")
 
 
+def _storable(frame: pl.DataFrame) -> pl.DataFrame:
+    """The columns the ledger can store: no Python objects; all-null columns typed as text."""
+    keep = [c for c, t in frame.schema.items() if t != pl.Object]
+    out = frame.select(keep)
+    nulls = [c for c, t in out.schema.items() if t == pl.Null]
+    return out.with_columns(pl.col(nulls).cast(pl.String)) if nulls else out
+
+
 def _check_identifier(name: Any, what: str, error: type[InvalidInputError], example: str) -> None:
     if not isinstance(name, str) or not _IDENTIFIER.match(name) or name.lower().startswith("llmledger"):
         raise error(f"{what} name {name!r} is not usable as a SQL identifier: use letters, digits and "
                     f"underscores, starting with a letter or underscore, not starting with 'llmledger' "
                     f"({example}).")
+
+
+def _strictly_increasing(column: pl.Series) -> bool:
+    try:
+        return column.is_sorted() and not column.slice(1).eq(column.slice(0, len(column) - 1)).any()
+    except pl.exceptions.PolarsError:  # a type without an order
+        return False
 
 
 def _resolve_key(frame: pl.DataFrame, key: str | Sequence[str] | None, step: str) -> list[str]:
@@ -136,12 +219,14 @@ def _resolve_key(frame: pl.DataFrame, key: str | Sequence[str] | None, step: str
     for k in keys:
         if k not in frame.columns:
             raise KeyColumnError(f"key column {k!r} is not in the frame; columns: {frame.columns}")
-        if k in st.step_columns(step):
+        if k in step_columns(step):
             raise KeyColumnError(f"key column {k!r} clashes with a column of step {step!r}; rename it")
     nulls = frame.select(pl.any_horizontal(pl.col(k).is_null() for k in keys).arg_true().head(3)).to_series()
     if len(nulls):
         raise KeyColumnError(f"key {keys} is null in row(s) {nulls.to_list()} (0-based); every row needs a key. "
                              "Drop those rows or fill the key (e.g. df.with_row_index('id')).")
+    if len(keys) == 1 and _strictly_increasing(frame[keys[0]]):
+        return keys  # unique, found without a hash table over every key
     dup = frame.group_by(keys).len().filter(pl.col("len") > 1)
     if dup.height:
         example = dup.row(0, named=True)
@@ -149,27 +234,3 @@ def _resolve_key(frame: pl.DataFrame, key: str | Sequence[str] | None, step: str
                              f"{ {k: example[k] for k in keys} } occurs {example['len']} times. Deduplicate the "
                              "frame or choose a key that identifies a row.")
     return keys
-
-
-def _check_options(*, model: Any, max_tokens: Any, chunk_size: Any, concurrency: Any, max_attempts: Any,
-                   redo: Any, where: Any, commit_every: Any) -> None:
-    if not isinstance(model, str) or not model:
-        raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
-    for name, value in (("max_tokens", max_tokens), ("chunk_size", chunk_size), ("concurrency", concurrency),
-                        ("max_attempts", max_attempts)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
-    if redo not in (False, True, "stale"):
-        raise InvalidInputError(f"redo must be False, True or 'stale', got {redo!r}")
-    if where is not None and (not isinstance(where, str) or not where.strip()):
-        raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
-    if not isinstance(commit_every, int | float) or commit_every <= 0:
-        raise InvalidInputError(f"commit_every must be a positive number of seconds, got {commit_every!r}")
-
-
-def _incoming(frame: pl.DataFrame, keys: list[str], prompts: pl.Series, fps: pl.Series) -> pl.DataFrame:
-    """The frame as DuckDB will see it: storable columns, plus each row's prompt and fingerprint."""
-    keep = [c for c, t in frame.schema.items() if t != pl.Object and c not in (PROMPT_COL, FINGERPRINT_COL)]
-    out = frame.select(keep).with_columns(prompts.alias(PROMPT_COL), fps.alias(FINGERPRINT_COL))
-    nulls = [c for c, t in out.schema.items() if t == pl.Null]
-    return out.with_columns(pl.col(nulls).cast(pl.String)) if nulls else out

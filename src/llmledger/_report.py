@@ -9,6 +9,8 @@ from typing import Any
 
 import polars as pl
 
+from ._ledger.states import Outcome
+
 
 @dataclass(repr=False)
 class RunReport:
@@ -22,6 +24,7 @@ class RunReport:
     skipped: int = 0  # rows already DONE (or left for review) that cost nothing
     stale: int = 0  # DONE rows whose prompt/model/input changed, left alone
     running_elsewhere: int = 0
+    unprepared: int = 0  # (resume) rows whose request is not the current definition's: apply_llm must prepare them
     released: int = 0  # claims given back unsent (interrupt, outage)
     calls: int = 0  # answered (paid) requests
     reused: int = 0  # rows answered by an identical request's answer, at no cost
@@ -30,7 +33,7 @@ class RunReport:
     output_tokens: int = 0
     cost_usd: float | None = 0.0
     seconds: float = 0.0
-    outcome: str = "completed"  # preparing | running | completed | interrupted | cancelled | outage | auth | error
+    outcome: Outcome = Outcome.COMPLETED
     message: str = ""
     errors: list[str] = field(default_factory=list)  # the last few
     in_flight: int = 0
@@ -42,7 +45,9 @@ class RunReport:
 
     @property
     def elapsed(self) -> float:
-        return self.seconds if self.outcome not in ("preparing", "running") else time.monotonic() - self.started
+        if self.outcome in (Outcome.PREPARING, Outcome.RUNNING):
+            return time.monotonic() - self.started
+        return self.seconds
 
     @property
     def rate(self) -> float:
@@ -52,7 +57,7 @@ class RunReport:
 
     @property
     def eta(self) -> float | None:
-        if self.outcome != "running" or not self.rate:
+        if self.outcome != Outcome.RUNNING or not self.rate:
             return None
         return self.remaining / self.rate
 
@@ -60,7 +65,9 @@ class RunReport:
         fields = ["table", "step", "outcome", "rows", "selected", "remaining", "in_flight", "done", "failed",
                   "needs_review", "skipped", "stale", "reused", "calls", "retries", "input_tokens",
                   "output_tokens", "cost_usd", "elapsed", "rate", "eta"]
-        return pl.DataFrame([{f: getattr(self, f) for f in fields}],
+        values = {f: getattr(self, f) for f in fields}
+        values["outcome"] = str(self.outcome)
+        return pl.DataFrame([values],
                             schema_overrides={"cost_usd": pl.Float64, "eta": pl.Float64})
 
     def __repr__(self) -> str:
@@ -81,7 +88,7 @@ class RunReport:
                 f"{html.escape(self.outcome)}<table><tr>{head}</tr><tr>{body}</tr></table></div>")
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "outcome": str(self.outcome)}
 
     def __str__(self) -> str:
         cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
@@ -91,6 +98,8 @@ class RunReport:
             parts.append(f"{self.stale:,} stale")
         if self.running_elsewhere:
             parts.append(f"{self.running_elsewhere:,} running elsewhere")
+        if self.unprepared:
+            parts.append(f"{self.unprepared:,} not prepared")
         if self.outcome != "completed":
             parts.append(f"{self.remaining:,} not sent")
         if self.reused:
@@ -106,10 +115,15 @@ class RunReport:
         """Next steps worth telling the user about."""
         out = []
         if self.stale:
-            out.append(f"{self.stale:,} DONE rows are stale (model, system, prompt or row input changed since "
-                       "they were answered); they were not re-sent. Pass redo='stale' to re-send exactly those.")
+            out.append(f"{self.stale:,} DONE rows are stale (their request changed since they were answered: "
+                       "model, system, prompt, options or the row's input); they were not re-sent. Pass "
+                       "redo='stale' to re-send exactly those.")
         if self.failed:
             out.append(f"{self.failed:,} rows FAILED; run the same call again to retry them.")
+        if self.unprepared:
+            out.append(f"{self.unprepared:,} rows have no request for the step's current definition (their inputs "
+                       "or the step changed since apply_llm last prepared them); run apply_llm with the frame to "
+                       "prepare and send them.")
         if self.needs_review:
             out.append(f"{self.needs_review:,} rows need review (failed max_attempts times); see their "
                        f"{self.step}_error column, then rerun with redo=True and a where= naming them.")

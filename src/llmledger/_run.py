@@ -1,8 +1,10 @@
-"""A run from start to end: prepare the ledger, send, commit, return the frame — in front or in the background.
+"""A run from start to end: prepare (or resume), send, commit, report — in front or in the background.
 
 `Run` is also the handle `apply_llm(..., background=True)` returns: the user
 keeps working in other cells while it goes, and can look at `progress()`,
-`wait()`, `cancel()` it (which stops like Ctrl-C) or show its dashboard.
+`wait()`, `cancel()` it (which stops like Ctrl-C) or show its dashboard. Its
+report belongs to the handle; `last_report()` only ever shows the last run
+this thread waited for, so background runs never race with it.
 """
 
 from __future__ import annotations
@@ -19,52 +21,69 @@ from typing import Any
 import anthropic
 import polars as pl
 
-from . import _store as st
-from ._claims import Claimant, is_abandoned
-from ._client import Reply, bounded_timeout, default_client
 from ._display import make_display, show_summary
+from ._exec.api import bounded_timeout, default_client
+from ._exec.scheduler import RunConfig, Scheduler
+from ._ledger import Ledger, RunParams, Selection, StepDefinition, open_ledger
+from ._ledger.claims import Claimant
+from ._ledger.states import Outcome, Redo
 from ._loop import background_loop, run_blocking
-from ._prompt import FINGERPRINT_COL, PROMPT_COL
 from ._report import RunReport
-from ._runner import Outcome, RunConfig, Runner, merge_journals, utcnow
-from .errors import AuthenticationFailed, InvalidInputError, OutageError
+from ._time import utcnow
+from .errors import AuthenticationFailed, OutageError, RetryRefused, SpendLimitReached, StoreBusy
 
-_last_report: RunReport | None = None
+_local = threading.local()
+_STOPPED = {Outcome.AUTH: AuthenticationFailed, Outcome.OUTAGE: OutageError,
+            Outcome.SPEND_LIMIT: SpendLimitReached, Outcome.RETRY_REFUSED: RetryRefused}
 
 
 def last_report() -> RunReport | None:
-    """The report of the most recent run to finish in this process."""
-    return _last_report
+    """The report of the last run this thread waited for (a foreground apply_llm, resume or apply_llm_async).
+
+    Background runs keep theirs on their handle (`run.report`).
+    """
+    return getattr(_local, "report", None)
+
+
+def set_last_report(report: RunReport) -> None:
+    _local.report = report
 
 
 @dataclass
 class Plan:
     """A checked call: everything a run needs, nothing written yet."""
 
-    df: Any  # what the user passed (returned in kind)
-    frame: pl.DataFrame
-    from_pandas: bool
-    keys: list[str]
+    store: Path
     table: str
     step: str
-    where: str | None
-    stale: timedelta
     cfg: RunConfig
-    store: Path
-    incoming: pl.DataFrame  # the frame's storable columns + prompt + fingerprint
-    template_text: str
+    max_attempts: int
+    redo: Redo
+    stale: timedelta
+    where: str | None
     client: anthropic.AsyncAnthropic | None
     progress: bool
+    # apply_llm only: what the user passed, the frame as the ledger sees it, and the step's definition
+    df: Any = None
+    user_frame: pl.DataFrame | None = None  # the frame as the user gave it, in polars
+    frame: pl.DataFrame | None = None  # the columns the ledger stores
+    from_pandas: bool = False
+    definition: StepDefinition | None = None
+
+    @property
+    def entry(self) -> str:
+        return "apply_llm" if self.definition is not None else "resume"
 
 
 class Run:
-    """One apply_llm call. In the background: `progress()`, `wait()`, `cancel()`, `result()`."""
+    """One apply_llm (or resume) call. In the background: `progress()`, `wait()`, `cancel()`, `result()`."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.stop_flag = threading.Event()
-        self.report = RunReport(table=plan.table, step=plan.step, rows=plan.frame.height)
-        self.report.outcome = "preparing"
+        rows = plan.frame.height if plan.frame is not None else 0
+        self.report = RunReport(table=plan.table, step=plan.step, rows=rows)
+        self.report.outcome = Outcome.PREPARING
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
@@ -124,7 +143,7 @@ class Run:
             self.execute(foreground=False)
 
     def execute(self, *, foreground: bool) -> Any:
-        """Prepare, run and finish; store the result or the error for `wait()`; return or raise it."""
+        """Prepare, run and finish; keep the result or the error for `wait()`; return or raise it."""
         try:
             self._result = self._execute(foreground=foreground)
             return self._result
@@ -133,137 +152,117 @@ class Run:
             raise
         finally:
             self._done.set()
+            if foreground:
+                set_last_report(self.report)
 
     def _execute(self, *, foreground: bool) -> Any:
-        global _last_report
         plan, report = self.plan, self.report
-        ledger = st.Store(plan.store, should_stop=self.stop_flag.is_set)
+        ledger = open_ledger(plan.store, should_stop=self.stop_flag.is_set)
         if self._display is None:
             self._display = make_display(plan.progress, report)
         interrupted = False
         with Claimant.new() as claimant:
             started = utcnow()
-            layout, work, counts, known = _prepare(ledger, plan, started)
-            report.selected = work.height
-            report.stale = counts["stale"] if plan.cfg.redo != "stale" else 0
-            report.running_elsewhere = counts["running_elsewhere"]
-            report.skipped = plan.frame.height - work.height - report.running_elsewhere
-            report.outcome = "running"
+            params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
+                               stale_before=started - plan.stale, where=plan.where)
+            if plan.definition is not None and plan.frame is not None:
+                selection = ledger.prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe)
+            else:
+                selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe)
+            self._take_counts(selection)
+            report.outcome = Outcome.RUNNING
             report.started = time.monotonic()
             self._display.start()
             ledger.on_wait = self._display.note
             try:
-                if work.height:
+                if selection.work.height:
                     def make() -> Any:
-                        return _send_all(ledger, layout, work, plan, claimant, report, started, self.stop_flag,
-                                         self._display, known)
+                        return _send_all(ledger, selection, plan, claimant, report, self.stop_flag, self._display)
 
                     if foreground:
                         _, interrupted = run_blocking(make, self.stop_flag.set)
                     else:
                         asyncio.run_coroutine_threadsafe(make(), background_loop()).result()
-                if report.outcome == "running":
-                    report.outcome = "completed"
-                if report.outcome == "interrupted" and not foreground:
-                    report.outcome = "cancelled"
+                if report.outcome == Outcome.RUNNING:
+                    report.outcome = Outcome.COMPLETED
+                if report.outcome == Outcome.INTERRUPTED and not foreground:
+                    report.outcome = Outcome.CANCELLED
             finally:
                 report.seconds = time.monotonic() - report.started
                 self._display.close(report)
-                outputs = ledger.transaction(lambda con: _finish(con, layout, plan, report, claimant, started),
-                                             wait=30.0)
-        _last_report = report
+                self._record(ledger, selection, claimant, started)
+            outputs = self._outputs(ledger, selection)
         if plan.progress or interrupted:  # after Ctrl-C the summary is the only word on what happened
             show_summary(report)
         if interrupted:
             raise KeyboardInterrupt(str(report))
-        if report.outcome == "auth":
-            raise AuthenticationFailed(report.message, report=report)
-        if report.outcome == "outage":
-            raise OutageError(f"{report.message} {report.remaining:,} of {report.selected:,} selected rows remain.",
-                              report=report)
-        return _attach(plan, outputs)
+        stopped = _STOPPED.get(report.outcome)  # type: ignore[call-overload]
+        if stopped is not None:
+            raise stopped(f"{report.message} {report.remaining:,} of {report.selected:,} selected rows remain.",
+                          report=report)
+        return report if outputs is None else outputs
+
+    def _take_counts(self, selection: Selection) -> None:
+        report = self.report
+        report.selected = selection.work.height
+        report.stale = selection.stale
+        report.running_elsewhere = selection.running_elsewhere
+        report.unprepared = selection.unprepared
+        if self.plan.frame is None:
+            report.rows = report.selected + report.running_elsewhere
+        report.skipped = max(0, report.rows - report.selected - report.running_elsewhere)
+
+    def _record(self, ledger: Ledger, selection: Selection, claimant: Claimant, started: Any) -> None:
+        report, plan = self.report, self.plan
+        request = selection.requests.get(selection.version)
+        row = {"run_id": claimant.run_id, "table_name": plan.table, "step": plan.step, "claimant": str(claimant),
+               "model": request.model if request else None, "started_at": started, "finished_at": utcnow(),
+               "outcome": str(report.outcome), "rows_in_frame": report.rows, "rows_selected": report.selected,
+               "done": report.done, "failed": report.failed, "needs_review": report.needs_review,
+               "stale": report.stale, "calls": report.calls, "reused": report.reused, "retries": report.retries,
+               "input_tokens": report.input_tokens, "output_tokens": report.output_tokens,
+               "cost_usd": report.cost_usd, "version": selection.version, "entry": plan.entry}
+        try:
+            ledger.record_run(row)
+        except StoreBusy:
+            report.message += " (the store stayed locked, so this run is missing from llmledger_runs)"
+
+    def _outputs(self, ledger: Ledger, selection: Selection) -> Any:
+        """The frame with the step's output and status appended (None for resume)."""
+        plan = self.plan
+        if plan.frame is None:
+            return None
+        step = plan.step
+        if not selection.work.height and selection.survey is not None:  # nothing was sent: what prepare saw is current
+            found = selection.survey.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"))
+        else:
+            found = ledger.outputs(selection, plan.frame.select(selection.layout.key))
+        return _attach(plan, found)
 
 
-# -- the steps of a run --------------------------------------------------------------------------------
-
-def _prepare(ledger: st.Store, plan: Plan,
-             started: Any) -> tuple[st.Layout, pl.DataFrame, dict[str, int], dict[str, Outcome]]:
-    """One transaction: schema, new rows, journals of dead runs, abandoned claims, and what to send."""
-    cfg, keys, frame = plan.cfg, plan.keys, plan.frame
-    existed = ledger.path.exists()
-    journals: list[Path] = []
-
-    def work(con: Any) -> tuple[st.Layout, pl.DataFrame, dict[str, int], dict[str, Outcome]]:
-        con.register(st.INCOMING, plan.incoming)
-        owned = st.owned_columns(con, plan.table, plan.step)
-        mirror = [c for c in plan.incoming.columns if c not in keys and c not in owned
-                  and c not in (PROMPT_COL, FINGERPRINT_COL)]
-        layout = st.Layout(table=plan.table, step=plan.step, key=keys, mirror=mirror)
-        st.ensure_schema(con, layout, model=cfg.model, prompt=plan.template_text, system=cfg.system, now=started)
-        st.upsert(con, layout)
-        journals[:] = merge_journals(con, layout, ledger.path, {k: frame.schema[k] for k in keys})
-        st.recover_claims(con, layout, max_attempts=cfg.max_attempts, stale_before=started - plan.stale,
-                          is_abandoned=is_abandoned)
-        params = {"max_attempts": cfg.max_attempts, "redo": cfg.redo, "run_started": started}
-        rows, counts = st.select_work(con, layout, where=plan.where, params=params)
-        con.unregister(st.INCOMING)
-        known: dict[str, Outcome] = {}
-        if cfg.dedupe and cfg.redo != "all" and rows.height:  # a redo asks for a fresh answer
-            for r in st.known_answers(con, layout, rows).iter_rows(named=True):
-                known[r["fingerprint"]] = (Reply(r["output"], 0, 0, r["stop_reason"], r["model"]), None)
-        return layout, rows.cast({k: frame.schema[k] for k in keys}), counts, known
-
-    try:
-        result = ledger.transaction(work)
-    except InvalidInputError:
-        if not existed:  # a bad call leaves no file behind
-            for leftover in (ledger.path, ledger.path.with_name(ledger.path.name + ".wal")):
-                with contextlib.suppress(FileNotFoundError):
-                    leftover.unlink()
-        raise
-    for path in journals:
-        path.unlink(missing_ok=True)
-    return result
-
-
-async def _send_all(ledger: st.Store, layout: st.Layout, work: pl.DataFrame, plan: Plan, claimant: Claimant,
-                    report: RunReport, started: Any, stop_flag: threading.Event, display: Any,
-                    known: dict[str, Outcome]) -> RunReport:
+async def _send_all(ledger: Ledger, selection: Selection, plan: Plan, claimant: Claimant, report: RunReport,
+                    stop_flag: threading.Event, display: Any) -> RunReport:
     own = plan.client is None
     api = default_client() if own else plan.client
-    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=plan.cfg.max_tokens))
+    assert api is not None
+    max_tokens = max((r.max_tokens for r in selection.requests.values()), default=1024)
+    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=max_tokens))
     try:
-        runner = Runner(store=ledger, layout=layout, work=work, cfg=plan.cfg, client=api, claimant=claimant,
-                        report=report, run_started=started, stop_flag=stop_flag, on_progress=display.update,
-                        known=known)
-        return await runner.run()
+        scheduler = Scheduler(ledger=ledger, selection=selection, cfg=plan.cfg, client=api, claimant=claimant,
+                              report=report, stop_flag=stop_flag, on_progress=display.update)
+        return await scheduler.run()
     finally:
         if own:
             await api.close()
 
 
-def _finish(con: Any, layout: st.Layout, plan: Plan, report: RunReport, claimant: Claimant,
-            started: Any) -> pl.DataFrame:
-    st.record_run(con, {
-        "run_id": claimant.run_id, "table_name": layout.table, "step": layout.step, "claimant": str(claimant),
-        "model": plan.cfg.model, "started_at": started, "finished_at": utcnow(), "outcome": report.outcome,
-        "rows_in_frame": report.rows, "rows_selected": report.selected, "done": report.done,
-        "failed": report.failed, "needs_review": report.needs_review, "stale": report.stale,
-        "calls": report.calls, "reused": report.reused, "retries": report.retries,
-        "input_tokens": report.input_tokens, "output_tokens": report.output_tokens, "cost_usd": report.cost_usd,
-    })
-    return st.read_outputs(con, layout, plan.frame.select(plan.keys))
-
-
-def _attach(plan: Plan, outputs: pl.DataFrame) -> Any:
+def _attach(plan: Plan, found: pl.DataFrame) -> Any:
     """The input rows in their order, with the step's output and status appended."""
-    frame, keys, step = plan.frame, plan.keys, plan.step
-    names = [step, f"{step}_status"]
-    outputs = outputs.cast({k: frame.schema[k] for k in keys})
-    joined = frame.select(keys).join(outputs, on=keys, how="left", maintain_order="left")
+    names = [plan.step, f"{plan.step}_status"]
     if plan.from_pandas:
         out = plan.df.copy()
         for name in names:
-            out[name] = joined[name].to_list()
+            out[name] = found[name].cast(pl.String).to_list()
         return out
-    return pl.concat([frame.drop(names, strict=False), joined.select(names)], how="horizontal")
+    assert plan.user_frame is not None
+    return pl.concat([plan.user_frame.drop(names, strict=False), found], how="horizontal")

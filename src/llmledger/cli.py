@@ -1,4 +1,11 @@
-"""`llmledger status STORE`, `llmledger demo`, `llmledger simulator`: thin wrappers over the Python API."""
+"""The command line: each verb is a thin twin of a Python function.
+
+    llmledger status STORE [--table T]          llmledger.progress() and the first failed rows
+    llmledger run STORE --table T --step S      llmledger.resume(): finish a step from the store alone
+    llmledger sql STORE "SELECT ..."            llmledger.sql()
+    llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
+    llmledger simulator [--port P]              the offline Messages API, for your own tests
+"""
 
 from __future__ import annotations
 
@@ -10,40 +17,57 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from . import _store as st
+from ._ledger import open_ledger
+from ._ledger.connection import check_store_path
 from .errors import LedgerError
+
+_TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100,
+                 "fmt_str_lengths": 80, "tbl_width_chars": 200}
 
 
 def status(store: str, table: str | None = None, *, show_failures: int = 5) -> str:
     """Counts per status for every table and step, then the first failed rows with their errors."""
     path = Path(store)
-    st.check_store_path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no store at {store!r}")
-    with st.Store(path).open(wait=10.0) as con:
-        counts = st.status_counts(con, table)
-        lines = []
-        if counts.is_empty():
-            known = [r[0] for r in con.execute("SHOW TABLES").fetchall()]
-            return f"{store}: no llmledger steps" + (f" for table {table!r}" if table else "") + \
-                f" (tables: {known})"
-        with pl.Config(tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, tbl_rows=100):
-            lines.append(str(counts))
-        for tbl, step, key in st.list_steps_with_keys(con, table):
-            bad = st.failures(con, tbl, step, key, limit=show_failures)
-            if bad:
-                lines.append(f"\n{tbl}.{step}: first {len(bad)} FAILED / NEEDS_REVIEW rows")
-                lines.extend(f"  {k}  {s}  {e}" for k, s, e in bad)
+    check_store_path(path, must_exist=True)
+    ledger = open_ledger(path)
+    counts = ledger.counts(table)
+    if counts.is_empty():
+        known = ledger.query("SHOW TABLES")
+        tables = known["name"].to_list() if known is not None else []
+        return f"{store}: no llmledger steps" + (f" for table {table!r}" if table else "") + f" (tables: {tables})"
+    with pl.Config(**_TABLE_FORMAT):
+        lines = [str(counts)]
+    for tbl, step, _ in ledger.steps(table):
+        bad = ledger.failures(tbl, step, limit=show_failures)
+        if bad:
+            lines.append(f"\n{tbl}.{step}: first {len(bad)} FAILED / NEEDS_REVIEW rows")
+            lines.extend(f"  {k}  {s}  {e}" for k, s, e in bad)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llmledger", description=__doc__)
+    parser = argparse.ArgumentParser(prog="llmledger", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_status = sub.add_parser("status", help="row counts per status, and failed rows with their errors")
     p_status.add_argument("store", help="the DuckDB file")
     p_status.add_argument("--table", default=None, help="only this table")
+
+    p_run = sub.add_parser("run", help="finish a step that apply_llm started, from the store alone")
+    p_run.add_argument("store", help="the DuckDB file")
+    p_run.add_argument("--table", required=True)
+    p_run.add_argument("--step", required=True)
+    p_run.add_argument("--concurrency", type=int, default=16)
+    p_run.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
+    p_run.add_argument("--redo", choices=["stale", "all"], default=None,
+                       help="also re-send stale answers (stale) or every matching row (all)")
+    p_run.add_argument("--max-attempts", type=int, default=3)
+    p_run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p_sql = sub.add_parser("sql", help="run a SQL query on the store and print the result")
+    p_sql.add_argument("store")
+    p_sql.add_argument("query")
 
     p_demo = sub.add_parser("demo", help="run a step over the bundled reviews dataset")
     p_demo.add_argument("--store", default=None, help="ledger file (default: a fresh one in a temp folder)")
@@ -59,6 +83,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             print(status(args.store, args.table))
+        elif args.command == "run":
+            from ._api import resume
+
+            redo = {"stale": "stale", "all": True, None: False}[args.redo]
+            try:
+                resume(args.store, args.table, args.step, concurrency=args.concurrency, where=args.where,
+                       redo=redo, max_attempts=args.max_attempts, progress=not args.quiet)
+            except KeyboardInterrupt:
+                return 130
+        elif args.command == "sql":
+            from ._query import sql
+
+            result = sql(args.store, args.query)
+            if result is not None:
+                with pl.Config(**_TABLE_FORMAT):
+                    print(result)
         elif args.command == "demo":
             from ._demo import run_demo
 
@@ -73,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 sim.serve_forever()
             except KeyboardInterrupt:
                 time.sleep(0)
-    except (LedgerError, FileNotFoundError, duckdb.Error) as exc:
+    except (LedgerError, duckdb.Error) as exc:
         print(f"llmledger: {exc}", file=sys.stderr)
         return 2
     return 0

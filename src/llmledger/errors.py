@@ -1,9 +1,26 @@
 """Exceptions users can catch.
 
-Two families: `InvalidInputError` (the call was wrong: nothing was written,
-fix the argument and call again) and `RunStopped` (the call was right but the
-run could not go on: everything finished so far is committed, the rest of the
-rows stay retryable, and calling again resumes).
+    LedgerError                       every error llmledger raises on purpose
+    ├── InvalidInputError             (also ValueError) the call was wrong; nothing was written
+    │   ├── KeyColumnError            the key is missing, null, repeated, or does not fit the table
+    │   ├── StepNameError             the step (or table) name is not a usable SQL identifier
+    │   ├── PromptError               the template names an unknown column, or a prompt callable failed
+    │   └── WhereClauseError          `where` does not parse or bind against the fact table
+    ├── StoreError                    the store cannot be used as asked (not a ValueError: the call may be fine)
+    │   ├── StoreNotFound             (also FileNotFoundError) no store at that path
+    │   └── StoreBusy                 (also TimeoutError) another process held the store for too long
+    └── RunStopped                    (also RuntimeError) the run stopped early: finished rows are committed,
+        │                             the rest stay retryable, and calling again resumes
+        ├── AuthenticationFailed      401/403: the API refused the credentials
+        ├── SpendLimitReached         the account cannot spend more now (spend or usage limit, billing)
+        ├── RetryRefused              the API said not to retry (`x-should-retry: false`) an error it
+        │                             would otherwise retry
+        └── OutageError               transient errors persisted, so the circuit breaker stopped the run
+
+`InvalidInputError` means: fix the argument and call again. `StoreError` means:
+the store is missing, busy, broken or written by a newer llmledger. `RunStopped`
+means: the call was right but the run could not go on; nothing paid for is lost.
+Every `RunStopped` carries the run's `report` (rows remaining, calls paid, ...).
 """
 
 from __future__ import annotations
@@ -18,7 +35,7 @@ class InvalidInputError(LedgerError, ValueError):
 
 
 class KeyColumnError(InvalidInputError):
-    """The key column is missing, or has nulls or duplicates."""
+    """The key column is missing, or has nulls or duplicates, or does not fit the table."""
 
 
 class StepNameError(InvalidInputError):
@@ -33,8 +50,16 @@ class WhereClauseError(InvalidInputError):
     """The `where` predicate does not parse or bind against the fact table."""
 
 
-class StoreError(InvalidInputError):
-    """The store path is not a DuckDB file, or the table does not fit the frame."""
+class StoreError(LedgerError):
+    """The store cannot be used: not a ledger, broken, or written by a newer llmledger."""
+
+
+class StoreNotFound(StoreError, FileNotFoundError):
+    """There is no store at the path given."""
+
+
+class StoreBusy(StoreError, TimeoutError):
+    """Another process held the store longer than the call was willing to wait."""
 
 
 class RunStopped(LedgerError, RuntimeError):
@@ -49,6 +74,17 @@ class AuthenticationFailed(RunStopped):
     """The API refused the credentials (401/403): no row was marked failed."""
 
 
+class SpendLimitReached(RunStopped):
+    """The account cannot spend more now (spend or contract limit, usage limit, billing): no row was marked failed.
+
+    Retrying will not help until the limit is raised or resets; the message says which.
+    """
+
+
+class RetryRefused(RunStopped):
+    """The API answered an error it would usually retry with `x-should-retry: false`: no row was marked failed."""
+
+
 class OutageError(RunStopped):
     """Transient errors persisted across many rows, so the circuit breaker stopped the run."""
 
@@ -60,8 +96,12 @@ __all__ = [
     "LedgerError",
     "OutageError",
     "PromptError",
+    "RetryRefused",
     "RunStopped",
+    "SpendLimitReached",
     "StepNameError",
+    "StoreBusy",
     "StoreError",
+    "StoreNotFound",
     "WhereClauseError",
 ]

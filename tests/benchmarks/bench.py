@@ -1,6 +1,9 @@
-"""Benchmarks against the offline simulator. Run: python tests/benchmarks/bench.py [--quick]
+"""Benchmarks against the offline simulator. Run: python tests/benchmarks/bench.py [--quick] [--noop-rows N]
 
-(a) a no-op rerun over a 1,000,000-row frame whose rows are all recorded: time, calls (target < 2 s, 0 calls)
+(a) a no-op rerun over a frame whose rows are all recorded and DONE, in a fresh process: calls (target 0),
+    time as a multiple of DuckDB anti-joining the frame's keys against the finished keys (target <= 5x),
+    and peak RSS growth during the call as a multiple of the frame's size (target <= 2x); once with the
+    frame in the order it was recorded (a rerun of the same cell) and once shuffled
 (b) throughput as a share of the simulator's rate limit, and the share of 429s (target >= 90 %, < 5 %)
 (c) calls re-paid after a kill -9 mid-run, against the requests in flight (target <= in flight)
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +26,6 @@ import duckdb
 import polars as pl
 
 from llmledger import Simulator, apply_llm, last_report
-from llmledger._prompt import request_signature
 
 HELPER = Path(__file__).resolve().parents[1] / "helpers" / "run_step.py"
 PROMPT = "Summarize: {text}"
@@ -33,27 +36,59 @@ def _frame(n: int) -> pl.DataFrame:
     return ids.with_columns(pl.format("hello message number {}", "id").alias("text"))
 
 
-def noop_rerun(rows: int, folder: Path) -> dict[str, float]:
-    """(a) Record `rows` rows as DONE (by SQL, no calls), then time the same apply_llm call again."""
-    store = folder / "noop.duckdb"
+def _memory(field: str) -> int:
+    """VmRSS / VmHWM of this process, in bytes (Linux)."""
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024  # type: ignore[union-attr]
+
+
+def noop_rerun(rows: int, folder: Path, *, shuffle: bool = False) -> dict[str, float]:
+    """(a) Record `rows` rows and mark them DONE by SQL (no calls), then time a rerun in a fresh process."""
+    store = folder / f"noop-{rows}.duckdb"
+    if not store.exists():
+        subprocess.run([sys.executable, __file__, "_noop", str(store), str(rows), "record"], check=True)
+    out = subprocess.run([sys.executable, __file__, "_noop", str(store), str(rows), "shuffle" if shuffle else "same"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _noop_child(store: Path, rows: int, mode: str) -> None:
     df = _frame(rows)
+    if mode == "shuffle":
+        df = df.sample(fraction=1.0, shuffle=True, seed=7)
     with Simulator() as sim:
         client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
-        t0 = time.perf_counter()
-        apply_llm(df, "summary", prompt=PROMPT, store=store, table="t", client=client, where="false", progress=False)
-        record_s = time.perf_counter() - t0
-        sig = request_signature(model="claude-haiku-4-5", system=None, max_tokens=1024)
-        with duckdb.connect(str(store)) as con:  # pretend every row was answered earlier
-            con.execute("UPDATE t SET summary = 'done earlier', summary_status = 'DONE', "
-                        "summary_finished_at = now()::TIMESTAMP, summary_attempts = 1, "
-                        "summary_fingerprint = md5($sig || 'Summarize: ' || text)", {"sig": sig})
+        if mode == "record":
+            t0 = time.perf_counter()
+            apply_llm(df, "summary", prompt=PROMPT, store=store, table="t", client=client, where="false",
+                      progress=False)
+            print(f"recorded {rows:,} rows in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+            with duckdb.connect(str(store)) as con:  # pretend every row was answered earlier
+                con.execute("UPDATE t SET summary = 'done earlier', summary_status = 'DONE', "
+                            "summary_finished_at = now()::TIMESTAMP, summary_attempts = 1, "
+                            "summary_fingerprint = summary_request_fingerprint")
+            return
+        floors = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            with duckdb.connect(str(store), read_only=True) as con:
+                con.sql("SELECT count(*) FROM (SELECT id FROM df ANTI JOIN "
+                        "(SELECT id FROM t WHERE summary_status = 'DONE') USING (id))").fetchall()
+            floors.append(time.perf_counter() - t0)
+        floor = sorted(floors)[1]
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+        before = _memory("VmRSS")
         t0 = time.perf_counter()
         out = apply_llm(df, "summary", prompt=PROMPT, store=store, table="t", client=client, progress=False)
-        rerun_s = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        growth = _memory("VmHWM") - before
         report = last_report()
         assert out.height == rows and report is not None
-        return {"rows": rows, "record_s": round(record_s, 3), "noop_rerun_s": round(rerun_s, 3),
-                "calls": sim.stats()["requests"], "stale": report.stale, "skipped": report.skipped}
+        frame_bytes = df.estimated_size()
+        print(json.dumps({"rows": rows, "order": mode, "frame_mb": round(frame_bytes / 1e6, 1),
+                          "noop_rerun_s": round(seconds, 3), "anti_join_floor_s": round(floor, 3),
+                          "time_ratio": round(seconds / floor, 2), "peak_rss_growth_mb": round(growth / 1e6, 1),
+                          "rss_growth_per_frame": round(growth / frame_bytes, 2), "calls": sim.stats()["requests"],
+                          "stale": report.stale, "skipped": report.skipped}))
 
 
 def throughput(rows: int, rate: float, latency: float, folder: Path, concurrency: int = 16) -> dict[str, float]:
@@ -102,13 +137,19 @@ def kill9(rows: int, folder: Path, *, concurrency: int = 16, latency: float = 0.
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_noop":
+        _noop_child(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--noop-rows", type=int, default=None, help="rows for (a) (default 10,000,000)")
     args = parser.parse_args()
+    noop_rows = args.noop_rows or (50_000 if args.quick else 10_000_000)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         results = {
-            "a_noop_rerun": noop_rerun(20_000 if args.quick else 1_000_000, folder),
+            "a_noop_rerun_same_order": noop_rerun(noop_rows, folder),
+            "a_noop_rerun_shuffled": noop_rerun(noop_rows, folder, shuffle=True),
             "b_throughput": throughput(100 if args.quick else 1_000, 50.0, 0.1, folder),
             "c_kill9": kill9(300 if args.quick else 2_000, folder),
         }

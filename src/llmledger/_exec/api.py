@@ -1,0 +1,148 @@
+"""One Messages API call, and what its errors mean for the run.
+
+We turn the SDK's own retries off (`max_retries=0`) and retry in the online
+sender instead, so that every 429/529 is seen by the pacer and the circuit
+breaker, and a row that keeps failing for the API's reasons never counts
+against the row. Every option goes through `extra_body`, so whatever the
+installed SDK's signature, the body sent is exactly the one fingerprinted.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import anthropic
+
+from .._ledger.states import Outcome
+from .pacing import Pacer, retry_after
+
+DEFAULT_MODEL = "claude-haiku-4-5"
+
+# error.details.error_code values that mean "this account cannot spend more now"
+SPEND_LIMIT_CODES = {"enforced_spend_limit_reached", "contract_spend_limit_reached",
+                     "linked_organization_spend_limit_reached", "linked_organization_billing_unavailable"}
+# A 400 whose message says the account's usage limit or credit is exhausted (older accounts get no error_code).
+_USAGE_LIMIT = re.compile(r"usage limit|credit balance is too low|spend limit", re.IGNORECASE)
+_TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
+
+
+class Kind(Enum):
+    TRANSIENT = "transient"  # the API's fault: retry, never counts against the row
+    PERMANENT = "permanent"  # the row's fault: FAILED, counts toward max_attempts
+    FATAL = "fatal"  # the account's or the caller's: stop the whole run
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    stop_reason: str | None
+    model: str
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0  # the part of cache_write_tokens written with a 1 h ttl
+    cache_read_tokens: int = 0
+
+
+class CallFailed(Exception):
+    def __init__(self, kind: Kind, message: str, retry_after: float | None = None,
+                 stop: Outcome | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after = retry_after
+        self.stop = stop  # for FATAL: the outcome the run ends with
+
+
+def _error_fields(exc: anthropic.APIStatusError) -> tuple[str, str, str | None]:
+    """(type, message, details.error_code) from the error body, whatever the SDK version parses itself."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error") if isinstance(body.get("error"), dict) else body
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    code = details.get("error_code")
+    return (str(error.get("type") or type(exc).__name__), str(error.get("message") or exc.message),
+            code if isinstance(code, str) else None)
+
+
+def classify(exc: BaseException) -> CallFailed:
+    """Map an SDK exception to what the run should do about it."""
+    if isinstance(exc, anthropic.APIStatusError):
+        status, headers = exc.status_code, exc.response.headers
+        kind, message, code = _error_fields(exc)
+        request_id = headers.get("request-id") or (exc.body.get("request_id") if isinstance(exc.body, dict) else None)
+        detail = f"{status} {type(exc).__name__} ({kind}): {message}" + (f" [{code}]" if code else "") + \
+            (f" (request {request_id})" if request_id else "")
+        should_retry = (headers.get("x-should-retry") or "").lower()
+        if code == "organization_on_hold" or status in (401, 403):
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.AUTH)
+        if code in SPEND_LIMIT_CODES or status == 402 or (status == 400 and _USAGE_LIMIT.search(message)):
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.SPEND_LIMIT)
+        transient = status in _TRANSIENT_STATUS or status >= 500
+        if transient and should_retry == "false":
+            return CallFailed(Kind.FATAL, detail + " (x-should-retry: false)", stop=Outcome.RETRY_REFUSED)
+        if transient or should_retry == "true":
+            return CallFailed(Kind.TRANSIENT, detail, retry_after(headers))
+        return CallFailed(Kind.PERMANENT, detail)
+    if isinstance(exc, anthropic.APIConnectionError):  # includes APITimeoutError
+        return CallFailed(Kind.TRANSIENT, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, anthropic.APIResponseValidationError):
+        return CallFailed(Kind.PERMANENT, f"invalid response: {exc}")
+    return CallFailed(Kind.PERMANENT, f"{type(exc).__name__}: {exc}")
+
+
+async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, Any]) -> Reply:
+    """One request with exactly `body`. Raises CallFailed with its kind on any failure."""
+    await pacer.wait()
+    required = {name: body[name] for name in ("model", "max_tokens", "messages")}
+    extra = {name: value for name, value in body.items() if name not in required}
+    try:
+        raw = await client.messages.with_raw_response.create(**required, extra_body=extra or None)
+        message = raw.parse()
+        if inspect.isawaitable(message):  # anthropic >= 0.4x made parse() a coroutine on async clients
+            message = await message
+    except anthropic.APIStatusError as exc:
+        failure = classify(exc)
+        pacer.observe(exc.response.headers)
+        if failure.kind is Kind.TRANSIENT and failure.retry_after:
+            pacer.pause(failure.retry_after)
+        raise failure from exc
+    except anthropic.AnthropicError as exc:
+        raise classify(exc) from exc
+    usage = message.usage
+    cache = getattr(usage, "cache_creation", None)
+    text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
+    reply = Reply(text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                  stop_reason=message.stop_reason, model=message.model or body["model"],
+                  cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
+                  cache_write_1h_tokens=getattr(cache, "ephemeral_1h_input_tokens", None) or 0,
+                  cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0)
+    pacer.observe(raw.headers, reply.input_tokens, reply.output_tokens)
+    if message.stop_reason == "refusal":
+        raise CallFailed(Kind.PERMANENT, "refusal: the model declined to answer this prompt")
+    return reply
+
+
+def bounded_timeout(timeout: Any, *, max_tokens: int) -> anthropic.Timeout:
+    """The client's timeout, bounded so that no request can stall a run for long.
+
+    Waiting for a pooled connection, a connect or a write ends before the API
+    has the request, so those are short. The read (the model's answer) is
+    bounded by the time to generate `max_tokens` at 10 tokens/s, at least 60 s:
+    longer than any healthy answer, and a retry after it is a retry the SDK
+    would make after its own 600 s anyway.
+    """
+    read = timeout.read if isinstance(timeout, anthropic.Timeout) else timeout
+    ceiling = max(60.0, max_tokens / 10.0)
+    read = ceiling if read is None else min(float(read), ceiling)
+    return anthropic.Timeout(read, connect=10.0, write=30.0, pool=10.0)
+
+
+def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
+    """The real SDK, configured from the environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL)."""
+    kwargs: dict[str, Any] = {"max_retries": 0}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    return anthropic.AsyncAnthropic(**kwargs)

@@ -1,0 +1,152 @@
+"""The online sender: one Messages request per claimed row, sent concurrently.
+
+It owns everything about talking to the API in real time: identical requests
+share one call (within the run, and with DONE answers already in the ledger),
+transient errors are retried with backoff behind a shared pacer, the circuit
+breaker stops a run the API keeps failing, and fatal answers (credentials,
+spend limits, `x-should-retry: false`) stop the run at once. What it learns
+about each row goes back to the scheduler through `Sink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anthropic
+
+from .._ledger import KnownAnswer
+from .._ledger.states import Outcome
+from .._request import RequestSpec
+from .api import CallFailed, Kind, Reply, send
+from .pacing import Pacer, backoff
+
+log = logging.getLogger("llmledger")
+
+Answer = tuple[Reply | None, str | None]  # a reply, or the error of a permanent failure
+
+_STOP_ADVICE = {
+    Outcome.AUTH: "the API refused the credentials or the account ({}); no row was marked failed. Check "
+                  "ANTHROPIC_API_KEY (or the client you passed) and run again.",
+    Outcome.SPEND_LIMIT: "the account cannot spend more now ({}); no row was marked failed. Raise the limit "
+                         "or wait for it to reset (see the Claude Console), then run the same call again.",
+    Outcome.RETRY_REFUSED: "the API said not to retry ({}); no row was marked failed. Run the same call again "
+                           "later to resume.",
+}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to retry the API's own failures (429, 529, 5xx, timeouts, dropped connections).
+
+    The circuit breaker trips when `outage_failures` transient failures in a row
+    have happened and nothing succeeded for `outage_after` seconds.
+    """
+
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+    outage_after: float = 60.0
+    outage_failures: int = 10
+
+
+class Sink(Protocol):
+    """What the sender reports to (the scheduler)."""
+
+    stopping: Outcome | None
+
+    def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None: ...
+    def stop(self, outcome: Outcome, message: str) -> None: ...
+    def note_retry(self, message: str) -> None: ...
+    def set_in_flight(self, delta: int) -> None: ...
+
+
+class OnlineSender:
+    def __init__(self, client: anthropic.AsyncAnthropic, *, requests: dict[str, RequestSpec],
+                 known: dict[str, KnownAnswer], retry: RetryPolicy, dedupe: bool, sink: Sink) -> None:
+        self.client, self.requests, self.retry, self.dedupe, self.sink = client, requests, retry, dedupe, sink
+        self.pacer = Pacer()
+        self.answers: dict[str, Answer] = {fp: (Reply(a.output, 0, 0, a.stop_reason, a.model), None)
+                                           for fp, a in known.items()}
+        self.twins: dict[str, asyncio.Future[Answer | None]] = {}
+        self.doing: dict[str, str] = {}
+        self.transient_streak = 0
+        self.last_success = time.monotonic()
+
+    async def process(self, row: dict[str, Any]) -> None:
+        """Answer one claimed row, sharing one request among rows whose requests are identical."""
+        fp = row["fingerprint"]
+        if self.dedupe:
+            if fp in self.answers:
+                self.sink.record(row, *self.answers[fp], reused=True)
+                return
+            twin = self.twins.get(fp)
+            if twin is not None:
+                self._doing(f"waiting for twin {fp[:8]}")
+                answer = await asyncio.shield(twin)
+                if answer is not None:  # None: the twin was stopped, so this row is released too
+                    self.sink.record(row, *answer, reused=True)
+                return
+            self.twins[fp] = asyncio.get_running_loop().create_future()
+        answer: Answer | None = None
+        try:
+            answer = await self._call(row)
+            if answer is not None:
+                self.sink.record(row, *answer, reused=False)
+                if self.dedupe:
+                    self.answers[fp] = answer
+        finally:
+            future = self.twins.pop(fp, None)
+            if future is not None and not future.done():
+                future.set_result(answer)
+
+    async def _call(self, row: dict[str, Any]) -> Answer | None:
+        """Send until there is an answer or a permanent error; None when the run stops first."""
+        body = self.requests[row["version"]].body(row["prompt"])
+        tries = 0
+        while self.sink.stopping is None:
+            self.sink.set_in_flight(+1)
+            wait_at_least: float | None = None
+            self._doing(f"sending {row['fingerprint'][:8]} (try {tries})")
+            try:
+                reply = await send(self.client, self.pacer, body)
+                self.transient_streak = 0
+                self.last_success = time.monotonic()
+                return reply, None
+            except CallFailed as failure:
+                if failure.kind is Kind.FATAL:
+                    outcome = failure.stop or Outcome.ERROR
+                    self.sink.stop(outcome, _STOP_ADVICE.get(outcome, "{}").format(failure))
+                    return None
+                if failure.kind is Kind.PERMANENT:
+                    return None, str(failure)
+                self._transient(failure)
+                wait_at_least = failure.retry_after
+            finally:
+                self.sink.set_in_flight(-1)
+            if self.sink.stopping is not None:
+                return None
+            self._doing(f"backoff {row['fingerprint'][:8]} (try {tries})")
+            await asyncio.sleep(backoff(tries, base=self.retry.base_delay, cap=self.retry.max_delay,
+                                        retry_after=wait_at_least))
+            tries += 1
+        return None
+
+    def _transient(self, failure: CallFailed) -> None:
+        log.info("transient failure, will retry: %s", failure)
+        self.transient_streak += 1
+        self.sink.note_retry(str(failure))
+        quiet_for = time.monotonic() - self.last_success
+        if self.transient_streak >= self.retry.outage_failures and quiet_for >= self.retry.outage_after:
+            self.sink.stop(Outcome.OUTAGE, f"the API kept failing ({self.transient_streak} transient errors in a "
+                                           f"row, no success for {quiet_for:.0f}s; last: {failure}). Stopped "
+                                           "cleanly; unsent rows stay as they were. Run the same call again "
+                                           "later to resume.")
+
+    def _doing(self, what: str) -> None:
+        """What each sender task awaits now: shown by `debug_state()` when a run looks stuck."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.doing[task.get_name()] = what

@@ -1,0 +1,99 @@
+"""Pacing requests by what the API says about its limits, and backing off when it says no.
+
+The API announces its limits in `anthropic-ratelimit-*` headers (per minute);
+sending at 95 % of the tightest keeps 429s rare while using nearly all of the
+allowance. A `retry-after` (or `retry-after-ms`) pauses every worker, not just
+the one that got it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from datetime import datetime
+from typing import Any
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds the API asks us to wait: `retry-after-ms` first (more precise), then `retry-after`."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            parsed = email.utils.parsedate_to_datetime(value) if name == "retry-after" else None
+            if parsed is not None:
+                return max(0.0, parsed.timestamp() - time.time())
+    return None
+
+
+def backoff(attempt: int, *, base: float, cap: float, retry_after: float | None) -> float:
+    """Exponential backoff with full jitter; a server's retry-after is a floor."""
+    delay = random.uniform(0, min(cap, base * 2**attempt))
+    return max(delay, retry_after or 0.0)
+
+
+class Pacer:
+    """Spaces request starts to stay under the tightest announced limit; pauses everyone on retry-after."""
+
+    SAFETY = 0.95
+
+    def __init__(self) -> None:
+        self.interval = 0.0  # seconds between request starts; 0 = not known yet
+        self._next = 0.0
+        self._paused_until = 0.0
+        self._avg_in = 0.0
+        self._avg_out = 0.0
+
+    async def wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        start = max(now, self._next, self._paused_until)
+        self._next = start + self.interval
+        if start > now:
+            await asyncio.sleep(start - now)
+
+    def pause(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._paused_until = max(self._paused_until, loop.time() + seconds)
+
+    def observe(self, headers: Any, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        if input_tokens or output_tokens:
+            self._avg_in = 0.9 * self._avg_in + 0.1 * input_tokens if self._avg_in else float(input_tokens)
+            self._avg_out = 0.9 * self._avg_out + 0.1 * output_tokens if self._avg_out else float(output_tokens)
+        rates = []
+        for family, per_request in (("requests", 1.0), ("input-tokens", self._avg_in),
+                                    ("output-tokens", self._avg_out)):
+            limit = _number(headers.get(f"anthropic-ratelimit-{family}-limit"))
+            if limit and per_request:
+                rates.append(limit / 60.0 / per_request)
+            remaining = _number(headers.get(f"anthropic-ratelimit-{family}-remaining"))
+            reset = headers.get(f"anthropic-ratelimit-{family}-reset")
+            if remaining is not None and remaining < 1 and reset:
+                wait = _seconds_until(reset)
+                if wait:
+                    self.pause(min(wait, 60.0))
+        if rates:
+            self.interval = 1.0 / (min(rates) * self.SAFETY)
+
+    def state(self) -> tuple[float, float, float]:
+        return self.interval, self._next, self._paused_until
+
+
+def _number(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _seconds_until(stamp: str) -> float | None:
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max(0.0, when.timestamp() - time.time())

@@ -1,0 +1,252 @@
+"""The scheduler: claim ahead, queue, journal, commit in chunks, count.
+
+One asyncio task owns the ledger (claims and commits, each in a worker thread
+so requests keep flowing meanwhile); `concurrency` worker tasks take claimed
+rows off the queue and hand them to the sender. Every answer is journaled the
+moment it arrives and committed with its chunk. Stopping (Ctrl-C, cancel,
+outage, a fatal API answer) always ends the same way: commit what finished,
+give back the claims of what did not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import polars as pl
+
+from .._ledger import Ledger, Selection
+from .._ledger.claims import Claimant
+from .._ledger.columns import RESULT_SCHEMA
+from .._ledger.journal import Journal
+from .._ledger.states import Outcome, Status, attempts_after, status_after_failure
+from .._prices import cost_usd
+from .._report import RunReport
+from .._time import utcnow
+from ..errors import StoreBusy
+from .api import Reply
+from .online import OnlineSender, RetryPolicy
+
+ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    chunk_size: int
+    concurrency: int
+    max_attempts: int
+    commit_every: float
+    retry: RetryPolicy
+    dedupe: bool = True  # rows with identical requests share one call
+    grace: float = 1.0  # seconds in-flight requests get to finish after an interrupt
+
+
+class Scheduler:
+    def __init__(self, *, ledger: Ledger, selection: Selection, cfg: RunConfig, client: anthropic.AsyncAnthropic,
+                 claimant: Claimant, report: RunReport, stop_flag: threading.Event,
+                 on_progress: Callable[[RunReport, int], None] | None = None) -> None:
+        self.ledger, self.selection, self.cfg = ledger, selection, cfg
+        self.claimant, self.report, self.stop_flag, self.on_progress = claimant, report, stop_flag, on_progress
+        self.sender = OnlineSender(client, requests=selection.requests, known=selection.known, retry=cfg.retry,
+                                   dedupe=cfg.dedupe, sink=self)
+        layout = selection.layout
+        self.journal = Journal(ledger.path, layout.table, layout.step, str(claimant))
+        self.buffer: list[dict[str, Any]] = []
+        self.oldest: float | None = None
+        self.stopping: Outcome | None = None
+        self.in_flight = 0
+        self.workers_done = False
+        ACTIVE.add(self)
+
+    # -- the Sink the sender reports to -------------------------------------------------------------------
+    def stop(self, outcome: Outcome, message: str = "") -> None:
+        if self.stopping is None:
+            self.stopping = outcome
+            self.report.outcome = outcome
+            self.report.message = message
+        self._wake.set()
+
+    def note_retry(self, message: str) -> None:
+        self.report.retries += 1
+        self._note_error(message)
+
+    def set_in_flight(self, delta: int) -> None:
+        self.in_flight += delta
+        self.report.in_flight = self.in_flight
+
+    def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
+        """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""
+        rep = self.report
+        attempts = attempts_after(row["attempts"], was_done=row["was_done"])
+        result: dict[str, Any] = {k: row[k] for k in self.selection.layout.key}
+        now = utcnow()
+        if reply is not None:
+            if reused:  # an identical request was answered already: nothing to pay
+                reply = dataclasses.replace(reply, input_tokens=0, output_tokens=0, cache_write_tokens=0,
+                                            cache_write_1h_tokens=0, cache_read_tokens=0)
+                rep.reused += 1
+                cost: float | None = 0.0
+            else:
+                cost = cost_usd(reply)
+                rep.calls += 1
+                rep.input_tokens += reply.input_tokens
+                rep.output_tokens += reply.output_tokens
+            rep.done += 1
+            rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
+            result.update(status=Status.DONE.value, output=reply.text, attempts=attempts, error=None,
+                          input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, cost_usd=cost,
+                          stop_reason=reply.stop_reason, model=reply.model, fingerprint=row["fingerprint"],
+                          finished_at=now)
+        else:
+            status = status_after_failure(attempts, self.cfg.max_attempts)
+            if status is Status.FAILED:
+                rep.failed += 1
+            else:
+                rep.needs_review += 1
+            self._note_error(error or "")
+            result.update(status=status.value, output=None, attempts=attempts, error=error, input_tokens=None,
+                          output_tokens=None, cost_usd=None, stop_reason=None,
+                          model=self.selection.requests[row["version"]].model, fingerprint=None, finished_at=now)
+        self.journal.append(result)
+        if self.oldest is None:
+            self.oldest = time.monotonic()
+        self.buffer.append(result)
+        if len(self.buffer) >= self.cfg.chunk_size:
+            self._wake.set()
+        if self.on_progress:
+            self.on_progress(rep, 1)
+
+    def _note_error(self, message: str) -> None:
+        errors = self.report.errors
+        errors.append(message)
+        del errors[:-5]
+
+    # -- running ------------------------------------------------------------------------------------------
+    async def run(self) -> RunReport:
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        started = time.monotonic()
+        store_task = asyncio.create_task(self._store_loop())
+        watcher = asyncio.create_task(self._watch_stop_flag())
+        failure: BaseException | None = None
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.cfg.concurrency)]
+        try:
+            pending = set(workers)
+            while pending and self.stopping is None:
+                done, pending = await asyncio.wait(pending | {store_task}, timeout=0.1,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(store_task)
+                for task in done:
+                    if task.exception() is not None:  # a bug or a store error: stop cleanly, then raise it
+                        failure = task.exception()
+                        self.stop(Outcome.ERROR, f"{type(failure).__name__}: {failure}")
+                if store_task.done():
+                    break
+            if pending:
+                grace = self.cfg.grace if self.stopping is Outcome.INTERRUPTED else 0.0
+                if grace:
+                    _, pending = await asyncio.wait(pending, timeout=grace)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+            self.workers_done = True
+            self._wake.set()
+            if not store_task.done():
+                await store_task
+            if failure is not None:
+                raise failure
+        finally:
+            watcher.cancel()
+            for task in workers:
+                task.cancel()
+            if not store_task.done():
+                store_task.cancel()
+            self.report.seconds = time.monotonic() - started
+        return self.report
+
+    async def _watch_stop_flag(self) -> None:
+        while True:
+            if self.stop_flag.is_set():
+                self.stop(Outcome.INTERRUPTED, "interrupted: finished rows committed, claims released")
+                return
+            await asyncio.sleep(0.05)
+
+    async def _worker(self) -> None:
+        while self.stopping is None:
+            row = await self.queue.get()
+            if row is None:
+                return
+            await self.sender.process(row)
+
+    async def _store_loop(self) -> None:
+        low_water = max(self.cfg.concurrency, 1)
+        exhausted = False
+        while True:
+            now = time.monotonic()
+            finishing = self.workers_done or self.stopping is not None
+            flush = bool(self.buffer) and (finishing or len(self.buffer) >= self.cfg.chunk_size or
+                                           (self.oldest is not None and now - self.oldest >= self.cfg.commit_every))
+            want = 0
+            if not exhausted and self.stopping is None and self.queue.qsize() < low_water:
+                want = max(self.cfg.chunk_size, 2 * self.cfg.concurrency)
+            if flush:
+                await asyncio.to_thread(self._commit, *self._take_buffer())
+            if want:
+                for row in await asyncio.to_thread(self._claim, want):
+                    self.queue.put_nowait(row)
+                if self.selection.remaining <= 0:
+                    exhausted = True
+                    for _ in range(self.cfg.concurrency):
+                        self.queue.put_nowait(None)
+            if flush or want:
+                continue
+            if finishing and not self.buffer:
+                break
+            self._wake.clear()
+            timeout = self.cfg.commit_every if self.buffer else 0.1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+        self.report.released = await asyncio.to_thread(self._release)
+
+    def _take_buffer(self) -> tuple[list[dict[str, Any]], Path | None]:
+        batch, self.buffer, self.oldest = self.buffer, [], None
+        return batch, self.journal.rotate()
+
+    def _commit(self, batch: list[dict[str, Any]], journal: Path | None) -> None:
+        """One chunk in one transaction; its journal file goes once the commit is in."""
+        schema = {k: self.selection.key_types[k] for k in self.selection.layout.key} | RESULT_SCHEMA
+        results = pl.from_dicts(batch, schema=schema)
+        try:
+            self.ledger.commit(self.selection, results, now=utcnow(), wait=None if self.stopping is None else 30.0)
+        except StoreBusy:
+            self.report.message += (f" The store stayed locked; {len(batch)} answers are kept in {journal} "
+                                    "and the next run merges them.")
+            return
+        if journal is not None:
+            journal.unlink(missing_ok=True)
+
+    def _claim(self, n: int) -> list[dict[str, Any]]:
+        try:
+            return self.ledger.claim(self.selection, n, claimant=str(self.claimant), now=utcnow())
+        except StoreBusy:  # only when stopping: nothing was claimed
+            return []
+
+    def _release(self) -> int:
+        try:
+            return self.ledger.release(self.selection, claimant=str(self.claimant))
+        except StoreBusy:
+            return 0
+
+    def debug_state(self) -> dict[str, Any]:
+        return {"doing": dict(self.sender.doing), "queue": self.queue.qsize(), "cursor": self.selection.cursor,
+                "work": self.selection.work.height, "buffer": len(self.buffer), "stopping": self.stopping,
+                "in_flight": self.in_flight, "twins": list(self.sender.twins)[:5], "pacer": self.sender.pacer.state()}

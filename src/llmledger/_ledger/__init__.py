@@ -1,0 +1,128 @@
+"""Where rows live: the ledger, behind one small interface that speaks ledger verbs.
+
+    prepare      record a step's definition, the frame's rows and their requests; select the work
+    resume       select the work of a step from the store alone
+    claim        mark up to n selected rows RUNNING for a run, returning their stored requests
+    commit       write one chunk of results (outputs and statuses together) in one transaction
+    release      give back the claims a run did not finish
+    outputs      the step's outputs and statuses for a frame, in frame order
+    record_run   one row of llmledger_runs
+    counts / failures / history / query      what people look at
+
+`open_ledger(path)` returns the DuckDB implementation (`duckdb_store.py`);
+a PostgreSQL one will sit beside it. Claim liveness (`claims.py`) and the
+write-ahead journal (`journal.py`) live here too because both are about
+rows in the store, not about talking to the API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import polars as pl
+
+from .._request import RequestSpec, canonical_json
+from .states import Redo
+from .survey import Layout
+
+if TYPE_CHECKING:
+    from .._prompt import PromptPlan
+
+
+@dataclass(frozen=True)
+class StepDefinition:
+    """A step as one apply_llm call defines it: its request and how its prompts are made."""
+
+    table: str
+    step: str
+    key: list[str]
+    request: RequestSpec
+    prompt: PromptPlan
+
+    @cached_property
+    def version(self) -> str:
+        """Changes whenever the request or the prompt's definition changes."""
+        text = canonical_json({"request": self.request.to_json(), "prompt": self.prompt.text,
+                               "kind": self.prompt.kind, "digest": self.prompt.digest})
+        return hashlib.md5(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class RunParams:
+    """What a run may take: the rules a claim checks, and `where`."""
+
+    max_attempts: int
+    redo: Redo
+    run_started: datetime
+    stale_before: datetime
+    where: str | None = None
+
+    def sql(self, version: str) -> dict[str, Any]:
+        return {"max_attempts": self.max_attempts, "redo": self.redo.value, "run_started": self.run_started,
+                "version": version}
+
+
+@dataclass(frozen=True)
+class KnownAnswer:
+    output: str
+    stop_reason: str | None
+    model: str
+
+
+@dataclass
+class Selection:
+    """The rows one run set out to send, and what it needs to claim them."""
+
+    layout: Layout
+    version: str
+    requests: dict[str, RequestSpec]
+    work: pl.DataFrame  # the keys to claim, in order
+    params: dict[str, Any]
+    key_types: dict[str, pl.DataType]
+    stale: int = 0  # DONE rows answered for another request (left alone unless redo="stale")
+    running_elsewhere: int = 0
+    needs_review: int = 0
+    unprepared: int = 0  # rows without a request for the current definition (resume cannot send them)
+    known: dict[str, KnownAnswer] = field(default_factory=dict)  # answers to identical requests, by fingerprint
+    survey: pl.DataFrame | None = None  # status and output per frame row when prepared
+    cursor: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.work.height - self.cursor
+
+
+class Ledger(Protocol):
+    path: Path
+    on_wait: Callable[[str], None] | None
+
+    def prepare(self, definition: StepDefinition, frame: pl.DataFrame, params: RunParams, *,
+                dedupe: bool) -> Selection: ...
+    def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool) -> Selection: ...
+    def claim(self, selection: Selection, n: int, *, claimant: str, now: datetime) -> list[dict[str, Any]]: ...
+    def commit(self, selection: Selection, results: pl.DataFrame, *, now: datetime,
+               wait: float | None = None) -> None: ...
+    def release(self, selection: Selection, *, claimant: str) -> int: ...
+    def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame: ...
+    def record_run(self, row: dict[str, Any]) -> None: ...
+    def counts(self, table: str | None = None) -> pl.DataFrame: ...
+    def failures(self, table: str, step: str, limit: int = 5) -> list[tuple[str, str, str]]: ...
+    def history(self, table: str, step: str) -> pl.DataFrame: ...
+    def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None: ...
+    def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]: ...
+
+
+def open_ledger(path: str | Path, *, on_wait: Callable[[str], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> Ledger:
+    from .duckdb_store import DuckDBLedger
+
+    return DuckDBLedger(path, on_wait=on_wait, should_stop=should_stop)
+
+
+__all__ = ["KnownAnswer", "Layout", "Ledger", "RunParams", "Selection", "StepDefinition", "open_ledger"]

@@ -1,0 +1,95 @@
+"""The per-step columns of a fact table, defined once.
+
+Everything else is derived from `STEP_COLUMNS`: the DDL that adds a step to a
+table, the polars schema of a chunk of results, the SET list of the commit
+that writes such a chunk, and the names used in SQL. A migration that adds a
+per-step column adds it here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+
+def q(name: str) -> str:
+    """Quote an identifier for SQL."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+# How a commit writes a column. `i` is the results chunk, `t` the fact table.
+KEEP_UNLESS_DONE = "keep"  # the new value for DONE rows, the old one otherwise (a failed redo keeps the answer)
+FROM_RESULT = "result"  # always the result's value
+CLEAR = "clear"  # NULL (the claim is over)
+UNTOUCHED = "untouched"  # not written by a commit (the request columns, written when rows are prepared)
+
+
+@dataclass(frozen=True)
+class Column:
+    suffix: str  # "" for the output itself
+    sql_type: str
+    commit: str
+    result: str | None = None  # field name in a results chunk
+    result_type: pl.DataType | None = None
+    default: str | None = None
+    doc: str = ""
+
+
+STEP_COLUMNS: tuple[Column, ...] = (
+    Column("", "VARCHAR", KEEP_UNLESS_DONE, "output", pl.String(), doc="the answer's text"),
+    Column("_status", "VARCHAR", FROM_RESULT, "status", pl.String(), "'NOT_STARTED'",
+           "NOT_STARTED, RUNNING, DONE, FAILED or NEEDS_REVIEW"),
+    Column("_running_started_at", "TIMESTAMP", CLEAR, doc="when the current claim was taken (UTC)"),
+    Column("_claimed_by", "VARCHAR", CLEAR, doc="host/pid/run of the claim"),
+    Column("_attempts", "INTEGER", FROM_RESULT, "attempts", pl.Int32(), "0",
+           "answered or refused tries (transient errors never count)"),
+    Column("_error", "VARCHAR", FROM_RESULT, "error", pl.String(), doc="why the last try was refused"),
+    Column("_finished_at", "TIMESTAMP", FROM_RESULT, "finished_at", pl.Datetime("us"), doc="when (UTC)"),
+    Column("_input_tokens", "BIGINT", KEEP_UNLESS_DONE, "input_tokens", pl.Int64(), doc="billed input tokens"),
+    Column("_output_tokens", "BIGINT", KEEP_UNLESS_DONE, "output_tokens", pl.Int64(), doc="billed output tokens"),
+    Column("_cost_usd", "DOUBLE", KEEP_UNLESS_DONE, "cost_usd", pl.Float64(),
+           doc="list price of the answer; NULL for models without a known price"),
+    Column("_stop_reason", "VARCHAR", FROM_RESULT, "stop_reason", pl.String(), doc="end_turn, max_tokens, ..."),
+    Column("_model", "VARCHAR", FROM_RESULT, "model", pl.String(), doc="the model that answered"),
+    Column("_fingerprint", "UUID", KEEP_UNLESS_DONE, "fingerprint", pl.String(),
+           doc="fingerprint of the request that produced the answer"),
+    Column("_prompt", "VARCHAR", UNTOUCHED, doc="the current request's user message"),
+    Column("_request_fingerprint", "UUID", UNTOUCHED, doc="fingerprint of the current request"),
+    Column("_version", "VARCHAR", UNTOUCHED, doc="the step definition (llmledger_steps.version) of the current request"),
+)
+
+RESULT_SCHEMA: dict[str, pl.DataType] = {c.result: c.result_type for c in STEP_COLUMNS
+                                         if c.result is not None and c.result_type is not None}
+
+
+def step_columns(step: str) -> list[str]:
+    return [step + c.suffix for c in STEP_COLUMNS]
+
+
+def names(step: str, alias: str = "") -> dict[str, str]:
+    """Quoted column names of a step by suffix, optionally prefixed with a table alias."""
+    prefix = f"{alias}." if alias else ""
+    return {c.suffix: prefix + q(step + c.suffix) for c in STEP_COLUMNS}
+
+
+def add_column_ddl(table: str, step: str, column: Column) -> str:
+    default = f" DEFAULT {column.default}" if column.default else ""
+    return f"ALTER TABLE {q(table)} ADD COLUMN {q(step + column.suffix)} {column.sql_type}{default}"
+
+
+def commit_assignments(step: str) -> str:
+    """The SET list writing a results chunk `i` into the fact table `t`."""
+    t = names(step, "t")
+    sets = []
+    for c in STEP_COLUMNS:
+        if c.commit == UNTOUCHED:
+            continue
+        if c.commit == CLEAR:
+            value = "NULL"
+        else:
+            value = f"i.{c.result}" + ("::UUID" if c.sql_type == "UUID" else "")
+            if c.commit == KEEP_UNLESS_DONE:
+                value = f"CASE WHEN i.status = 'DONE' THEN {value} ELSE {t[c.suffix]} END"
+        sets.append(f"{q(step + c.suffix)} = {value}")
+    return ", ".join(sets)

@@ -1,0 +1,164 @@
+"""Opening a DuckDB ledger file: briefly, politely, one transaction at a time.
+
+DuckDB lets one process at a time open a file read-write, so the ledger is
+opened only for one claim, one commit or one query, and a run waits (and says
+so) while someone else (the duckdb CLI, another notebook) holds it. Threads of
+one process share a lock per file, so a background run and `llmledger.sql`
+in the same kernel take turns instead of failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+import polars as pl
+
+from ..errors import StoreBusy, StoreError, StoreNotFound
+
+T = TypeVar("T")
+_DUCKDB_MAGIC = b"DUCK"
+_locks: dict[Path, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+# DuckDB keeps every page it reads in memory until the connection closes, up to 80 % of RAM by default.
+# A ledger is read in one pass per call, so a small buffer pool costs little time and keeps a notebook's
+# memory for the notebook. LLMLEDGER_DUCKDB_MEMORY overrides it (any DuckDB size, e.g. "4GB").
+MEMORY_LIMIT = os.environ.get("LLMLEDGER_DUCKDB_MEMORY", "512MB")
+
+
+def check_store_path(path: Path, *, must_exist: bool = False) -> None:
+    """Refuse a path that exists but is not a DuckDB file, before DuckDB touches it."""
+    if path.is_dir():
+        raise StoreError(f"store {str(path)!r} is a directory; pass a file path such as "
+                         f"{str(path / 'ledger.duckdb')!r}.")
+    if must_exist and not path.exists():
+        raise StoreNotFound(f"no store at {str(path)!r}; apply_llm(..., store=...) creates it")
+    if path.exists() and path.stat().st_size > 0:
+        with path.open("rb") as fh:
+            head = fh.read(12)
+        if head[8:12] != _DUCKDB_MAGIC:
+            raise StoreError(f"store {str(path)!r} exists but is not a DuckDB database file; "
+                             "pass a new path (it will be created) or an existing .duckdb ledger.")
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    return "lock" in str(exc).lower()
+
+
+class Connection:
+    """One DuckDB file, opened briefly for each transaction."""
+
+    def __init__(self, path: str | Path, *, on_wait: Callable[[str], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        self.path = Path(path).expanduser().resolve()
+        self.on_wait = on_wait
+        self.should_stop = should_stop
+        with _locks_guard:
+            self._lock = _locks.setdefault(self.path, threading.Lock())
+
+    @contextlib.contextmanager
+    def open(self, *, wait: float | None = None, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Open the file, waiting while another process holds it.
+
+        `wait` bounds the wait in seconds (None: until `should_stop` says so, or forever);
+        past it, `StoreBusy` is raised so that callers can keep their data.
+        """
+        with self._lock:
+            con = self._connect(wait, read_only)
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _connect(self, wait: float | None, read_only: bool) -> duckdb.DuckDBPyConnection:
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        delay = 0.02
+        told = False
+        while True:
+            try:
+                con = duckdb.connect(str(self.path), read_only=read_only)
+                con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+                return con
+            except duckdb.IOException as exc:
+                if not _is_lock_error(exc):
+                    raise StoreError(f"cannot open store {str(self.path)!r}: {exc}") from exc
+                waited = time.monotonic() - start
+                gave_up = waited >= wait if wait is not None else bool(self.should_stop and self.should_stop())
+                if gave_up:
+                    raise StoreBusy(f"store {str(self.path)!r} is held by another process "
+                                    f"(waited {waited:.0f}s): {exc}") from exc
+                if not told and waited > 1 and self.on_wait:
+                    self.on_wait(f"waiting for {self.path.name}: {str(exc).split(':', 1)[-1].strip()}")
+                    told = True
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.5)
+
+    def transaction(self, work: Callable[[duckdb.DuckDBPyConnection], T], *, wait: float | None = None) -> T:
+        """Run `work` in one transaction, retrying on a write conflict.
+
+        DuckDB reports a conflict on the statement, and a COMMIT after it would
+        silently roll back, so the conflict is caught here and the work redone.
+        """
+        for attempt in range(20):
+            with self.open(wait=wait) as con:
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    result = work(con)
+                    con.execute("COMMIT")
+                    return result
+                except duckdb.TransactionException as exc:
+                    con.execute("ROLLBACK")
+                    if "conflict" not in str(exc).lower():
+                        raise
+                    time.sleep(0.01 * (attempt + 1))
+                except BaseException:
+                    with contextlib.suppress(duckdb.Error):
+                        con.execute("ROLLBACK")
+                    raise
+        raise StoreError(f"store {str(self.path)!r}: gave up after 20 write conflicts")
+
+
+def one(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> tuple[Any, ...]:
+    """The single row of a query, fetched to the end: a half-read result blocks the connection."""
+    return tuple(con.execute(sql, params).fetchall()[0])
+
+
+def table_exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    return bool(one(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ? "
+                         "AND table_schema = 'main'", [table])[0])
+
+
+def column_types(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+    from .columns import q
+
+    rows = con.execute(f"DESCRIBE SELECT * FROM {q(relation)}").fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:
+    """A query's result as Arrow record batches, without materialising it whole (DuckDB 1.x and 2.x)."""
+    reader = relation.to_arrow_reader(rows) if hasattr(relation, "to_arrow_reader") else \
+        relation.fetch_record_batch(rows)
+    yield from reader
+
+
+def register(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> None:
+    """Make `frame` queryable as `name` without copying it.
+
+    Handing DuckDB the polars frame itself makes polars convert every text column to Arrow's
+    large strings first (a full copy); Arrow string views, which polars stores natively, DuckDB
+    scans in place.
+    """
+    con.register(name, frame.to_arrow(compat_level=pl.CompatLevel.newest()) if _STRING_VIEWS else frame)
+
+
+_STRING_VIEWS = tuple(int(p) for p in duckdb.__version__.split(".")[:2]) >= (1, 1)

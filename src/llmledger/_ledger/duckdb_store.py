@@ -1,0 +1,408 @@
+"""The ledger in an embedded DuckDB file: the verbs of the `Ledger` interface.
+
+Every verb is one transaction on a briefly opened file (`connection.py`):
+a row's output and its status land together, and the file is free for the
+duckdb CLI or another notebook between claims and commits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from .._request import RequestSpec, canonical_json
+from .._time import utcnow
+from ..errors import InvalidInputError
+from . import KnownAnswer, RunParams, Selection, StepDefinition
+from .claims import is_abandoned
+from .columns import RESULT_SCHEMA, commit_assignments, names, q
+from .connection import Connection, check_store_path, one, register, table_exists
+from .journal import pending as pending_journals
+from .journal import read as read_journal
+from .prepare import establish_table, frame_columns, insert_rows, legacy_signature, refresh_rows, render_rows
+from .schema import (
+    HISTORY_TABLE,
+    LEGACY_FINGERPRINT_PREFIX,
+    MIGRATIONS_TABLE,
+    RUNS_TABLE,
+    current_version,
+    ensure_step_columns,
+    list_steps,
+    migrate,
+    owned_columns,
+    record_step,
+    requests_by_version,
+)
+from .states import STATUSES, Redo, Status, prior_status_sql
+from .survey import Layout, check_where, flag_sql, survey
+
+BATCH = "llmledger_batch"
+RESULTS = "llmledger_results"
+_PREPARE_FIELDS = ("current", "status", "stale", "eligible", "in_where", "output")
+
+
+class DuckDBLedger:
+    """A ledger in one DuckDB file."""
+
+    def __init__(self, path: str | Path, *, on_wait: Callable[[str], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        self.conn = Connection(path, on_wait=on_wait, should_stop=should_stop)
+        self.path = self.conn.path
+
+    @property
+    def on_wait(self) -> Callable[[str], None] | None:
+        return self.conn.on_wait
+
+    @on_wait.setter
+    def on_wait(self, value: Callable[[str], None] | None) -> None:
+        self.conn.on_wait = value
+
+    # -- preparing a run ---------------------------------------------------------------------------------
+    def prepare(self, definition: StepDefinition, frame: pl.DataFrame, params: RunParams, *,
+                dedupe: bool) -> Selection:
+        """One transaction: schema, the frame's rows and requests, journals of dead runs, lost claims, the work."""
+        check_store_path(self.path)
+        existed = self.path.exists()
+        merged: list[Path] = []
+
+        def work(con: duckdb.DuckDBPyConnection) -> Selection:
+            now = params.run_started
+            migrate(con, now)
+            layout = Layout(definition.table, definition.step, definition.key,
+                            frame_columns(frame, definition.key, owned_columns(con, definition.table,
+                                                                               definition.step)))
+            establish_table(con, layout, frame)
+            ensure_step_columns(con, layout.table, layout.step)
+            request = definition.request
+            record_step(con, table=layout.table, step=layout.step, key=layout.key, version=definition.version,
+                        model=request.model, system=request.system, max_tokens=request.max_tokens,
+                        options=canonical_json(request.options),
+                        request=request.to_json(), prompt=definition.prompt.text,
+                        prompt_kind=definition.prompt.kind, now=now)
+            check_where(con, layout.table, params.where)
+            key_types = {k: frame.schema[k] for k in layout.key}
+            merged[:] = _merge_journals(con, layout, self.path, key_types)
+            _recover(con, layout, params)
+            sql_params = params.sql(definition.version)
+            found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where)
+            wrote = self._write_frame(con, layout, definition, frame, found)
+            if wrote:
+                found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
+                               compare=False)
+            return self._selection(con, layout, definition.version, frame.select(layout.key), found, sql_params,
+                                   key_types, params, dedupe)
+
+        try:
+            selection = self.conn.transaction(work)
+        except InvalidInputError:
+            if not existed:  # a bad call leaves no file behind
+                for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
+                    with contextlib.suppress(FileNotFoundError):
+                        leftover.unlink()
+            raise
+        for path in merged:
+            path.unlink(missing_ok=True)
+        return selection
+
+    def _write_frame(self, con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
+                     frame: pl.DataFrame, found: pl.DataFrame) -> bool:
+        """Insert new rows, refresh changed ones, render what is not current. True when anything was written."""
+        exists, changed = found["exists"], found["changed"] & found["exists"]
+        wrote = False
+        if not exists.all():
+            insert_rows(con, layout, definition, frame.filter(~exists))
+            wrote = True
+        if changed.any():
+            refresh_rows(con, layout, frame.filter(changed))
+            wrote = True
+        if definition.prompt.incremental:
+            need = changed | ~found["current"]
+            if definition.prompt.in_sql:
+                need = need & exists  # new rows got their request as they were inserted
+        else:
+            need = pl.repeat(True, frame.height, eager=True)
+        if need.any():
+            render_rows(con, layout, definition, frame.filter(need),
+                        legacy_signature=legacy_signature(definition, _from_legacy(con)))
+            wrote = True
+        return wrote
+
+    def _selection(self, con: duckdb.DuckDBPyConnection, layout: Layout, version: str, keys: pl.DataFrame,
+                   found: pl.DataFrame, sql_params: dict[str, Any], key_types: dict[str, pl.DataType],
+                   params: RunParams, dedupe: bool) -> Selection:
+        status = found["status"]
+        work = keys.filter(found["eligible"] & found["in_where"])
+        return Selection(
+            layout=layout, version=version, requests=_requests(con, layout), work=work, params=sql_params,
+            key_types=key_types, stale=int(found["stale"].sum()) if params.redo is not Redo.STALE else 0,
+            running_elsewhere=int((status == Status.RUNNING).sum()),
+            needs_review=int((status == Status.NEEDS_REVIEW).sum()),
+            known=_known_answers(con, layout, work) if dedupe and params.redo is not Redo.ALL else {},
+            survey=found.select("status", "output"))
+
+    def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool) -> Selection:
+        """The work of a step that apply_llm prepared, selected from the store alone."""
+        check_store_path(self.path, must_exist=True)
+        merged: list[Path] = []
+
+        def work(con: duckdb.DuckDBPyConnection) -> Selection:
+            migrate(con, params.run_started)
+            found = current_version(con, table, step)
+            if found is None or not table_exists(con, table):
+                known = [f"{t}.{s}" for t, s, _ in list_steps(con)]
+                raise InvalidInputError(f"the store has no step {step!r} on table {table!r} that apply_llm "
+                                        f"prepared; it has: {known or 'no steps'}. Run apply_llm once to record "
+                                        "the step and its requests.")
+            version, _, key = found
+            layout = Layout(table, step, key, [])
+            check_where(con, table, params.where)
+            work_sql = params.sql(version)
+            key_list = ", ".join(q(k) for k in key)
+            key_types = dict(con.sql(f"SELECT {key_list} FROM {q(table)} LIMIT 0").pl().schema)
+            merged[:] = _merge_journals(con, layout, self.path, key_types)
+            _recover(con, layout, params)
+            flags = flag_sql(layout, params.where)
+            work = con.sql(f"SELECT {key_list} FROM {q(table)} WHERE {flags['current']} AND {flags['eligible']} "
+                           f"AND {flags['in_where']}", params=work_sql).pl()
+            stale, running, review, unprepared = one(con, (
+                f"SELECT count(*) FILTER (WHERE {flags['current']} AND {flags['stale']}), "
+                f"count(*) FILTER (WHERE {flags['status']} = 'RUNNING'), "
+                f"count(*) FILTER (WHERE {flags['status']} = 'NEEDS_REVIEW'), "
+                f"count(*) FILTER (WHERE NOT {flags['current']} AND {flags['eligible']}) "
+                f"FROM {q(table)} WHERE {flags['in_where']}"), work_sql)
+            return Selection(
+                layout=layout, version=version, requests=_requests(con, layout), work=work, params=work_sql,
+                key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
+                running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
+                known=_known_answers(con, layout, work) if dedupe and params.redo is not Redo.ALL else {})
+
+        selection = self.conn.transaction(work)
+        for path in merged:
+            path.unlink(missing_ok=True)
+        return selection
+
+    # -- a run's transactions ----------------------------------------------------------------------------
+    def claim(self, selection: Selection, n: int, *, claimant: str, now: datetime) -> list[dict[str, Any]]:
+        """Mark up to `n` rows of the selection RUNNING; return them with their stored requests."""
+        start = selection.cursor
+        claimed: list[dict[str, Any]] = []
+        end = [start]
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            claimed.clear()
+            cursor = start
+            while len(claimed) < n and cursor < selection.work.height:
+                batch = selection.work.slice(cursor, n - len(claimed))
+                claimed.extend(_claim(con, selection, batch, claimant=claimant, now=now).iter_rows(named=True))
+                cursor += batch.height
+            end[0] = cursor
+
+        self.conn.transaction(work)
+        selection.cursor = end[0]
+        return claimed
+
+    def commit(self, selection: Selection, results: pl.DataFrame, *, now: datetime,
+               wait: float | None = None) -> None:
+        self.conn.transaction(lambda con: commit_results(con, selection.layout, results, now=now), wait=wait)
+
+    def release(self, selection: Selection, *, claimant: str) -> int:
+        layout = selection.layout
+        return self.conn.transaction(
+            lambda con: _give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant",
+                                   {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}),
+            wait=30.0)
+
+    def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame:
+        """`{step}` and `{step}_status` for the frame's keys, in frame order."""
+        found = self.conn.transaction(
+            lambda con: survey(con, selection.layout, frame, fields=("status", "output"), params={},
+                               compare=False), wait=30.0)
+        return _named(found, selection.layout.step)
+
+    def record_run(self, row: dict[str, Any]) -> None:
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            cols = list(row)
+            con.execute(f"INSERT INTO {RUNS_TABLE} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                        list(row.values()))
+
+        self.conn.transaction(work, wait=30.0)
+
+    # -- what people look at -----------------------------------------------------------------------------
+    def counts(self, table: str | None = None) -> pl.DataFrame:
+        with self.conn.open(wait=60.0) as con:
+            return status_counts(con, table)
+
+    def failures(self, table: str, step: str, limit: int = 5) -> list[tuple[str, str, str]]:
+        with self.conn.open(wait=60.0) as con:
+            key = next((k for t, s, k in list_steps(con, table) if s == step), None)
+            if key is None:
+                return []
+            s, e = q(step + "_status"), q(step + "_error")
+            parts = ", ".join(f"{q(k)} := {q(k)}" for k in key)
+            return [(r[0], r[1], r[2]) for r in con.execute(
+                f"SELECT to_json(struct_pack({parts}))::VARCHAR, {s}, {e} FROM {q(table)} "
+                f"WHERE {s} IN ('FAILED', 'NEEDS_REVIEW') ORDER BY {s}, {e} LIMIT {int(limit)}").fetchall()]
+
+    def history(self, table: str, step: str) -> pl.DataFrame:
+        with self.conn.open(wait=60.0) as con:
+            return con.sql(f"SELECT * FROM {HISTORY_TABLE} WHERE table_name = ? AND step = ? ORDER BY replaced_at",
+                           params=[table, step]).pl()
+
+    def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None:
+        with self.conn.open(wait=wait) as con:
+            relation = con.sql(sql, params=params)
+            return None if relation is None else relation.pl()
+
+    def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]:
+        with self.conn.open(wait=60.0) as con:
+            return list_steps(con, table)
+
+
+# -- the SQL of each verb --------------------------------------------------------------------------------
+
+def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataFrame, *, claimant: str,
+           now: datetime) -> pl.DataFrame:
+    layout = selection.layout
+    flags = flag_sql(layout, None)
+    c = names(layout.step, "t")
+    register(con, BATCH, batch)
+    try:
+        got = con.sql(
+            f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
+            f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
+            f"FROM {BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']} "
+            f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {c['_prompt']} AS prompt, "
+            f"{c['_request_fingerprint']}::VARCHAR AS fingerprint, {c['_version']} AS version, "
+            f"{c['_attempts']} AS attempts, "
+            f"{c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
+            params={**selection.params, "now": now, "claimant": claimant}).pl()
+    finally:
+        con.unregister(BATCH)
+    got = got.cast({k: selection.key_types[k] for k in layout.key})
+    return batch.join(got, on=layout.key, how="inner", maintain_order="left")
+
+
+def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.DataFrame, *,
+                   now: datetime, only_unfinished: bool = False) -> None:
+    """Write outputs and statuses of one chunk; archive the outputs that a redo replaces.
+
+    `only_unfinished` (for journals of dead runs) leaves rows that are DONE or NEEDS_REVIEW by now
+    untouched, so an old answer never overwrites a newer one.
+    """
+    register(con, RESULTS, results)
+    try:
+        c = names(layout.step, "t")
+        guard = f" AND {c['_status']} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
+        con.execute(
+            f"INSERT INTO {HISTORY_TABLE} SELECT $table, $step, {layout.key_json()}, {c['']}, {c['_model']}, "
+            f"{c['_fingerprint']}::VARCHAR, {c['_input_tokens']}, {c['_output_tokens']}, {c['_cost_usd']}, "
+            f"{c['_finished_at']}, $now FROM {q(layout.table)} AS t JOIN {RESULTS} AS i ON {layout.key_join()} "
+            f"WHERE i.status = 'DONE' AND {c['']} IS NOT NULL{guard}",
+            {"table": layout.table, "step": layout.step, "now": now})
+        con.execute(f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step)} FROM {RESULTS} AS i "
+                    f"WHERE {layout.key_join()}{guard}")
+    finally:
+        con.unregister(RESULTS)
+
+
+def _give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any]) -> int:
+    """Return RUNNING rows matching `condition` to the status they had before their claim."""
+    c = names(layout.step)
+    rows = con.execute(
+        f"UPDATE {q(layout.table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
+        f"{c['_claimed_by']} = NULL WHERE {c['_status']} = 'RUNNING' AND ({condition}) RETURNING 1", params).fetchall()
+    return len(rows)
+
+
+def _recover(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) -> int:
+    """Give back claims whose holder is gone (this host) or that are older than `stale_before`."""
+    c = names(layout.step)
+    holders = [row[0] for row in con.execute(
+        f"SELECT DISTINCT {c['_claimed_by']} FROM {q(layout.table)} WHERE {c['_status']} = 'RUNNING'").fetchall()]
+    if not holders:
+        return 0
+    dead = [h for h in holders if h is None or is_abandoned(h)]
+    return _give_back(con, layout, f"{c['_claimed_by']} IS NULL OR list_contains($dead, {c['_claimed_by']}) "
+                                   f"OR {c['_running_started_at']} < $stale_before",
+                      {"dead": dead, "stale_before": params.stale_before, "max_attempts": params.max_attempts})
+
+
+def _merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path,
+                    key_types: dict[str, pl.DataType]) -> list[Path]:
+    """Commit the answers that runs which died on this host journaled but did not commit.
+
+    Returns the files to delete once the transaction has committed.
+    """
+    merged = []
+    for path, holder in pending_journals(store_path, layout.table, layout.step):
+        if is_abandoned(holder):
+            results = read_journal(path, key_types | RESULT_SCHEMA)
+            if results.height:
+                results = results.with_columns(pl.col("fingerprint").map_elements(_upgrade_fingerprint,
+                                                                                  return_dtype=pl.String))
+                commit_results(con, layout, results, now=utcnow(), only_unfinished=True)
+            merged.append(path)
+    return merged
+
+
+def _upgrade_fingerprint(value: str | None) -> str | None:
+    """Journals written by 0.1.0 hold md5 hex fingerprints; map them like the migration maps stored ones."""
+    if value is None or "-" in value:
+        return value
+    return str(uuid.UUID(hashlib.md5((LEGACY_FINGERPRINT_PREFIX + value).encode()).hexdigest()))
+
+
+def _known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame) -> dict[str, KnownAnswer]:
+    """One stored DONE answer per request fingerprint the work asks for: identical requests need no new call."""
+    if not work.height:
+        return {}
+    c = names(layout.step, "t")
+    register(con, BATCH, work)
+    try:
+        rows = con.execute(
+            f"WITH wanted AS (SELECT DISTINCT {c['_request_fingerprint']} AS fp FROM {q(layout.table)} AS t "
+            f"SEMI JOIN {BATCH} AS i ON {layout.key_join()}) "
+            f"SELECT t.{q(layout.step + '_fingerprint')}::VARCHAR, any_value({c['']}), "
+            f"any_value({c['_stop_reason']}), any_value({c['_model']}) FROM {q(layout.table)} AS t "
+            f"SEMI JOIN wanted AS w ON {c['_fingerprint']} = w.fp WHERE {c['_status']} = 'DONE' "
+            f"GROUP BY {c['_fingerprint']}").fetchall()
+    finally:
+        con.unregister(BATCH)
+    return {r[0]: KnownAnswer(r[1], r[2], r[3]) for r in rows}
+
+
+def _requests(con: duckdb.DuckDBPyConnection, layout: Layout) -> dict[str, RequestSpec]:
+    return {v: RequestSpec.from_json(r) for v, r in requests_by_version(con, layout.table, layout.step).items()}
+
+
+def _from_legacy(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(one(con, f"SELECT count(*) FROM {MIGRATIONS_TABLE} WHERE llmledger = '0.1.0'")[0])
+
+
+def _named(found: pl.DataFrame, step: str) -> pl.DataFrame:
+    return found.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"))
+
+
+def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> pl.DataFrame:
+    """Rows per status, for every (table, step) in the store."""
+    frames = []
+    for tbl, step, _ in list_steps(con, table):
+        if not table_exists(con, tbl):
+            continue
+        s = q(step + "_status")
+        frames.append(con.sql(
+            "SELECT ? AS \"table\", ? AS step, "
+            + ", ".join(f"count(*) FILTER (WHERE {s} = '{st}')::BIGINT AS {st}" for st in STATUSES)
+            + f", count(*)::BIGINT AS total FROM {q(tbl)}", params=[tbl, step]).pl())
+    if not frames:
+        return pl.DataFrame(schema={"table": pl.String, "step": pl.String,
+                                    **{st: pl.Int64 for st in STATUSES}, "total": pl.Int64})
+    return pl.concat(frames)

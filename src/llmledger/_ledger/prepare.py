@@ -1,0 +1,156 @@
+"""Preparing a step over a frame: the frame's rows and each row's current request, written into the ledger.
+
+Work is proportional to what changed: new keys are inserted with their
+rendered request, rows whose copied inputs changed are refreshed (and every
+step's request for them marked for re-rendering), and only rows whose request
+is not the current definition's are rendered again. A rerun of the same cell
+writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import duckdb
+import polars as pl
+
+from ..errors import KeyColumnError
+from .columns import names, q
+from .connection import column_types, register, table_exists
+from .schema import LEGACY_FINGERPRINT_PREFIX, list_steps
+from .survey import Layout
+
+if TYPE_CHECKING:
+    from . import StepDefinition
+
+INCOMING = "llmledger_incoming"
+_NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+            "UHUGEINT"}
+
+
+def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame) -> None:
+    """Create or extend the fact table so it holds the frame's key and copied columns."""
+    register(con, INCOMING, frame.head(0))
+    try:
+        incoming = column_types(con, INCOMING)
+    finally:
+        con.unregister(INCOMING)
+    if not table_exists(con, layout.table):
+        cols = ", ".join(f"{q(c)} {incoming[c]}" for c in [*layout.key, *layout.mirror])
+        con.execute(f"CREATE TABLE {q(layout.table)} ({cols})")
+    existing = column_types(con, layout.table)
+    for k in layout.key:
+        if k not in existing:
+            raise KeyColumnError(f"table {layout.table!r} has no column {k!r}, so it cannot be keyed by it; "
+                                 f"its columns are {list(existing)}. Pass the key it was built with, or a "
+                                 "new table=.")
+        if existing[k] != incoming[k] and not (existing[k] in _NUMERIC and incoming[k] in _NUMERIC):
+            raise KeyColumnError(f"key column {k!r} is {existing[k]} in table {layout.table!r} but "
+                                 f"{incoming[k]} in the frame; cast it (e.g. pl.col({k!r}).cast(...)).")
+    for c in layout.mirror:
+        if c not in existing:
+            con.execute(f"ALTER TABLE {q(layout.table)} ADD COLUMN {q(c)} {incoming[c]}")
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
+                rows: pl.DataFrame) -> None:
+    """Insert new keys as NOT_STARTED; with a SQL template, their requests are rendered in the same statement."""
+    cols = [*layout.key, *layout.mirror]
+    col_list = ", ".join(q(c) for c in cols)
+    register(con, INCOMING, rows.select(cols))
+    try:
+        if definition.prompt.in_sql:
+            c = names(layout.step)
+            prompt = definition.prompt.sql()
+            con.execute(
+                f"INSERT INTO {q(layout.table)} ({col_list}, {c['_prompt']}, {c['_request_fingerprint']}, "
+                f"{c['_version']}) SELECT {col_list}, p, {definition.request.fingerprint_sql('p')}, $version "
+                f"FROM (SELECT {col_list}, {prompt} AS p FROM {INCOMING})", {"version": definition.version})
+        else:
+            con.execute(f"INSERT INTO {q(layout.table)} ({col_list}) SELECT {col_list} FROM {INCOMING}")
+    finally:
+        con.unregister(INCOMING)
+
+
+def refresh_rows(con: duckdb.DuckDBPyConnection, layout: Layout, rows: pl.DataFrame) -> None:
+    """Copy changed inputs into the ledger; every step's request for those rows must be rendered again."""
+    steps = {s for _, s, _ in list_steps(con, layout.table)} | {layout.step}
+    sets = [f"{q(c)} = i.{q(c)}" for c in layout.mirror]
+    existing = column_types(con, layout.table)
+    sets += [f"{q(s + '_version')} = NULL" for s in sorted(steps) if s + "_version" in existing]
+    register(con, INCOMING, rows.select([*layout.key, *layout.mirror]))
+    try:
+        con.execute(f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM {INCOMING} AS i "
+                    f"WHERE {layout.key_join('t', 'i')}")
+    finally:
+        con.unregister(INCOMING)
+
+
+def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition, frame: pl.DataFrame,
+                *, legacy_signature: str | None) -> None:
+    """Write the current request of the frame's rows `frame` (key and inputs) into the ledger.
+
+    `legacy_signature`: when the store came from llmledger 0.1.0, DONE rows whose old fingerprint
+    matches this request under the old formula get the new fingerprint, so upgrading does not make
+    every answer look stale.
+    """
+    c = names(layout.step, "t")
+    version = {"version": definition.version}
+    if definition.prompt.in_sql:
+        keys = frame.select(layout.key)
+        register(con, INCOMING, keys)
+        try:
+            prompt = definition.prompt.sql("s")
+            _update(con, layout, definition, legacy_signature,
+                    f"(SELECT {', '.join('s.' + q(k) for k in layout.key)}, {prompt} AS p "
+                    f"FROM {q(layout.table)} AS s SEMI JOIN {INCOMING} AS k ON {layout.key_join('s', 'k')})",
+                    "true", version)
+        finally:
+            con.unregister(INCOMING)
+        return
+    for chunk in definition.prompt.render_chunks(frame, layout.key):
+        register(con, INCOMING, chunk)
+        try:
+            _update(con, layout, definition, legacy_signature,
+                    f"(SELECT {', '.join(q(k) for k in layout.key)}, prompt AS p FROM {INCOMING})",
+                    f"{c['_version']} IS DISTINCT FROM $version OR {c['_request_fingerprint']} IS DISTINCT FROM r.fp",
+                    version)
+        finally:
+            con.unregister(INCOMING)
+
+
+def _update(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
+            legacy_signature: str | None, source: str, condition: str, params: dict[str, str]) -> None:
+    c = names(layout.step)
+    sets = [f"{c['_prompt']} = r.p", f"{c['_request_fingerprint']} = r.fp", f"{c['_version']} = $version"]
+    extra = ""
+    if legacy_signature is not None:
+        extra = (f", md5('{LEGACY_FINGERPRINT_PREFIX}' || md5({_literal(legacy_signature)} || p))::UUID "
+                 "AS legacy")
+        sets.append(f"{c['_fingerprint']} = CASE WHEN t.{c['_fingerprint']} = r.legacy THEN r.fp "
+                    f"ELSE t.{c['_fingerprint']} END")
+    con.execute(f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM "
+                f"(SELECT *, {definition.request.fingerprint_sql('p')} AS fp{extra} FROM {source}) AS r "
+                f"WHERE {layout.key_join('t', 'r')} AND ({condition})", params)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def legacy_signature(definition: StepDefinition, migrated_from_legacy: bool) -> str | None:
+    """0.1.0's fingerprint prefix for this request, when such fingerprints may be in the store.
+
+    0.1.0 ignored request options, so an answer made with options cannot be vouched for: such calls
+    leave old fingerprints alone (those rows report as stale).
+    """
+    request = definition.request
+    if not migrated_from_legacy or request.options:
+        return None
+    return f"{request.model}\x1f{request.system or ''}\x1f{request.max_tokens}\x1f"
+
+
+def frame_columns(frame: pl.DataFrame, key: Sequence[str], owned: set[str]) -> list[str]:
+    """The frame columns copied into the fact table: storable, and not owned by a step."""
+    return [c for c, t in frame.schema.items() if t != pl.Object and c not in key and c not in owned]

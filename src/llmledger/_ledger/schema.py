@@ -1,0 +1,174 @@
+"""The ledger's tables, and the numbered migrations that bring an older store up to date.
+
+Every store records the migrations applied to it in `llmledger_migrations`.
+A store written by llmledger 0.1.0 has no such table: it is recognised by its
+`llmledger_steps` table, recorded as being at migration 1, and upgraded from
+there inside the same transaction as the call that opened it. A store written
+by a newer llmledger is refused rather than misread.
+
+Migrations are frozen: each one spells out its own DDL instead of reading the
+current column definitions, so upgrading an old store always does the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import duckdb
+
+from ..errors import StoreError
+from .columns import STEP_COLUMNS, add_column_ddl, q
+from .connection import column_types, one, table_exists
+
+MIGRATIONS_TABLE = "llmledger_migrations"
+STEPS_TABLE = "llmledger_steps"
+RUNS_TABLE = "llmledger_runs"
+HISTORY_TABLE = "llmledger_history"
+LEGACY_FINGERPRINT_PREFIX = "llmledger-0.1:"  # fingerprints of 0.1.0 become md5(prefix || old)::UUID
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    apply: Callable[[duckdb.DuckDBPyConnection], None]
+
+
+def _v1_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """The bookkeeping tables of llmledger 0.1.0."""
+    con.execute(f"""CREATE TABLE IF NOT EXISTS {STEPS_TABLE} (
+        table_name VARCHAR, step VARCHAR, key VARCHAR[], created_at TIMESTAMP, model VARCHAR,
+        prompt VARCHAR, system VARCHAR)""")
+    con.execute(f"""CREATE TABLE IF NOT EXISTS {RUNS_TABLE} (
+        run_id VARCHAR, table_name VARCHAR, step VARCHAR, claimant VARCHAR, model VARCHAR,
+        started_at TIMESTAMP, finished_at TIMESTAMP, outcome VARCHAR, rows_in_frame BIGINT,
+        rows_selected BIGINT, done BIGINT, failed BIGINT, needs_review BIGINT, stale BIGINT,
+        calls BIGINT, reused BIGINT, retries BIGINT, input_tokens BIGINT, output_tokens BIGINT, cost_usd DOUBLE)""")
+    con.execute(f"""CREATE TABLE IF NOT EXISTS {HISTORY_TABLE} (
+        table_name VARCHAR, step VARCHAR, row_key VARCHAR, output VARCHAR, model VARCHAR,
+        fingerprint VARCHAR, input_tokens BIGINT, output_tokens BIGINT, cost_usd DOUBLE,
+        finished_at TIMESTAMP, replaced_at TIMESTAMP)""")
+
+
+def _v2_self_contained(con: duckdb.DuckDBPyConnection) -> None:
+    """Step versions with their whole request; each row's rendered request; fingerprints of whole requests."""
+    for name, sql_type in (("version", "VARCHAR"), ("max_tokens", "INTEGER"), ("options", "VARCHAR"),
+                           ("request", "VARCHAR"), ("prompt_kind", "VARCHAR"), ("last_prepared_at", "TIMESTAMP")):
+        con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS {name} {sql_type}")
+    for name in ("version", "entry"):
+        con.execute(f"ALTER TABLE {RUNS_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
+    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
+        if not table_exists(con, table):
+            continue
+        existing = column_types(con, table)
+        for suffix, sql_type in (("_prompt", "VARCHAR"), ("_request_fingerprint", "UUID"), ("_version", "VARCHAR")):
+            if step + suffix not in existing:
+                con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} {sql_type}")
+        fp = step + "_fingerprint"
+        if existing.get(fp) == "VARCHAR":  # 0.1.0's md5(model␟system␟max_tokens␟prompt), kept recognisable
+            con.execute(f"ALTER TABLE {q(table)} ALTER COLUMN {q(fp)} TYPE UUID USING "
+                        f"CASE WHEN {q(fp)} IS NULL THEN NULL "
+                        f"ELSE md5('{LEGACY_FINGERPRINT_PREFIX}' || {q(fp)})::UUID END")
+
+
+MIGRATIONS = (
+    Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
+    Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
+)
+LATEST = MIGRATIONS[-1].version
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    if table_exists(con, MIGRATIONS_TABLE):
+        return int(one(con, f"SELECT coalesce(max(version), 0) FROM {MIGRATIONS_TABLE}")[0])
+    return 1 if table_exists(con, STEPS_TABLE) else 0
+
+
+def migrate(con: duckdb.DuckDBPyConnection, now: datetime) -> int:
+    """Bring the store to the latest schema; return how many migrations ran. Runs inside the caller's transaction."""
+    current = schema_version(con)
+    if current > LATEST:
+        raise StoreError(f"this store was written by a newer llmledger (schema {current}; this llmledger knows "
+                         f"up to {LATEST}). Upgrade llmledger (pip install -U llmledger) to use it.")
+    if current == LATEST:
+        return 0
+    from .. import __version__
+
+    con.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version INTEGER, name VARCHAR, "
+                "applied_at TIMESTAMP, llmledger VARCHAR)")
+    if current == 1 and not one(con, f"SELECT count(*) FROM {MIGRATIONS_TABLE}")[0]:
+        con.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (1, ?, ?, '0.1.0')", [MIGRATIONS[0].name, now])
+    ran = 0
+    for migration in MIGRATIONS:
+        if migration.version > current:
+            migration.apply(con)
+            con.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (?, ?, ?, ?)",
+                        [migration.version, migration.name, now, __version__])
+            ran += 1
+    return ran
+
+
+# -- steps ---------------------------------------------------------------------------------------------
+
+def list_steps(con: duckdb.DuckDBPyConnection, table: str | None = None) -> list[tuple[str, str, list[str]]]:
+    """(table, step, key) for every step the store knows, in the order they were first run."""
+    if not table_exists(con, STEPS_TABLE):
+        return []
+    sql = f"SELECT table_name, step, any_value(key), min(created_at) AS first FROM {STEPS_TABLE}"
+    params: list[Any] = []
+    if table:
+        sql += " WHERE table_name = ?"
+        params.append(table)
+    rows = con.execute(sql + " GROUP BY table_name, step ORDER BY first, step", params).fetchall()
+    return [(r[0], r[1], list(r[2])) for r in rows]
+
+
+def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[str]:
+    """Columns the ledger owns for the table's steps (never copied from a frame)."""
+    from .columns import step_columns
+
+    owned = set(step_columns(step))
+    for _, other, _ in list_steps(con, table):
+        owned.update(step_columns(other))
+    return owned
+
+
+def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> None:
+    existing = column_types(con, table)
+    for column in STEP_COLUMNS:
+        if step + column.suffix not in existing:
+            con.execute(add_column_ddl(table, step, column))
+
+
+def record_step(con: duckdb.DuckDBPyConnection, *, table: str, step: str, key: list[str], version: str,
+                model: str, system: str | None, max_tokens: int, options: str, request: str, prompt: str,
+                prompt_kind: str, now: datetime) -> None:
+    """Record this definition of the step (one row per version) and mark it the step's current one."""
+    known = one(con, f"SELECT count(*) FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? AND version = ?",
+                [table, step, version])[0]
+    if known:
+        con.execute(f"UPDATE {STEPS_TABLE} SET last_prepared_at = ? WHERE table_name = ? AND step = ? "
+                    "AND version = ?", [now, table, step, version])
+    else:
+        con.execute(f"INSERT INTO {STEPS_TABLE} (table_name, step, key, created_at, model, prompt, system, version, "
+                    "max_tokens, options, request, prompt_kind, last_prepared_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [table, step, key, now, model, prompt, system, version, max_tokens, options, request,
+                     prompt_kind, now])
+
+
+def current_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> tuple[str, str, list[str]] | None:
+    """(version, request JSON, key) of the definition apply_llm last prepared for this step."""
+    if not table_exists(con, STEPS_TABLE):
+        return None
+    rows = con.execute(f"SELECT version, request, key FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
+                       "AND version IS NOT NULL ORDER BY last_prepared_at DESC LIMIT 1", [table, step]).fetchall()
+    return (rows[0][0], rows[0][1], list(rows[0][2])) if rows else None
+
+
+def requests_by_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> dict[str, str]:
+    return dict(con.execute(f"SELECT version, request FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
+                            "AND version IS NOT NULL", [table, step]).fetchall())

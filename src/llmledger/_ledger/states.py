@@ -1,0 +1,94 @@
+"""Row statuses, redo modes and run outcomes, and every rule about moving between them.
+
+The status model, in one place (the README's table is written from this):
+
+    NOT_STARTED ──claim──▶ RUNNING ──answer──▶ DONE
+         ▲                    │    ──bad request / refusal──▶ FAILED (attempts < max_attempts)
+         │                    │                         └──▶ NEEDS_REVIEW (attempts = max_attempts)
+         └──release/recover───┘  (back to what the row was before its claim)
+
+A claim touches only the status and claim columns, so "what the row was before
+its claim" can always be read back from the row itself (`prior_status_sql`).
+Statuses are stored as these plain strings, so `WHERE summary_status = 'DONE'`
+works from any SQL client.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    NOT_STARTED = "NOT_STARTED"
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    NEEDS_REVIEW = "NEEDS_REVIEW"
+
+
+class Redo(StrEnum):
+    """What a run re-sends besides NOT_STARTED rows and FAILED rows with attempts left."""
+
+    NONE = "none"  # nothing else
+    ALL = "all"  # every matching row, even DONE or NEEDS_REVIEW (`redo=True`)
+    STALE = "stale"  # DONE rows whose answer was made for another request (`redo="stale"`)
+
+    @classmethod
+    def from_argument(cls, redo: object) -> Redo:
+        return {False: cls.NONE, True: cls.ALL, "stale": cls.STALE}[redo]  # type: ignore[index]
+
+
+class Outcome(StrEnum):
+    """How a run ended (stored in `llmledger_runs.outcome`)."""
+
+    PREPARING = "preparing"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"  # Ctrl-C / the kernel's stop button
+    CANCELLED = "cancelled"  # Run.cancel() of a background run
+    OUTAGE = "outage"  # the circuit breaker tripped
+    AUTH = "auth"  # 401/403
+    SPEND_LIMIT = "spend_limit"  # the account cannot spend more
+    RETRY_REFUSED = "retry_refused"  # x-should-retry: false on an otherwise transient error
+    ERROR = "error"  # a bug or a store failure
+
+    @property
+    def stopped_early(self) -> bool:
+        return self not in (Outcome.PREPARING, Outcome.RUNNING, Outcome.COMPLETED)
+
+
+STATUSES = tuple(s.value for s in Status)
+STATUS_ENUM_SQL = "ENUM(" + ", ".join(f"'{s}'" for s in STATUSES) + ")"
+
+
+def status_after_failure(attempts: int, max_attempts: int) -> Status:
+    """A row whose request was refused for its own reasons (400, refusal) after `attempts` tries."""
+    return Status.NEEDS_REVIEW if attempts >= max_attempts else Status.FAILED
+
+
+def attempts_after(previous: int | None, *, was_done: bool) -> int:
+    """A redo of a DONE row starts counting again; otherwise each answered or refused try counts once."""
+    return 1 if was_done else int(previous or 0) + 1
+
+
+def prior_status_sql(col: dict[str, str]) -> str:
+    """SQL: the status a RUNNING row had before it was claimed (`$max_attempts` bound)."""
+    return (f"CASE WHEN {col['_error']} IS NOT NULL THEN (CASE WHEN {col['_attempts']} >= $max_attempts "
+            f"THEN 'NEEDS_REVIEW' ELSE 'FAILED' END) WHEN {col['_finished_at']} IS NOT NULL THEN 'DONE' "
+            "ELSE 'NOT_STARTED' END")
+
+
+def eligible_sql(col: dict[str, str]) -> str:
+    """SQL: this run may claim the row now (`$max_attempts`, `$redo`, `$run_started` bound).
+
+    A redo never takes a row this very run has finished (`_finished_at < $run_started`).
+    """
+    s, a, f = col["_status"], col["_attempts"], col["_finished_at"]
+    return (f"({s} = 'NOT_STARTED' OR ({s} = 'FAILED' AND {a} < $max_attempts) "
+            f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)) "
+            f"OR ($redo = 'stale' AND {stale_sql(col)}))")
+
+
+def stale_sql(col: dict[str, str]) -> str:
+    """SQL: the row is DONE, but its answer was made for another request than the current one."""
+    return f"({col['_status']} = 'DONE' AND {col['_fingerprint']} IS DISTINCT FROM {col['_request_fingerprint']})"

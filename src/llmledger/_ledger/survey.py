@@ -1,0 +1,187 @@
+"""One pass over the ledger that says, for every row of a frame, what the ledger holds for it.
+
+The common case is a rerun of the same cell: the fact table holds the frame's
+rows in the frame's order (they were inserted from it). Then the survey is two
+sequential scans of different columns, with no join and no hash table: the
+keys and copied inputs, compared with the frame slice by slice in polars and
+dropped at once; then the per-row facts kept for the answer. When the orders
+differ (a shuffled or filtered frame, a table fed by other frames) it falls
+back to one hash join in DuckDB and puts the rows back in frame order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from ..errors import WhereClauseError
+from .columns import names, q
+from .connection import arrow_batches, column_types, register
+from .states import STATUSES, eligible_sql, stale_sql
+
+BATCH_ROWS = 250_000
+STATUS_TYPE = pl.Enum(STATUSES)
+FRAME = "llmledger_frame"
+_FLAGS = ("current", "stale", "eligible", "in_where")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a call needs to know about the fact table."""
+
+    table: str
+    step: str
+    key: list[str]
+    mirror: list[str]  # frame columns copied into the fact table
+
+    def col(self, suffix: str, alias: str = "") -> str:
+        return names(self.step, alias)[suffix]
+
+    def key_join(self, left: str = "t", right: str = "i") -> str:
+        return " AND ".join(f"{left}.{q(k)} = {right}.{q(k)}" for k in self.key)
+
+    def key_json(self, alias: str = "t") -> str:
+        parts = ", ".join(f"{q(k)} := {alias}.{q(k)}" for k in self.key)
+        return f"to_json(struct_pack({parts}))::VARCHAR"
+
+
+def flag_sql(layout: Layout, where: str | None) -> dict[str, str]:
+    """Per-row facts, as SQL over the fact table's columns (parameters: version, max_attempts, redo, run_started)."""
+    col = names(layout.step)
+    return {
+        "current": f"coalesce({col['_version']} = $version, false)",
+        "status": col["_status"],
+        "stale": stale_sql(col),
+        "eligible": eligible_sql(col),
+        "in_where": f"coalesce(({where}), false)" if where else "true",
+        "output": col[""],
+    }
+
+
+def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -> None:
+    """Bind `where` against the fact table without reading it, so a bad predicate fails before anything runs."""
+    if not where:
+        return
+    columns = list(column_types(con, table))  # before the query: a failed one aborts the transaction
+    try:
+        con.execute(f"SELECT 1 FROM {q(table)} WHERE ({where}) LIMIT 0").fetchall()
+    except duckdb.Error as exc:
+        raise WhereClauseError(f"where={where!r} does not work on table {table!r}: "
+                               f"{str(exc).splitlines()[0]}. It is SQL over the fact table's columns: "
+                               f"{columns}") from None
+
+
+def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, *, fields: Sequence[str],
+           params: dict[str, Any], where: str | None = None, compare: bool = True) -> pl.DataFrame:
+    """`fields` of `flag_sql`, plus `exists` (and, with `compare`, `changed`), for every frame row in frame order."""
+    flags = flag_sql(layout, where)
+    exprs = {name: flags[name] for name in fields}
+    aligned = _aligned_rows(con, layout, frame, compare)
+    if aligned is None:
+        return _joined(con, layout, frame, exprs, params, compare)
+    present, changed = aligned
+    query = f"SELECT {_select_list(exprs)} FROM {q(layout.table)} LIMIT {present}"
+    parts = [_facts(batch) for batch in arrow_batches(con.sql(query, params=_used(params, query)), BATCH_ROWS)]
+    found = pl.concat(parts, rechunk=False) if parts else _absent(0, exprs)
+    found = found.with_columns(pl.lit(True).alias("exists"))
+    if compare:
+        found = found.with_columns((pl.concat(changed) if changed else pl.Series([], dtype=pl.Boolean)).alias("changed"))
+    if present < frame.height:
+        missing = _absent(frame.height - present, exprs, compare)
+        found = pl.concat([found, missing.select(found.columns)], how="vertical_relaxed", rechunk=False)
+    return found
+
+
+def _aligned_rows(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
+                  compare: bool) -> tuple[int, list[pl.Series]] | None:
+    """(rows the table holds of the frame, `changed` per slice) when the table holds the frame's rows first and in
+    the frame's order; None otherwise.
+
+    Anything kept from an Arrow batch keeps the whole batch alive, so of this scan nothing is kept but the
+    freshly computed `changed`.
+    """
+    columns = [*layout.key, *(layout.mirror if compare else [])]
+    query = f"SELECT {', '.join(q(c) for c in columns)} FROM {q(layout.table)} LIMIT {frame.height}"
+    changed: list[pl.Series] = []
+    pos = 0
+    for batch in arrow_batches(con.sql(query), BATCH_ROWS):
+        chunk = pl.from_arrow(batch)
+        assert isinstance(chunk, pl.DataFrame)
+        mine = frame.slice(pos, chunk.height)
+        try:
+            if not all(mine[k].eq_missing(chunk[k]).all() for k in layout.key):
+                return None
+            if compare:
+                differs = pl.DataFrame([mine[c].ne_missing(chunk[c]).alias(c) for c in layout.mirror])
+                changed.append(differs.select(pl.any_horizontal(pl.all())).to_series() if layout.mirror
+                               else pl.repeat(False, chunk.height, eager=True))
+        except (pl.exceptions.PolarsError, TypeError):  # types polars will not compare: let SQL decide
+            return None
+        pos += chunk.height
+    return pos, changed
+
+
+def _facts(batch: Any) -> pl.DataFrame:
+    part = pl.from_arrow(batch)
+    assert isinstance(part, pl.DataFrame)
+    part = part.rename({c: c[2:] for c in part.columns})
+    return part.with_columns(pl.col("status").cast(STATUS_TYPE)) if "status" in part.columns else part
+
+
+def _absent(n: int, exprs: dict[str, str], compare: bool = False) -> pl.DataFrame:
+    """Survey rows for frame rows the table does not have yet."""
+    def constant(name: str, value: bool | None, dtype: Any) -> pl.Series:
+        return pl.repeat(value, n, dtype=dtype, eager=True).alias(name)
+
+    types = {"status": STATUS_TYPE, "output": pl.String()}
+    columns = [constant(name, False, pl.Boolean()) if name in _FLAGS else constant(name, None, types[name])
+               for name in exprs]
+    columns.append(constant("exists", False, pl.Boolean()))
+    if compare:
+        columns.append(constant("changed", False, pl.Boolean()))
+    return pl.DataFrame(columns)
+
+
+def _used(params: dict[str, Any], query: str) -> dict[str, Any]:
+    """The parameters a query refers to (DuckDB refuses unused ones)."""
+    return {name: value for name, value in params.items() if f"${name}" in query}
+
+
+def _select_list(exprs: dict[str, str]) -> str:
+    return ", ".join(f"{sql} AS {q('__' + name)}" for name, sql in exprs.items())
+
+
+def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, exprs: dict[str, str],
+            params: dict[str, Any], compare: bool) -> pl.DataFrame:
+    """The survey by one hash join, for frames whose order is not the table's."""
+    mirror = layout.mirror if compare else []
+    register(con, FRAME, frame.select([*layout.key, *mirror]).with_row_index("__row"))
+    try:
+        changed = " OR ".join(f"t.{q(c)} IS DISTINCT FROM i.{q(c)}" for c in mirror) or "false"
+        inner = ", ".join(q(c) for c in [*layout.key, *mirror])
+        outs = ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
+        query = (f"SELECT i.__row, {outs}, t.__exists IS NOT NULL AS {q('exists')}"
+                 + (f", coalesce(({changed}), false) AS changed" if compare else "")
+                 + f" FROM {FRAME} AS i LEFT JOIN (SELECT {inner}, true AS __exists, {_select_list(exprs)} "
+                 f"FROM {q(layout.table)}) AS t ON {layout.key_join('t', 'i')}")
+        found = con.sql(query, params=_used(params, query)).pl()
+    finally:
+        con.unregister(FRAME)
+    found = found.with_columns(pl.col(f).fill_null(False) for f in _FLAGS if f in found.columns)
+    if "status" in found.columns:
+        found = found.with_columns(pl.col("status").cast(STATUS_TYPE))
+    return _in_frame_order(found)
+
+
+def _in_frame_order(found: pl.DataFrame) -> pl.DataFrame:
+    """Rows back in frame order: `__row` is a permutation, so one scatter and one gather do it."""
+    n = found.height
+    if found["__row"].is_sorted():
+        return found.drop("__row")
+    order = pl.zeros(n, dtype=pl.UInt32, eager=True).scatter(found["__row"],
+                                                            pl.int_range(0, n, dtype=pl.UInt32, eager=True))
+    return found.drop("__row")[order]

@@ -1,0 +1,157 @@
+"""List prices of Claude models, kept as data in `prices.json` with the date they were checked.
+
+Each model has rates in USD per million tokens for input, output, cache writes
+(5 minute and 1 hour), cache reads, and a batch multiplier; a model may have a
+higher tier for long prompts. Model ids match exactly, as do their listed
+aliases and snapshots; a dated snapshot not listed (`<id>-YYYYMMDD`) takes the
+rates of its id. A model with no known price gets a NULL cost and one warning,
+never a guessed number. `set_price()` adds or overrides a model for this process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import warnings
+from dataclasses import asdict, dataclass, replace
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ._exec.api import Reply
+
+_SNAPSHOT = re.compile(r"^(.*)-\d{8}$")
+_overrides: dict[str, Price] = {}
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+class UnknownPriceWarning(UserWarning):
+    """A model has no known price: its rows get a NULL cost. `llmledger.set_price()` fixes that."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per million tokens."""
+
+    input: float
+    output: float
+    cache_write_5m: float
+    cache_write_1h: float
+    cache_read: float
+    batch: float = 0.5  # multiplier for Message Batches
+    long_prompt_threshold: int | None = None  # prompts (input + cache) above this many tokens pay `long_prompt`
+    long_prompt: Price | None = None
+
+    def cost(self, *, input_tokens: int, output_tokens: int, cache_write_tokens: int = 0,
+             cache_write_1h_tokens: int = 0, cache_read_tokens: int = 0, batch: bool = False) -> float:
+        prompt = input_tokens + cache_write_tokens + cache_read_tokens
+        rates = self
+        if self.long_prompt is not None and self.long_prompt_threshold is not None \
+                and prompt > self.long_prompt_threshold:
+            rates = self.long_prompt
+        write_5m = cache_write_tokens - cache_write_1h_tokens
+        total = (input_tokens * rates.input + output_tokens * rates.output + write_5m * rates.cache_write_5m
+                 + cache_write_1h_tokens * rates.cache_write_1h + cache_read_tokens * rates.cache_read) / 1e6
+        return total * (self.batch if batch else 1.0)
+
+
+@cache
+def _table() -> tuple[str, dict[str, Price], dict[str, str]]:
+    """(date checked, prices by model id, model id by alias) from prices.json."""
+    data = json.loads(resources.files("llmledger").joinpath("prices.json").read_text(encoding="utf-8"))
+    prices, aliases = {}, {}
+    for model, entry in data["models"].items():
+        prices[model] = _price(entry)
+        for alias in entry.get("aliases", []):
+            aliases[alias] = model
+    return data["checked"], prices, aliases
+
+
+def _price(entry: dict[str, Any]) -> Price:
+    long = entry.get("long_prompt")
+    return Price(input=entry["input"], output=entry["output"], cache_write_5m=entry["cache_write_5m"],
+                 cache_write_1h=entry["cache_write_1h"], cache_read=entry["cache_read"],
+                 batch=entry.get("batch", 0.5), long_prompt_threshold=long["threshold"] if long else None,
+                 long_prompt=_price({**long, "batch": entry.get("batch", 0.5)}) if long else None)
+
+
+def price_of(model: str) -> Price | None:
+    """The price of `model` (an id, alias or dated snapshot), or None when unknown."""
+    with _lock:
+        if model in _overrides:
+            return _overrides[model]
+    _, prices, aliases = _table()
+    for name in (model, _SNAPSHOT.sub(r"\1", model)):
+        name = aliases.get(name, name)
+        if name in _overrides:
+            return _overrides[name]
+        if name in prices:
+            return prices[name]
+    return None
+
+
+def cost_usd(reply: Reply, *, batch: bool = False) -> float | None:
+    """What an answer cost at list price; None (and one warning per model) when the model's price is unknown."""
+    price = price_of(reply.model)
+    if price is None:
+        with _lock:
+            first = reply.model not in _warned
+            _warned.add(reply.model)
+        if first:
+            warnings.warn(f"llmledger knows no price for model {reply.model!r}: its rows get a NULL cost "
+                          f"(tokens are stored). Tell it with llmledger.set_price({reply.model!r}, input=..., "
+                          "output=...).", UnknownPriceWarning, stacklevel=2)
+        return None
+    return price.cost(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
+                      cache_write_tokens=reply.cache_write_tokens, cache_write_1h_tokens=reply.cache_write_1h_tokens,
+                      cache_read_tokens=reply.cache_read_tokens, batch=batch)
+
+
+def set_price(model: str, *, input: float, output: float, cache_write_5m: float | None = None,
+              cache_write_1h: float | None = None, cache_read: float | None = None, batch: float = 0.5) -> None:
+    """Set the price of `model` for this process, in USD per million tokens.
+
+    Cache rates default to the usual multiples of the input rate (writes 1.25x for 5 minutes and 2x for
+    1 hour, reads 0.1x). Affects answers committed from now on; stored costs are not rewritten.
+    """
+    if not isinstance(model, str) or not model:
+        raise InvalidInputError(f"model must be a model id such as 'claude-haiku-4-5', got {model!r}")
+    rates = {"input": input, "output": output, "batch": batch}
+    for name, value in rates.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise InvalidInputError(f"{name} must be a non-negative number of USD per million tokens, got {value!r}")
+    price = Price(input=float(input), output=float(output),
+                  cache_write_5m=float(cache_write_5m if cache_write_5m is not None else input * 1.25),
+                  cache_write_1h=float(cache_write_1h if cache_write_1h is not None else input * 2.0),
+                  cache_read=float(cache_read if cache_read is not None else input * 0.1), batch=float(batch))
+    with _lock:
+        _overrides[model] = price
+        _warned.discard(model)
+
+
+def prices() -> pl.DataFrame:
+    """The price table in use (built-in rates, then `set_price` overrides), one row per model."""
+    checked, table, aliases = _table()
+    with _lock:
+        merged = {**table, **_overrides}
+        overridden = set(_overrides)
+    by_model: dict[str, list[str]] = {}
+    for alias, model in aliases.items():
+        by_model.setdefault(model, []).append(alias)
+    rows = []
+    for model, price in merged.items():
+        flat = {k: v for k, v in asdict(replace(price, long_prompt=None)).items() if k != "long_prompt"}
+        rows.append({"model": model, "aliases": sorted(by_model.get(model, [])), **flat,
+                     "source": "set_price" if model in overridden else f"built in (checked {checked})"})
+    return pl.DataFrame(rows)
+
+
+def checked_on() -> str:
+    return _table()[0]

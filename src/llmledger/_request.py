@@ -1,0 +1,139 @@
+"""The Messages request of a step, and its fingerprint.
+
+A row's request is the step's request body (model, max_tokens, system, every
+option) with the row's rendered prompt as the single user message. Its
+fingerprint is
+
+    fingerprint = md5(canonical JSON of the whole request body), written as a UUID
+    canonical JSON = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+so anything that changes what is sent changes the fingerprint, and two rows
+share one answer only when their requests are identical byte for byte. The
+ledger computes it in SQL (`fingerprint_sql`), which gives the same bytes as
+Python's `json.dumps` for every string (tested); `fingerprint()` is the
+reference implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from .errors import InvalidInputError
+
+# Body fields llmledger sets itself, and SDK arguments that are not body fields.
+_OWN_FIELDS = {"model": "model=", "max_tokens": "max_tokens=", "system": "system=", "messages": "prompt="}
+_NOT_BODY = {"stream", "extra_headers", "extra_query", "extra_body", "timeout", "betas"}
+_SENTINEL = "\x00llmledger-prompt\x00"
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def md5_uuid(text: str) -> str:
+    return str(uuid.UUID(hashlib.md5(text.encode("utf-8")).hexdigest()))
+
+
+def fingerprint(body: dict[str, Any]) -> str:
+    """The fingerprint of a whole Messages request body (see the module docstring)."""
+    return md5_uuid(canonical_json(body))
+
+
+def check_request_options(options: Any) -> dict[str, Any]:
+    """Extra Messages API body fields, checked before anything is written."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise InvalidInputError(f"request_options must be a dict of Messages API fields such as "
+                                f"{{'temperature': 0.0, 'stop_sequences': ['END']}}, got {type(options).__name__}")
+    for name in options:
+        if not isinstance(name, str):
+            raise InvalidInputError(f"request_options keys must be strings, got {name!r}")
+        if name in _OWN_FIELDS:
+            raise InvalidInputError(f"request_options sets {name!r}, which apply_llm sets itself; "
+                                    f"pass {_OWN_FIELDS[name]} instead")
+        if name in _NOT_BODY:
+            hint = ("llmledger does not stream" if name == "stream" else
+                    "set SDK options on the client, e.g. client.with_options(...)")
+            raise InvalidInputError(f"request_options[{name!r}] is not a Messages API body field ({hint})")
+    try:
+        canonical_json(options)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"request_options must be JSON values (str, number, bool, None, list, dict): "
+                                f"{exc}") from None
+    return dict(options)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """Everything in a step's request except the prompt."""
+
+    model: str
+    max_tokens: int
+    system: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        body: dict[str, Any] = {**self.options, "model": self.model, "max_tokens": self.max_tokens,
+                                "messages": [{"role": "user", "content": prompt}]}
+        if self.system is not None:
+            body["system"] = self.system
+        return body
+
+    def to_json(self) -> str:
+        """The body without `messages`, as stored in `llmledger_steps.request`."""
+        body = self.body("")
+        del body["messages"]
+        return canonical_json(body)
+
+    @classmethod
+    def from_json(cls, text: str) -> RequestSpec:
+        body = json.loads(text)
+        model, max_tokens, system = body.pop("model"), body.pop("max_tokens"), body.pop("system", None)
+        return cls(model=model, max_tokens=max_tokens, system=system, options=body)
+
+    def fingerprint(self, prompt: str) -> str:
+        return fingerprint(self.body(prompt))
+
+    @cached_property
+    def _around_prompt(self) -> tuple[str, str]:
+        """The canonical JSON before and after the prompt's JSON string: the prompt is its only varying part."""
+        text = canonical_json(self.body(_SENTINEL))
+        head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
+        return head, tail
+
+    def fingerprint_sql(self, prompt_sql: str) -> str:
+        """SQL computing the fingerprint of this request for the prompt expression `prompt_sql`."""
+        head, tail = self._around_prompt
+        return f"md5({sql_literal(head)} || {json_string_sql(prompt_sql)} || {sql_literal(tail)})::UUID"
+
+
+def sql_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+# DuckDB's to_json writes the same bytes as Python's json.dumps(ensure_ascii=False) except for these
+# control characters, which it escapes with upper-case hex; strings holding one are escaped by hand.
+_UPPER_HEX_CONTROLS = "[" + "".join(chr(c) for c in (11, 14, 15)) + chr(26) + "-" + chr(31) + "]"
+_SHORT = {8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}
+
+
+def json_string_sql(expr: str) -> str:
+    """SQL for the JSON string literal of `expr`, byte-identical to Python's json.dumps(ensure_ascii=False)."""
+    manual = f"replace(replace({expr}, '\\', '\\\\'), '\"', '\\\"')"
+    for code in range(32):
+        escaped = _SHORT.get(code, "\\u%04x" % code)
+        manual = f"replace({manual}, chr({code}), {sql_literal(escaped)})"
+    return (f"(CASE WHEN regexp_matches({expr}, {sql_literal(_UPPER_HEX_CONTROLS)}) "
+            f"THEN '\"' || {manual} || '\"' ELSE to_json({expr})::VARCHAR END)")
+
+
+def check_max_tokens(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or math.isinf(value):
+        raise InvalidInputError(f"max_tokens must be a positive integer, got {value!r}")

@@ -1,0 +1,191 @@
+"""What the simulator answers: deterministic replies, token counts, the faults it can be told to
+inject, and the error responses of the real Messages API (status, body, headers).
+
+Error bodies follow the API: `{"type": "error", "error": {"type", "message", ["details": {"error_code"}]},
+"request_id"}` with a `request-id` header, `x-should-retry`, and `retry-after` (or `retry-after-ms`)
+where the API sends them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+_POSITIVE = {"great", "love", "excellent", "perfect", "happy", "fast", "recommend", "works", "best", "good"}
+_NEGATIVE = {"broke", "broken", "refund", "late", "never", "worst", "bad", "poor", "slow", "disappointed"}
+
+
+def default_reply(prompt: str, system: str | None = None) -> str:
+    """A deterministic answer that looks like what a prompt asked for.
+
+    Sentiment prompts get a label counted from a small lexicon; everything else
+    gets a short extract of the prompt's last line, so different rows get
+    different, reproducible answers.
+    """
+    lowered = prompt.lower()
+    if "sentiment" in lowered or ("positive" in lowered and "negative" in lowered):
+        body = lowered.rsplit(":", 1)[-1]
+        words = re.findall(r"[a-z']+", body)
+        score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
+        return "positive" if score > 0 else "negative" if score < 0 else "neutral"
+    last = prompt.strip().splitlines()[-1] if prompt.strip() else ""
+    words = last.split(": ", 1)[-1].split()
+    extract = " ".join(words[:12]) + (" …" if len(words) > 12 else "")
+    return f"Summary: {extract}"
+
+
+def count_tokens(text: str) -> int:
+    """Roughly four characters a token, as a stand-in for the real tokenizer."""
+    return max(1, math.ceil(len(text) / 4))
+
+
+@dataclass(frozen=True)
+class ErrorSpec:
+    """One error response. `should_retry=None` sends what the API sends for the status."""
+
+    status: int
+    type: str
+    message: str
+    error_code: str | None = None
+    should_retry: bool | None = None
+    retry_after: float | None = None  # seconds, sent as `retry-after`
+    retry_after_ms: float | None = None  # sent as `retry-after-ms`
+
+    def headers(self) -> dict[str, str]:
+        retry = self.should_retry if self.should_retry is not None else self.status in RETRYABLE
+        headers = {"x-should-retry": "true" if retry else "false"}
+        if self.retry_after is not None:
+            headers["retry-after"] = str(max(1, math.ceil(self.retry_after)))
+        if self.retry_after_ms is not None:
+            headers["retry-after-ms"] = str(int(self.retry_after_ms))
+        return headers
+
+    def body(self, request_id: str) -> dict[str, Any]:
+        error: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.error_code:
+            error["details"] = {"error_code": self.error_code}
+        return {"type": "error", "error": error, "request_id": request_id}
+
+
+RETRYABLE = {408, 409, 429, 500, 502, 503, 504, 529}
+_USAGE_LIMIT_RESET = "2026-12-01 at 00:00 UTC"
+
+ERRORS: dict[int | str, ErrorSpec] = {
+    400: ErrorSpec(400, "invalid_request_error", "Invalid request"),
+    401: ErrorSpec(401, "authentication_error", "invalid x-api-key"),
+    402: ErrorSpec(402, "billing_error", "There is an issue with your billing or payment information."),
+    403: ErrorSpec(403, "permission_error", "Your API key does not have permission to use the specified resource."),
+    404: ErrorSpec(404, "not_found_error", "The requested resource was not found."),
+    409: ErrorSpec(409, "conflict_error", "Conflict: the request conflicts with another in progress.", retry_after=1),
+    413: ErrorSpec(413, "request_too_large", "Request exceeds the maximum allowed number of bytes."),
+    429: ErrorSpec(429, "rate_limit_error", "Number of requests has exceeded your rate limit", retry_after=1),
+    500: ErrorSpec(500, "api_error", "Internal server error", retry_after=1),
+    502: ErrorSpec(502, "api_error", "Bad gateway", retry_after=1),
+    503: ErrorSpec(503, "api_error", "Service unavailable", retry_after=1),
+    504: ErrorSpec(504, "timeout_error", "Request timed out while processing", retry_after=1),
+    529: ErrorSpec(529, "overloaded_error", "Overloaded", retry_after=1),
+    "enforced_spend_limit_reached": ErrorSpec(
+        429, "rate_limit_error", "Your organization has reached the monthly usage limit of its API tier.",
+        error_code="enforced_spend_limit_reached", should_retry=False),
+    "contract_spend_limit_reached": ErrorSpec(
+        429, "rate_limit_error", "Your organization has reached the spend limit of its contract.",
+        error_code="contract_spend_limit_reached", should_retry=False),
+    "usage_limit": ErrorSpec(
+        400, "invalid_request_error",
+        f"You have reached your specified API usage limits. You will regain access on {_USAGE_LIMIT_RESET}."),
+    "credit_balance": ErrorSpec(
+        400, "invalid_request_error", "Your credit balance is too low to access the Anthropic API. Please go to "
+        "Plans & Billing to upgrade or purchase credits."),
+    "no_retry": ErrorSpec(529, "overloaded_error", "Overloaded", should_retry=False),
+    "retry_after_ms": ErrorSpec(429, "rate_limit_error", "Number of requests has exceeded your rate limit",
+                                retry_after_ms=1500),
+}
+
+
+def error_spec(fault: int | str | dict[str, Any]) -> ErrorSpec:
+    """An error to inject: a status (529), a named preset ("enforced_spend_limit_reached") or a dict of
+    ErrorSpec fields, optionally over a preset ({"status": 529, "should_retry": False})."""
+    if isinstance(fault, dict):
+        base = ERRORS.get(fault.get("preset") or fault.get("status", 500)) or \
+            ErrorSpec(int(fault.get("status", 500)), "api_error", "Internal server error")
+        return replace(base, **{k: v for k, v in fault.items() if k != "preset"})
+    if fault in ERRORS:
+        return ERRORS[fault]
+    if isinstance(fault, int):
+        return ErrorSpec(fault, "api_error" if fault >= 500 else "invalid_request_error", f"error {fault}",
+                         retry_after=1 if fault in RETRYABLE else None)
+    raise ValueError(f"unknown simulator fault {fault!r}; known: {sorted(map(str, ERRORS))} or a status code")
+
+
+@dataclass
+class Faults:
+    """What the simulator does wrong. Every field can be changed while it runs."""
+
+    latency: float = 0.0  # seconds before each answer
+    jitter: float = 0.0  # plus a uniform random 0..jitter seconds
+    rate_limit: float | None = None  # requests per second (token bucket); None = unlimited
+    burst: float | None = None  # bucket size; default one second's worth
+    fail_next: list[int | str | dict[str, Any]] = field(default_factory=list)  # errors for the next requests
+    error_rate: float = 0.0  # share of requests answered with `error_status`
+    error_status: int | str = 529
+    drop_next: int = 0  # close the next N connections without an answer
+    drop_rate: float = 0.0
+    outage_until: float = 0.0  # unix time; until then every request gets `outage_status`
+    outage_status: int | str = 529
+    poison: str | None = None  # prompts containing this get a 400
+    refuse: str | None = None  # prompts containing this get stop_reason "refusal"
+    api_key: str | None = None  # when set, any other key gets a 401
+    seed: int = 0
+
+
+class Bucket:
+    """A token bucket refilled continuously, as the API's rate limiter is."""
+
+    def __init__(self, rate: float, size: float) -> None:
+        self.rate, self.size = rate, size
+        self.tokens, self.stamp = size, time.monotonic()
+
+    def take(self) -> tuple[bool, float]:
+        """Take one token; return (granted, seconds until one is available)."""
+        now = time.monotonic()
+        self.tokens = min(self.size, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True, 0.0
+        return False, (1 - self.tokens) / self.rate
+
+
+def user_text(body: dict[str, Any]) -> str:
+    messages = body.get("messages") or []
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
+    return ""
+
+
+def validate(body: Any) -> str | None:
+    """What the API would say is wrong with a request body, or None."""
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    for name in ("model", "max_tokens", "messages"):
+        if name not in body:
+            return f"{name}: Field required"
+    if not isinstance(body["max_tokens"], int) or isinstance(body["max_tokens"], bool) or body["max_tokens"] < 1:
+        return "max_tokens: Input should be a positive integer"
+    if not isinstance(body["messages"], list) or not body["messages"]:
+        return "messages: at least one message is required"
+    if not user_text(body):
+        return "messages: text content blocks must be non-empty"
+    if "temperature" in body and not (isinstance(body["temperature"], int | float) and 0 <= body["temperature"] <= 1):
+        return "temperature: Input should be less than or equal to 1"
+    stops = body.get("stop_sequences")
+    if stops is not None and not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
+        return "stop_sequences: Input should be a list of non-empty strings"
+    return None
