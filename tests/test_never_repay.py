@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import duckdb
@@ -125,3 +126,19 @@ def test_new_frame_columns_join_the_fact_table_for_where(run, sim: Simulator, st
     run(tagged, "summary", prompt="Summarize: {text}", where="lang = 'en'")
     assert sim.stats()["paid"] == 2
     assert sql(store, "SELECT lang, count(*) FROM messages GROUP BY ALL ORDER BY ALL") == [("en", 2), ("fr", 4)]
+
+
+def test_clients_dropped_without_closing_never_stall_a_later_run(sim: Simulator, store: Path) -> None:
+    """A notebook makes a new client per cell and never closes it: no later run may lose an answer to that."""
+    import anthropic
+
+    from llmledger import apply_llm
+
+    for i in range(15):
+        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k")  # the previous one is dropped
+        started = time.monotonic()
+        out = apply_llm(frame(40, start=40 * i), "summary", prompt="Summarize: {text}", store=store,
+                        table="messages", client=client, progress=False)
+        assert time.monotonic() - started < 10, "no request waited for an answer the server had sent"
+        assert out["summary_status"].to_list() == ["DONE"] * 40
+    assert sim.stats()["paid"] == 600 and max(sim.paid_prompts().values()) == 1

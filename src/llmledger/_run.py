@@ -242,9 +242,7 @@ class Run:
 
 async def _send_all(ledger: Ledger, selection: Selection, plan: Plan, claimant: Claimant, report: RunReport,
                     stop_flag: threading.Event, display: Any) -> RunReport:
-    own = plan.client is None
-    api = default_client() if own else plan.client
-    assert api is not None
+    api, own = run_client(plan.client)
     max_tokens = max((r.max_tokens for r in selection.requests.values()), default=1024)
     api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=max_tokens))
     try:
@@ -254,6 +252,24 @@ async def _send_all(ledger: Ledger, selection: Selection, plan: Plan, claimant: 
     finally:
         if own:
             await api.close()
+
+
+def run_client(client: anthropic.AsyncAnthropic | None) -> tuple[anthropic.AsyncAnthropic, bool]:
+    """The client a run sends with, and whether the run must close it.
+
+    A run gets a connection pool of its own, opened and closed on llmledger's event loop. Sharing
+    the caller's pool across runs let a client the caller dropped without closing (one per cell, say)
+    have its sockets finalized by the garbage collector while still registered with the loop; a new
+    connection reusing such a socket's file descriptor then never heard its answer (a stall until the
+    read timeout, and a request paid twice). A client with an http_client of the caller's own (a proxy,
+    say) is used as given.
+    """
+    if client is None:
+        return default_client(), True
+    http = getattr(client, "_client", None)
+    if http is not None and type(http).__name__ != "AsyncHttpxClientWrapper":
+        return client, False
+    return client.with_options(http_client=anthropic.DefaultAsyncHttpxClient()), True
 
 
 def _attach(plan: Plan, found: pl.DataFrame) -> Any:
