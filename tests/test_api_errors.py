@@ -20,7 +20,7 @@ FAST = RetryPolicy(base_delay=0.01, max_delay=0.05, outage_after=0.5, outage_fai
     ("contract_spend_limit_reached", SpendLimitReached, "contract_spend_limit_reached"),
     ("usage_limit", SpendLimitReached, "usage limits"),
     ("credit_balance", SpendLimitReached, "credit balance is too low"),
-    (402, SpendLimitReached, "402 PaymentRequiredError"),
+    (402, SpendLimitReached, r"402 \w+ \(billing_error\)"),
     ("no_retry", RetryRefused, "x-should-retry: false"),
     ({"status": 503, "should_retry": False}, RetryRefused, "503"),
 ])

@@ -89,3 +89,14 @@ def test_summary_is_text_outside_a_notebook(run, capsys: pytest.CaptureFixture[s
 def test_sql_on_a_missing_store_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no store at"):
         llmledger.sql(tmp_path / "nope.duckdb", "SELECT 1")
+
+
+def test_a_background_run_never_changes_last_report(run, sim: Simulator) -> None:
+    sim.configure(latency=0.05)
+    handle = run(frame(60), "title", prompt="Title: {text}", concurrency=2, background=True)
+    run(frame(5), "summary", prompt="Summarize: {text}")
+    mine = llmledger.last_report()
+    assert mine is not None and mine.step == "summary"
+    handle.wait(timeout=60)
+    assert llmledger.last_report() is mine, "the background run's report stays on its handle"
+    assert handle.report.step == "title" and handle.report.done == 60

@@ -81,3 +81,29 @@ def test_a_file_that_is_not_duckdb_is_refused_untouched(run, tmp_path: Path) -> 
 def test_errors_are_catchable_as_value_errors(run) -> None:
     with pytest.raises(ValueError):
         run(frame(3), "bad name", prompt="{text}")
+
+
+def test_store_errors_say_what_is_wrong_and_are_not_value_errors(run, store: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import llmledger
+    from llmledger import StoreBusy, StoreNotFound
+
+    with pytest.raises(StoreNotFound, match="no store at") as missing:
+        llmledger.sql(tmp_path / "nope.duckdb", "SELECT 1")
+    assert isinstance(missing.value, FileNotFoundError) and not isinstance(missing.value, ValueError)
+
+    run(frame(3), "summary", prompt="Summarize: {text}")
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('held', flush=True); time.sleep(20)", str(store)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreBusy, match="held by another process") as busy:
+            llmledger.sql(store, "SELECT count(*) FROM messages", wait=0.5)
+        assert isinstance(busy.value, StoreError) and isinstance(busy.value, TimeoutError)
+        assert not isinstance(busy.value, ValueError)
+    finally:
+        holder.kill()
+        holder.wait()

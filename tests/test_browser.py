@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.jupyter
+
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

@@ -103,8 +103,8 @@ def test_a_refusal_fails_the_row(run, sim: Simulator, store: Path) -> None:
 def test_the_sdk_sees_the_simulators_errors_as_the_real_apis(sim: Simulator) -> None:
     client = anthropic.Anthropic(base_url=sim.base_url, api_key="k", max_retries=0)
     args = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
-    for status, error in [(429, anthropic.RateLimitError), (529, anthropic.OverloadedError),
-                          (500, anthropic.InternalServerError)]:
+    overloaded = getattr(anthropic, "OverloadedError", anthropic.InternalServerError)  # SDKs before 0.5x lack it
+    for status, error in [(429, anthropic.RateLimitError), (529, overloaded), (500, anthropic.InternalServerError)]:
         sim.configure(fail_next=[status])
         with pytest.raises(error) as info:
             client.messages.create(**args)

@@ -97,8 +97,9 @@ def test_the_sql_fingerprint_equals_pythons_for_any_text() -> None:
     rng = random.Random(3)
     alphabet = [chr(c) for c in range(0, 0x80)] + ["é", "€", "😀", "\u2028", "\ufeff", "\\u000B", '\\"']
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(2000)]
-    spec = llmledger._request.RequestSpec(model="m", max_tokens=9, system="s\x0b'\"", options={"stop_sequences": ["\x1f"]})
+    spec = llmledger._request.RequestSpec(model="m", max_tokens=9, system="s\x0b'\"",
+                                          options={"stop_sequences": ["\x1f"]})
     con = duckdb.connect()
-    prompts = pl.DataFrame({"p": texts})
+    con.register("prompts", pl.DataFrame({"p": texts}))
     got = con.sql(f"SELECT {spec.fingerprint_sql('p')}::VARCHAR AS fp FROM prompts").pl()["fp"].to_list()
     assert got == [llmledger.fingerprint(spec.body(t)) for t in texts]

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from jupyter_client.manager import start_new_kernel
 
 from llmledger import Simulator
+
+start_new_kernel = pytest.importorskip("jupyter_client.manager").start_new_kernel
+pytestmark = pytest.mark.jupyter
 
 CELL = """
 import anthropic, polars as pl

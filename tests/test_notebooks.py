@@ -7,9 +7,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+nbformat = pytest.importorskip("nbformat")
+NotebookClient = pytest.importorskip("nbclient").NotebookClient
+pytestmark = pytest.mark.jupyter
+
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 

@@ -128,7 +128,7 @@ def json_string_sql(expr: str) -> str:
     """SQL for the JSON string literal of `expr`, byte-identical to Python's json.dumps(ensure_ascii=False)."""
     manual = f"replace(replace({expr}, '\\', '\\\\'), '\"', '\\\"')"
     for code in range(32):
-        escaped = _SHORT.get(code, "\\u%04x" % code)
+        escaped = _SHORT.get(code, f"\\u{code:04x}")
         manual = f"replace({manual}, chr({code}), {sql_literal(escaped)})"
     return (f"(CASE WHEN regexp_matches({expr}, {sql_literal(_UPPER_HEX_CONTROLS)}) "
             f"THEN '\"' || {manual} || '\"' ELSE to_json({expr})::VARCHAR END)")

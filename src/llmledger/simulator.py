@@ -22,6 +22,7 @@ process (`llmledger simulator --port 8765`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import socket
@@ -259,10 +260,8 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
         def _drop(self) -> None:
             """Hang up without an answer, the way a reset connection looks to the client."""
             self.close_connection = True
-            try:
+            with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
         def _body(self) -> Any:
             length = int(self.headers.get("content-length") or 0)

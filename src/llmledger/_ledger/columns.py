@@ -56,7 +56,8 @@ STEP_COLUMNS: tuple[Column, ...] = (
            doc="fingerprint of the request that produced the answer"),
     Column("_prompt", "VARCHAR", UNTOUCHED, doc="the current request's user message"),
     Column("_request_fingerprint", "UUID", UNTOUCHED, doc="fingerprint of the current request"),
-    Column("_version", "VARCHAR", UNTOUCHED, doc="the step definition (llmledger_steps.version) of the current request"),
+    Column("_version", "VARCHAR", UNTOUCHED,
+           doc="the step definition (llmledger_steps.version) the current request was rendered for"),
 )
 
 RESULT_SCHEMA: dict[str, pl.DataType] = {c.result: c.result_type for c in STEP_COLUMNS

@@ -146,9 +146,9 @@ def column_types(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str
 
 def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:
     """A query's result as Arrow record batches, without materialising it whole (DuckDB 1.x and 2.x)."""
-    reader = relation.to_arrow_reader(rows) if hasattr(relation, "to_arrow_reader") else \
-        relation.fetch_record_batch(rows)
-    yield from reader
+    # DuckDB 2 deprecates fetch_arrow_reader for to_arrow_reader, which 1.x lacks
+    read = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
+    yield from read(rows)
 
 
 def register(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> None:
@@ -161,4 +161,5 @@ def register(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> 
     con.register(name, frame.to_arrow(compat_level=pl.CompatLevel.newest()) if _STRING_VIEWS else frame)
 
 
-_STRING_VIEWS = tuple(int(p) for p in duckdb.__version__.split(".")[:2]) >= (1, 1)
+# Before 1.5, DuckDB pushed filters on a registered Arrow table into pyarrow, which has no kernels for views.
+_STRING_VIEWS = tuple(int(p) for p in duckdb.__version__.split(".")[:2]) >= (1, 5)

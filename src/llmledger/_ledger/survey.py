@@ -89,7 +89,8 @@ def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, 
     found = pl.concat(parts, rechunk=False) if parts else _absent(0, exprs)
     found = found.with_columns(pl.lit(True).alias("exists"))
     if compare:
-        found = found.with_columns((pl.concat(changed) if changed else pl.Series([], dtype=pl.Boolean)).alias("changed"))
+        flags = pl.concat(changed) if changed else pl.Series([], dtype=pl.Boolean)
+        found = found.with_columns(flags.alias("changed"))
     if present < frame.height:
         missing = _absent(frame.height - present, exprs, compare)
         found = pl.concat([found, missing.select(found.columns)], how="vertical_relaxed", rechunk=False)

@@ -1,0 +1,125 @@
+"""The store interface's contract, verb by verb. Every backend must pass it; the `ledger` fixture is
+parametrised by backend (DuckDB today; PostgreSQL joins the list)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from llmledger._ledger import Ledger, RunParams, StepDefinition, open_ledger
+from llmledger._ledger.columns import RESULT_SCHEMA
+from llmledger._ledger.states import Redo
+from llmledger._prompt import plan_prompt
+from llmledger._request import RequestSpec
+from llmledger._time import utcnow
+
+FRAME = pl.DataFrame({"id": [1, 2, 3, 4], "text": ["a", "b", "c", "d"]})
+
+
+@pytest.fixture(params=["duckdb"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Ledger:
+    return open_ledger(tmp_path / "contract.duckdb")
+
+
+def _definition(frame: pl.DataFrame = FRAME, prompt: str = "Say {text}", model: str = "m") -> StepDefinition:
+    return StepDefinition(table="t", step="s", key=["id"], request=RequestSpec(model=model, max_tokens=5),
+                          prompt=plan_prompt(prompt, frame, frame.columns))
+
+
+def _params(**changes: object) -> RunParams:
+    now = utcnow()
+    base = {"max_attempts": 2, "redo": Redo.NONE, "run_started": now, "stale_before": now - timedelta(minutes=30)}
+    return RunParams(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def _result(row: dict, status: str, output: str | None = None, error: str | None = None) -> dict:
+    return {"id": row["id"], "status": status, "output": output, "attempts": int(row["attempts"]) + 1,
+            "error": error, "input_tokens": 3 if output else None, "output_tokens": 1 if output else None,
+            "cost_usd": 0.0 if output else None, "stop_reason": "end_turn" if output else None, "model": "m",
+            "fingerprint": row["fingerprint"] if output else None, "finished_at": utcnow()}
+
+
+def _commit(ledger: Ledger, selection, rows: list[dict]) -> None:
+    ledger.commit(selection, pl.from_dicts(rows, schema={"id": pl.Int64} | RESULT_SCHEMA), now=utcnow())
+
+
+
+
+def test_prepare_records_rows_and_their_requests_and_selects_them(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    assert selection.work["id"].to_list() == [1, 2, 3, 4]
+    spec = selection.requests[selection.version]
+    rows = ledger.claim(selection, 10, claimant="h/1/r", now=utcnow())
+    assert [r["prompt"] for r in rows] == ["Say a", "Say b", "Say c", "Say d"]
+    assert all(r["fingerprint"] == spec.fingerprint(r["prompt"]) for r in rows), "stored fingerprints are exact"
+    assert ledger.claim(selection, 10, claimant="h/1/r", now=utcnow()) == [], "the selection is used up"
+    assert ledger.counts("t").select("RUNNING", "total").row(0) == (4, 4)
+
+
+def test_commit_writes_outputs_and_statuses_and_release_gives_the_rest_back(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
+    _commit(ledger, selection, [_result(rows[0], "DONE", "A"), _result(rows[1], "FAILED", error="400 bad")])
+    assert ledger.release(selection, claimant="h/1/r") == 2
+    counts = ledger.counts("t").row(0, named=True)
+    assert (counts["DONE"], counts["FAILED"], counts["NOT_STARTED"], counts["RUNNING"]) == (1, 1, 2, 0)
+    assert ledger.failures("t", "s") == [('{"id":2}', "FAILED", "400 bad")]
+    out = ledger.outputs(selection, FRAME.select("id").reverse())
+    assert out.rows() == [(None, "NOT_STARTED"), (None, "NOT_STARTED"), (None, "FAILED"), ("A", "DONE")], \
+        "outputs come back in the frame's order"
+
+
+def test_a_second_prepare_selects_only_what_still_needs_work(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
+    _commit(ledger, selection, [_result(r, "DONE", r["prompt"].upper()) for r in rows[:3]]
+            + [_result(rows[3], "FAILED", error="400")])
+    again = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    assert again.work["id"].to_list() == [4], "DONE rows are not selected; a FAILED row with attempts left is"
+    assert again.stale == 0
+    changed = ledger.prepare(_definition(model="m2"), FRAME, _params(), dedupe=True)
+    assert changed.stale == 3 and changed.work["id"].to_list() == [4], "a new request makes DONE rows stale"
+    stale = ledger.prepare(_definition(model="m2"), FRAME, _params(redo=Redo.STALE), dedupe=True)
+    assert stale.work["id"].to_list() == [1, 2, 3, 4]
+
+
+def test_identical_requests_are_known_answers(ledger: Ledger) -> None:
+    frame = pl.DataFrame({"id": [1, 2], "text": ["same", "same"]})
+    selection = ledger.prepare(_definition(frame), frame, _params(), dedupe=True)
+    [first, second] = ledger.claim(selection, 2, claimant="h/1/r", now=utcnow())
+    _commit(ledger, selection, [_result(first, "DONE", "answer")])
+    ledger.release(selection, claimant="h/1/r")
+    again = ledger.prepare(_definition(frame), frame, _params(), dedupe=True)
+    assert again.work["id"].to_list() == [2]
+    assert again.known[second["fingerprint"]].output == "answer"
+
+
+def test_claims_of_a_dead_run_on_this_host_are_recovered_by_the_next_prepare(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    ledger.claim(selection, 4, claimant="localhost-that-is-not-us/1/r", now=utcnow() - timedelta(hours=2))
+    again = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    assert again.work.height == 4 and again.running_elsewhere == 0, "claims older than stale_after come back"
+
+
+def test_resume_selects_from_the_store_alone(ledger: Ledger) -> None:
+    ledger.prepare(_definition(), FRAME, _params(where="false"), dedupe=True)
+    selection = ledger.resume("t", "s", _params(where="id > 2"), dedupe=True)
+    assert sorted(selection.work["id"].to_list()) == [3, 4]
+    rows = ledger.claim(selection, 5, claimant="h/1/r", now=utcnow())
+    assert sorted(r["prompt"] for r in rows) == ["Say c", "Say d"]
+
+
+def test_history_keeps_the_answers_a_redo_replaces(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
+    _commit(ledger, selection, [_result(r, "DONE", "first") for r in rows])
+    redo = ledger.prepare(_definition(), FRAME, _params(redo=Redo.ALL, where="id = 2", run_started=utcnow()),
+                          dedupe=False)
+    [row] = ledger.claim(redo, 4, claimant="h/1/r2", now=utcnow())
+    _commit(ledger, redo, [_result(row, "DONE", "second")])
+    history = ledger.history("t", "s")
+    assert history.select("row_key", "output").rows() == [('{"id":2}', "first")]
+    assert ledger.outputs(redo, FRAME.select("id"))["s"].to_list() == ["first", "second", "first", "first"]

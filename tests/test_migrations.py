@@ -1,0 +1,103 @@
+"""A ledger written by an older llmledger opens, upgrades in place, and loses nothing.
+
+`data/ledger-0.1.0.duckdb.gz` was written by llmledger 0.1.0 (the release before schema migrations)
+with `data/make_ledger_0_1_0.py`: table `messages`, 12 rows; step `summary` (system "Be brief.",
+max_tokens 50, max_attempts 2): rows 0-9 answered, row 3 NEEDS_REVIEW after two 400s, row 5 redone
+once (its first answer in the history), rows 10-11 recorded only; step `title`: rows 0-3 sent, row 3
+FAILED.
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import llmledger
+from llmledger import Simulator, StoreError, apply_llm, last_report
+from llmledger.simulator import default_reply
+
+from .conftest import frame, sql
+
+OLD_STORE = Path(__file__).parent / "data" / "ledger-0.1.0.duckdb.gz"
+SUMMARY = {"prompt": "Summarize: {text}", "system": "Be brief.", "max_tokens": 50, "max_attempts": 2}
+
+
+@pytest.fixture
+def old_store(tmp_path: Path) -> Path:
+    path = tmp_path / "old.duckdb"
+    with gzip.open(OLD_STORE) as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return path
+
+
+def _snapshot(store: Path) -> dict[str, list[tuple]]:
+    return {
+        "summary": sql(store, "SELECT id, summary, summary_status, summary_attempts, summary_error IS NOT NULL, "
+                              "summary_input_tokens, summary_output_tokens, summary_cost_usd, summary_finished_at "
+                              "FROM messages ORDER BY id"),
+        "title": sql(store, "SELECT id, title, title_status, title_attempts FROM messages ORDER BY id"),
+        "history": sql(store, "SELECT table_name, step, row_key, output, replaced_at FROM llmledger_history"),
+        "runs": sql(store, "SELECT run_id, outcome, calls FROM llmledger_runs ORDER BY started_at"),
+    }
+
+
+def test_an_old_store_upgrades_and_pays_only_for_what_it_never_had(old_store: Path, client, sim: Simulator) -> None:
+    before = _snapshot(old_store)
+    assert [r[2] for r in before["summary"]] == ["DONE"] * 3 + ["NEEDS_REVIEW"] + ["DONE"] * 6 + ["NOT_STARTED"] * 2
+
+    out = apply_llm(frame(12), "summary", store=old_store, table="messages", client=client, progress=False, **SUMMARY)
+    report = last_report()
+    assert report is not None and (report.calls, report.stale) == (2, 0), \
+        "answers from 0.1.0 are current (same request), so only the two unanswered rows are paid"
+    assert sorted(sim.paid_prompts()) == ["Summarize: hello message number 10", "Summarize: hello message number 11"]
+    assert out["summary_status"].to_list() == ["DONE"] * 3 + ["NEEDS_REVIEW"] + ["DONE"] * 8
+
+    after = _snapshot(old_store)
+    assert after["summary"][:10] == before["summary"][:10], "statuses, outputs, tokens and cost kept as they were"
+    assert after["title"] == before["title"]
+    assert after["history"] == before["history"], "the history of replaced answers is kept"
+    assert after["runs"][: len(before["runs"])] == before["runs"]
+    assert sql(old_store, "SELECT version, llmledger FROM llmledger_migrations ORDER BY version") == [
+        (1, "0.1.0"), (2, llmledger.__version__)]
+    assert sql(old_store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE' "
+                          "AND summary_fingerprint IS DISTINCT FROM summary_request_fingerprint") == [(0,)]
+
+    apply_llm(frame(12), "summary", store=old_store, table="messages", client=client, progress=False, **SUMMARY)
+    assert sim.stats()["paid"] == 2, "and a rerun pays nothing"
+
+
+def test_old_answers_under_another_request_are_reported_stale(old_store: Path, client, sim: Simulator) -> None:
+    apply_llm(frame(12), "summary", store=old_store, table="messages", client=client, progress=False,
+              **{**SUMMARY, "system": "Be very brief."})
+    assert last_report().stale == 9  # type: ignore[union-attr]
+    assert sim.stats()["paid"] == 2
+
+
+def test_the_second_step_of_an_old_store_upgrades_too(old_store: Path, client, sim: Simulator) -> None:
+    out = apply_llm(frame(12), "title", prompt="Title for: {text}", store=old_store, table="messages",
+                    client=client, progress=False)
+    assert last_report().stale == 0  # type: ignore[union-attr]
+    assert sim.stats()["paid"] == 9, "rows 0-2 were answered by 0.1.0; row 3 (FAILED) and 4-11 are sent"
+    assert out["title"].to_list() == [default_reply(f"Title for: hello message number {i}") for i in range(12)]
+
+
+def test_resume_needs_apply_llm_to_record_an_old_steps_requests_first(old_store: Path, client) -> None:
+    before = _snapshot(old_store)
+    with pytest.raises(llmledger.InvalidInputError, match="Run apply_llm once"):
+        llmledger.resume(old_store, "messages", "summary", client=client)
+    assert _snapshot(old_store) == before, "a refused call writes nothing, not even the upgrade"
+
+
+def test_a_store_from_a_newer_llmledger_is_refused_untouched(old_store: Path, client) -> None:
+    with duckdb.connect(str(old_store)) as con:
+        con.execute("CREATE TABLE llmledger_migrations (version INTEGER, name VARCHAR, applied_at TIMESTAMP, "
+                    "llmledger VARCHAR)")
+        con.execute("INSERT INTO llmledger_migrations VALUES (99, 'from the future', now(), '9.0')")
+    before = _snapshot(old_store)
+    with pytest.raises(StoreError, match=r"newer llmledger.*schema 99"):
+        apply_llm(frame(12), "summary", store=old_store, table="messages", client=client, progress=False, **SUMMARY)
+    assert _snapshot(old_store) == before
