@@ -201,7 +201,7 @@ def _check_identifier(name: Any, what: str, error: type[InvalidInputError], exam
 
 def _strictly_increasing(column: pl.Series) -> bool:
     try:
-        return column.is_sorted() and not column.slice(1).eq(column.slice(0, len(column) - 1)).any()
+        return column.is_sorted() and not column.slice(1).eq(column.slice(0, max(len(column) - 1, 0))).any()
     except pl.exceptions.PolarsError:  # a type without an order
         return False
 
@@ -227,6 +227,8 @@ def _resolve_key(frame: pl.DataFrame, key: str | Sequence[str] | None, step: str
                              "Drop those rows or fill the key (e.g. df.with_row_index('id')).")
     if len(keys) == 1 and _strictly_increasing(frame[keys[0]]):
         return keys  # unique, found without a hash table over every key
+    if frame.n_unique(subset=keys) == frame.height:
+        return keys
     dup = frame.group_by(keys).len().filter(pl.col("len") > 1)
     if dup.height:
         example = dup.row(0, named=True)

@@ -170,6 +170,8 @@ class Run:
             else:
                 selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe)
             self._take_counts(selection)
+            if selection.work.height:
+                selection.survey = None  # out of date once rows are sent; read back at the end instead
             report.outcome = Outcome.RUNNING
             report.started = time.monotonic()
             self._display.start()

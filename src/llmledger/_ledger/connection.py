@@ -27,10 +27,13 @@ _DUCKDB_MAGIC = b"DUCK"
 _locks: dict[Path, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
-# DuckDB keeps every page it reads in memory until the connection closes, up to 80 % of RAM by default.
-# A ledger is read in one pass per call, so a small buffer pool costs little time and keeps a notebook's
-# memory for the notebook. LLMLEDGER_DUCKDB_MEMORY overrides it (any DuckDB size, e.g. "4GB").
-MEMORY_LIMIT = os.environ.get("LLMLEDGER_DUCKDB_MEMORY", "512MB")
+# DuckDB's own limit (80 % of RAM) unless LLMLEDGER_DUCKDB_MEMORY says otherwise (any DuckDB size, e.g. "4GB").
+MEMORY_LIMIT = os.environ.get("LLMLEDGER_DUCKDB_MEMORY")
+# DuckDB keeps every page it reads cached until the connection closes. A sequential scan needs almost no
+# working memory, and a hash join spills what does not fit, so reading a whole fact table for a frame runs
+# under these limits and leaves a notebook its memory.
+SCAN_MEMORY_LIMIT = "256MB"
+JOIN_MEMORY_LIMIT = "512MB"
 
 
 def check_store_path(path: Path, *, must_exist: bool = False) -> None:
@@ -86,7 +89,8 @@ class Connection:
         while True:
             try:
                 con = duckdb.connect(str(self.path), read_only=read_only)
-                con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+                if MEMORY_LIMIT:
+                    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
                 return con
             except duckdb.IOException as exc:
                 if not _is_lock_error(exc):
@@ -142,6 +146,17 @@ def column_types(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str
 
     rows = con.execute(f"DESCRIBE SELECT * FROM {q(relation)}").fetchall()
     return {r[0]: r[1] for r in rows}
+
+
+@contextlib.contextmanager
+def memory_limited(con: duckdb.DuckDBPyConnection, limit: str) -> Iterator[None]:
+    """Run a full-table read under `limit` (the pages it evicts are clean: reading them back is cheap)."""
+    before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    con.execute(f"SET memory_limit = '{limit}'")
+    try:
+        yield
+    finally:
+        con.execute(f"SET memory_limit = '{before}'")
 
 
 def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:

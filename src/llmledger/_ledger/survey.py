@@ -20,7 +20,7 @@ import polars as pl
 
 from ..errors import WhereClauseError
 from .columns import names, q
-from .connection import arrow_batches, column_types, register
+from .connection import JOIN_MEMORY_LIMIT, SCAN_MEMORY_LIMIT, arrow_batches, column_types, memory_limited, register
 from .states import STATUSES, eligible_sql, stale_sql
 
 BATCH_ROWS = 250_000
@@ -80,12 +80,14 @@ def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, 
     """`fields` of `flag_sql`, plus `exists` (and, with `compare`, `changed`), for every frame row in frame order."""
     flags = flag_sql(layout, where)
     exprs = {name: flags[name] for name in fields}
-    aligned = _aligned_rows(con, layout, frame, compare)
+    with memory_limited(con, SCAN_MEMORY_LIMIT):
+        aligned = _aligned_rows(con, layout, frame, compare)
+        if aligned is not None:
+            query = f"SELECT {_select_list(exprs)} FROM {q(layout.table)} LIMIT {aligned[0]}"
+            parts = [_facts(b) for b in arrow_batches(con.sql(query, params=_used(params, query)), BATCH_ROWS)]
     if aligned is None:
         return _joined(con, layout, frame, exprs, params, compare)
     present, changed = aligned
-    query = f"SELECT {_select_list(exprs)} FROM {q(layout.table)} LIMIT {present}"
-    parts = [_facts(batch) for batch in arrow_batches(con.sql(query, params=_used(params, query)), BATCH_ROWS)]
     found = pl.concat(parts, rechunk=False) if parts else _absent(0, exprs)
     found = found.with_columns(pl.lit(True).alias("exists"))
     if compare:
@@ -169,9 +171,12 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
                  + (f", coalesce(({changed}), false) AS changed" if compare else "")
                  + f" FROM {FRAME} AS i LEFT JOIN (SELECT {inner}, true AS __exists, {_select_list(exprs)} "
                  f"FROM {q(layout.table)}) AS t ON {layout.key_join('t', 'i')}")
-        found = con.sql(query, params=_used(params, query)).pl()
+        with memory_limited(con, JOIN_MEMORY_LIMIT):
+            relation = con.sql(query, params=_used(params, query))
+            batches = [pl.from_arrow(b) for b in arrow_batches(relation, BATCH_ROWS)]
     finally:
         con.unregister(FRAME)
+    found = pl.concat(batches, rechunk=False)  # type: ignore[arg-type]
     found = found.with_columns(pl.col(f).fill_null(False) for f in _FLAGS if f in found.columns)
     if "status" in found.columns:
         found = found.with_columns(pl.col("status").cast(STATUS_TYPE))
@@ -179,10 +184,16 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
 
 
 def _in_frame_order(found: pl.DataFrame) -> pl.DataFrame:
-    """Rows back in frame order: `__row` is a permutation, so one scatter and one gather do it."""
+    """Rows back in frame order: `__row` is a permutation, so one scatter and a gather per column do it
+    (column by column, dropping each original, so two copies of the whole never coexist)."""
     n = found.height
     if found["__row"].is_sorted():
         return found.drop("__row")
     order = pl.zeros(n, dtype=pl.UInt32, eager=True).scatter(found["__row"],
                                                             pl.int_range(0, n, dtype=pl.UInt32, eager=True))
-    return found.drop("__row")[order]
+    found = found.drop("__row")
+    columns = []
+    for name in found.columns:
+        columns.append(found[name].gather(order))
+        found = found.drop(name)
+    return pl.DataFrame(columns)
