@@ -166,14 +166,19 @@ def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]
     yield from read(rows)
 
 
-def register(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> None:
-    """Make `frame` queryable as `name` without copying it.
+@contextlib.contextmanager
+def registered(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> Iterator[None]:
+    """`frame` queryable as `name` inside the block, without copying it.
 
     Handing DuckDB the polars frame itself makes polars convert every text column to Arrow's
     large strings first (a full copy); Arrow string views, which polars stores natively, DuckDB
     scans in place.
     """
     con.register(name, frame.to_arrow(compat_level=pl.CompatLevel.newest()) if _STRING_VIEWS else frame)
+    try:
+        yield
+    finally:
+        con.unregister(name)
 
 
 # Before 1.5, DuckDB pushed filters on a registered Arrow table into pyarrow, which has no kernels for views.

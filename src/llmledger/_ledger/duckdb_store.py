@@ -24,7 +24,7 @@ from ..errors import InvalidInputError
 from . import KnownAnswer, RunParams, Selection, StepDefinition
 from .claims import is_abandoned
 from .columns import RESULT_SCHEMA, commit_assignments, names, q
-from .connection import Connection, check_store_path, one, register, table_exists
+from .connection import Connection, check_store_path, one, registered, table_exists
 from .journal import pending as pending_journals
 from .journal import read as read_journal
 from .prepare import establish_table, frame_columns, insert_rows, legacy_signature, refresh_rows, render_rows
@@ -273,8 +273,7 @@ def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataF
     layout = selection.layout
     flags = flag_sql(layout, None)
     c = names(layout.step, "t")
-    register(con, BATCH, batch)
-    try:
+    with registered(con, BATCH, batch):
         got = con.sql(
             f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
             f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
@@ -284,8 +283,6 @@ def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataF
             f"{c['_attempts']} AS attempts, "
             f"{c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
             params={**selection.params, "now": now, "claimant": claimant}).pl()
-    finally:
-        con.unregister(BATCH)
     got = got.cast({k: selection.key_types[k] for k in layout.key})
     return batch.join(got, on=layout.key, how="inner", maintain_order="left")
 
@@ -297,8 +294,7 @@ def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.D
     `only_unfinished` (for journals of dead runs) leaves rows that are DONE or NEEDS_REVIEW by now
     untouched, so an old answer never overwrites a newer one.
     """
-    register(con, RESULTS, results)
-    try:
+    with registered(con, RESULTS, results):
         c = names(layout.step, "t")
         guard = f" AND {c['_status']} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
         con.execute(
@@ -309,8 +305,6 @@ def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.D
             {"table": layout.table, "step": layout.step, "now": now})
         con.execute(f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step)} FROM {RESULTS} AS i "
                     f"WHERE {layout.key_join()}{guard}")
-    finally:
-        con.unregister(RESULTS)
 
 
 def _give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any]) -> int:
@@ -365,8 +359,7 @@ def _known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.Data
     if not work.height:
         return {}
     c = names(layout.step, "t")
-    register(con, BATCH, work)
-    try:
+    with registered(con, BATCH, work):
         rows = con.execute(
             f"WITH wanted AS (SELECT DISTINCT {c['_request_fingerprint']} AS fp FROM {q(layout.table)} AS t "
             f"SEMI JOIN {BATCH} AS i ON {layout.key_join()}) "
@@ -374,8 +367,6 @@ def _known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.Data
             f"any_value({c['_stop_reason']}), any_value({c['_model']}) FROM {q(layout.table)} AS t "
             f"SEMI JOIN wanted AS w ON {c['_fingerprint']} = w.fp WHERE {c['_status']} = 'DONE' "
             f"GROUP BY {c['_fingerprint']}").fetchall()
-    finally:
-        con.unregister(BATCH)
     return {r[0]: KnownAnswer(r[1], r[2], r[3]) for r in rows}
 
 

@@ -17,7 +17,7 @@ import polars as pl
 
 from ..errors import KeyColumnError
 from .columns import names, q
-from .connection import column_types, register, table_exists
+from .connection import column_types, registered, table_exists
 from .schema import LEGACY_FINGERPRINT_PREFIX, list_steps
 from .survey import Layout
 
@@ -31,11 +31,8 @@ _NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "
 
 def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame) -> None:
     """Create or extend the fact table so it holds the frame's key and copied columns."""
-    register(con, INCOMING, frame.head(0))
-    try:
+    with registered(con, INCOMING, frame.head(0)):
         incoming = column_types(con, INCOMING)
-    finally:
-        con.unregister(INCOMING)
     if not table_exists(con, layout.table):
         cols = ", ".join(f"{q(c)} {incoming[c]}" for c in [*layout.key, *layout.mirror])
         con.execute(f"CREATE TABLE {q(layout.table)} ({cols})")
@@ -58,8 +55,7 @@ def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
     """Insert new keys as NOT_STARTED; with a SQL template, their requests are rendered in the same statement."""
     cols = [*layout.key, *layout.mirror]
     col_list = ", ".join(q(c) for c in cols)
-    register(con, INCOMING, rows.select(cols))
-    try:
+    with registered(con, INCOMING, rows.select(cols)):
         if definition.prompt.in_sql:
             c = names(layout.step)
             prompt = definition.prompt.sql()
@@ -69,8 +65,6 @@ def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
                 f"FROM (SELECT {col_list}, {prompt} AS p FROM {INCOMING})", {"version": definition.version})
         else:
             con.execute(f"INSERT INTO {q(layout.table)} ({col_list}) SELECT {col_list} FROM {INCOMING}")
-    finally:
-        con.unregister(INCOMING)
 
 
 def refresh_rows(con: duckdb.DuckDBPyConnection, layout: Layout, rows: pl.DataFrame) -> None:
@@ -79,12 +73,9 @@ def refresh_rows(con: duckdb.DuckDBPyConnection, layout: Layout, rows: pl.DataFr
     sets = [f"{q(c)} = i.{q(c)}" for c in layout.mirror]
     existing = column_types(con, layout.table)
     sets += [f"{q(s + '_version')} = NULL" for s in sorted(steps) if s + "_version" in existing]
-    register(con, INCOMING, rows.select([*layout.key, *layout.mirror]))
-    try:
+    with registered(con, INCOMING, rows.select([*layout.key, *layout.mirror])):
         con.execute(f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM {INCOMING} AS i "
                     f"WHERE {layout.key_join('t', 'i')}")
-    finally:
-        con.unregister(INCOMING)
 
 
 def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition, frame: pl.DataFrame,
@@ -99,25 +90,19 @@ def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
     version = {"version": definition.version}
     if definition.prompt.in_sql:
         keys = frame.select(layout.key)
-        register(con, INCOMING, keys)
-        try:
+        with registered(con, INCOMING, keys):
             prompt = definition.prompt.sql("s")
             _update(con, layout, definition, legacy_signature,
                     f"(SELECT {', '.join('s.' + q(k) for k in layout.key)}, {prompt} AS p "
                     f"FROM {q(layout.table)} AS s SEMI JOIN {INCOMING} AS k ON {layout.key_join('s', 'k')})",
                     "true", version)
-        finally:
-            con.unregister(INCOMING)
         return
     for chunk in definition.prompt.render_chunks(frame, layout.key):
-        register(con, INCOMING, chunk)
-        try:
+        with registered(con, INCOMING, chunk):
             _update(con, layout, definition, legacy_signature,
                     f"(SELECT {', '.join(q(k) for k in layout.key)}, prompt AS p FROM {INCOMING})",
                     f"{c['_version']} IS DISTINCT FROM $version OR {c['_request_fingerprint']} IS DISTINCT FROM r.fp",
                     version)
-        finally:
-            con.unregister(INCOMING)
 
 
 def _update(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,

@@ -20,7 +20,7 @@ import polars as pl
 
 from ..errors import WhereClauseError
 from .columns import names, q
-from .connection import JOIN_MEMORY_LIMIT, SCAN_MEMORY_LIMIT, arrow_batches, column_types, memory_limited, register
+from .connection import JOIN_MEMORY_LIMIT, SCAN_MEMORY_LIMIT, arrow_batches, column_types, memory_limited, registered
 from .states import STATUSES, eligible_sql, stale_sql
 
 BATCH_ROWS = 250_000
@@ -162,8 +162,7 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
             params: dict[str, Any], compare: bool) -> pl.DataFrame:
     """The survey by one hash join, for frames whose order is not the table's."""
     mirror = layout.mirror if compare else []
-    register(con, FRAME, frame.select([*layout.key, *mirror]).with_row_index("__row"))
-    try:
+    with registered(con, FRAME, frame.select([*layout.key, *mirror]).with_row_index("__row")):
         changed = " OR ".join(f"t.{q(c)} IS DISTINCT FROM i.{q(c)}" for c in mirror) or "false"
         inner = ", ".join(q(c) for c in [*layout.key, *mirror])
         outs = ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
@@ -174,8 +173,6 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
         with memory_limited(con, JOIN_MEMORY_LIMIT):
             relation = con.sql(query, params=_used(params, query))
             batches = [pl.from_arrow(b) for b in arrow_batches(relation, BATCH_ROWS)]
-    finally:
-        con.unregister(FRAME)
     found = pl.concat(batches, rechunk=False)  # type: ignore[arg-type]
     found = found.with_columns(pl.col(f).fill_null(False) for f in _FLAGS if f in found.columns)
     if "status" in found.columns:
