@@ -26,7 +26,7 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Ledger:
 
 def _definition(frame: pl.DataFrame = FRAME, prompt: str = "Say {text}", model: str = "m") -> StepDefinition:
     return StepDefinition(table="t", step="s", key=["id"], request=RequestSpec(model=model, max_tokens=5),
-                          prompt=plan_prompt(prompt, frame, frame.columns))
+                          prompt=plan_prompt(prompt, frame))
 
 
 def _params(**changes: object) -> RunParams:

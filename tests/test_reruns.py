@@ -94,3 +94,16 @@ def test_the_readme_stale_query_matches_stored_fingerprints(run, sim: Simulator,
     assert sql(store, stale) == [(0,)]
     run(frame(5), "summary", prompt="Summarize: {text}", system="Be brief.", max_tokens=7, model="claude-y")
     assert sql(store, stale) == [(5,)]
+
+
+def test_a_prompt_reading_another_steps_output_goes_stale_when_that_output_changes(run, sim: Simulator) -> None:
+    out = run(frame(4), "summary", prompt="Summarize: {text}")
+    run(out, "title", prompt="Title for: {summary}")
+    sim.responder = lambda prompt, system: "new: " + prompt
+    redone = run(frame(4), "summary", prompt="Summarize: {text}", where="id < 2", redo=True)
+    run(redone, "title", prompt="Title for: {summary}")
+    report = last_report()
+    assert report is not None and (report.stale, report.calls) == (2, 0)
+    run(redone, "title", prompt="Title for: {summary}", redo="stale")
+    assert sorted(p for p in sim.paid_prompts() if p.startswith("Title for: new")) == [
+        "Title for: new: Summarize: hello message number 0", "Title for: new: Summarize: hello message number 1"]

@@ -79,7 +79,7 @@ def apply_llm(
                           options=check_request_options(request_options))
     stored = _storable(frame)
     definition = StepDefinition(table=table, step=step, key=keys, request=request,
-                                prompt=plan_prompt(prompt, frame, stored.columns))
+                                prompt=plan_prompt(prompt, frame))
     plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
                  redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
                  retry=retry, commit_every=commit_every, dedupe=dedupe)

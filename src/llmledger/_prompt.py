@@ -13,9 +13,9 @@ import difflib
 import hashlib
 import string
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 
@@ -65,23 +65,31 @@ def check_prompt(prompt: Prompt, columns: Sequence[str]) -> None:
                               f"Columns: {list(columns)}")
 
 
+class Rendering(NamedTuple):
+    in_sql: bool  # DuckDB renders the template over the fact table's columns
+    incremental: bool  # rows whose stored inputs did not change keep their request (no callables)
+
+
 @dataclass(frozen=True)
 class PromptPlan:
-    """How a step's prompts get rendered, and how the step definition records the prompt."""
+    """A step's prompt as the step definition records it, and what rendering it takes."""
 
     prompt: Prompt
-    kind: str  # "template" (rendered in SQL), "python_template" or "python"
+    kind: str  # "template" or "python" (a callable)
     text: str  # the template, or a description of the callable, for llmledger_steps
     digest: str  # changes whenever the prompt's definition changes
+    fields: tuple[str, ...] = ()  # the columns a template reads
+    simple: bool = False  # every field is a plain text or integer column: SQL renders it exactly
 
-    @property
-    def in_sql(self) -> bool:
-        return self.kind == "template"
+    def rendering(self, stored: Collection[str]) -> Rendering:
+        """How rows get their prompts when the fact table holds the frame's columns `stored`.
 
-    @property
-    def incremental(self) -> bool:
-        """Rows whose stored inputs did not change need no new rendering (false for callables)."""
-        return self.kind != "python"
+        A template reading a column the ledger does not copy (another step's output, a Python
+        object) is rendered from the frame on every call, so a change there is never missed.
+        """
+        if self.kind == "python" or not set(self.fields) <= set(stored):
+            return Rendering(in_sql=False, incremental=False)
+        return Rendering(in_sql=self.simple, incremental=True)
 
     def sql(self, alias: str = "") -> str:
         """SQL rendering the template over the fact table's (or a registered frame's) columns."""
@@ -104,27 +112,23 @@ class PromptPlan:
             yield part.select(key).with_columns(self.render(part, key).alias("prompt"))
 
 
-def plan_prompt(prompt: Prompt, frame: pl.DataFrame, stored: Sequence[str]) -> PromptPlan:
-    """Decide how `prompt` is rendered. `stored`: the frame columns the fact table holds (key and copies)."""
+def plan_prompt(prompt: Prompt, frame: pl.DataFrame) -> PromptPlan:
+    """Describe a checked prompt: its text and digest for the step definition, and how it can be rendered."""
     if callable(prompt):
         name = getattr(prompt, "__qualname__", None) or type(prompt).__name__
         code = getattr(prompt, "__code__", None)
         digest = _code_digest(code) if isinstance(code, types.CodeType) else name
         return PromptPlan(prompt, "python", f"<python callable {getattr(prompt, '__module__', '?')}.{name}>",
                           digest)
-    digest = hashlib.md5(prompt.encode()).hexdigest()
     simple = True
     for _, field_name, spec, conversion in string.Formatter().parse(prompt):
         if field_name is None:
             continue
         dtype = frame.schema.get(field_name)
-        if spec or conversion or field_name not in stored or dtype is None or \
-                not (isinstance(dtype, _TEXT_LIKE) or dtype.is_integer()):
+        if spec or conversion or dtype is None or not (isinstance(dtype, _TEXT_LIKE) or dtype.is_integer()):
             simple = False
-    if simple:
-        return PromptPlan(prompt, "template", prompt, digest)
-    incremental = all(name in stored for name in template_fields(prompt))
-    return PromptPlan(prompt, "python_template" if incremental else "python", prompt, digest)
+    return PromptPlan(prompt, "template", prompt, hashlib.md5(prompt.encode()).hexdigest(),
+                      tuple(template_fields(prompt)), simple)
 
 
 def _code_digest(code: types.CodeType) -> str:

@@ -28,6 +28,12 @@ import polars as pl
 from llmledger import Simulator, apply_llm, last_report
 
 HELPER = Path(__file__).resolve().parents[1] / "helpers" / "run_step.py"
+# (a) before this release, for comparison: llmledger 0.1.0 on the same 10,000,000-row frame, measured here on
+# 2026-11-23 with this script's method, and the figures the issue reported from another machine.
+BEFORE = {"llmledger_0_1_0_here": {"noop_rerun_s": 8.95, "time_ratio": 15.7, "peak_rss_growth_mb": 3498,
+                                   "rss_growth_per_frame": 9.75, "record_s": 11.5, "record_peak_rss_growth_mb": 3584},
+          "issue_6_report": {"noop_rerun_s": 7.1, "apply_llm_peak_rss_gb": 4.8, "second_step_peak_rss_gb": 5.8,
+                             "time_ratio_at_1M_rows": 14}}
 PROMPT = "Summarize: {text}"
 
 
@@ -163,6 +169,7 @@ def main() -> None:
         results = {
             "a_noop_rerun_same_order": noop_rerun(noop_rows, folder, repeat=1 if args.quick else 3),
             "a_noop_rerun_shuffled": noop_rerun(noop_rows, folder, shuffle=True),
+            "a_before": BEFORE,
             "b_throughput": throughput(100 if args.quick else 1_000, 50.0, 0.1, folder),
             "c_kill9": kill9(300 if args.quick else 2_000, folder),
         }

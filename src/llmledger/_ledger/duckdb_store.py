@@ -116,21 +116,22 @@ class DuckDBLedger:
                      frame: pl.DataFrame, found: pl.DataFrame) -> bool:
         """Insert new rows, refresh changed ones, render what is not current. True when anything was written."""
         exists, changed = found["exists"], found["changed"] & found["exists"]
+        rendering = definition.prompt.rendering({*layout.key, *layout.mirror})
         wrote = False
         if not exists.all():
-            insert_rows(con, layout, definition, frame.filter(~exists))
+            insert_rows(con, layout, definition, frame.filter(~exists), in_sql=rendering.in_sql)
             wrote = True
         if changed.any():
             refresh_rows(con, layout, frame.filter(changed))
             wrote = True
-        if definition.prompt.incremental:
+        if rendering.incremental:
             need = changed | ~found["current"]
-            if definition.prompt.in_sql:
+            if rendering.in_sql:
                 need = need & exists  # new rows got their request as they were inserted
         else:
             need = pl.repeat(True, frame.height, eager=True)
         if need.any():
-            render_rows(con, layout, definition, frame.filter(need),
+            render_rows(con, layout, definition, frame.filter(need), in_sql=rendering.in_sql,
                         legacy_signature=legacy_signature(definition, _from_legacy(con)))
             wrote = True
         return wrote

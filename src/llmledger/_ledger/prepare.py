@@ -51,12 +51,12 @@ def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Da
 
 
 def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
-                rows: pl.DataFrame) -> None:
+                rows: pl.DataFrame, *, in_sql: bool) -> None:
     """Insert new keys as NOT_STARTED; with a SQL template, their requests are rendered in the same statement."""
     cols = [*layout.key, *layout.mirror]
     col_list = ", ".join(q(c) for c in cols)
     with registered(con, INCOMING, rows.select(cols)):
-        if definition.prompt.in_sql:
+        if in_sql:
             c = names(layout.step)
             prompt = definition.prompt.sql()
             con.execute(
@@ -79,7 +79,7 @@ def refresh_rows(con: duckdb.DuckDBPyConnection, layout: Layout, rows: pl.DataFr
 
 
 def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition, frame: pl.DataFrame,
-                *, legacy_signature: str | None) -> None:
+                *, in_sql: bool, legacy_signature: str | None) -> None:
     """Write the current request of the frame's rows `frame` (key and inputs) into the ledger.
 
     `legacy_signature`: when the store came from llmledger 0.1.0, DONE rows whose old fingerprint
@@ -88,7 +88,7 @@ def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
     """
     c = names(layout.step, "t")
     version = {"version": definition.version}
-    if definition.prompt.in_sql:
+    if in_sql:
         keys = frame.select(layout.key)
         with registered(con, INCOMING, keys):
             prompt = definition.prompt.sql("s")
