@@ -98,3 +98,13 @@ def test_reused_answers_cost_nothing(run, sim: Simulator, store: Path) -> None:
     run(pl.DataFrame({"id": [1, 2, 3], "text": ["same", "same", "other"]}), "summary", prompt="Summarize: {text}")
     assert sql(store, "SELECT id, summary_cost_usd > 0 FROM messages ORDER BY id") in (
         [(1, True), (2, False), (3, True)], [(1, False), (2, True), (3, True)])
+
+
+def test_a_long_prompt_tier_prices_the_whole_request_at_its_rates() -> None:
+    price = price_of("claude-haiku-5-5")
+    assert price is not None and price.long_prompt is not None and price.long_prompt_threshold == 100_000
+    short = price.cost(input_tokens=90_000, output_tokens=1_000, cache_read_tokens=10_000)
+    long = price.cost(input_tokens=90_000, output_tokens=1_000, cache_read_tokens=10_001)
+    assert short == pytest.approx((90_000 * 0.1 + 1_000 * 0.5 + 10_000 * 0.01) / 1e6)
+    assert long == pytest.approx((90_000 * 0.5 + 1_000 * 2.5 + 10_001 * 0.05) / 1e6), \
+        "past 100,000 prompt tokens (cache reads count) every token is billed at the higher rates"
