@@ -142,3 +142,18 @@ def test_clients_dropped_without_closing_never_stall_a_later_run(sim: Simulator,
         assert time.monotonic() - started < 10, "no request waited for an answer the server had sent"
         assert out["summary_status"].to_list() == ["DONE"] * 40
     assert sim.stats()["paid"] == 600 and max(sim.paid_prompts().values()) == 1
+
+
+def test_a_prompt_callable_sees_every_column_even_python_objects(run, sim: Simulator, store: Path) -> None:
+    class Note:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+    df = pl.DataFrame({"id": [1, 2], "note": pl.Series([Note("alpha"), Note("beta")], dtype=pl.Object)})
+    out = run(df, "summary", prompt=lambda row: f"Summarize: {row['note'].text}")
+    assert sorted(sim.paid_prompts()) == ["Summarize: alpha", "Summarize: beta"]
+    assert out.columns == ["id", "note", "summary", "summary_status"]
+    assert sql(store, "SELECT summary_prompt FROM messages ORDER BY id") == [
+        ("Summarize: alpha",), ("Summarize: beta",)]
+    run(df, "summary", prompt=lambda row: f"Summarize: {row['note'].text}")
+    assert sim.stats()["paid"] == 2, "a callable is rendered again on every call, and nothing changed"

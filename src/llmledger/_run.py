@@ -166,7 +166,8 @@ class Run:
             params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
                                stale_before=started - plan.stale, where=plan.where)
             if plan.definition is not None and plan.frame is not None:
-                selection = ledger.prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe)
+                selection = ledger.prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe,
+                                           source=plan.user_frame)
             else:
                 selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe)
             self._take_counts(selection)

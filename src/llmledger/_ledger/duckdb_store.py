@@ -67,8 +67,12 @@ class DuckDBLedger:
 
     # -- preparing a run ---------------------------------------------------------------------------------
     def prepare(self, definition: StepDefinition, frame: pl.DataFrame, params: RunParams, *,
-                dedupe: bool) -> Selection:
-        """One transaction: schema, the frame's rows and requests, journals of dead runs, lost claims, the work."""
+                dedupe: bool, source: pl.DataFrame | None = None) -> Selection:
+        """One transaction: schema, the frame's rows and requests, journals of dead runs, lost claims, the work.
+
+        `frame` holds the columns the ledger can store; `source` (the same rows, in the same order) is
+        what a prompt rendered in Python sees, Python objects included.
+        """
         check_store_path(self.path)
         existed = self.path.exists()
         merged: list[Path] = []
@@ -93,7 +97,8 @@ class DuckDBLedger:
             _recover(con, layout, params)
             sql_params = params.sql(definition.version)
             found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where)
-            wrote = self._write_frame(con, layout, definition, frame, found)
+            wrote = self._write_frame(con, layout, definition, frame, found,
+                                      frame if source is None else source)
             if wrote:
                 found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
                                compare=False)
@@ -113,7 +118,7 @@ class DuckDBLedger:
         return selection
 
     def _write_frame(self, con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
-                     frame: pl.DataFrame, found: pl.DataFrame) -> bool:
+                     frame: pl.DataFrame, found: pl.DataFrame, source: pl.DataFrame) -> bool:
         """Insert new rows, refresh changed ones, render what is not current. True when anything was written."""
         exists, changed = found["exists"], found["changed"] & found["exists"]
         rendering = definition.prompt.rendering({*layout.key, *layout.mirror})
@@ -131,7 +136,8 @@ class DuckDBLedger:
         else:
             need = pl.repeat(True, frame.height, eager=True)
         if need.any():
-            render_rows(con, layout, definition, frame.filter(need), in_sql=rendering.in_sql,
+            render_rows(con, layout, definition, (frame if rendering.in_sql else source).filter(need),
+                        in_sql=rendering.in_sql,
                         legacy_signature=legacy_signature(definition, _from_legacy(con)))
             wrote = True
         return wrote
