@@ -123,3 +123,12 @@ def test_history_keeps_the_answers_a_redo_replaces(ledger: Ledger) -> None:
     history = ledger.history("t", "s")
     assert history.select("row_key", "output").rows() == [('{"id":2}', "first")]
     assert ledger.outputs(redo, FRAME.select("id"))["s"].to_list() == ["first", "second", "first", "first"]
+
+
+def test_recover_gives_back_lost_claims_and_leaves_live_ones(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    ledger.claim(selection, 2, claimant="another-host/1/old", now=utcnow() - timedelta(hours=2))
+    ledger.claim(selection, 2, claimant="another-host/1/fresh", now=utcnow())
+    assert ledger.recover("t", "s", _params()) == 2
+    counts = ledger.counts("t").row(0, named=True)
+    assert (counts["NOT_STARTED"], counts["RUNNING"]) == (2, 2), "a fresh claim from another host is left alone"

@@ -100,7 +100,11 @@ class Run:
         return self.report.progress_frame()
 
     def wait(self, timeout: float | None = None) -> Any:
-        """Block until the run ends; return its frame (or raise what stopped it)."""
+        """Block until the run ends; return its frame (or raise what stopped it).
+
+        Like `concurrent.futures.Future.result`, raises `TimeoutError` if the run still goes after `timeout`
+        seconds; the run goes on.
+        """
         if not self._done.wait(timeout):
             raise TimeoutError(f"run {self.plan.table}.{self.plan.step} is still going after {timeout}s")
         if self._error is not None:

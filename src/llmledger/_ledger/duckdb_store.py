@@ -227,6 +227,11 @@ class DuckDBLedger:
                                    {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}),
             wait=30.0)
 
+    def recover(self, table: str, step: str, params: RunParams) -> int:
+        """Give back claims of runs that died on this host, and claims older than `params.stale_before`."""
+        layout = Layout(table, step, [], [])
+        return self.conn.transaction(lambda con: _recover(con, layout, params), wait=30.0)
+
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame:
         """`{step}` and `{step}_status` for the frame's keys, in frame order."""
         found = self.conn.transaction(
