@@ -121,7 +121,7 @@ def test_history_keeps_the_answers_a_redo_replaces(ledger: Ledger) -> None:
     [row] = ledger.claim(redo, 4, claimant="h/1/r2", now=utcnow())
     _commit(ledger, redo, [_result(row, "DONE", "second")])
     history = ledger.history("t", "s")
-    assert history.select("row_key", "output").rows() == [('{"id":2}', "first")]
+    assert history.select("id", "old_output", "output", "reason").rows() == [(2, "first", "second", "redo")]
     assert ledger.outputs(redo, FRAME.select("id"))["s"].to_list() == ["first", "second", "first", "first"]
 
 

@@ -18,20 +18,25 @@ import pytest
 
 import llmledger
 from llmledger import Simulator, StoreError, apply_llm, last_report
+from llmledger._ledger.schema import LATEST
 from llmledger.simulator import default_reply
 
 from .conftest import frame, sql
 
 OLD_STORE = Path(__file__).parent / "data" / "ledger-0.1.0.duckdb.gz"
+STORE_0_2_0 = Path(__file__).parent / "data" / "ledger-0.2.0.duckdb.gz"
 SUMMARY = {"prompt": "Summarize: {text}", "system": "Be brief.", "max_tokens": 50, "max_attempts": 2}
+
+
+def _unpack(packed: Path, path: Path) -> Path:
+    with gzip.open(packed) as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return path
 
 
 @pytest.fixture
 def old_store(tmp_path: Path) -> Path:
-    path = tmp_path / "old.duckdb"
-    with gzip.open(OLD_STORE) as src, path.open("wb") as dst:
-        shutil.copyfileobj(src, dst)
-    return path
+    return _unpack(OLD_STORE, tmp_path / "old.duckdb")
 
 
 def _snapshot(store: Path) -> dict[str, list[tuple]]:
@@ -62,7 +67,7 @@ def test_an_old_store_upgrades_and_pays_only_for_what_it_never_had(old_store: Pa
     assert after["history"] == before["history"], "the history of replaced answers is kept"
     assert after["runs"][: len(before["runs"])] == before["runs"]
     assert sql(old_store, "SELECT version, llmledger FROM llmledger_migrations ORDER BY version") == [
-        (1, "0.1.0"), (2, llmledger.__version__)]
+        (1, "0.1.0"), *((v, llmledger.__version__) for v in range(2, LATEST + 1))]
     assert sql(old_store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE' "
                           "AND summary_fingerprint IS DISTINCT FROM summary_request_fingerprint") == [(0,)]
 
@@ -101,3 +106,19 @@ def test_a_store_from_a_newer_llmledger_is_refused_untouched(old_store: Path, cl
     with pytest.raises(StoreError, match=r"newer llmledger.*schema 99"):
         apply_llm(frame(12), "summary", store=old_store, table="messages", client=client, progress=False, **SUMMARY)
     assert _snapshot(old_store) == before
+
+
+def test_a_0_2_0_store_upgrades_and_its_crashed_claim_goes_back_to_what_it_was(tmp_path: Path, client,
+                                                                             sim: Simulator) -> None:
+    """`data/ledger-0.2.0.duckdb.gz` (schema 2, see make_ledger_0_2_0.py): rows 0-5 sent with stop_sequences
+    ["END"], row 2 FAILED once, row 4 left RUNNING by a run that died on another machine; rows 6-7 unsent."""
+    store = _unpack(STORE_0_2_0, tmp_path / "v2.duckdb")
+    answered = "SELECT id, summary, summary_cost_usd FROM messages WHERE id IN (0, 1, 3, 4, 5) ORDER BY id"
+    before = sql(store, answered)
+    out = apply_llm(frame(8), "summary", prompt="Summarize: {text}", request_options={"stop_sequences": ["END"]},
+                    store=store, table="messages", client=client, progress=False, stale_after=60)
+    assert sorted(sim.paid_prompts()) == [f"Summarize: hello message number {i}" for i in (2, 6, 7)], \
+        "the lost claim of row 4 goes back to DONE (its answer is kept), not to FAILED or NOT_STARTED"
+    assert out["summary_status"].to_list() == ["DONE"] * 8
+    assert sql(store, answered) == before
+    assert sql(store, "SELECT max(version) FROM llmledger_migrations") == [(LATEST,)]

@@ -11,7 +11,7 @@ from ._exec.api import DEFAULT_MODEL
 from ._exec.online import RetryPolicy
 from ._ledger.states import Outcome, Redo, Status
 from ._prices import UnknownPriceWarning, prices, set_price
-from ._query import history, progress, sql
+from ._query import flag, history, progress, reset, sql
 from ._report import RunReport
 from ._request import fingerprint
 from ._run import Run, last_report
@@ -63,10 +63,12 @@ __all__ = [
     "apply_llm",
     "apply_llm_async",
     "fingerprint",
+    "flag",
     "history",
     "last_report",
     "prices",
     "progress",
+    "reset",
     "resume",
     "set_price",
     "sql",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -23,12 +23,14 @@ from ._ledger import StepDefinition
 from ._ledger.columns import step_columns
 from ._ledger.connection import check_store_path
 from ._ledger.states import Redo
+from ._output import output_spec
 from ._prompt import Prompt, check_prompt, plan_prompt
 from ._report import RunReport
 from ._request import RequestSpec, check_max_tokens, check_request_options
 from ._run import Plan, Run, set_last_report
 from .errors import InvalidInputError, KeyColumnError, StepNameError
 
+Validator = Callable[[dict[str, Any], Any], str | None]
 DEFAULT_STORE = "llmledger.duckdb"
 DEFAULT_TABLE = "ledger"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -48,7 +50,7 @@ def apply_llm(
     chunk_size: int = 200,
     concurrency: int = 16,
     where: str | None = None,
-    redo: bool | Literal["stale"] = False,
+    redo: bool | Literal["stale", "flagged"] = False,
     max_attempts: int = 3,
     stale_after: timedelta | float = timedelta(minutes=30),
     client: anthropic.AsyncAnthropic | None = None,
@@ -58,12 +60,20 @@ def apply_llm(
     request_options: dict[str, Any] | None = None,
     dedupe: bool = True,
     background: bool = False,
+    output: Any = None,
+    validate: Validator | None = None,
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
     Returns `df` in its order with `{step}` (the answer) and `{step}_status`
     appended. Rows already DONE cost nothing; see the README for the status
     model. With `background=True` it returns a `Run` handle at once instead.
+
+    `output=` (a pydantic model, or a mapping such as `{"company": str, "year": int | None}`)
+    asks for JSON of that shape and stores it as a STRUCT column (a polars Struct here);
+    an answer that does not match is retried once with the reason, then left NEEDS_REVIEW
+    with its raw text in `{step}_raw`. `validate=callable(row, output)` returning a string
+    marks the row NEEDS_REVIEW with that reason, keeping the answer.
     """
     frame, from_pandas = _as_polars(df)
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
@@ -75,14 +85,22 @@ def apply_llm(
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
-    request = RequestSpec(model=model, max_tokens=max_tokens, system=system,
-                          options=check_request_options(request_options))
+    options = check_request_options(request_options)
+    spec = output_spec(output)
+    if spec is not None:
+        if "output_config" in options:
+            raise InvalidInputError("pass the output schema either as output= or as request_options"
+                                    "['output_config'], not both")
+        options["output_config"] = spec.request_option()
+    _check_validator(validate)
+    request = RequestSpec(model=model, max_tokens=max_tokens, system=system, options=options)
     stored = _storable(frame)
     definition = StepDefinition(table=table, step=step, key=keys, request=request,
                                 prompt=plan_prompt(prompt, frame))
     plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
                  redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
-                 retry=retry, commit_every=commit_every, dedupe=dedupe)
+                 retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate,
+                 output_model=None if spec is None else spec.model)
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
     run = Run(plan)
     if background:
@@ -113,7 +131,7 @@ def resume(
     step: str,
     *,
     where: str | None = None,
-    redo: bool | Literal["stale"] = False,
+    redo: bool | Literal["stale", "flagged"] = False,
     concurrency: int = 16,
     chunk_size: int = 200,
     max_attempts: int = 3,
@@ -124,19 +142,23 @@ def resume(
     commit_every: float = 0.5,
     dedupe: bool = True,
     background: bool = False,
+    validate: Validator | None = None,
 ) -> Any:
     """Finish a step that `apply_llm` started, from the store alone (after a kill, a closed laptop, a lost kernel).
 
     Sends the rows of `table`.`step` that still need an answer, each with the
     request apply_llm recorded for it, with the same guarantees as apply_llm.
     Returns the run's `RunReport` (a `Run` handle with `background=True`);
-    rerunning the notebook cell afterwards pays nothing for the rows finished here.
+    rerunning the notebook cell afterwards pays nothing for the rows finished here. Structured
+    answers are checked against the schema the step's requests carry; pass the same `validate=`
+    as apply_llm to apply it here too (a pydantic model's own validators run only in apply_llm).
     """
     _check_identifier(step, "step", StepNameError, 'e.g. "summary"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
+    _check_validator(validate)
     plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
                  redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
-                 retry=retry, commit_every=commit_every, dedupe=dedupe)
+                 retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate)
     check_store_path(plan.store, must_exist=True)
     run = Run(plan)
     if background:
@@ -150,12 +172,12 @@ def resume(
 
 def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurrency: Any, where: Any, redo: Any,
           max_attempts: Any, stale_after: Any, client: Any, progress: bool, retry: RetryPolicy | None,
-          commit_every: Any, dedupe: bool) -> Plan:
+          commit_every: Any, dedupe: bool, validate: Validator | None = None, output_model: Any = None) -> Plan:
     for name, value in (("chunk_size", chunk_size), ("concurrency", concurrency), ("max_attempts", max_attempts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
-    if redo not in (False, True, "stale"):
-        raise InvalidInputError(f"redo must be False, True or 'stale', got {redo!r}")
+    if redo not in (False, True, "stale", "flagged"):
+        raise InvalidInputError(f"redo must be False, True, 'stale' or 'flagged', got {redo!r}")
     if where is not None and (not isinstance(where, str) or not where.strip()):
         raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
     if isinstance(commit_every, bool) or not isinstance(commit_every, int | float) or commit_every <= 0:
@@ -169,9 +191,15 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
     path = Path(store).expanduser()
     check_store_path(path)
     cfg = RunConfig(chunk_size=chunk_size, concurrency=concurrency, max_attempts=max_attempts,
-                    commit_every=commit_every, retry=retry or RetryPolicy(), dedupe=dedupe)
+                    commit_every=commit_every, retry=retry or RetryPolicy(), dedupe=dedupe, validate=validate,
+                    output_model=output_model)
     return Plan(store=path, table=table, step=step, cfg=cfg, max_attempts=max_attempts,
                 redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress)
+
+
+def _check_validator(validate: Any) -> None:
+    if validate is not None and not callable(validate):
+        raise InvalidInputError(f"validate must be a callable(row, output) -> None | str, got {validate!r}")
 
 
 def _as_polars(df: Any) -> tuple[pl.DataFrame, bool]:

@@ -6,6 +6,7 @@ between claims and commits, so these wait at most a moment.
 
 from __future__ import annotations
 
+import getpass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import polars as pl
 
 from ._ledger import open_ledger
 from ._ledger.connection import check_store_path
+from ._time import utcnow
+from .errors import InvalidInputError
 
 
 def _existing(store: str | Path) -> Path:
@@ -31,6 +34,48 @@ def progress(store: str | Path, table: str | None = None) -> pl.DataFrame:
     return open_ledger(_existing(store)).counts(table)
 
 
-def history(store: str | Path, table: str, step: str) -> pl.DataFrame:
-    """The answers redos replaced for one step, oldest first (row key as JSON, output, fingerprint, tokens, times)."""
-    return open_ledger(_existing(store)).history(table, step)
+def history(store: str | Path, table: str, step: str, key: Any = None) -> pl.DataFrame:
+    """Every answer of one step that was replaced (by a redo, a reset, a schema change), next to the current one.
+
+    One row per replaced answer, oldest first: the row's key columns, `replaced_at`, `reason`,
+    `old_output` (same type as the step's output), `old_status`, `old_model`, `old_fingerprint`,
+    `old_input_tokens`, `old_output_tokens`, `old_cost_usd`, `old_finished_at`, then the row's
+    current `output`, `status` and `finished_at`. `key=` narrows it to one row.
+    """
+    return open_ledger(_existing(store)).history(table, step, key)
+
+
+def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, by: str | None = None) -> int:
+    """Flag the answers of `step` on rows matching `where` for redo; return how many rows were flagged.
+
+    The flag (`{step}_flag`, `_flagged_at`, `_flagged_by`) is plain SQL to query; `apply_llm(...,
+    redo="flagged")` re-sends exactly the flagged rows and clears each flag when its row is DONE again
+    (the replaced answer goes to the history with the flag's reason).
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInputError("flag needs a reason= saying what is wrong, e.g. reason='company name is wrong'")
+    _check_where(where)
+    return open_ledger(_existing(store)).flag(table, step, where=where, reason=reason, by=by or _who(),
+                                              now=utcnow())
+
+
+def reset(store: str | Path, table: str, step: str, *, where: str) -> int:
+    """Put `step` back to NOT_STARTED on rows matching `where` (not rows being sent); return how many.
+
+    Their answers, usage and errors are cleared from the fact table after being copied to the history.
+    """
+    _check_where(where)
+    return open_ledger(_existing(store)).reset(table, step, where=where, now=utcnow())
+
+
+def _check_where(where: Any) -> None:
+    if not isinstance(where, str) or not where.strip():
+        raise InvalidInputError(f"where= must be a SQL predicate over the fact table such as \"id IN (3, 7)\" "
+                                f"(use \"true\" for every row), got {where!r}")
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"

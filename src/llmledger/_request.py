@@ -22,9 +22,12 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ._output import OutputSpec
 
 # Body fields llmledger sets itself, and SDK arguments that are not body fields.
 _OWN_FIELDS = {"model": "model=", "max_tokens": "max_tokens=", "system": "system=", "messages": "prompt="}
@@ -100,6 +103,12 @@ class RequestSpec:
 
     def fingerprint(self, prompt: str) -> str:
         return fingerprint(self.body(prompt))
+
+    def output_spec(self) -> OutputSpec | None:
+        """The structured output this request asks for (`output_config`), if any."""
+        from ._output import spec_from_request
+
+        return spec_from_request(self.options)
 
     @cached_property
     def _around_prompt(self) -> tuple[str, str]:

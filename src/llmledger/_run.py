@@ -171,9 +171,10 @@ class Run:
                                stale_before=started - plan.stale, where=plan.where)
             if plan.definition is not None and plan.frame is not None:
                 selection = ledger.prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe,
-                                           source=plan.user_frame)
+                                           source=plan.user_frame, inputs=plan.cfg.validate is not None)
             else:
-                selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe)
+                selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe,
+                                          inputs=plan.cfg.validate is not None)
             self._take_counts(selection)
             if selection.work.height:
                 selection.survey = None  # out of date once rows are sent; read back at the end instead
@@ -244,6 +245,8 @@ class Run:
             found = selection.survey.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"))
         else:
             found = ledger.outputs(selection, plan.frame.select(selection.layout.key))
+        if found[step].dtype == pl.Null:  # no row has an answer yet, so nothing said its type
+            found = found.with_columns(pl.col(step).cast(pl.String))
         return _attach(plan, found)
 
 
@@ -284,8 +287,9 @@ def _attach(plan: Plan, found: pl.DataFrame) -> Any:
     names = [plan.step, f"{plan.step}_status"]
     if plan.from_pandas:
         out = plan.df.copy()
-        for name in names:
-            out[name] = found[name].cast(pl.String).to_list()
+        for name in names:  # text, or dicts for a structured output
+            column = found[name]
+            out[name] = (column.cast(pl.String) if column.dtype in (pl.Enum, pl.Categorical) else column).to_list()
         return out
     assert plan.user_frame is not None
     return pl.concat([plan.user_frame.drop(names, strict=False), found], how="horizontal")

@@ -8,6 +8,8 @@ where the API sends them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 import time
@@ -35,6 +37,87 @@ def default_reply(prompt: str, system: str | None = None) -> str:
     words = last.split(": ", 1)[-1].split()
     extract = " ".join(words[:12]) + (" …" if len(words) > 12 else "")
     return f"Summary: {extract}"
+
+
+def output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema a request's structured output asks for (`output_config.format`), if any."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    return fmt.get("schema") if isinstance(fmt, dict) and fmt.get("type") == "json_schema" else None
+
+
+def schema_problem(schema: Any, path: str = "output_config.format.schema") -> str | None:
+    """What the API would refuse in a structured-output schema, or None."""
+    if not isinstance(schema, dict):
+        return f"{path}: must be an object"
+    for name, sub in (schema.get("$defs") or {}).items():
+        problem = schema_problem(sub, f"{path}.$defs.{name}")
+        if problem:
+            return problem
+    if "$ref" in schema:
+        return None
+    for variant in schema.get("anyOf") or schema.get("allOf") or []:
+        problem = schema_problem(variant, path)
+        if problem:
+            return problem
+    kind = schema.get("type")
+    if kind is None and not ({"anyOf", "allOf", "enum", "const"} & set(schema)):
+        return f"{path}: a schema needs 'type', 'enum', 'const', 'anyOf' or '$ref'"
+    if kind == "object":
+        if schema.get("additionalProperties") is not False:
+            return f"{path}: For 'object' type, 'additionalProperties' must be explicitly set to false"
+        for name, sub in (schema.get("properties") or {}).items():
+            problem = schema_problem(sub, f"{path}.properties.{name}")
+            if problem:
+                return problem
+    if kind == "array" and "items" in schema:
+        return schema_problem(schema["items"], f"{path}.items")
+    for keyword in ("minLength", "maxLength", "pattern", "minimum", "maximum", "multipleOf"):
+        if keyword in schema:
+            return f"{path}: '{keyword}' is not supported in structured outputs"
+    return None
+
+
+def fake_json(schema: dict[str, Any], prompt: str) -> str:
+    """A deterministic answer matching `schema`, made from the prompt (as constrained decoding guarantees)."""
+    defs = schema.get("$defs") or {}
+    words = re.findall(r"[A-Za-z0-9']+", prompt.rsplit(":", 1)[-1]) or ["nothing"]
+
+    def pick(path: str, n: int) -> int:
+        return int(hashlib.md5(f"{prompt}\x00{path}".encode()).hexdigest()[:8], 16) % max(n, 1)
+
+    def make(node: dict[str, Any], path: str) -> Any:
+        if "$ref" in node:
+            return make(defs[node["$ref"].split("/")[-1]], path)
+        if "anyOf" in node:
+            variants = [v for v in node["anyOf"] if v.get("type") != "null"] or node["anyOf"]
+            return make(variants[0], path)
+        if "const" in node:
+            return node["const"]
+        if "enum" in node:
+            values = node["enum"]
+            if "positive" in values and "negative" in values:
+                label = default_reply(f"sentiment: {prompt.rsplit(':', 1)[-1]}")
+                if label in values:
+                    return label
+            return values[pick(path, len(values))]
+        kind = node.get("type")
+        if kind == "object":
+            return {name: make(sub, f"{path}.{name}") for name, sub in (node.get("properties") or {}).items()}
+        if kind == "array":
+            return [make(node.get("items") or {"type": "string"}, f"{path}[{i}]") for i in range(1 + pick(path, 2))]
+        if kind == "integer":
+            return pick(path, 100)
+        if kind == "number":
+            return pick(path, 1000) / 10
+        if kind == "boolean":
+            return bool(pick(path, 2))
+        if kind == "null":
+            return None
+        start = pick(path, len(words))
+        return " ".join(words[start:start + 3])
+
+    return json.dumps(make(schema, "$"), ensure_ascii=False)
 
 
 def count_tokens(text: str) -> int:
@@ -137,6 +220,11 @@ class Faults:
     outage_status: int | str = 529
     poison: str | None = None  # prompts containing this get a 400
     refuse: str | None = None  # prompts containing this get stop_reason "refusal"
+    # structured outputs: prompts (the first user message) containing these get JSON that is not valid JSON,
+    # always / only on their first request (a follow-up with the error gets valid JSON), or cut at max_tokens
+    bad_json: str | None = None
+    bad_json_once: str | None = None
+    truncate: str | None = None
     api_key: str | None = None  # when set, any other key gets a 401
     seed: int = 0
 
@@ -188,4 +276,17 @@ def validate(body: Any) -> str | None:
     stops = body.get("stop_sequences")
     if stops is not None and not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
         return "stop_sequences: Input should be a list of non-empty strings"
+    if "output_config" in body:
+        config = body["output_config"]
+        fmt = config.get("format") if isinstance(config, dict) else None
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            return "output_config.format: Input tag does not match the expected tag 'json_schema'"
+        problem = schema_problem(fmt.get("schema"))
+        if problem:
+            return problem
+    for message in body["messages"]:
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            return "messages: each message needs a role of 'user' or 'assistant'"
+        if not message.get("content"):
+            return "messages: all messages must have non-empty content"
     return None

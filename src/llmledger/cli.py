@@ -3,6 +3,9 @@
     llmledger status STORE [--table T]          llmledger.progress() and the first failed rows
     llmledger run STORE --table T --step S      llmledger.resume(): finish a step from the store alone
     llmledger sql STORE "SELECT ..."            llmledger.sql()
+    llmledger flag STORE --table T --step S --where W --reason R      llmledger.flag(): mark answers for redo
+    llmledger reset STORE --table T --step S --where W                llmledger.reset(): rows back to NOT_STARTED
+    llmledger history STORE --table T --step S [--key K]              llmledger.history(): replaced answers
     llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
     llmledger simulator [--port P]              the offline Messages API, for your own tests
 """
@@ -60,14 +63,27 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--step", required=True)
     p_run.add_argument("--concurrency", type=int, default=16)
     p_run.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
-    p_run.add_argument("--redo", choices=["stale", "all"], default=None,
-                       help="also re-send stale answers (stale) or every matching row (all)")
+    p_run.add_argument("--redo", choices=["stale", "flagged", "all"], default=None,
+                       help="also re-send stale answers (stale), flagged rows (flagged) or every matching row (all)")
     p_run.add_argument("--max-attempts", type=int, default=3)
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p_sql = sub.add_parser("sql", help="run a SQL query on the store and print the result")
     p_sql.add_argument("store")
     p_sql.add_argument("query")
+
+    p_flag = sub.add_parser("flag", help="flag a step's answers on matching rows for redo (redo='flagged')")
+    p_reset = sub.add_parser("reset", help="put a step back to NOT_STARTED on matching rows (answers to history)")
+    p_history = sub.add_parser("history", help="a step's replaced answers next to the current ones")
+    for p in (p_flag, p_reset, p_history):
+        p.add_argument("store", help="the DuckDB file")
+        p.add_argument("--table", required=True)
+        p.add_argument("--step", required=True)
+    for p in (p_flag, p_reset):
+        p.add_argument("--where", required=True, help="SQL predicate over the fact table, e.g. \"id IN (3, 7)\"")
+    p_flag.add_argument("--reason", required=True, help="what is wrong with these answers")
+    p_flag.add_argument("--by", default=None, help="who flags them (default: the login name)")
+    p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
     p_demo = sub.add_parser("demo", help="run a step over the bundled reviews dataset")
     p_demo.add_argument("--store", default=None, help="ledger file (default: a fresh one in a temp folder)")
@@ -86,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "run":
             from ._api import resume
 
-            redo = {"stale": "stale", "all": True, None: False}[args.redo]
+            redo = {"stale": "stale", "flagged": "flagged", "all": True, None: False}[args.redo]
             try:
                 resume(args.store, args.table, args.step, concurrency=args.concurrency, where=args.where,
                        redo=redo, max_attempts=args.max_attempts, progress=not args.quiet)
@@ -99,6 +115,22 @@ def main(argv: list[str] | None = None) -> int:
             if result is not None:
                 with pl.Config(**_TABLE_FORMAT):
                     print(result)
+        elif args.command in ("flag", "reset"):
+            from ._query import flag, reset
+
+            if args.command == "flag":
+                n = flag(args.store, args.table, args.step, where=args.where, reason=args.reason, by=args.by)
+            else:
+                n = reset(args.store, args.table, args.step, where=args.where)
+            print(f"{args.command}: {n:,} rows of {args.table}.{args.step}")
+        elif args.command == "history":
+            from ._query import history
+
+            key = args.key
+            if key is not None and key.lstrip("-").isdigit():
+                key = int(key)
+            with pl.Config(**_TABLE_FORMAT):
+                print(history(args.store, args.table, args.step, key=key))
         elif args.command == "demo":
             from ._demo import run_demo
 

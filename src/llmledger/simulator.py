@@ -37,7 +37,19 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ._sim_api import ERRORS, Bucket, ErrorSpec, Faults, count_tokens, default_reply, error_spec, user_text, validate
+from ._sim_api import (
+    ERRORS,
+    Bucket,
+    ErrorSpec,
+    Faults,
+    count_tokens,
+    default_reply,
+    error_spec,
+    fake_json,
+    output_schema,
+    user_text,
+    validate,
+)
 
 Responder = Callable[[str, str | None], str]
 
@@ -203,8 +215,19 @@ class Simulator:
         system = body.get("system")
         if isinstance(system, list):
             system = "".join(b.get("text", "") for b in system if isinstance(b, dict))
-        text = self.responder(prompt, system)
+        schema = output_schema(body)
+        first = user_text({"messages": (body.get("messages") or [])[:1]})
+        f = self.faults
+        if schema is not None and self.responder is default_reply:
+            text = fake_json(schema, first)
+        else:
+            text = self.responder(prompt, system)
+        if schema is not None and ((f.bad_json and f.bad_json in first) or
+                                   (f.bad_json_once and f.bad_json_once in first and len(body["messages"]) == 1)):
+            text = text.replace("{", "", 1) or "not json"
         max_tokens = int(body.get("max_tokens") or 0)
+        if f.truncate and f.truncate in first:
+            max_tokens = min(max_tokens, max(1, count_tokens(text) // 2))
         stop_reason, stop_sequence = "end_turn", None
         hits = [(text.find(s), s) for s in body.get("stop_sequences") or [] if s in text]
         if self.faults.refuse and self.faults.refuse in prompt:
@@ -214,7 +237,9 @@ class Simulator:
             text, stop_reason = text[:at], "stop_sequence"
         elif count_tokens(text) > max_tokens:
             text, stop_reason = text[: max_tokens * 4], "max_tokens"
-        usage_in = count_tokens((system or "") + prompt)
+        usage_in = count_tokens((system or "") + "".join(
+            m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+            for m in body.get("messages") or []) + (json.dumps(schema) if schema else ""))
         usage_out = count_tokens(text) if text else 0
         with self._lock:
             self._stats["paid"] += 1

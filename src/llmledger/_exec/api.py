@@ -46,6 +46,14 @@ class Reply:
     cache_write_tokens: int = 0
     cache_write_1h_tokens: int = 0  # the part of cache_write_tokens written with a 1 h ttl
     cache_read_tokens: int = 0
+    calls: int = 1  # requests this answer took (2 when a structured answer needed its one retry)
+
+    def plus(self, later: Reply) -> Reply:
+        """`later` (an answer to a follow-up request), carrying the usage of both."""
+        return Reply(later.text, self.input_tokens + later.input_tokens, self.output_tokens + later.output_tokens,
+                     later.stop_reason, later.model, self.cache_write_tokens + later.cache_write_tokens,
+                     self.cache_write_1h_tokens + later.cache_write_1h_tokens,
+                     self.cache_read_tokens + later.cache_read_tokens, self.calls + later.calls)
 
 
 class CallFailed(Exception):

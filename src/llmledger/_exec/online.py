@@ -11,6 +11,7 @@ about each row goes back to the scheduler through `Sink`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -20,13 +21,19 @@ import anthropic
 
 from .._ledger import KnownAnswer
 from .._ledger.states import Outcome
+from .._output import OutputError, OutputSpec
 from .._request import RequestSpec
 from .api import CallFailed, Kind, Reply, send
 from .pacing import Pacer, backoff
 
 log = logging.getLogger("llmledger")
 
-Answer = tuple[Reply | None, str | None]  # a reply, or the error of a permanent failure
+# (reply, None): an answer. (None, error): a permanent failure. (reply, error): an answer paid for that did not
+# match the step's output schema, kept for a person to review.
+Answer = tuple[Reply | None, str | None]
+
+FEEDBACK = ("That answer does not match the required JSON schema: {problem}. Answer again with only the JSON "
+            "object, matching the schema exactly.")
 
 _STOP_ADVICE = {
     Outcome.AUTH: "the API refused the credentials or the account ({}); no row was marked failed. Check "
@@ -65,8 +72,10 @@ class Sink(Protocol):
 
 class OnlineSender:
     def __init__(self, client: anthropic.AsyncAnthropic, *, requests: dict[str, RequestSpec],
-                 known: dict[str, KnownAnswer], retry: RetryPolicy, dedupe: bool, sink: Sink) -> None:
+                 known: dict[str, KnownAnswer], retry: RetryPolicy, dedupe: bool, sink: Sink,
+                 output: OutputSpec | None = None) -> None:
         self.client, self.requests, self.retry, self.dedupe, self.sink = client, requests, retry, dedupe, sink
+        self.output = output  # answers are checked against it; one that fails gets one retry with the reason
         self.pacer = Pacer()
         self.answers: dict[str, Answer] = {fp: (Reply(a.output, 0, 0, a.stop_reason, a.model), None)
                                            for fp, a in known.items()}
@@ -103,8 +112,31 @@ class OnlineSender:
                 future.set_result(answer)
 
     async def _call(self, row: dict[str, Any]) -> Answer | None:
-        """Send until there is an answer or a permanent error; None when the run stops first."""
+        """The row's answer (checked against the output schema, retried once if it does not match)."""
         body = self.requests[row["version"]].body(row["prompt"])
+        answer = await self._send(body, row)
+        if answer is None or answer[0] is None or self.output is None:
+            return answer
+        first = answer[0]
+        try:
+            return dataclasses.replace(first, text=self.output.check(first.text)), None
+        except OutputError as exc:
+            problem = str(exc)
+        follow_up = {**body, "messages": [*body["messages"],
+                                          {"role": "assistant", "content": first.text or "(no answer)"},
+                                          {"role": "user", "content": FEEDBACK.format(problem=problem)}]}
+        second = await self._send(follow_up, row)
+        if second is None or second[0] is None:  # stopped, or the retry was refused: keep what was paid for
+            why = "the run stopped" if second is None else second[1]
+            return first, f"the answer does not match the output schema: {problem} (not retried: {why})"
+        both = first.plus(second[0])
+        try:
+            return dataclasses.replace(both, text=self.output.check(both.text)), None
+        except OutputError as exc:
+            return both, f"the answer does not match the output schema, also when asked again: {exc}"
+
+    async def _send(self, body: dict[str, Any], row: dict[str, Any]) -> Answer | None:
+        """Send until there is an answer or a permanent error; None when the run stops first."""
         tries = 0
         while self.sink.stopping is None:
             self.sink.set_in_flight(+1)

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ class RunConfig:
     retry: RetryPolicy
     dedupe: bool = True  # rows with identical requests share one call
     grace: float = 1.0  # seconds in-flight requests get to finish after an interrupt
+    validate: Callable[[dict[str, Any], Any], str | None] | None = None  # apply_llm's validate=
+    output_model: Any = field(default=None, compare=False)  # the pydantic model of output= (apply_llm only)
 
 
 class Scheduler:
@@ -56,8 +58,12 @@ class Scheduler:
                  on_progress: Callable[[RunReport, int], None] | None = None) -> None:
         self.ledger, self.selection, self.cfg = ledger, selection, cfg
         self.claimant, self.report, self.stop_flag, self.on_progress = claimant, report, stop_flag, on_progress
+        output = selection.requests[selection.version].output_spec() if selection.requests else None
+        if output is not None and cfg.output_model is not None:
+            output = dataclasses.replace(output, model=cfg.output_model)
+        self.output = output
         self.sender = OnlineSender(client, requests=selection.requests, known=selection.known, retry=cfg.retry,
-                                   dedupe=cfg.dedupe, sink=self)
+                                   dedupe=cfg.dedupe, sink=self, output=output)
         layout = selection.layout
         self.journal = Journal(ledger.path, layout.table, layout.step, str(claimant))
         self.buffer: list[dict[str, Any]] = []
@@ -89,6 +95,10 @@ class Scheduler:
         attempts = attempts_after(row["attempts"], was_done=row["was_done"])
         result: dict[str, Any] = {k: row[k] for k in self.selection.layout.key}
         now = utcnow()
+        refused_by_validate = False
+        if reply is not None and error is None and self.cfg.validate is not None:
+            error = self._validate(row, reply.text)
+            refused_by_validate = error is not None
         if reply is not None:
             if reused:  # an identical request was answered already: nothing to pay
                 reply = dataclasses.replace(reply, input_tokens=0, output_tokens=0, cache_write_tokens=0,
@@ -97,15 +107,22 @@ class Scheduler:
                 cost: float | None = 0.0
             else:
                 cost = cost_usd(reply)
-                rep.calls += 1
+                rep.calls += reply.calls
                 rep.input_tokens += reply.input_tokens
                 rep.output_tokens += reply.output_tokens
-            rep.done += 1
+            if error is None:
+                rep.done += 1
+                result.update(status=Status.DONE.value, output=reply.text, raw=None)
+            else:  # paid for, but a person should look at it: refused by validate= (a valid answer, kept as
+                rep.needs_review += 1  # the output) or not matching the output schema (kept as raw text)
+                self._note_error(error)
+                result.update(status=Status.NEEDS_REVIEW.value,
+                              output=reply.text if refused_by_validate else None,
+                              raw=None if refused_by_validate else reply.text)
             rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
-            result.update(status=Status.DONE.value, output=reply.text, attempts=attempts, error=None,
-                          input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, cost_usd=cost,
-                          stop_reason=reply.stop_reason, model=reply.model, fingerprint=row["fingerprint"],
-                          finished_at=now)
+            result.update(attempts=attempts, error=error, input_tokens=reply.input_tokens,
+                          output_tokens=reply.output_tokens, cost_usd=cost, stop_reason=reply.stop_reason,
+                          model=reply.model, fingerprint=row["fingerprint"], finished_at=now)
         else:
             status = status_after_failure(attempts, self.cfg.max_attempts)
             if status is Status.FAILED:
@@ -113,8 +130,8 @@ class Scheduler:
             else:
                 rep.needs_review += 1
             self._note_error(error or "")
-            result.update(status=status.value, output=None, attempts=attempts, error=error, input_tokens=None,
-                          output_tokens=None, cost_usd=None, stop_reason=None,
+            result.update(status=status.value, output=None, raw=None, attempts=attempts, error=error,
+                          input_tokens=None, output_tokens=None, cost_usd=None, stop_reason=None,
                           model=self.selection.requests[row["version"]].model, fingerprint=None, finished_at=now)
         self.journal.append(result)
         if self.oldest is None:
@@ -124,6 +141,20 @@ class Scheduler:
             self._wake.set()
         if self.on_progress:
             self.on_progress(rep, 1)
+
+    def _validate(self, row: dict[str, Any], text: str) -> str | None:
+        """Run the user's `validate(row, output)`: a returned string is why a person should look at the row."""
+        assert self.cfg.validate is not None
+        inputs = {k: row[k] for k in self.selection.layout.key}
+        inputs.update({col: row.get("input." + col) for col in self.selection.inputs})
+        try:
+            value = self.output.value(text) if self.output is not None else text
+            verdict = self.cfg.validate(inputs, value)
+        except Exception as exc:
+            return f"validate= raised {type(exc).__name__}: {exc}"
+        if verdict is None or verdict == "":
+            return None
+        return str(verdict) if isinstance(verdict, str) else f"validate= returned {verdict!r} (not None or a str)"
 
     def _note_error(self, message: str) -> None:
         errors = self.report.errors

@@ -19,9 +19,13 @@ def q(name: str) -> str:
 
 
 # How a commit writes a column. `i` is the results chunk, `t` the fact table.
-KEEP_UNLESS_DONE = "keep"  # the new value for DONE rows, the old one otherwise (a failed redo keeps the answer)
+KEEP_UNLESS_ANSWERED = "keep"  # the new value when the result holds an answer, the old one otherwise
+# (a failed redo keeps the previous answer). A result holds an answer when its fingerprint is set: DONE rows,
+# and NEEDS_REVIEW rows whose answer was paid for but did not pass the schema or `validate=`.
+ANSWERED = "i.fingerprint IS NOT NULL"
 FROM_RESULT = "result"  # always the result's value
 CLEAR = "clear"  # NULL (the claim is over)
+CLEAR_IF_DONE = "clear_if_done"  # NULL once the row is DONE again (a flag is answered by a new answer)
 UNTOUCHED = "untouched"  # not written by a commit (the request columns, written when rows are prepared)
 
 
@@ -37,27 +41,36 @@ class Column:
 
 
 STEP_COLUMNS: tuple[Column, ...] = (
-    Column("", "VARCHAR", KEEP_UNLESS_DONE, "output", pl.String(), doc="the answer's text"),
+    Column("", "VARCHAR", KEEP_UNLESS_ANSWERED, "output", pl.String(),
+           doc="the answer: text, or a STRUCT for a step with output= (results carry it as JSON text)"),
     Column("_status", "VARCHAR", FROM_RESULT, "status", pl.String(), "'NOT_STARTED'",
            "NOT_STARTED, RUNNING, DONE, FAILED or NEEDS_REVIEW"),
     Column("_running_started_at", "TIMESTAMP", CLEAR, doc="when the current claim was taken (UTC)"),
     Column("_claimed_by", "VARCHAR", CLEAR, doc="host/pid/run of the claim"),
+    Column("_claimed_from", "VARCHAR", CLEAR, doc="the status the row had when it was claimed"),
     Column("_attempts", "INTEGER", FROM_RESULT, "attempts", pl.Int32(), "0",
            "answered or refused tries (transient errors never count)"),
     Column("_error", "VARCHAR", FROM_RESULT, "error", pl.String(), doc="why the last try was refused"),
     Column("_finished_at", "TIMESTAMP", FROM_RESULT, "finished_at", pl.Datetime("us"), doc="when (UTC)"),
-    Column("_input_tokens", "BIGINT", KEEP_UNLESS_DONE, "input_tokens", pl.Int64(), doc="billed input tokens"),
-    Column("_output_tokens", "BIGINT", KEEP_UNLESS_DONE, "output_tokens", pl.Int64(), doc="billed output tokens"),
-    Column("_cost_usd", "DOUBLE", KEEP_UNLESS_DONE, "cost_usd", pl.Float64(),
+    Column("_input_tokens", "BIGINT", KEEP_UNLESS_ANSWERED, "input_tokens", pl.Int64(), doc="billed input tokens"),
+    Column("_output_tokens", "BIGINT", KEEP_UNLESS_ANSWERED, "output_tokens", pl.Int64(), doc="billed output tokens"),
+    Column("_cost_usd", "DOUBLE", KEEP_UNLESS_ANSWERED, "cost_usd", pl.Float64(),
            doc="list price of the answer; NULL for models without a known price"),
+    Column("_raw", "VARCHAR", KEEP_UNLESS_ANSWERED, "raw", pl.String(),
+           doc="an answer that did not match the step's output schema, as the model wrote it"),
     Column("_stop_reason", "VARCHAR", FROM_RESULT, "stop_reason", pl.String(), doc="end_turn, max_tokens, ..."),
     Column("_model", "VARCHAR", FROM_RESULT, "model", pl.String(), doc="the model that answered"),
-    Column("_fingerprint", "UUID", KEEP_UNLESS_DONE, "fingerprint", pl.String(),
+    Column("_fingerprint", "UUID", KEEP_UNLESS_ANSWERED, "fingerprint", pl.String(),
            doc="fingerprint of the request that produced the answer"),
+    Column("_flag", "VARCHAR", CLEAR_IF_DONE, doc="why a person flagged the answer for redo (llmledger.flag)"),
+    Column("_flagged_at", "TIMESTAMP", CLEAR_IF_DONE, doc="when it was flagged (UTC)"),
+    Column("_flagged_by", "VARCHAR", CLEAR_IF_DONE, doc="who flagged it"),
     Column("_prompt", "VARCHAR", UNTOUCHED, doc="the current request's user message"),
     Column("_request_fingerprint", "UUID", UNTOUCHED, doc="fingerprint of the current request"),
     Column("_version", "VARCHAR", UNTOUCHED,
            doc="the step definition (llmledger_steps.version) the current request was rendered for"),
+    Column("_upstream_fingerprint", "UUID", UNTOUCHED,
+           doc="digest of the upstream steps' answers the current request was rendered from"),
 )
 
 RESULT_SCHEMA: dict[str, pl.DataType] = {c.result: c.result_type for c in STEP_COLUMNS
@@ -74,12 +87,23 @@ def names(step: str, alias: str = "") -> dict[str, str]:
     return {c.suffix: prefix + q(step + c.suffix) for c in STEP_COLUMNS}
 
 
-def add_column_ddl(table: str, step: str, column: Column) -> str:
+def add_column_ddl(table: str, step: str, column: Column, output_type: str = "VARCHAR") -> str:
     default = f" DEFAULT {column.default}" if column.default else ""
-    return f"ALTER TABLE {q(table)} ADD COLUMN {q(step + column.suffix)} {column.sql_type}{default}"
+    sql_type = output_type if column.suffix == "" else column.sql_type
+    return f"ALTER TABLE {q(table)} ADD COLUMN {q(step + column.suffix)} {sql_type}{default}"
 
 
-def commit_assignments(step: str) -> str:
+def output_from_text(expr: str, output_type: str) -> str:
+    """SQL turning the JSON text of a structured answer into the step's column type (text stays text)."""
+    return expr if output_type == "VARCHAR" else f"CAST(CAST({expr} AS JSON) AS {output_type})"
+
+
+def output_as_text(expr: str, output_type: str) -> str:
+    """SQL for an output as text: the answer itself, or a structured one as JSON."""
+    return expr if output_type == "VARCHAR" else f"to_json({expr})::VARCHAR"
+
+
+def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
     """The SET list writing a results chunk `i` into the fact table `t`."""
     t = names(step, "t")
     sets = []
@@ -88,9 +112,13 @@ def commit_assignments(step: str) -> str:
             continue
         if c.commit == CLEAR:
             value = "NULL"
+        elif c.commit == CLEAR_IF_DONE:
+            value = f"CASE WHEN i.status = 'DONE' THEN NULL ELSE {t[c.suffix]} END"
         else:
             value = f"i.{c.result}" + ("::UUID" if c.sql_type == "UUID" else "")
-            if c.commit == KEEP_UNLESS_DONE:
-                value = f"CASE WHEN i.status = 'DONE' THEN {value} ELSE {t[c.suffix]} END"
+            if c.suffix == "":
+                value = output_from_text(value, output_type)
+            if c.commit == KEEP_UNLESS_ANSWERED:
+                value = f"CASE WHEN {ANSWERED} THEN {value} ELSE {t[c.suffix]} END"
         sets.append(f"{q(step + c.suffix)} = {value}")
     return ", ".join(sets)

@@ -23,18 +23,25 @@ from .._time import utcnow
 from ..errors import InvalidInputError
 from . import KnownAnswer, RunParams, Selection, StepDefinition
 from .claims import is_abandoned
-from .columns import RESULT_SCHEMA, commit_assignments, names, q
-from .connection import Connection, check_store_path, one, registered, table_exists
+from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q, step_columns
+from .connection import Connection, check_store_path, column_types, one, registered, table_exists
+from .history import archive, redo_reason, side_by_side
 from .journal import pending as pending_journals
 from .journal import read as read_journal
-from .prepare import establish_table, frame_columns, insert_rows, legacy_signature, refresh_rows, render_rows
+from .prepare import (
+    establish_table,
+    frame_columns,
+    insert_rows,
+    legacy_signature,
+    refresh_rows,
+    render_rows,
+    set_output_type,
+)
 from .schema import (
-    HISTORY_TABLE,
     LEGACY_FINGERPRINT_PREFIX,
     MIGRATIONS_TABLE,
     RUNS_TABLE,
     current_version,
-    ensure_step_columns,
     list_steps,
     migrate,
     owned_columns,
@@ -67,11 +74,12 @@ class DuckDBLedger:
 
     # -- preparing a run ---------------------------------------------------------------------------------
     def prepare(self, definition: StepDefinition, frame: pl.DataFrame, params: RunParams, *,
-                dedupe: bool, source: pl.DataFrame | None = None) -> Selection:
+                dedupe: bool, source: pl.DataFrame | None = None, inputs: bool = False) -> Selection:
         """One transaction: schema, the frame's rows and requests, journals of dead runs, lost claims, the work.
 
         `frame` holds the columns the ledger can store; `source` (the same rows, in the same order) is
-        what a prompt rendered in Python sees, Python objects included.
+        what a prompt rendered in Python sees, Python objects included. With `inputs`, claims return
+        each row's stored input columns too (for a `validate=` callable).
         """
         check_store_path(self.path)
         existed = self.path.exists()
@@ -84,8 +92,9 @@ class DuckDBLedger:
                             frame_columns(frame, definition.key, owned_columns(con, definition.table,
                                                                                definition.step)))
             establish_table(con, layout, frame)
-            ensure_step_columns(con, layout.table, layout.step)
             request = definition.request
+            output = request.output_spec()
+            set_output_type(con, layout, "VARCHAR" if output is None else output.sql_type, now)
             record_step(con, table=layout.table, step=layout.step, key=layout.key, version=definition.version,
                         model=request.model, system=request.system, max_tokens=request.max_tokens,
                         options=canonical_json(request.options),
@@ -103,7 +112,7 @@ class DuckDBLedger:
                 found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
                                compare=False)
             return self._selection(con, layout, definition.version, frame.select(layout.key), found, sql_params,
-                                   key_types, params, dedupe)
+                                   key_types, params, dedupe, inputs)
 
         try:
             selection = self.conn.transaction(work)
@@ -144,18 +153,20 @@ class DuckDBLedger:
 
     def _selection(self, con: duckdb.DuckDBPyConnection, layout: Layout, version: str, keys: pl.DataFrame,
                    found: pl.DataFrame, sql_params: dict[str, Any], key_types: dict[str, pl.DataType],
-                   params: RunParams, dedupe: bool) -> Selection:
+                   params: RunParams, dedupe: bool, inputs: bool) -> Selection:
         status = found["status"]
         work = keys.filter(found["eligible"] & found["in_where"])
         return Selection(
+            inputs=_input_columns(con, layout) if inputs else [],
             layout=layout, version=version, requests=_requests(con, layout), work=work, params=sql_params,
             key_types=key_types, stale=int(found["stale"].sum()) if params.redo is not Redo.STALE else 0,
             running_elsewhere=int((status == Status.RUNNING).sum()),
             needs_review=int((status == Status.NEEDS_REVIEW).sum()),
-            known=_known_answers(con, layout, work) if dedupe and params.redo is not Redo.ALL else {},
+            known=_known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {},
             survey=found.select("status", "output"))
 
-    def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool) -> Selection:
+    def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool,
+               inputs: bool = False) -> Selection:
         """The work of a step that apply_llm prepared, selected from the store alone."""
         check_store_path(self.path, must_exist=True)
         merged: list[Path] = []
@@ -186,10 +197,11 @@ class DuckDBLedger:
                 f"count(*) FILTER (WHERE NOT {flags['current']} AND {flags['eligible']}) "
                 f"FROM {q(table)} WHERE {flags['in_where']}"), work_sql)
             return Selection(
+                inputs=_input_columns(con, layout) if inputs else [],
                 layout=layout, version=version, requests=_requests(con, layout), work=work, params=work_sql,
                 key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
-                known=_known_answers(con, layout, work) if dedupe and params.redo is not Redo.ALL else {})
+                known=_known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {})
 
         selection = self.conn.transaction(work)
         for path in merged:
@@ -263,10 +275,48 @@ class DuckDBLedger:
                 f"SELECT to_json(struct_pack({parts}))::VARCHAR, {s}, {e} FROM {q(table)} "
                 f"WHERE {s} IN ('FAILED', 'NEEDS_REVIEW') ORDER BY {s}, {e} LIMIT {int(limit)}").fetchall()]
 
-    def history(self, table: str, step: str) -> pl.DataFrame:
-        with self.conn.open(wait=60.0) as con:
-            return con.sql(f"SELECT * FROM {HISTORY_TABLE} WHERE table_name = ? AND step = ? ORDER BY replaced_at",
-                           params=[table, step]).pl()
+    def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame:
+        return self.conn.transaction(lambda con: side_by_side(con, self._layout(con, table, step), key), wait=60.0)
+
+    # -- what people do to rows ----------------------------------------------------------------------------
+    def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
+        """Mark the step's answers of rows matching `where` for redo (`redo="flagged"`), saying why and who."""
+        def work(con: duckdb.DuckDBPyConnection) -> int:
+            layout = self._layout(con, table, step)
+            check_where(con, table, where)
+            c = names(step)
+            return len(con.execute(
+                f"UPDATE {q(layout.table)} SET {c['_flag']} = $reason, {c['_flagged_at']} = $now, "
+                f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) RETURNING 1",
+                {"reason": reason, "now": now, "by": by}).fetchall())
+
+        return self.conn.transaction(work, wait=60.0)
+
+    def reset(self, table: str, step: str, *, where: str, now: datetime) -> int:
+        """Put the step of rows matching `where` back to NOT_STARTED; their answers go to the history first."""
+        def work(con: duckdb.DuckDBPyConnection) -> int:
+            layout = self._layout(con, table, step)
+            check_where(con, table, where)
+            matching = f"coalesce(({where}), false) AND {layout.col('_status')} <> 'RUNNING'"
+            archive(con, layout, now=now, reason="'reset'", condition=matching)
+            c = names(step)
+            cleared = [c[s] for s in ("", "_error", "_finished_at", "_input_tokens", "_output_tokens", "_cost_usd",
+                                      "_stop_reason", "_model", "_fingerprint", "_raw", "_flag", "_flagged_at",
+                                      "_flagged_by")]
+            sets = ", ".join([f"{c['_status']} = 'NOT_STARTED'", f"{c['_attempts']} = 0",
+                              *(f"{col} = NULL" for col in cleared)])
+            return len(con.execute(f"UPDATE {q(table)} AS t SET {sets} WHERE {matching} RETURNING 1").fetchall())
+
+        return self.conn.transaction(work, wait=60.0)
+
+    def _layout(self, con: duckdb.DuckDBPyConnection, table: str, step: str) -> Layout:
+        migrate(con, utcnow())
+        found = [key for t, s, key in list_steps(con, table) if s == step]
+        if not found or not table_exists(con, table):
+            known = [f"{t}.{s}" for t, s, _ in list_steps(con)]
+            raise InvalidInputError(f"the store has no step {step!r} on table {table!r}; it has: "
+                                    f"{known or 'no steps'}")
+        return Layout(table, step, found[0], [])
 
     def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None:
         with self.conn.open(wait=wait) as con:
@@ -286,11 +336,13 @@ def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataF
     flags = flag_sql(layout, None)
     c = names(layout.step, "t")
     with registered(con, BATCH, batch):
+        inputs = "".join(f"t.{q(col)} AS {q('input.' + col)}, " for col in selection.inputs)
         got = con.sql(
             f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
+            f"{q(layout.step + '_claimed_from')} = {c['_status']}, "
             f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
             f"FROM {BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']} "
-            f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {c['_prompt']} AS prompt, "
+            f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {inputs}{c['_prompt']} AS prompt, "
             f"{c['_request_fingerprint']}::VARCHAR AS fingerprint, {c['_version']} AS version, "
             f"{c['_attempts']} AS attempts, "
             f"{c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
@@ -306,17 +358,14 @@ def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.D
     `only_unfinished` (for journals of dead runs) leaves rows that are DONE or NEEDS_REVIEW by now
     untouched, so an old answer never overwrites a newer one.
     """
+    output_type = column_types(con, layout.table)[layout.step]
     with registered(con, RESULTS, results):
         c = names(layout.step, "t")
         guard = f" AND {c['_status']} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
-        con.execute(
-            f"INSERT INTO {HISTORY_TABLE} SELECT $table, $step, {layout.key_json()}, {c['']}, {c['_model']}, "
-            f"{c['_fingerprint']}::VARCHAR, {c['_input_tokens']}, {c['_output_tokens']}, {c['_cost_usd']}, "
-            f"{c['_finished_at']}, $now FROM {q(layout.table)} AS t JOIN {RESULTS} AS i ON {layout.key_join()} "
-            f"WHERE i.status = 'DONE' AND {c['']} IS NOT NULL{guard}",
-            {"table": layout.table, "step": layout.step, "now": now})
-        con.execute(f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step)} FROM {RESULTS} AS i "
-                    f"WHERE {layout.key_join()}{guard}")
+        archive(con, layout, now=now, reason=redo_reason(layout), condition=f"{ANSWERED}{guard}",
+                join=f"JOIN {RESULTS} AS i ON {layout.key_join()}", output_type=output_type)
+        con.execute(f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step, output_type)} "
+                    f"FROM {RESULTS} AS i WHERE {layout.key_join()}{guard}")
 
 
 def _give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any]) -> int:
@@ -324,7 +373,8 @@ def _give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, p
     c = names(layout.step)
     rows = con.execute(
         f"UPDATE {q(layout.table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
-        f"{c['_claimed_by']} = NULL WHERE {c['_status']} = 'RUNNING' AND ({condition}) RETURNING 1", params).fetchall()
+        f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL WHERE {c['_status']} = 'RUNNING' AND ({condition}) "
+        "RETURNING 1", params).fetchall()
     return len(rows)
 
 
@@ -371,15 +421,24 @@ def _known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.Data
     if not work.height:
         return {}
     c = names(layout.step, "t")
+    output = output_as_text(c[""], column_types(con, layout.table)[layout.step])
     with registered(con, BATCH, work):
         rows = con.execute(
             f"WITH wanted AS (SELECT DISTINCT {c['_request_fingerprint']} AS fp FROM {q(layout.table)} AS t "
             f"SEMI JOIN {BATCH} AS i ON {layout.key_join()}) "
-            f"SELECT t.{q(layout.step + '_fingerprint')}::VARCHAR, any_value({c['']}), "
+            f"SELECT t.{q(layout.step + '_fingerprint')}::VARCHAR, any_value({output}), "
             f"any_value({c['_stop_reason']}), any_value({c['_model']}) FROM {q(layout.table)} AS t "
             f"SEMI JOIN wanted AS w ON {c['_fingerprint']} = w.fp WHERE {c['_status']} = 'DONE' "
             f"GROUP BY {c['_fingerprint']}").fetchall()
     return {r[0]: KnownAnswer(r[1], r[2], r[3]) for r in rows}
+
+
+def _input_columns(con: duckdb.DuckDBPyConnection, layout: Layout) -> list[str]:
+    """The fact table's input columns (its key and what frames put there): what a `validate=` callable sees."""
+    owned = set()
+    for _, step, _ in list_steps(con, layout.table):
+        owned.update(step_columns(step))
+    return [c for c in column_types(con, layout.table) if c not in owned and c not in layout.key]
 
 
 def _requests(con: duckdb.DuckDBPyConnection, layout: Layout) -> dict[str, RequestSpec]:

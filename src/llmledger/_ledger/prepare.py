@@ -10,15 +10,17 @@ writes nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import duckdb
 import polars as pl
 
 from ..errors import KeyColumnError
-from .columns import names, q
+from .columns import names, output_as_text, q
 from .connection import column_types, registered, table_exists
-from .schema import LEGACY_FINGERPRINT_PREFIX, list_steps
+from .history import archive
+from .schema import LEGACY_FINGERPRINT_PREFIX, canonical_type, ensure_step_columns, list_steps
 from .survey import Layout
 
 if TYPE_CHECKING:
@@ -48,6 +50,25 @@ def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Da
     for c in layout.mirror:
         if c not in existing:
             con.execute(f"ALTER TABLE {q(layout.table)} ADD COLUMN {q(c)} {incoming[c]}")
+
+
+def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type: str, now: datetime) -> None:
+    """Give the step its columns, its output column the type the step's output schema needs.
+
+    When the type changes (text becomes structured, a schema gains a field), every stored answer is
+    first copied to the history table as text, then converted where it fits the new type (NULL where
+    it does not). Those rows are stale anyway: their requests asked for the old schema.
+    """
+    ensure_step_columns(con, layout.table, layout.step, output_type)
+    current = column_types(con, layout.table)[layout.step]
+    wanted = canonical_type(con, output_type)
+    if current == wanted:
+        return
+    archive(con, layout, now=now, reason="'output type changed'", condition="true", output_type=current)
+    col = q(layout.step)
+    as_json = f"try_cast({output_as_text(col, current)} AS JSON)"
+    using = output_as_text(col, current) if wanted == "VARCHAR" else f"try_cast({as_json} AS {wanted})"
+    con.execute(f"ALTER TABLE {q(layout.table)} ALTER COLUMN {col} SET DATA TYPE {wanted} USING {using}")
 
 
 def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,

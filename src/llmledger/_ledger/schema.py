@@ -74,9 +74,28 @@ def _v2_self_contained(con: duckdb.DuckDBPyConnection) -> None:
                         f"ELSE md5('{LEGACY_FINGERPRINT_PREFIX}' || {q(fp)})::UUID END")
 
 
+def _v3_pipelines(con: duckdb.DuckDBPyConnection) -> None:
+    """Per step: raw text of answers not matching an output schema, the status a claim took, flags, and the
+    upstream answers a request was made from; steps record their upstream steps; history says why."""
+    con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS upstream VARCHAR[]")
+    for name in ("reason", "status"):
+        con.execute(f"ALTER TABLE {HISTORY_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
+    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
+        if not table_exists(con, table):
+            continue
+        existing = column_types(con, table)
+        for suffix, sql_type in (("_raw", "VARCHAR"), ("_claimed_from", "VARCHAR"), ("_flag", "VARCHAR"),
+                                 ("_flagged_at", "TIMESTAMP"), ("_flagged_by", "VARCHAR"),
+                                 ("_upstream_fingerprint", "UUID")):
+            if step + suffix not in existing:
+                con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} {sql_type}")
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
+    Migration(3, "pipelines: structured outputs, upstream steps, flags, claims that remember, history reasons",
+              _v3_pipelines),
 )
 LATEST = MIGRATIONS[-1].version
 
@@ -136,11 +155,17 @@ def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[
     return owned
 
 
-def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> None:
+def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str,
+                        output_type: str = "VARCHAR") -> None:
     existing = column_types(con, table)
     for column in STEP_COLUMNS:
         if step + column.suffix not in existing:
-            con.execute(add_column_ddl(table, step, column))
+            con.execute(add_column_ddl(table, step, column, output_type))
+
+
+def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:
+    """DuckDB's own spelling of a column type, for comparing a wanted type with the catalog's."""
+    return str(one(con, f"SELECT typeof(CAST(NULL AS {sql_type}))")[0])
 
 
 def record_step(con: duckdb.DuckDBPyConnection, *, table: str, step: str, key: list[str], version: str,

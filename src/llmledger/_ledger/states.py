@@ -7,8 +7,9 @@ The status model, in one place (the README's table is written from this):
          │                    │                         └──▶ NEEDS_REVIEW (attempts = max_attempts)
          └──release/recover───┘  (back to what the row was before its claim)
 
-A claim touches only the status and claim columns, so "what the row was before
-its claim" can always be read back from the row itself (`prior_status_sql`).
+A claim touches only the status and claim columns and records the status it
+took the row from (`_claimed_from`), so giving a claim back restores exactly
+what the row was (`prior_status_sql`).
 Statuses are stored as these plain strings, so `WHERE summary_status = 'DONE'`
 works from any SQL client.
 """
@@ -32,10 +33,16 @@ class Redo(StrEnum):
     NONE = "none"  # nothing else
     ALL = "all"  # every matching row, even DONE or NEEDS_REVIEW (`redo=True`)
     STALE = "stale"  # DONE rows whose answer was made for another request (`redo="stale"`)
+    FLAGGED = "flagged"  # rows a person flagged with llmledger.flag (`redo="flagged"`)
 
     @classmethod
     def from_argument(cls, redo: object) -> Redo:
-        return {False: cls.NONE, True: cls.ALL, "stale": cls.STALE}[redo]  # type: ignore[index]
+        return {False: cls.NONE, True: cls.ALL, "stale": cls.STALE, "flagged": cls.FLAGGED}[redo]  # type: ignore[index]
+
+    @property
+    def reuses_answers(self) -> bool:
+        """Whether DONE answers to identical requests may stand in (not when redoing answers on purpose)."""
+        return self in (Redo.NONE, Redo.STALE)
 
 
 class Outcome(StrEnum):
@@ -72,10 +79,14 @@ def attempts_after(previous: int | None, *, was_done: bool) -> int:
 
 
 def prior_status_sql(col: dict[str, str]) -> str:
-    """SQL: the status a RUNNING row had before it was claimed (`$max_attempts` bound)."""
-    return (f"CASE WHEN {col['_error']} IS NOT NULL THEN (CASE WHEN {col['_attempts']} >= $max_attempts "
-            f"THEN 'NEEDS_REVIEW' ELSE 'FAILED' END) WHEN {col['_finished_at']} IS NOT NULL THEN 'DONE' "
-            "ELSE 'NOT_STARTED' END")
+    """SQL: the status a RUNNING row had before it was claimed (`$max_attempts` bound).
+
+    Claims record it in `_claimed_from`; for claims taken before that column existed (schema 3) it is read
+    back from the row's other columns (a claim touches only the status and claim columns).
+    """
+    return (f"coalesce({col['_claimed_from']}, CASE WHEN {col['_error']} IS NOT NULL THEN (CASE WHEN "
+            f"{col['_attempts']} >= $max_attempts THEN 'NEEDS_REVIEW' ELSE 'FAILED' END) "
+            f"WHEN {col['_finished_at']} IS NOT NULL THEN 'DONE' ELSE 'NOT_STARTED' END)")
 
 
 def eligible_sql(col: dict[str, str]) -> str:
@@ -86,6 +97,8 @@ def eligible_sql(col: dict[str, str]) -> str:
     s, a, f = col["_status"], col["_attempts"], col["_finished_at"]
     return (f"({s} = 'NOT_STARTED' OR ({s} = 'FAILED' AND {a} < $max_attempts) "
             f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)) "
+            f"OR ($redo = 'flagged' AND {col['_flag']} IS NOT NULL AND {s} <> 'RUNNING' "
+            f"AND ({f} IS NULL OR {f} < $run_started)) "
             f"OR ($redo = 'stale' AND {stale_sql(col)}))")
 
 

@@ -140,7 +140,7 @@ def _absent(n: int, exprs: dict[str, str], compare: bool = False) -> pl.DataFram
     def constant(name: str, value: bool | None, dtype: Any) -> pl.Series:
         return pl.repeat(value, n, dtype=dtype, eager=True).alias(name)
 
-    types = {"status": STATUS_TYPE, "output": pl.String()}
+    types = {"status": STATUS_TYPE, "output": pl.Null()}  # the output's type is the step's: text or a Struct
     columns = [constant(name, False, pl.Boolean()) if name in _FLAGS else constant(name, None, types[name])
                for name in exprs]
     columns.append(constant("exists", False, pl.Boolean()))

@@ -1,0 +1,81 @@
+"""Nothing paid for is lost: answers about to be replaced are copied to `llmledger_history` first.
+
+Every path that replaces or clears a step's answers goes through `archive`:
+a commit whose rows already had an answer (a redo), a change of the step's
+output type, `reset`. Each archived row says why (`reason`) and what status
+the row had. `side_by_side` reads them back next to the current answers.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from ..errors import InvalidInputError
+from .columns import names, output_as_text, q
+from .connection import column_types
+from .schema import HISTORY_TABLE
+from .survey import Layout
+
+_COLUMNS = ("table_name, step, row_key, output, model, fingerprint, input_tokens, output_tokens, cost_usd, "
+            "finished_at, replaced_at, reason, status")
+
+
+def archive(con: duckdb.DuckDBPyConnection, layout: Layout, *, now: datetime, reason: str, condition: str,
+            join: str = "", params: dict[str, Any] | None = None, output_type: str | None = None) -> None:
+    """Copy the answers of rows `t` matching `condition` (optionally joined to more) into the history.
+
+    `reason` is SQL (a flag's text, say); `output_type` is the type the output column has now.
+    """
+    output_type = output_type or column_types(con, layout.table)[layout.step]
+    c = names(layout.step, "t")
+    con.execute(
+        f"INSERT INTO {HISTORY_TABLE} ({_COLUMNS}) SELECT $table, $step, {layout.key_json()}, "
+        f"{output_as_text(c[''], output_type)}, {c['_model']}, {c['_fingerprint']}::VARCHAR, {c['_input_tokens']}, "
+        f"{c['_output_tokens']}, {c['_cost_usd']}, {c['_finished_at']}, $now, {reason}, "
+        f"coalesce({c['_claimed_from']}, {c['_status']}) FROM {q(layout.table)} AS t {join} "
+        f"WHERE {c['']} IS NOT NULL AND ({condition})",
+        {**(params or {}), "table": layout.table, "step": layout.step, "now": now})
+
+
+def redo_reason(layout: Layout) -> str:
+    """SQL: why a commit replaces a row's answer."""
+    flag = layout.col("_flag", "t")
+    return f"CASE WHEN {flag} IS NOT NULL THEN 'flagged: ' || {flag} ELSE 'redo' END"
+
+
+def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None) -> pl.DataFrame:
+    """Each replaced answer of the step next to the row's current one, oldest first.
+
+    `key`: one row's key value (a dict of key columns when the key has several), or None for all rows.
+    """
+    if key is not None and not isinstance(key, dict):
+        if len(layout.key) != 1:
+            raise InvalidInputError(f"table {layout.table!r} is keyed by {layout.key}; pass key= as a dict of "
+                                    "those columns")
+        key = {layout.key[0]: key}
+    unknown = sorted(set(key or {}) - set(layout.key))
+    if unknown:
+        raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} "
+                                f"({layout.key})")
+    output_type = column_types(con, layout.table)[layout.step]
+    c = names(layout.step, "t")
+    keys = ", ".join(f"t.{q(k)}" for k in layout.key)
+    where = " AND ".join(f"t.{q(k)} = ${'k' + str(i)}" for i, k in enumerate(key or {}))
+    params = {"k" + str(i): v for i, v in enumerate((key or {}).values())}
+    old = "CAST(h.output AS JSON)" if output_type != "VARCHAR" else "h.output"
+    old_output = old if output_type == "VARCHAR" else f"try_cast({old} AS {output_type})"
+    return con.sql(
+        f"SELECT {keys}, h.replaced_at, h.reason, {old_output} AS old_output, h.status AS old_status, "
+        f"h.model AS old_model, h.fingerprint AS old_fingerprint, h.input_tokens AS old_input_tokens, "
+        f"h.output_tokens AS old_output_tokens, h.cost_usd AS old_cost_usd, h.finished_at AS old_finished_at, "
+        f"{c['']} AS output, {c['_status']} AS status, {c['_finished_at']} AS finished_at "
+        f"FROM {HISTORY_TABLE} AS h JOIN {q(layout.table)} AS t ON h.row_key = {layout.key_json()} "
+        f"WHERE h.table_name = $table AND h.step = $step{' AND ' + where if where else ''} "
+        f"ORDER BY {keys}, h.replaced_at",
+        params={**params, "table": layout.table, "step": layout.step}).pl()
+
+
