@@ -10,6 +10,7 @@ from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async, resu
 from ._exec.api import DEFAULT_MODEL
 from ._exec.online import RetryPolicy
 from ._ledger.states import Outcome, Redo, Status
+from ._pipeline import pipeline
 from ._prices import UnknownPriceWarning, prices, set_price
 from ._query import flag, history, progress, reset, sql
 from ._report import RunReport
@@ -66,6 +67,7 @@ __all__ = [
     "flag",
     "history",
     "last_report",
+    "pipeline",
     "prices",
     "progress",
     "reset",

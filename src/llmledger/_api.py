@@ -19,7 +19,7 @@ import polars as pl
 from ._exec.api import DEFAULT_MODEL
 from ._exec.online import RetryPolicy
 from ._exec.scheduler import RunConfig
-from ._ledger import StepDefinition
+from ._ledger import StepDefinition, known_steps
 from ._ledger.columns import step_columns
 from ._ledger.connection import check_store_path
 from ._ledger.states import Redo
@@ -79,7 +79,8 @@ def apply_llm(
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
     keys = _resolve_key(frame, key, step)
-    check_prompt(prompt, frame.columns)
+    steps = [s for s in known_steps(store, table) if s != step]
+    check_prompt(prompt, frame.columns, steps)
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
     check_max_tokens(max_tokens)
@@ -96,7 +97,7 @@ def apply_llm(
     request = RequestSpec(model=model, max_tokens=max_tokens, system=system, options=options)
     stored = _storable(frame)
     definition = StepDefinition(table=table, step=step, key=keys, request=request,
-                                prompt=plan_prompt(prompt, frame))
+                                prompt=plan_prompt(prompt, frame, steps))
     plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
                  redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
                  retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate,

@@ -13,7 +13,7 @@ import difflib
 import hashlib
 import string
 import types
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -49,7 +49,8 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
-def check_prompt(prompt: Prompt, columns: Sequence[str]) -> None:
+def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] = ()) -> None:
+    """A template may name the frame's columns and the table's other steps (`{sentiment}`, `{extract.company}`)."""
     if callable(prompt):
         return
     if not isinstance(prompt, str):
@@ -58,11 +59,12 @@ def check_prompt(prompt: Prompt, columns: Sequence[str]) -> None:
     if not prompt.strip():
         raise PromptError("prompt is empty; pass a template such as 'Summarize: {text}'.")
     for name in template_fields(prompt):
-        if name not in columns:
-            close = difflib.get_close_matches(name, columns, n=1)
+        if name not in columns and name not in steps:
+            close = difflib.get_close_matches(name, [*columns, *steps], n=1)
             hint = f" Did you mean {{{close[0]}}}?" if close else ""
+            others = f"; steps of this table: {sorted(steps)}" if steps else ""
             raise PromptError(f"prompt template names column {name!r}, which the frame does not have.{hint} "
-                              f"Columns: {list(columns)}")
+                              f"Columns: {list(columns)}{others}")
 
 
 class Rendering(NamedTuple):
@@ -80,25 +82,34 @@ class PromptPlan:
     digest: str  # changes whenever the prompt's definition changes
     fields: tuple[str, ...] = ()  # the columns a template reads
     simple: bool = False  # every field is a plain text or integer column: SQL renders it exactly
+    upstream: tuple[str, ...] = ()  # other steps of the table the template reads (rendered by the ledger in SQL)
 
     def rendering(self, stored: Collection[str]) -> Rendering:
         """How rows get their prompts when the fact table holds the frame's columns `stored`.
 
         A template reading a column the ledger does not copy (another step's output, a Python
-        object) is rendered from the frame on every call, so a change there is never missed.
+        object) is rendered from the frame on every call, so a change there is never missed. One reading
+        another step is rendered by the ledger, in SQL over the stored answers, on every call.
         """
+        if self.upstream:
+            return Rendering(in_sql=True, incremental=False)
         if self.kind == "python" or not set(self.fields) <= set(stored):
             return Rendering(in_sql=False, incremental=False)
         return Rendering(in_sql=self.simple, incremental=True)
 
-    def sql(self, alias: str = "") -> str:
-        """SQL rendering the template over the fact table's (or a registered frame's) columns."""
+    def sql(self, alias: str = "", upstream: Mapping[str, str] | None = None) -> str:
+        """SQL rendering the template over the fact table's (or a registered frame's) columns.
+
+        `upstream` maps the template's upstream fields (`extract.company`) to their SQL (see graph.py).
+        """
         prefix = f"{alias}." if alias else ""
         parts = []
         for literal, field_name, _, _ in string.Formatter().parse(str(self.prompt)):
             if literal:
                 parts.append("'" + literal.replace("'", "''") + "'")
-            if field_name is not None:
+            if field_name is not None and upstream and field_name in upstream:
+                parts.append(f"coalesce({upstream[field_name]}, '')")
+            elif field_name is not None:
                 parts.append(f"coalesce(CAST({prefix}{q(field_name)} AS VARCHAR), '')")
         return f"concat({', '.join(parts)})" if len(parts) > 1 else (parts[0] if parts else "''")
 
@@ -112,23 +123,47 @@ class PromptPlan:
             yield part.select(key).with_columns(self.render(part, key).alias("prompt"))
 
 
-def plan_prompt(prompt: Prompt, frame: pl.DataFrame) -> PromptPlan:
-    """Describe a checked prompt: its text and digest for the step definition, and how it can be rendered."""
+def plan_prompt(prompt: Prompt, frame: pl.DataFrame, steps: Collection[str] = ()) -> PromptPlan:
+    """Describe a checked prompt: its text and digest for the step definition, and how it can be rendered.
+
+    `steps`: the other steps of the table; fields naming one make this a step fed by that one.
+    """
     if callable(prompt):
         name = getattr(prompt, "__qualname__", None) or type(prompt).__name__
         code = getattr(prompt, "__code__", None)
         digest = _code_digest(code) if isinstance(code, types.CodeType) else name
         return PromptPlan(prompt, "python", f"<python callable {getattr(prompt, '__module__', '?')}.{name}>",
                           digest)
+    upstream = tuple(name for name in template_fields(prompt) if name in steps)
     simple = True
     for _, field_name, spec, conversion in string.Formatter().parse(prompt):
         if field_name is None:
             continue
+        root = field_name.split(".", 1)[0].split("[", 1)[0]
+        if root in upstream:
+            if spec or conversion:
+                raise PromptError(f"prompt field {{{field_name}{'!' + conversion if conversion else ''}"
+                                  f"{':' + spec if spec else ''}}} reads step {root!r}: fields of other steps "
+                                  "take no format spec or conversion; write {" + field_name + "}.")
+            continue
         dtype = frame.schema.get(field_name)
         if spec or conversion or dtype is None or not (isinstance(dtype, _TEXT_LIKE) or dtype.is_integer()):
             simple = False
+            if upstream:
+                what = f"column {field_name!r} is {dtype}" if dtype is not None else f"{{{field_name}}} is not " \
+                    "a plain column"
+                raise PromptError(f"a template that reads another step ({', '.join(upstream)}) is rendered by "
+                                  f"the ledger in SQL, which renders text and integer columns exactly, but {what}"
+                                  f"{' with a format spec' if spec or conversion else ''}. Make it a text column "
+                                  f"first, e.g. df.with_columns(pl.col({field_name!r}).cast(pl.String)).")
     return PromptPlan(prompt, "template", prompt, hashlib.md5(prompt.encode()).hexdigest(),
-                      tuple(template_fields(prompt)), simple)
+                      tuple(template_fields(prompt)), simple, upstream)
+
+
+def stored_template(template: str, upstream: tuple[str, ...]) -> PromptPlan:
+    """The plan of a template read back from the store (for finishing a step fed by others from the store alone)."""
+    return PromptPlan(template, "template", template, hashlib.md5(template.encode()).hexdigest(),
+                      tuple(template_fields(template)), True, upstream)
 
 
 def _code_digest(code: types.CodeType) -> str:

@@ -22,7 +22,8 @@ class RunReport:
     failed: int = 0
     needs_review: int = 0  # rows this run moved to NEEDS_REVIEW
     skipped: int = 0  # rows already DONE (or left for review) that cost nothing
-    stale: int = 0  # DONE rows whose prompt/model/input changed, left alone
+    stale: int = 0  # DONE rows whose request (or an upstream step's answer) changed, left alone
+    waiting: int = 0  # rows that need an answer but wait for the steps their prompt reads
     running_elsewhere: int = 0
     unprepared: int = 0  # (resume) rows whose request is not the current definition's: apply_llm must prepare them
     released: int = 0  # claims given back unsent (interrupt, outage)
@@ -63,7 +64,7 @@ class RunReport:
 
     def progress_frame(self) -> pl.DataFrame:
         fields = ["table", "step", "outcome", "rows", "selected", "remaining", "in_flight", "done", "failed",
-                  "needs_review", "skipped", "stale", "reused", "calls", "retries", "input_tokens",
+                  "needs_review", "skipped", "stale", "waiting", "reused", "calls", "retries", "input_tokens",
                   "output_tokens", "cost_usd", "elapsed", "rate", "eta"]
         values = {f: getattr(self, f) for f in fields}
         values["outcome"] = str(self.outcome)
@@ -96,6 +97,8 @@ class RunReport:
                  f"{self.needs_review:,} needs review", f"{self.skipped:,} skipped"]
         if self.stale:
             parts.append(f"{self.stale:,} stale")
+        if self.waiting:
+            parts.append(f"{self.waiting:,} waiting")
         if self.running_elsewhere:
             parts.append(f"{self.running_elsewhere:,} running elsewhere")
         if self.unprepared:
@@ -118,6 +121,9 @@ class RunReport:
             out.append(f"{self.stale:,} DONE rows are stale (their request changed since they were answered: "
                        "model, system, prompt, options or the row's input); they were not re-sent. Pass "
                        "redo='stale' to re-send exactly those.")
+        if self.waiting:
+            out.append(f"{self.waiting:,} rows wait for the steps their prompt reads (not DONE there yet, or "
+                       "stale there); finish those steps first.")
         if self.failed:
             out.append(f"{self.failed:,} rows FAILED; run the same call again to retry them.")
         if self.unprepared:
@@ -125,6 +131,7 @@ class RunReport:
                        "or the step changed since apply_llm last prepared them); run apply_llm with the frame to "
                        "prepare and send them.")
         if self.needs_review:
-            out.append(f"{self.needs_review:,} rows need review (failed max_attempts times); see their "
-                       f"{self.step}_error column, then rerun with redo=True and a where= naming them.")
+            out.append(f"{self.needs_review:,} rows need review (refused max_attempts times, an answer not "
+                       f"matching output=, or refused by validate=); see their {self.step}_error and {self.step}_raw "
+                       f"columns, then llmledger.flag(...) them and rerun with redo='flagged'.")
         return out

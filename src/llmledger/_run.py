@@ -214,6 +214,7 @@ class Run:
         report = self.report
         report.selected = selection.work.height
         report.stale = selection.stale
+        report.waiting = selection.waiting
         report.running_elsewhere = selection.running_elsewhere
         report.unprepared = selection.unprepared
         if self.plan.frame is None:

@@ -78,13 +78,19 @@ def schema_problem(schema: Any, path: str = "output_config.format.schema") -> st
     return None
 
 
-def fake_json(schema: dict[str, Any], prompt: str) -> str:
-    """A deterministic answer matching `schema`, made from the prompt (as constrained decoding guarantees)."""
+def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
+    """An answer matching `schema`, made from the prompt (as constrained decoding guarantees).
+
+    The same prompt gets the same answer, except that asking again (`variant` > 0: the prompt was
+    answered before) gets another one, as a real model's sampling would give.
+    """
     defs = schema.get("$defs") or {}
     words = re.findall(r"[A-Za-z0-9']+", prompt.rsplit(":", 1)[-1]) or ["nothing"]
+    salt = f"\x00{variant}" if variant else ""
+    again = f" (take {variant + 1})" if variant else ""
 
     def pick(path: str, n: int) -> int:
-        return int(hashlib.md5(f"{prompt}\x00{path}".encode()).hexdigest()[:8], 16) % max(n, 1)
+        return int(hashlib.md5(f"{prompt}\x00{path}{salt}".encode()).hexdigest()[:8], 16) % max(n, 1)
 
     def make(node: dict[str, Any], path: str) -> Any:
         if "$ref" in node:
@@ -115,7 +121,7 @@ def fake_json(schema: dict[str, Any], prompt: str) -> str:
         if kind == "null":
             return None
         start = pick(path, len(words))
-        return " ".join(words[start:start + 3])
+        return " ".join(words[start:start + 3]) + again
 
     return json.dumps(make(schema, "$"), ensure_ascii=False)
 

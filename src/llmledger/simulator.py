@@ -219,7 +219,9 @@ class Simulator:
         first = user_text({"messages": (body.get("messages") or [])[:1]})
         f = self.faults
         if schema is not None and self.responder is default_reply:
-            text = fake_json(schema, first)
+            with self._lock:
+                asked_before = self._stats["prompts"][first] if len(body.get("messages") or []) == 1 else 0
+            text = fake_json(schema, first, asked_before)
         else:
             text = self.responder(prompt, system)
         if schema is not None and ((f.bad_json and f.bad_json in first) or

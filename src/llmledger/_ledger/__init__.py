@@ -90,6 +90,7 @@ class Selection:
     stale: int = 0  # DONE rows answered for another request (left alone unless redo="stale")
     running_elsewhere: int = 0
     needs_review: int = 0
+    waiting: int = 0  # rows that need an answer but wait for the steps they read
     unprepared: int = 0  # rows without a request for the current definition (resume cannot send them)
     known: dict[str, KnownAnswer] = field(default_factory=dict)  # answers to identical requests, by fingerprint
     survey: pl.DataFrame | None = None  # status and output per frame row when prepared
@@ -123,6 +124,17 @@ class Ledger(Protocol):
     def reset(self, table: str, step: str, *, where: str, now: datetime) -> int: ...
     def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None: ...
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]: ...
+
+
+def known_steps(path: str | Path, table: str) -> list[str]:
+    """The steps a store has on `table` (none when the store does not exist yet), without writing anything."""
+    from .connection import check_store_path
+
+    path = Path(path).expanduser()
+    check_store_path(path)
+    if not path.exists():
+        return []
+    return [step for _, step, _ in open_ledger(path).steps(table)]
 
 
 def open_ledger(path: str | Path, *, on_wait: Callable[[str], None] | None = None,

@@ -8,6 +8,7 @@ duckdb CLI or another notebook between claims and commits.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import uuid
 from collections.abc import Callable
@@ -18,13 +19,15 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from .._prompt import stored_template
 from .._request import RequestSpec, canonical_json
 from .._time import utcnow
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, PromptError
 from . import KnownAnswer, RunParams, Selection, StepDefinition
 from .claims import is_abandoned
 from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q, step_columns
 from .connection import Connection, check_store_path, column_types, one, registered, table_exists
+from .graph import StepGraph
 from .history import archive, redo_reason, side_by_side
 from .journal import pending as pending_journals
 from .journal import read as read_journal
@@ -34,6 +37,7 @@ from .prepare import (
     insert_rows,
     legacy_signature,
     refresh_rows,
+    render_dependent,
     render_rows,
     set_output_type,
 )
@@ -53,7 +57,7 @@ from .survey import Layout, check_where, flag_sql, survey
 
 BATCH = "llmledger_batch"
 RESULTS = "llmledger_results"
-_PREPARE_FIELDS = ("current", "status", "stale", "eligible", "in_where", "output")
+_PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
 class DuckDBLedger:
@@ -99,7 +103,9 @@ class DuckDBLedger:
                         model=request.model, system=request.system, max_tokens=request.max_tokens,
                         options=canonical_json(request.options),
                         request=request.to_json(), prompt=definition.prompt.text,
-                        prompt_kind=definition.prompt.kind, now=now)
+                        prompt_kind=definition.prompt.kind, upstream=list(definition.prompt.upstream), now=now)
+            graph = StepGraph.load(con, layout.table, layout.step)
+            layout = _fed(layout, graph)
             check_where(con, layout.table, params.where)
             key_types = {k: frame.schema[k] for k in layout.key}
             merged[:] = _merge_journals(con, layout, self.path, key_types)
@@ -107,7 +113,7 @@ class DuckDBLedger:
             sql_params = params.sql(definition.version)
             found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where)
             wrote = self._write_frame(con, layout, definition, frame, found,
-                                      frame if source is None else source)
+                                      frame if source is None else source, graph)
             if wrote:
                 found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
                                compare=False)
@@ -127,17 +133,22 @@ class DuckDBLedger:
         return selection
 
     def _write_frame(self, con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
-                     frame: pl.DataFrame, found: pl.DataFrame, source: pl.DataFrame) -> bool:
+                     frame: pl.DataFrame, found: pl.DataFrame, source: pl.DataFrame, graph: StepGraph) -> bool:
         """Insert new rows, refresh changed ones, render what is not current. True when anything was written."""
         exists, changed = found["exists"], found["changed"] & found["exists"]
         rendering = definition.prompt.rendering({*layout.key, *layout.mirror})
+        fed = bool(definition.prompt.upstream)
         wrote = False
         if not exists.all():
-            insert_rows(con, layout, definition, frame.filter(~exists), in_sql=rendering.in_sql)
+            insert_rows(con, layout, definition, frame.filter(~exists), in_sql=rendering.in_sql and not fed)
             wrote = True
         if changed.any():
             refresh_rows(con, layout, frame.filter(changed))
             wrote = True
+        if fed:  # rendered from the stored answers of the steps it reads, whose changes the frame cannot show
+            rendered = render_dependent(con, layout, definition.prompt, definition.version, definition.request,
+                                        graph)
+            return wrote or rendered > 0
         if rendering.incremental:
             need = changed | ~found["current"]
             if rendering.in_sql:
@@ -162,6 +173,7 @@ class DuckDBLedger:
             key_types=key_types, stale=int(found["stale"].sum()) if params.redo is not Redo.STALE else 0,
             running_elsewhere=int((status == Status.RUNNING).sum()),
             needs_review=int((status == Status.NEEDS_REVIEW).sum()),
+            waiting=int((found["waiting"] & found["in_where"]).sum()),
             known=_known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {},
             survey=found.select("status", "output"))
 
@@ -179,8 +191,12 @@ class DuckDBLedger:
                 raise InvalidInputError(f"the store has no step {step!r} on table {table!r} that apply_llm "
                                         f"prepared; it has: {known or 'no steps'}. Run apply_llm once to record "
                                         "the step and its requests.")
-            version, _, key = found
-            layout = Layout(table, step, key, [])
+            version, request, key = found
+            graph = StepGraph.load(con, table, step)
+            layout = _fed(Layout(table, step, key, []), graph)
+            if graph.upstream.get(step):  # the steps it reads may have moved since apply_llm rendered it
+                render_dependent(con, layout, stored_template(graph.templates[step] or "", graph.upstream[step]),
+                                 version, RequestSpec.from_json(request), graph)
             check_where(con, table, params.where)
             work_sql = params.sql(version)
             key_list = ", ".join(q(k) for k in key)
@@ -188,19 +204,21 @@ class DuckDBLedger:
             merged[:] = _merge_journals(con, layout, self.path, key_types)
             _recover(con, layout, params)
             flags = flag_sql(layout, params.where)
-            work = con.sql(f"SELECT {key_list} FROM {q(table)} WHERE {flags['current']} AND {flags['eligible']} "
-                           f"AND {flags['in_where']}", params=work_sql).pl()
-            stale, running, review, unprepared = one(con, (
+            work = con.sql(f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
+                           f"AND {flags['eligible']} AND {flags['in_where']}", params=work_sql).pl()
+            stale, running, review, unprepared, waiting = one(con, (
                 f"SELECT count(*) FILTER (WHERE {flags['current']} AND {flags['stale']}), "
                 f"count(*) FILTER (WHERE {flags['status']} = 'RUNNING'), "
                 f"count(*) FILTER (WHERE {flags['status']} = 'NEEDS_REVIEW'), "
-                f"count(*) FILTER (WHERE NOT {flags['current']} AND {flags['eligible']}) "
-                f"FROM {q(table)} WHERE {flags['in_where']}"), work_sql)
+                f"count(*) FILTER (WHERE NOT {flags['current']} AND {flags['eligible']}), "
+                f"count(*) FILTER (WHERE {flags['waiting']}) "
+                f"FROM {q(table)} AS t WHERE {flags['in_where']}"), work_sql)
             return Selection(
                 inputs=_input_columns(con, layout) if inputs else [],
                 layout=layout, version=version, requests=_requests(con, layout), work=work, params=work_sql,
                 key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
+                waiting=int(waiting),
                 known=_known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {})
 
         selection = self.conn.transaction(work)
@@ -433,6 +451,13 @@ def _known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.Data
     return {r[0]: KnownAnswer(r[1], r[2], r[3]) for r in rows}
 
 
+def _fed(layout: Layout, graph: StepGraph) -> Layout:
+    """The layout of a step that reads other steps: claimable only when they are fresh; stale when they move."""
+    if not graph.upstream.get(layout.step):
+        return layout
+    return dataclasses.replace(layout, ready=graph.ready_sql(layout.step), stale=graph.stale_sql(layout.step))
+
+
 def _input_columns(con: duckdb.DuckDBPyConnection, layout: Layout) -> list[str]:
     """The fact table's input columns (its key and what frames put there): what a `validate=` callable sees."""
     owned = set()
@@ -454,17 +479,28 @@ def _named(found: pl.DataFrame, step: str) -> pl.DataFrame:
 
 
 def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> pl.DataFrame:
-    """Rows per status, for every (table, step) in the store."""
+    """Rows per status, then stale and waiting rows, for every (table, step); steps after the steps they read."""
+    schema = {"table": pl.String, "step": pl.String, **{st: pl.Int64 for st in STATUSES}, "stale": pl.Int64,
+              "waiting": pl.Int64, "total": pl.Int64}
     frames = []
+    by_table: dict[str, list[str]] = {}
     for tbl, step, _ in list_steps(con, table):
-        if not table_exists(con, tbl):
-            continue
-        s = q(step + "_status")
-        frames.append(con.sql(
-            "SELECT ? AS \"table\", ? AS step, "
-            + ", ".join(f"count(*) FILTER (WHERE {s} = '{st}')::BIGINT AS {st}" for st in STATUSES)
-            + f", count(*)::BIGINT AS total FROM {q(tbl)}", params=[tbl, step]).pl())
-    if not frames:
-        return pl.DataFrame(schema={"table": pl.String, "step": pl.String,
-                                    **{st: pl.Int64 for st in STATUSES}, "total": pl.Int64})
-    return pl.concat(frames)
+        if table_exists(con, tbl):
+            by_table.setdefault(tbl, []).append(step)
+    for tbl, steps in by_table.items():
+        try:
+            graph: StepGraph | None = StepGraph.load(con, tbl)
+            ordered = [s for s in graph.order() if s in steps] + [s for s in steps if s not in graph.templates]
+        except (PromptError, duckdb.Error):  # an old store not upgraded yet, or a broken definition: no graph
+            graph, ordered = None, steps
+        for step in ordered:
+            s = q(step + "_status")
+            counts = ", ".join(f"count(*) FILTER (WHERE {s} = '{st}')::BIGINT AS {st}" for st in STATUSES)
+            extra = "NULL::BIGINT AS stale, NULL::BIGINT AS waiting"
+            if graph is not None and step in graph.templates:
+                flags = flag_sql(_fed(Layout(tbl, step, [], []), graph), None)
+                extra = (f"count(*) FILTER (WHERE {flags['stale']})::BIGINT AS stale, "
+                         f"count(*) FILTER (WHERE {flags['waiting']})::BIGINT AS waiting")
+            frames.append(con.sql(f"SELECT ? AS \"table\", ? AS step, {counts}, {extra}, count(*)::BIGINT AS total "
+                                  f"FROM {q(tbl)} AS t", params=[tbl, step]).pl())
+    return pl.concat(frames).cast(schema) if frames else pl.DataFrame(schema=schema)

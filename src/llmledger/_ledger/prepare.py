@@ -24,7 +24,10 @@ from .schema import LEGACY_FINGERPRINT_PREFIX, canonical_type, ensure_step_colum
 from .survey import Layout
 
 if TYPE_CHECKING:
+    from .._prompt import PromptPlan
+    from .._request import RequestSpec
     from . import StepDefinition
+    from .graph import StepGraph
 
 INCOMING = "llmledger_incoming"
 _NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
@@ -124,6 +127,27 @@ def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
                     f"(SELECT {', '.join(q(k) for k in layout.key)}, prompt AS p FROM {INCOMING})",
                     f"{c['_version']} IS DISTINCT FROM $version OR {c['_request_fingerprint']} IS DISTINCT FROM r.fp",
                     version)
+
+
+def render_dependent(con: duckdb.DuckDBPyConnection, layout: Layout, plan: PromptPlan, version: str,
+                     request: RequestSpec, graph: StepGraph) -> int:
+    """Render, in SQL over the stored answers, the requests of a step that reads other steps.
+
+    Every row of the table is rendered; only rows whose request or upstream digest changed are
+    written. Returns how many were.
+    """
+    c = names(layout.step)
+    keys = ", ".join(f"t.{q(k)}" for k in layout.key)
+    source = (f"SELECT {keys}, {plan.sql('t', graph.field_sql)} AS p, {graph.digest_sql(layout.step)} AS up "
+              f"FROM {q(layout.table)} AS t")
+    rows = con.execute(
+        f"UPDATE {q(layout.table)} AS t SET {c['_prompt']} = r.p, {c['_request_fingerprint']} = r.fp, "
+        f"{c['_version']} = $version, {c['_upstream_fingerprint']} = r.up "
+        f"FROM (SELECT *, {request.fingerprint_sql('p')} AS fp FROM ({source})) AS r "
+        f"WHERE {layout.key_join('t', 'r')} AND (t.{c['_version']} IS DISTINCT FROM $version "
+        f"OR t.{c['_request_fingerprint']} IS DISTINCT FROM r.fp "
+        f"OR t.{c['_upstream_fingerprint']} IS DISTINCT FROM r.up) RETURNING 1", {"version": version}).fetchall()
+    return len(rows)
 
 
 def _update(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,

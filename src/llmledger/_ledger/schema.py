@@ -170,7 +170,7 @@ def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:
 
 def record_step(con: duckdb.DuckDBPyConnection, *, table: str, step: str, key: list[str], version: str,
                 model: str, system: str | None, max_tokens: int, options: str, request: str, prompt: str,
-                prompt_kind: str, now: datetime) -> None:
+                prompt_kind: str, upstream: list[str], now: datetime) -> None:
     """Record this definition of the step (one row per version) and mark it the step's current one."""
     known = one(con, f"SELECT count(*) FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? AND version = ?",
                 [table, step, version])[0]
@@ -179,10 +179,10 @@ def record_step(con: duckdb.DuckDBPyConnection, *, table: str, step: str, key: l
                     "AND version = ?", [now, table, step, version])
     else:
         con.execute(f"INSERT INTO {STEPS_TABLE} (table_name, step, key, created_at, model, prompt, system, version, "
-                    "max_tokens, options, request, prompt_kind, last_prepared_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "max_tokens, options, request, prompt_kind, last_prepared_at, upstream) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [table, step, key, now, model, prompt, system, version, max_tokens, options, request,
-                     prompt_kind, now])
+                     prompt_kind, now, upstream])
 
 
 def current_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> tuple[str, str, list[str]] | None:

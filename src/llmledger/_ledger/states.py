@@ -89,17 +89,18 @@ def prior_status_sql(col: dict[str, str]) -> str:
             f"WHEN {col['_finished_at']} IS NOT NULL THEN 'DONE' ELSE 'NOT_STARTED' END)")
 
 
-def eligible_sql(col: dict[str, str]) -> str:
+def eligible_sql(col: dict[str, str], stale: str | None = None) -> str:
     """SQL: this run may claim the row now (`$max_attempts`, `$redo`, `$run_started` bound).
 
-    A redo never takes a row this very run has finished (`_finished_at < $run_started`).
+    A redo never takes a row this very run has finished (`_finished_at < $run_started`). `stale`:
+    the staleness rule of a step fed by other steps (graph.py); the plain one otherwise.
     """
     s, a, f = col["_status"], col["_attempts"], col["_finished_at"]
     return (f"({s} = 'NOT_STARTED' OR ({s} = 'FAILED' AND {a} < $max_attempts) "
             f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)) "
             f"OR ($redo = 'flagged' AND {col['_flag']} IS NOT NULL AND {s} <> 'RUNNING' "
             f"AND ({f} IS NULL OR {f} < $run_started)) "
-            f"OR ($redo = 'stale' AND {stale_sql(col)}))")
+            f"OR ($redo = 'stale' AND {stale or stale_sql(col)}))")
 
 
 def stale_sql(col: dict[str, str]) -> str:

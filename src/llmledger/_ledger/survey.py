@@ -26,7 +26,7 @@ from .states import STATUSES, eligible_sql, stale_sql
 BATCH_ROWS = 250_000
 STATUS_TYPE = pl.Enum(STATUSES)
 FRAME = "llmledger_frame"
-_FLAGS = ("current", "stale", "eligible", "in_where")
+_FLAGS = ("current", "stale", "eligible", "in_where", "waiting")
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class Layout:
     step: str
     key: list[str]
     mirror: list[str]  # frame columns copied into the fact table
+    ready: str = "true"  # SQL over `t`: the steps this step reads are fresh (graph.py)
+    stale: str | None = None  # SQL over `t` for a step fed by others; None: the plain rule (states.py)
 
     def col(self, suffix: str, alias: str = "") -> str:
         return names(self.step, alias)[suffix]
@@ -50,13 +52,15 @@ class Layout:
 
 
 def flag_sql(layout: Layout, where: str | None) -> dict[str, str]:
-    """Per-row facts, as SQL over the fact table's columns (parameters: version, max_attempts, redo, run_started)."""
+    """Per-row facts, as SQL over the fact table `t` (parameters: version, max_attempts, redo, run_started)."""
     col = names(layout.step)
+    stale = layout.stale or stale_sql(col)
     return {
         "current": f"coalesce({col['_version']} = $version, false)",
         "status": col["_status"],
-        "stale": stale_sql(col),
-        "eligible": eligible_sql(col),
+        "stale": stale,
+        "eligible": f"({eligible_sql(col, stale)} AND {layout.ready})",
+        "waiting": f"(NOT {layout.ready} AND {col['_status']} IN ('NOT_STARTED', 'FAILED'))",
         "in_where": f"coalesce(({where}), false)" if where else "true",
         "output": col[""],
     }
@@ -83,7 +87,7 @@ def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, 
     with memory_limited(con, SCAN_MEMORY_LIMIT):
         aligned = _aligned_rows(con, layout, frame, compare)
         if aligned is not None:
-            query = f"SELECT {_select_list(exprs)} FROM {q(layout.table)} LIMIT {aligned[0]}"
+            query = f"SELECT {_select_list(exprs)} FROM {q(layout.table)} AS t LIMIT {aligned[0]}"
             parts = [_facts(b) for b in arrow_batches(con.sql(query, params=_used(params, query)), BATCH_ROWS)]
     if aligned is None:
         return _joined(con, layout, frame, exprs, params, compare)
@@ -169,7 +173,7 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
         query = (f"SELECT i.__row, {outs}, t.__exists IS NOT NULL AS {q('exists')}"
                  + (f", coalesce(({changed}), false) AS changed" if compare else "")
                  + f" FROM {FRAME} AS i LEFT JOIN (SELECT {inner}, true AS __exists, {_select_list(exprs)} "
-                 f"FROM {q(layout.table)}) AS t ON {layout.key_join('t', 'i')}")
+                 f"FROM {q(layout.table)} AS t) AS t ON {layout.key_join('t', 'i')}")
         with memory_limited(con, JOIN_MEMORY_LIMIT):
             relation = con.sql(query, params=_used(params, query))
             batches = [pl.from_arrow(b) for b in arrow_batches(relation, BATCH_ROWS)]

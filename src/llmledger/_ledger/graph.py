@@ -1,0 +1,157 @@
+"""Steps that feed steps: which step of a table reads which, and what fresh, stale and waiting mean across them.
+
+A template may name another step of the same table, `"{sentiment}"`, or a
+field of a structured one, `"{extract.company}"`. Such a step is rendered by
+the ledger in SQL from the upstream answers it stores, and each row records a
+digest of the upstream values its request was rendered from
+(`_upstream_fingerprint`). So, for a step S of a row:
+
+    fresh(S)   = S is DONE, its answer was made for its current request, its request was rendered
+                 from the upstream values there are now, and every upstream step is fresh
+    stale(S)   = S is DONE but not fresh: reported, re-sent only with redo="stale"
+    ready(S)   = every upstream step is fresh: only then may S be sent
+    waiting(S) = S still needs an answer but is not ready (counted, never sent)
+
+A redo of one upstream row therefore makes exactly that row stale in every
+step downstream of it, however long the chain, and `redo="stale"` step by
+step re-sends exactly those rows.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import duckdb
+
+from ..errors import PromptError
+from .columns import names, q
+from .connection import column_types, table_exists
+from .schema import STEPS_TABLE
+
+_NESTED = ("STRUCT", "MAP", "JSON", "UNION")
+
+
+def field_paths(template: str) -> list[str]:
+    """The fields a template reads, as written (`extract.company`), in order of first use."""
+    out: list[str] = []
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """The steps of one table: the template of each (None when prompts were made in Python) and what it reads."""
+
+    templates: dict[str, str | None] = field(default_factory=dict)
+    upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    field_sql: dict[str, str] = field(default_factory=dict)  # "step.sub" -> SQL over the fact table `t`
+
+    @classmethod
+    def load(cls, con: duckdb.DuckDBPyConnection, table: str, step: str | None = None) -> StepGraph:
+        """The current definition of every step of `table`, as apply_llm last prepared it.
+
+        Upstream fields are checked and given their SQL for `step` and the steps it reads (all steps
+        when None), so a broken definition elsewhere in the table does not stop this one.
+        """
+        if not table_exists(con, STEPS_TABLE) or "upstream" not in column_types(con, STEPS_TABLE):
+            return cls()
+        rows = con.execute(
+            f"SELECT step, arg_max(prompt, last_prepared_at), arg_max(prompt_kind, last_prepared_at), "
+            f"arg_max(upstream, last_prepared_at) FROM {STEPS_TABLE} WHERE table_name = ? AND version IS NOT NULL "
+            "GROUP BY step", [table]).fetchall()
+        graph = cls({r[0]: (r[1] if r[2] == "template" else None) for r in rows},
+                    {r[0]: tuple(r[3] or ()) for r in rows})
+        return graph.typed(con, table, graph.lineage(step) if step is not None else list(graph.templates))
+
+    def lineage(self, step: str) -> list[str]:
+        """`step` and every step it reads, directly or through others."""
+        order = self.order()
+        wanted = {step}
+        for s in reversed(order):
+            if s in wanted:
+                wanted.update(self.upstream.get(s, ()))
+        return [s for s in order if s in wanted] or [step]
+
+    def with_step(self, step: str, template: str | None, upstream: tuple[str, ...]) -> StepGraph:
+        return StepGraph({**self.templates, step: template}, {**self.upstream, step: upstream}, self.field_sql)
+
+    def typed(self, con: duckdb.DuckDBPyConnection, table: str, steps: list[str]) -> StepGraph:
+        """This graph with SQL for the upstream fields the templates of `steps` read, checked against the table."""
+        exprs = dict(self.field_sql)
+        for step in steps:
+            ups = self.upstream.get(step, ())
+            for path in field_paths(self.templates.get(step) or ""):
+                root = path.split(".", 1)[0]
+                if root in ups and path not in exprs:
+                    exprs[path] = upstream_field_sql(con, table, path, step)
+        return StepGraph(self.templates, self.upstream, exprs)
+
+    def order(self) -> list[str]:
+        """Steps with every step after the steps it reads."""
+        done: list[str] = []
+
+        def visit(step: str, path: tuple[str, ...]) -> None:
+            if step in done:
+                return
+            if step in path:
+                raise PromptError(f"steps read each other in a cycle: {' -> '.join((*path, step))}")
+            for up in self.upstream.get(step, ()):
+                visit(up, (*path, step))
+            done.append(step)
+
+        for step in sorted(self.templates):
+            visit(step, ())
+        return done
+
+    # -- SQL over the fact table (alias `t`) ------------------------------------------------------------
+    def digest_sql(self, step: str) -> str:
+        """SQL: a digest of the upstream values the step's template reads for a row."""
+        paths = [p for p in field_paths(self.templates.get(step) or "") if p.split(".", 1)[0] in
+                 self.upstream.get(step, ())]
+        values = ", ".join(f"coalesce({self.field_sql[p]}, chr(0))" for p in paths) or "''"
+        return f"md5(concat_ws(chr(31), {values}))::UUID"
+
+    def fresh_sql(self, step: str) -> str:
+        c = names(step, "t")
+        parts = [f"{c['_status']} = 'DONE'", f"{c['_fingerprint']} IS NOT DISTINCT FROM {c['_request_fingerprint']}"]
+        if self.upstream.get(step):
+            parts.append(f"{c['_upstream_fingerprint']} IS NOT DISTINCT FROM {self.digest_sql(step)}")
+            parts.append(self.ready_sql(step))
+        return "(" + " AND ".join(parts) + ")"
+
+    def ready_sql(self, step: str) -> str:
+        ups = self.upstream.get(step, ())
+        return "(" + " AND ".join(self.fresh_sql(u) for u in ups) + ")" if ups else "true"
+
+    def stale_sql(self, step: str) -> str:
+        return f"({names(step, 't')['_status']} = 'DONE' AND NOT {self.fresh_sql(step)})"
+
+
+def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, step: str) -> str:
+    """SQL for one upstream field as prompt text (nested values as JSON), or a PromptError naming the problem."""
+    parts = path.split(".")
+    if any(not p.isidentifier() for p in parts) or "[" in path:
+        raise PromptError(f"step {step!r} reads {{{path}}}: name a step or a field of a structured step, "
+                          "e.g. {extract.company} (no indexing)")
+    expr = "t." + ".".join(q(p) for p in parts)
+    try:
+        sql_type = str(con.execute(f"DESCRIBE SELECT {expr} AS v FROM {q(table)} AS t").fetchall()[0][1])
+    except duckdb.Error:
+        raise PromptError(f"step {step!r} reads {{{path}}}, but step {parts[0]!r} has no field "
+                          f"{'.'.join(parts[1:])!r}") from None
+    nested = sql_type.startswith(_NESTED) or sql_type.endswith("]")
+    return f"to_json({expr})::VARCHAR" if nested else f"CAST({expr} AS VARCHAR)"
+
+
+def upstream_steps(template: str, steps: Mapping[str, object] | set[str]) -> tuple[str, ...]:
+    """The steps a template reads (fields whose first part names a step), in order of use."""
+    out: list[str] = []
+    for path in field_paths(template):
+        root = path.split(".", 1)[0].split("[", 1)[0]
+        if root in steps and root not in out:
+            out.append(root)
+    return tuple(out)

@@ -1,0 +1,61 @@
+"""`pipeline`: several steps over one frame, in order, each one an `apply_llm` call with all its guarantees.
+
+A step's template may read an earlier step (`"{sentiment}"`, `"{extract.company}"`); the ledger
+then sends it only rows whose earlier steps are fresh, and a redo upstream makes exactly the
+affected rows stale downstream (see `_ledger/graph.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import polars as pl
+
+from ._api import apply_llm
+from ._prompt import template_fields
+from .errors import InvalidInputError
+
+_PER_CALL = {"background"}
+
+
+def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> Any:
+    """Run `steps` (step name -> its apply_llm options) over `df` in order; return `df` with every step's columns.
+
+        out = llmledger.pipeline(df, {
+            "extract": {"prompt": "Extract from: {text}", "output": {"company": str}},
+            "classify": {"prompt": "Which industry is {extract.company} in?"},
+        }, key="id", store="ledger.duckdb", table="reviews")
+
+    `common` options (store, table, key, model, client, ...) apply to every step; a step's own
+    options win. A rerun pays only for what is not DONE and fresh, step by step.
+    """
+    if not isinstance(steps, Mapping) or not steps:
+        raise InvalidInputError("steps must be a non-empty mapping of step name -> apply_llm options, e.g. "
+                                "{'summary': {'prompt': 'Summarize: {text}'}}")
+    for name in _PER_CALL & set(common):
+        raise InvalidInputError(f"pipeline takes no {name}=; it runs its steps one after another")
+    names = list(steps)
+    for i, (name, options) in enumerate(steps.items()):
+        if not isinstance(options, Mapping) or "prompt" not in options:
+            raise InvalidInputError(f"step {name!r} needs a mapping of apply_llm options with a prompt=, "
+                                    f"got {options!r}")
+        prompt = options["prompt"]
+        later = [f for f in template_fields(prompt) if f in names[i:]] if isinstance(prompt, str) else []
+        if later:
+            raise InvalidInputError(f"step {name!r} reads {later}, which run at or after it; order the steps "
+                                    "so that each comes after the steps it reads")
+    outputs = []
+    frame = None
+    for name, options in steps.items():
+        frame = apply_llm(df, name, **{**common, **options})
+        outputs.append((name, frame))
+    assert frame is not None
+    step_columns = [c for name in names for c in (name, f"{name}_status")]
+    if isinstance(frame, pl.DataFrame):
+        return pl.concat([frame.drop(step_columns, strict=False),
+                          *(f.select(name, f"{name}_status") for name, f in outputs)], how="horizontal")
+    out = frame  # pandas: each step's result is a copy of df with that step's two columns
+    for name, f in outputs[:-1]:
+        out[name], out[f"{name}_status"] = f[name].to_list(), f[f"{name}_status"].to_list()
+    return out[[c for c in out.columns if c not in step_columns] + step_columns]

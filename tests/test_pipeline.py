@@ -1,0 +1,111 @@
+"""Steps that feed steps: a prompt reads another step's answer; a change upstream is reported stale downstream."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import llmledger
+from llmledger import PromptError, Simulator, last_report
+
+from .conftest import sql
+
+EXTRACT = {"prompt": "Extract from: {text}", "output": {"company": str, "year": int}}
+CLASSIFY = {"prompt": "Which industry is {extract.company} in?"}
+SUMMARISE = {"prompt": "Write one line on {extract.company}, a company in {classify}."}
+
+
+def frame(n: int) -> pl.DataFrame:
+    """Rows whose every word is their own, so no two rows' answers (or downstream requests) coincide."""
+    return pl.DataFrame({"id": list(range(n)), "text": [f"acme{i} sells{i} widgets{i} in{i} town{i}"
+                                                         for i in range(n)]})
+
+
+def _stale(store: Path) -> dict[str, tuple[int, int]]:
+    counts = llmledger.progress(store, "messages")
+    return {r["step"]: (r["stale"], r["waiting"]) for r in counts.iter_rows(named=True)}
+
+
+def test_a_redo_upstream_makes_exactly_those_rows_stale_downstream(run, sim: Simulator, store: Path,
+                                                                   client) -> None:
+    df = frame(20)
+    out = llmledger.pipeline(df, {"extract": EXTRACT, "classify": CLASSIFY, "summarise": SUMMARISE}, client=client,
+                             store=store, table="messages", progress=False)
+    assert sim.stats()["paid"] == 60
+    assert out.columns == ["id", "text", "extract", "extract_status", "classify", "classify_status", "summarise",
+                           "summarise_status"]
+    assert out["classify"].to_list() == [
+        f"Summary: Which industry is {c} in?" for c in out["extract"].struct.field("company")]
+    sent = {e["prompt"] for e in sim.log()}
+    assert f"Write one line on {out['extract'][3]['company']}, a company in {out['classify'][3]}." in sent
+
+    flagged = [1, 4, 9, 12, 17]
+    llmledger.flag(store, "messages", "extract", where=f"id IN {tuple(flagged)}", reason="wrong company")
+    redone = run(df, "extract", **EXTRACT, redo="flagged")
+    assert sim.stats()["paid"] == 65
+    changed = redone.filter(pl.col("extract").struct.field("company") != out["extract"].struct.field("company"))
+    assert changed["id"].to_list() == flagged, "the simulator answers a repeated request differently"
+    assert _stale(store) == {"extract": (0, 0), "classify": (5, 0), "summarise": (5, 0)}
+
+    for step, options in (("classify", CLASSIFY), ("summarise", SUMMARISE)):
+        run(df, step, **options)
+        report = last_report()
+        assert report is not None and (report.stale, report.calls) == (5, 0), f"{step}: reported, not re-paid"
+    assert sim.stats()["paid"] == 65
+
+    report = llmledger.resume(store, "messages", "summarise", redo="stale", client=client, progress=False)
+    assert report.calls == 0 and report.stale == 0, "summarise waits while classify is stale"
+    report = llmledger.resume(store, "messages", "classify", redo="stale", client=client, progress=False)
+    assert report.calls == 5
+    final = run(df, "summarise", **SUMMARISE, redo="stale")
+    assert last_report().calls == 5  # type: ignore[union-attr]
+    assert sim.stats()["paid"] == 75
+    resent = sorted(int(p.split("town")[-1]) for p, n in sim.paid_prompts().items() if p.startswith("Extract")
+                    and n == 2)
+    assert resent == flagged
+    assert _stale(store) == {"extract": (0, 0), "classify": (0, 0), "summarise": (0, 0)}
+    assert final.filter(pl.col("id").is_in(flagged))["summarise"].str.contains("take 2").all()
+
+    llmledger.pipeline(df, {"extract": EXTRACT, "classify": CLASSIFY, "summarise": SUMMARISE}, client=client,
+                       store=store, table="messages", progress=False)
+    assert sim.stats()["paid"] == 75, "a rerun of the whole pipeline pays nothing"
+
+
+def test_rows_wait_until_the_step_they_read_is_done(run, sim: Simulator, store: Path) -> None:
+    run(frame(4), "extract", **EXTRACT)
+    out = run(frame(6), "classify", **CLASSIFY)
+    report = last_report()
+    assert report is not None and (report.calls, report.waiting) == (4, 2)
+    assert out["classify_status"].to_list() == ["DONE"] * 4 + ["NOT_STARTED"] * 2
+    assert _stale(store)["classify"] == (0, 2)
+    run(frame(6), "extract", **EXTRACT)
+    run(frame(6), "classify", **CLASSIFY)
+    assert last_report().calls == 2 and sim.stats()["paid"] == 12  # type: ignore[union-attr]
+
+
+def test_status_lists_steps_after_the_steps_they_read(run, store: Path) -> None:
+    run(frame(3), "extract", **EXTRACT)
+    run(frame(3), "summarise", prompt="Summarize: {text}")
+    run(frame(3), "classify", **CLASSIFY)
+    order = llmledger.progress(store)["step"].to_list()
+    assert order.index("extract") < order.index("classify")
+    printed = subprocess.run([sys.executable, "-m", "llmledger", "status", str(store)], capture_output=True,
+                             text=True, check=True).stdout
+    assert "stale" in printed and "waiting" in printed
+
+
+def test_reading_a_field_a_step_does_not_have_is_refused(run, store: Path) -> None:
+    run(frame(3), "extract", **EXTRACT)
+    before = sql(store, "SELECT * FROM messages ORDER BY id")
+    with pytest.raises(PromptError, match="no field 'compnay'"):
+        run(frame(3), "classify", prompt="Industry of {extract.compnay}?")
+    with pytest.raises(PromptError, match="format spec"):
+        run(frame(3), "classify", prompt="Industry of {extract.company:>10}?")
+    with pytest.raises(llmledger.InvalidInputError, match="order the steps"):
+        llmledger.pipeline(frame(3), {"classify": CLASSIFY, "extract": EXTRACT}, store=store, table="messages")
+    assert sql(store, "SELECT * FROM messages ORDER BY id") == before
+    assert sql(store, "SELECT count(*) FROM llmledger_steps WHERE step = 'classify'") == [(0,)]
