@@ -78,7 +78,7 @@ def test_bad_flag_calls_are_refused_and_write_nothing(run, store: Path) -> None:
         llmledger.flag(store, "messages", "summary", where="no_such_column = 1", reason="x")
     with pytest.raises(InvalidInputError, match="reason="):
         llmledger.flag(store, "messages", "summary", where="true", reason=" ")
-    with pytest.raises(InvalidInputError, match="no step 'sumary'.*messages.summary"):
+    with pytest.raises(InvalidInputError, match=r"no step 'sumary'.*messages\.summary"):
         llmledger.flag(store, "messages", "sumary", where="true", reason="x")
     with pytest.raises(InvalidInputError, match="where="):
         llmledger.reset(store, "messages", "summary", where="")

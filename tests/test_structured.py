@@ -93,7 +93,7 @@ def test_an_answer_invalid_twice_goes_to_review_with_its_raw_text(run, sim: Simu
     assert sim.stats()["paid"] == 6
     rows = {r[0]: r[1:] for r in sql(store, "SELECT id, extract, extract_raw, extract_error, extract_stop_reason, "
                                              "extract_cost_usd > 0 FROM messages WHERE id IN (1, 2)")}
-    output, raw, error, stop, paid = rows[1]
+    output, raw, error, _, paid = rows[1]
     assert output is None and raw and not raw.startswith("{") and paid
     assert "does not match the output schema, also when asked again" in error
     assert rows[2][3] == "max_tokens" and rows[2][1] and rows[2][4]

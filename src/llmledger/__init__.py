@@ -10,6 +10,7 @@ from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async, resu
 from ._exec.api import DEFAULT_MODEL
 from ._exec.online import RetryPolicy
 from ._ledger.states import Outcome, Redo, Status
+from ._parquet import export, restore
 from ._pipeline import pipeline
 from ._prices import UnknownPriceWarning, prices, set_price
 from ._query import flag, history, progress, reset, sql
@@ -63,6 +64,7 @@ __all__ = [
     "__version__",
     "apply_llm",
     "apply_llm_async",
+    "export",
     "fingerprint",
     "flag",
     "history",
@@ -71,6 +73,7 @@ __all__ = [
     "prices",
     "progress",
     "reset",
+    "restore",
     "resume",
     "set_price",
     "sql",

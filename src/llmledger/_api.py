@@ -24,6 +24,7 @@ from ._ledger.columns import step_columns
 from ._ledger.connection import check_store_path
 from ._ledger.states import Redo
 from ._output import output_spec
+from ._parquet import is_parquet_path, read_parquet_input
 from ._prompt import Prompt, check_prompt, plan_prompt
 from ._report import RunReport
 from ._request import RequestSpec, check_max_tokens, check_request_options
@@ -75,6 +76,8 @@ def apply_llm(
     with its raw text in `{step}_raw`. `validate=callable(row, output)` returning a string
     marks the row NEEDS_REVIEW with that reason, keeping the answer.
     """
+    if is_parquet_path(df):
+        df = read_parquet_input(df, key=key, prompt=prompt, where=where)
     frame, from_pandas = _as_polars(df)
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
@@ -210,7 +213,8 @@ def _as_polars(df: Any) -> tuple[pl.DataFrame, bool]:
         return df.collect(), False
     if type(df).__module__.split(".")[0] == "pandas" and type(df).__name__ == "DataFrame":
         return pl.from_pandas(df), True
-    raise InvalidInputError(f"df must be a polars or pandas DataFrame, got {type(df).__name__}")
+    raise InvalidInputError(f"df must be a polars or pandas DataFrame, or a Parquet path (or glob), "
+                            f"got {type(df).__name__}")
 
 
 def _storable(frame: pl.DataFrame) -> pl.DataFrame:

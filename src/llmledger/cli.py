@@ -6,6 +6,8 @@
     llmledger flag STORE --table T --step S --where W --reason R      llmledger.flag(): mark answers for redo
     llmledger reset STORE --table T --step S --where W                llmledger.reset(): rows back to NOT_STARTED
     llmledger history STORE --table T --step S [--key K]              llmledger.history(): replaced answers
+    llmledger export STORE --table T PATH [--step S]                  llmledger.export(): the ledger as Parquet
+    llmledger restore PATH STORE                                      llmledger.restore(): a store from an export
     llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
     llmledger simulator [--port P]              the offline Messages API, for your own tests
 """
@@ -24,7 +26,7 @@ from ._ledger import open_ledger
 from ._ledger.connection import check_store_path
 from .errors import LedgerError
 
-_TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100,
+_TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100, "tbl_cols": -1,
                  "fmt_str_lengths": 80, "tbl_width_chars": 200}
 
 
@@ -85,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     p_flag.add_argument("--by", default=None, help="who flags them (default: the login name)")
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
+    p_export = sub.add_parser("export", help="write a table (folder of Parquet files) or one step (a file)")
+    p_export.add_argument("store", help="the DuckDB file")
+    p_export.add_argument("--table", required=True)
+    p_export.add_argument("path", help="a new folder (or, with --step, a .parquet file)")
+    p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
+    p_restore = sub.add_parser("restore", help="rebuild a table in a store from llmledger export's folder")
+    p_restore.add_argument("path", help="the folder export wrote")
+    p_restore.add_argument("store", help="the DuckDB file (created if missing)")
+
     p_demo = sub.add_parser("demo", help="run a step over the bundled reviews dataset")
     p_demo.add_argument("--store", default=None, help="ledger file (default: a fresh one in a temp folder)")
     p_demo.add_argument("--rows", type=int, default=None,
@@ -131,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
                 key = int(key)
             with pl.Config(**_TABLE_FORMAT):
                 print(history(args.store, args.table, args.step, key=key))
+        elif args.command == "export":
+            from ._parquet import export
+
+            print(f"wrote {export(args.store, args.table, args.path, step=args.step)}")
+        elif args.command == "restore":
+            from ._parquet import restore
+
+            print(f"restored table {restore(args.path, args.store)!r} into {args.store}")
         elif args.command == "demo":
             from ._demo import run_demo
 

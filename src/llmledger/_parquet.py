@@ -1,0 +1,150 @@
+"""Parquet in and out: a Parquet file as input, a ledger exported for archiving or a warehouse, and restored.
+
+`export(store, table, folder)` writes the fact table and its bookkeeping, one
+Parquet file each (as DuckDB's `EXPORT DATABASE` does):
+
+    folder/<table>.parquet              the fact table: keys, inputs, every step's columns (STRUCTs kept)
+    folder/llmledger_steps.parquet      the table's step definitions and their requests
+    folder/llmledger_history.parquet    the answers redos replaced
+    folder/llmledger_runs.parquet       one row per run
+
+`restore(folder, store)` rebuilds that table in a store (new, or one without
+that table) with statuses, outputs, usage, flags and history as they were, so
+a rerun of the same cell pays nothing. `export(..., step=S)` writes one file
+instead: one step's view (key, inputs, output, status, error, usage, cost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ._ledger import open_ledger
+from ._ledger.columns import STEP_COLUMNS, q, step_columns
+from ._ledger.connection import check_store_path, column_types, table_exists
+from ._ledger.schema import HISTORY_TABLE, RUNS_TABLE, STEPS_TABLE, ensure_step_columns, list_steps, migrate
+from ._prompt import template_fields
+from ._time import utcnow
+from .errors import InvalidInputError
+
+_BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE)
+_STEP_VIEW = ("", "_status", "_error", "_attempts", "_input_tokens", "_output_tokens", "_cost_usd", "_model",
+              "_finished_at", "_raw", "_flag")
+
+
+def is_parquet_path(df: Any) -> bool:
+    return isinstance(df, str | Path) and (str(df).endswith(".parquet") or any(c in str(df) for c in "*?["))
+
+
+def read_parquet_input(path: str | Path, *, key: str | Sequence[str] | None, prompt: Any,
+                       where: str | None) -> pl.DataFrame:
+    """The columns of a Parquet file (or glob) a step needs: its key, what the prompt and `where` name.
+
+    A callable prompt may read any column, so it gets them all.
+    """
+    try:
+        lazy = pl.scan_parquet(str(path))
+        names = list(lazy.collect_schema().names())
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise InvalidInputError(f"df={str(path)!r} could not be read as Parquet: {exc}") from None
+    if callable(prompt):
+        return lazy.collect()
+    wanted = [key] if isinstance(key, str) else list(key) if key is not None else ["id"]
+    if isinstance(prompt, str):
+        with contextlib.suppress(InvalidInputError):  # apply_llm reports a bad template itself
+            wanted += template_fields(prompt)
+    if where:
+        wanted += [w.strip('"') for w in re.findall(r'"[^"]+"|[A-Za-z_][A-Za-z0-9_]*', where)]
+    keep = [n for n in names if n in set(wanted)]
+    return lazy.select(keep or names).collect()
+
+
+def export(store: str | Path, table: str, path: str | Path, *, step: str | None = None) -> Path:
+    """Write `table` (with its steps' bookkeeping) to the folder `path`, or one step's view to the file `path`.
+
+    Returns the path written. See the module docstring for the layout.
+    """
+    ledger = open_ledger(_existing(store))
+    steps = {s: key for _, s, key in ledger.steps(table)}
+    if not steps:
+        raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
+    out = Path(path).expanduser()
+    with ledger.conn.open(wait=60.0) as con:
+        if step is not None:
+            if step not in steps:
+                raise InvalidInputError(f"table {table!r} has no step {step!r}; it has {sorted(steps)}")
+            owned = {c for s in steps for c in step_columns(s)}
+            inputs = [c for c in column_types(con, table) if c not in owned]
+            cols = [*inputs, *(step + suffix for suffix in _STEP_VIEW)]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
+            return out
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise InvalidInputError(f"{str(out)!r} exists and is not an empty folder; export writes a folder of "
+                                    "Parquet files (pass step= for a single file)")
+        out.mkdir(parents=True, exist_ok=True)
+        _copy(con, f"SELECT * FROM {q(table)}", out / f"{table}.parquet")
+        for name in _BOOKKEEPING:
+            if table_exists(con, name):
+                _copy(con, f"SELECT * FROM {name} WHERE table_name = '{table.replace(chr(39), chr(39) * 2)}'",
+                      out / f"{name}.parquet")
+    return out
+
+
+def restore(path: str | Path, store: str | Path) -> str:
+    """Rebuild the table exported to the folder `path` in `store`; return the table's name.
+
+    The store is created if missing; it must not have a table of that name already.
+    """
+    folder = Path(path).expanduser()
+    facts = [p for p in folder.glob("*.parquet") if p.stem not in _BOOKKEEPING] if folder.is_dir() else []
+    if len(facts) != 1 or not (folder / f"{STEPS_TABLE}.parquet").exists():
+        raise InvalidInputError(f"{str(folder)!r} is not a folder written by llmledger.export (it needs one "
+                                f"<table>.parquet and {STEPS_TABLE}.parquet)")
+    table = facts[0].stem
+    target = Path(store).expanduser()
+    check_store_path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    ledger = open_ledger(target)
+    existed = target.exists()
+
+    def work(con: Any) -> None:
+        migrate(con, utcnow())
+        if table_exists(con, table):
+            raise InvalidInputError(f"store {str(target)!r} already has a table {table!r}; restore into another "
+                                    "store")
+        con.execute(f"CREATE TABLE {q(table)} AS SELECT * FROM read_parquet({_literal(facts[0])})")
+        for name in _BOOKKEEPING:
+            part = folder / f"{name}.parquet"
+            if part.exists():
+                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM read_parquet({_literal(part)})")
+        types = column_types(con, table)
+        for _, step, _ in list_steps(con, table):  # an export from an older llmledger lacks newer columns
+            ensure_step_columns(con, table, step, types.get(step, STEP_COLUMNS[0].sql_type))
+
+    try:
+        ledger.conn.transaction(work, wait=60.0)
+    except InvalidInputError:
+        if not existed:
+            target.unlink(missing_ok=True)
+        raise
+    return table
+
+
+def _existing(store: str | Path) -> Path:
+    path = Path(store).expanduser()
+    check_store_path(path, must_exist=True)
+    return path
+
+
+def _literal(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _copy(con: Any, query: str, path: Path) -> None:
+    con.execute(f"COPY ({query}) TO {_literal(path)} (FORMAT parquet)")
