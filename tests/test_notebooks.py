@@ -66,7 +66,7 @@ def test_rerun_failed_and_flagged(tmp_path: Path, monkeypatch) -> None:
     assert text.count("400 BadRequestError") >= 3, "the failed rows and their errors are shown"
     assert paid(text, "rerun of the failed rows") == 3
     assert paid(text, "redo of the flagged rows") == 2
-    assert '{"review_id":10}' in text, "the replaced answers are in llmledger_history"
+    assert "flagged: looks wrong" in text, "the replaced answers are kept, with why"
 
 
 @pytest.mark.slow
@@ -79,3 +79,18 @@ def test_background_run_while_other_cells_query(tmp_path: Path, monkeypatch) -> 
     assert "running" in cell["outputs"][0]["data"]["text/plain"]
     assert "llmledger-summary" in text and "completed" in text
     assert os.path.exists(tmp_path / "background.duckdb")
+
+
+@pytest.mark.slow
+def test_pipeline_with_a_typed_step_a_flag_and_a_redo(tmp_path: Path, monkeypatch) -> None:
+    text = text_of(execute("04_pipeline.ipynb", tmp_path / "pipeline.duckdb", monkeypatch))
+    assert "simulated answers" in text
+    assert paid(text, "the pipeline") > 600, "300 rows, three steps (a few duplicate reviews share answers)"
+    assert paid(text, "the rerun") == 0
+    assert "struct[3]" in text, "the extract step is a typed column"
+    assert paid(text, "the redo of the flagged rows") == 5
+    assert re.search(r"classify\s*┆\s*300\s*┆\s*5\s*┆", text) and re.search(r"summarise\s*┆\s*300\s*┆\s*5\s*┆", text), \
+        "the five redone rows are reported stale in both downstream steps"
+    assert paid(text, "a plain rerun") == 0, "stale rows are not re-paid unless asked"
+    assert paid(text, "the redo of the stale rows") == 10
+    assert "flagged: vague product" in text
