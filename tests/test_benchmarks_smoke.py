@@ -12,6 +12,11 @@ def test_noop_rerun_makes_no_calls(tmp_path: Path) -> None:
     assert result["calls"] == 0 and result["stale"] == 0 and result["skipped"] == 5_000
 
 
+def test_structured_noop_rerun_makes_no_calls(tmp_path: Path) -> None:
+    result = bench.structured_overhead(3_000, tmp_path, repeat=1)
+    assert result["calls"] == 0 and result["structured_noop_s"] > 0
+
+
 def test_pacing_keeps_429s_rare(tmp_path: Path) -> None:
     result = bench.throughput(60, 40.0, 0.05, tmp_path)
     assert result["share_429"] < 0.05, result
