@@ -132,3 +132,24 @@ def test_recover_gives_back_lost_claims_and_leaves_live_ones(ledger: Ledger) -> 
     assert ledger.recover("t", "s", _params()) == 2
     counts = ledger.counts("t").row(0, named=True)
     assert (counts["NOT_STARTED"], counts["RUNNING"]) == (2, 2), "a fresh claim from another host is left alone"
+
+
+def test_flag_selects_rows_for_redo_and_reset_starts_rows_over(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
+    _commit(ledger, selection, [_result(r, "DONE", f"first {r['id']}") for r in rows])
+    assert ledger.flag("t", "s", where="id IN (1, 2)", reason="bad", by="me", now=utcnow()) == 2
+    assert ledger.prepare(_definition(), FRAME, _params(), dedupe=True).work.height == 0, "flags alone send nothing"
+    redo = ledger.prepare(_definition(), FRAME, _params(redo=Redo.FLAGGED, run_started=utcnow()), dedupe=True)
+    assert sorted(redo.work["id"].to_list()) == [1, 2] and redo.known == {}, "a flagged answer is never reused"
+    [one, _] = ledger.claim(redo, 4, claimant="h/1/r2", now=utcnow())
+    _commit(ledger, redo, [_result(one, "DONE", "second")])
+    assert ledger.release(redo, claimant="h/1/r2") == 1
+    again = ledger.prepare(_definition(), FRAME, _params(redo=Redo.FLAGGED, run_started=utcnow()), dedupe=True)
+    assert again.work["id"].to_list() == [2], "a flag is cleared once its row is DONE again; a released one stays"
+
+    assert ledger.reset("t", "s", where="id >= 3", now=utcnow()) == 2
+    counts = ledger.counts("t").row(0, named=True)
+    assert (counts["NOT_STARTED"], counts["DONE"]) == (2, 2)
+    history = ledger.history("t", "s")
+    assert history.select("id", "reason").rows() == [(1, "flagged: bad"), (3, "reset"), (4, "reset")]

@@ -213,7 +213,7 @@ def _as_polars(df: Any) -> tuple[pl.DataFrame, bool]:
         return df.collect(), False
     if type(df).__module__.split(".")[0] == "pandas" and type(df).__name__ == "DataFrame":
         return pl.from_pandas(df), True
-    raise InvalidInputError(f"df must be a polars or pandas DataFrame, or a Parquet path (or glob), "
+    raise InvalidInputError(f"df must be a Parquet path (or glob) or a polars or pandas DataFrame, "
                             f"got {type(df).__name__}")
 
 

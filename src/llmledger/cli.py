@@ -140,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             key = args.key
             if key is not None and key.lstrip("-").isdigit():
                 key = int(key)
-            with pl.Config(**_TABLE_FORMAT):
-                print(history(args.store, args.table, args.step, key=key))
+            found = history(args.store, args.table, args.step, key=key)
+            keys = found.columns[: found.columns.index("replaced_at")]
+            with pl.Config(**_TABLE_FORMAT):  # the whole frame is llmledger.history(); here what fits a terminal
+                print(found.select(*keys, "replaced_at", "reason", "old_output", "output", "status"))
         elif args.command == "export":
             from ._parquet import export
 
