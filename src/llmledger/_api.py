@@ -25,6 +25,7 @@ from ._ledger.connection import check_store_path
 from ._ledger.states import Redo
 from ._output import output_spec
 from ._parquet import is_parquet_path, read_parquet_input
+from ._prices import estimate_tokens, min_cacheable_tokens
 from ._prompt import Prompt, check_prompt, plan_prompt
 from ._report import RunReport
 from ._request import RequestSpec, check_max_tokens, check_request_options
@@ -63,6 +64,7 @@ def apply_llm(
     background: bool = False,
     output: Any = None,
     validate: Validator | None = None,
+    cache: bool | Literal["5m", "1h"] = True,
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
@@ -75,6 +77,9 @@ def apply_llm(
     an answer that does not match is retried once with the reason, then left NEEDS_REVIEW
     with its raw text in `{step}_raw`. `validate=callable(row, output)` returning a string
     marks the row NEEDS_REVIEW with that reason, keeping the answer.
+
+    `cache=` (True: "5m"; or "1h"; False: off) sends a system prompt long enough for the model's
+    prompt cache as a cached prefix, so every row after the first pays a tenth for it.
     """
     if is_parquet_path(df):
         df = read_parquet_input(df, key=key, prompt=prompt, where=where)
@@ -97,7 +102,8 @@ def apply_llm(
                                     "['output_config'], not both")
         options["output_config"] = spec.request_option()
     _check_validator(validate)
-    request = RequestSpec(model=model, max_tokens=max_tokens, system=system, options=options)
+    request = RequestSpec(model=model, max_tokens=max_tokens, system=system, options=options,
+                          cache_ttl=_cache_ttl(cache, model, system))
     stored = _storable(frame)
     definition = StepDefinition(table=table, step=step, key=keys, request=request,
                                 prompt=plan_prompt(prompt, frame, steps))
@@ -199,6 +205,15 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
                     output_model=output_model)
     return Plan(store=path, table=table, step=step, cfg=cfg, max_attempts=max_attempts,
                 redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress)
+
+
+def _cache_ttl(cache: Any, model: str, system: str | None) -> str | None:
+    """The ttl the system prompt is cached with: none when caching is off or the prompt is too short to cache."""
+    if cache not in (True, False, "5m", "1h"):
+        raise InvalidInputError(f"cache must be True (a 5-minute cache), '5m', '1h' or False, got {cache!r}")
+    if cache is False or system is None or estimate_tokens(system) < min_cacheable_tokens(model):
+        return None
+    return "5m" if cache is True else cache
 
 
 def _check_validator(validate: Any) -> None:

@@ -62,10 +62,33 @@ class Price:
         return total * (self.batch if batch else 1.0)
 
 
+DEFAULT_MIN_CACHEABLE_TOKENS = 1024
+
+
+def estimate_tokens(text: str) -> int:
+    """Roughly how many tokens `text` is (about four characters a token, as the API's tokenizers average)."""
+    return (len(text) + 3) // 4
+
+
+def min_cacheable_tokens(model: str) -> int:
+    """The shortest prefix the API caches for `model` (prices.json; 1,024 for models it does not list)."""
+    data = _data()
+    found = data.get("min_cacheable_tokens", {})
+    _, _, aliases = _table()
+    name = aliases.get(model, model)
+    snapshot = _SNAPSHOT.match(name)
+    return int(found.get(name) or (found.get(snapshot.group(1)) if snapshot else None) or DEFAULT_MIN_CACHEABLE_TOKENS)
+
+
+@cache
+def _data() -> dict[str, Any]:
+    return json.loads(resources.files("llmledger").joinpath("prices.json").read_text(encoding="utf-8"))
+
+
 @cache
 def _table() -> tuple[str, dict[str, Price], dict[str, str]]:
     """(date checked, prices by model id, model id by alias) from prices.json."""
-    data = json.loads(resources.files("llmledger").joinpath("prices.json").read_text(encoding="utf-8"))
+    data = _data()
     prices, aliases = {}, {}
     for model, entry in data["models"].items():
         prices[model] = _price(entry)

@@ -32,6 +32,8 @@ class RunReport:
     retries: int = 0  # transient failures that were retried
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_read_tokens: int = 0
     cost_usd: float | None = 0.0
     seconds: float = 0.0
     outcome: Outcome = Outcome.COMPLETED
@@ -65,7 +67,7 @@ class RunReport:
     def progress_frame(self) -> pl.DataFrame:
         fields = ["table", "step", "outcome", "rows", "selected", "remaining", "in_flight", "done", "failed",
                   "needs_review", "skipped", "stale", "waiting", "reused", "calls", "retries", "input_tokens",
-                  "output_tokens", "cost_usd", "elapsed", "rate", "eta"]
+                  "output_tokens", "cache_write_tokens", "cache_read_tokens", "cost_usd", "elapsed", "rate", "eta"]
         values = {f: getattr(self, f) for f in fields}
         values["outcome"] = str(self.outcome)
         return pl.DataFrame([values],
@@ -107,8 +109,10 @@ class RunReport:
             parts.append(f"{self.remaining:,} not sent")
         if self.reused:
             parts.append(f"{self.reused:,} reused")
-        parts.append(f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens, "
-                     f"{cost})")
+        cached = (f", {self.cache_read_tokens:,} read from / {self.cache_write_tokens:,} written to the cache"
+                  if self.cache_read_tokens or self.cache_write_tokens else "")
+        parts.append(f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens"
+                     f"{cached}, {cost})")
         line = " · ".join(parts) + f" in {self.seconds:.1f}s"
         if self.outcome != "completed":
             line = f"[{self.outcome}] " + line

@@ -81,11 +81,15 @@ class RequestSpec:
     max_tokens: int
     system: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    cache_ttl: str | None = None  # "5m" or "1h": the system prompt is sent as a cached prefix
 
     def body(self, prompt: str) -> dict[str, Any]:
         body: dict[str, Any] = {**self.options, "model": self.model, "max_tokens": self.max_tokens,
                                 "messages": [{"role": "user", "content": prompt}]}
-        if self.system is not None:
+        if self.system is not None and self.cache_ttl is not None:
+            body["system"] = [{"type": "text", "text": self.system,
+                               "cache_control": {"type": "ephemeral", "ttl": self.cache_ttl}}]
+        elif self.system is not None:
             body["system"] = self.system
         return body
 
@@ -99,7 +103,11 @@ class RequestSpec:
     def from_json(cls, text: str) -> RequestSpec:
         body = json.loads(text)
         model, max_tokens, system = body.pop("model"), body.pop("max_tokens"), body.pop("system", None)
-        return cls(model=model, max_tokens=max_tokens, system=system, options=body)
+        ttl = None
+        if isinstance(system, list):  # [{"type": "text", "text": ..., "cache_control": {...}}], as body() makes it
+            ttl = system[0]["cache_control"]["ttl"]
+            system = system[0]["text"]
+        return cls(model=model, max_tokens=max_tokens, system=system, options=body, cache_ttl=ttl)
 
     def fingerprint(self, prompt: str) -> str:
         return fingerprint(self.body(prompt))

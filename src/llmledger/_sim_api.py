@@ -12,9 +12,10 @@ import hashlib
 import json
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 _POSITIVE = {"great", "love", "excellent", "perfect", "happy", "fast", "recommend", "works", "best", "good"}
 _NEGATIVE = {"broke", "broken", "refund", "late", "never", "worst", "bad", "poor", "slow", "disappointed"}
@@ -124,6 +125,39 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
         return " ".join(words[start:start + 3]) + again
 
     return json.dumps(make(schema, "$"), ensure_ascii=False)
+
+
+class PromptCache:
+    """The API's prompt cache, as billing sees it: a system prefix marked with `cache_control` and long enough
+    for the model is written by the first request (billed as a cache write) and read by later ones within its
+    ttl (billed as a cache read), each read renewing the ttl."""
+
+    TTL: ClassVar[dict[str, float]] = {"5m": 300.0, "1h": 3600.0}
+
+    def __init__(self) -> None:
+        self.expiry: dict[tuple[str, str], float] = {}
+        self.lock = threading.Lock()
+
+    def account(self, body: dict[str, Any]) -> tuple[int, int, int]:
+        """(tokens written 5m, tokens written 1h, tokens read) for this request's cached prefix."""
+        from ._prices import min_cacheable_tokens
+
+        blocks = body.get("system") if isinstance(body.get("system"), list) else []
+        marked = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")]
+        if not marked:
+            return 0, 0, 0
+        prefix = "".join(b.get("text", "") for b in blocks[: marked[-1] + 1])
+        ttl = blocks[marked[-1]]["cache_control"].get("ttl", "5m")
+        tokens = count_tokens(prefix)
+        if tokens < min_cacheable_tokens(str(body.get("model"))):
+            return 0, 0, 0  # too short to cache: billed as plain input, without an error
+        key, now = (str(body.get("model")), prefix), time.time()
+        with self.lock:
+            hit = self.expiry.get(key, 0.0) > now
+            self.expiry[key] = now + self.TTL[ttl]
+        if hit:
+            return 0, 0, tokens
+        return (0, tokens, 0) if ttl == "1h" else (tokens, 0, 0)
 
 
 def count_tokens(text: str) -> int:
@@ -290,6 +324,11 @@ def validate(body: Any) -> str | None:
         problem = schema_problem(fmt.get("schema"))
         if problem:
             return problem
+    system = body.get("system")
+    for block in system if isinstance(system, list) else []:
+        control = block.get("cache_control") if isinstance(block, dict) else None
+        if control is not None and (control.get("type") != "ephemeral" or control.get("ttl", "5m") not in ("5m", "1h")):
+            return "system.cache_control: type must be 'ephemeral' and ttl '5m' or '1h'"
     for message in body["messages"]:
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
             return "messages: each message needs a role of 'user' or 'assistant'"

@@ -42,6 +42,7 @@ from ._sim_api import (
     Bucket,
     ErrorSpec,
     Faults,
+    PromptCache,
     count_tokens,
     default_reply,
     error_spec,
@@ -78,6 +79,7 @@ class Simulator:
         self._reset_bucket()
         self._stats = self._empty_stats()
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
+        self._cache = PromptCache()
         self._server = _QuietServer(("127.0.0.1", port), _make_handler(self))
         self._thread: threading.Thread | None = None
 
@@ -164,7 +166,8 @@ class Simulator:
     @staticmethod
     def _empty_stats() -> dict[str, Any]:
         return {"requests": 0, "paid": 0, "dropped": 0, "by_status": Counter(), "input_tokens": 0,
-                "output_tokens": 0, "prompts": Counter(), "max_concurrent": 0, "_concurrent": 0}
+                "output_tokens": 0, "cache_write_tokens": 0, "cache_read_tokens": 0, "prompts": Counter(),
+                "max_concurrent": 0, "_concurrent": 0}
 
     def _reset_bucket(self) -> None:
         rate = self.faults.rate_limit
@@ -243,8 +246,12 @@ class Simulator:
             m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
             for m in body.get("messages") or []) + (json.dumps(schema) if schema else ""))
         usage_out = count_tokens(text) if text else 0
+        write_5m, write_1h, read = self._cache.account(body)
+        usage_in -= write_5m + write_1h + read
         with self._lock:
             self._stats["paid"] += 1
+            self._stats["cache_write_tokens"] += write_5m + write_1h
+            self._stats["cache_read_tokens"] += read
             self._stats["input_tokens"] += usage_in
             self._stats["output_tokens"] += usage_out
             self._stats["prompts"][prompt] += 1
@@ -257,7 +264,9 @@ class Simulator:
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
             "usage": {"input_tokens": usage_in, "output_tokens": usage_out,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+                      "cache_creation_input_tokens": write_5m + write_1h, "cache_read_input_tokens": read,
+                      "cache_creation": {"ephemeral_5m_input_tokens": write_5m,
+                                         "ephemeral_1h_input_tokens": write_1h}},
         }
 
 

@@ -125,7 +125,8 @@ async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, A
     reply = Reply(text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                   stop_reason=message.stop_reason, model=message.model or body["model"],
                   cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
-                  cache_write_1h_tokens=getattr(cache, "ephemeral_1h_input_tokens", None) or 0,
+                  cache_write_1h_tokens=(cache.get("ephemeral_1h_input_tokens") if isinstance(cache, dict)  # older SDKs
+                                         else getattr(cache, "ephemeral_1h_input_tokens", None)) or 0,
                   cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0)
     pacer.observe(raw.headers, reply.input_tokens, reply.output_tokens)
     if message.stop_reason == "refusal":

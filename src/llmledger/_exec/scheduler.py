@@ -120,8 +120,11 @@ class Scheduler:
                               output=reply.text if refused_by_validate else None,
                               raw=None if refused_by_validate else reply.text)
             rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
+            rep.cache_write_tokens += reply.cache_write_tokens
+            rep.cache_read_tokens += reply.cache_read_tokens
             result.update(attempts=attempts, error=error, input_tokens=reply.input_tokens,
-                          output_tokens=reply.output_tokens, cost_usd=cost, stop_reason=reply.stop_reason,
+                          output_tokens=reply.output_tokens, cache_write_tokens=reply.cache_write_tokens,
+                          cache_read_tokens=reply.cache_read_tokens, cost_usd=cost, stop_reason=reply.stop_reason,
                           model=reply.model, fingerprint=row["fingerprint"], finished_at=now)
         else:
             status = status_after_failure(attempts, self.cfg.max_attempts)
@@ -131,7 +134,8 @@ class Scheduler:
                 rep.needs_review += 1
             self._note_error(error or "")
             result.update(status=status.value, output=None, raw=None, attempts=attempts, error=error,
-                          input_tokens=None, output_tokens=None, cost_usd=None, stop_reason=None,
+                          input_tokens=None, output_tokens=None, cache_write_tokens=None, cache_read_tokens=None,
+                          cost_usd=None, stop_reason=None,
                           model=self.selection.requests[row["version"]].model, fingerprint=None, finished_at=now)
         self.journal.append(result)
         if self.oldest is None:

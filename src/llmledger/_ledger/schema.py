@@ -91,11 +91,22 @@ def _v3_pipelines(con: duckdb.DuckDBPyConnection) -> None:
                 con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} {sql_type}")
 
 
+def _v4_cache(con: duckdb.DuckDBPyConnection) -> None:
+    """Per step: prompt tokens written to and read from the prompt cache."""
+    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
+        if table_exists(con, table):
+            existing = column_types(con, table)
+            for suffix in ("_cache_write_tokens", "_cache_read_tokens"):
+                if step + suffix not in existing:
+                    con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} BIGINT")
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
     Migration(3, "pipelines: structured outputs, upstream steps, flags, claims that remember, history reasons",
               _v3_pipelines),
+    Migration(4, "prompt caching: cache write and read tokens per row", _v4_cache),
 )
 LATEST = MIGRATIONS[-1].version
 
