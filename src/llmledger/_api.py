@@ -65,6 +65,8 @@ def apply_llm(
     output: Any = None,
     validate: Validator | None = None,
     cache: bool | Literal["5m", "1h"] = True,
+    max_cost_usd: float | None = None,
+    budget_scope: Literal["run", "step"] = "run",
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
@@ -80,6 +82,9 @@ def apply_llm(
 
     `cache=` (True: "5m"; or "1h"; False: off) sends a system prompt long enough for the model's
     prompt cache as a cached prefix, so every row after the first pays a tenth for it.
+
+    `max_cost_usd=` stops starting requests once the run (or, with `budget_scope="step"`, every run
+    of this step so far) has spent that much; unsent rows stay as they were.
     """
     if is_parquet_path(df):
         df = read_parquet_input(df, key=key, prompt=prompt, where=where)
@@ -110,7 +115,8 @@ def apply_llm(
     plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
                  redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
                  retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate,
-                 output_model=None if spec is None else spec.model)
+                 output_model=None if spec is None else spec.model, max_cost_usd=max_cost_usd,
+                 budget_scope=budget_scope)
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
     run = Run(plan)
     if background:
@@ -153,6 +159,8 @@ def resume(
     dedupe: bool = True,
     background: bool = False,
     validate: Validator | None = None,
+    max_cost_usd: float | None = None,
+    budget_scope: Literal["run", "step"] = "run",
 ) -> Any:
     """Finish a step that `apply_llm` started, from the store alone (after a kill, a closed laptop, a lost kernel).
 
@@ -168,7 +176,8 @@ def resume(
     _check_validator(validate)
     plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
                  redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
-                 retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate)
+                 retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate,
+                 max_cost_usd=max_cost_usd, budget_scope=budget_scope)
     check_store_path(plan.store, must_exist=True)
     run = Run(plan)
     if background:
@@ -182,7 +191,8 @@ def resume(
 
 def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurrency: Any, where: Any, redo: Any,
           max_attempts: Any, stale_after: Any, client: Any, progress: bool, retry: RetryPolicy | None,
-          commit_every: Any, dedupe: bool, validate: Validator | None = None, output_model: Any = None) -> Plan:
+          commit_every: Any, dedupe: bool, validate: Validator | None = None, output_model: Any = None,
+          max_cost_usd: Any = None, budget_scope: Any = "run") -> Plan:
     for name, value in (("chunk_size", chunk_size), ("concurrency", concurrency), ("max_attempts", max_attempts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
@@ -192,6 +202,12 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
         raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
     if isinstance(commit_every, bool) or not isinstance(commit_every, int | float) or commit_every <= 0:
         raise InvalidInputError(f"commit_every must be a positive number of seconds, got {commit_every!r}")
+    if max_cost_usd is not None and (isinstance(max_cost_usd, bool) or not isinstance(max_cost_usd, int | float)
+                                     or not max_cost_usd > 0):
+        raise InvalidInputError(f"max_cost_usd must be a positive number of dollars, got {max_cost_usd!r}")
+    if budget_scope not in ("run", "step"):
+        raise InvalidInputError(f"budget_scope must be 'run' (this run's spending) or 'step' (every run of the "
+                                f"step so far), got {budget_scope!r}")
     stale = stale_after if isinstance(stale_after, timedelta) else timedelta(seconds=float(stale_after))
     if stale.total_seconds() <= 0:
         raise InvalidInputError(f"stale_after must be positive, got {stale_after!r}")
@@ -202,7 +218,8 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
     check_store_path(path)
     cfg = RunConfig(chunk_size=chunk_size, concurrency=concurrency, max_attempts=max_attempts,
                     commit_every=commit_every, retry=retry or RetryPolicy(), dedupe=dedupe, validate=validate,
-                    output_model=output_model)
+                    output_model=output_model, max_cost_usd=None if max_cost_usd is None else float(max_cost_usd),
+                    budget_scope=budget_scope)
     return Plan(store=path, table=table, step=step, cfg=cfg, max_attempts=max_attempts,
                 redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress)
 

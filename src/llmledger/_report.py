@@ -125,6 +125,8 @@ class RunReport:
             out.append(f"{self.stale:,} DONE rows are stale (their request changed since they were answered: "
                        "model, system, prompt, options or the row's input); they were not re-sent. Pass "
                        "redo='stale' to re-send exactly those.")
+        if self.outcome == "budget":
+            out.append(self.message)
         if self.waiting:
             out.append(f"{self.waiting:,} rows wait for the steps their prompt reads (not DONE there yet, or "
                        "stale there); finish those steps first.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -176,6 +177,8 @@ class Run:
                 selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe,
                                           inputs=plan.cfg.validate is not None)
             self._take_counts(selection)
+            if plan.cfg.max_cost_usd is not None and plan.cfg.budget_scope == "step":
+                plan.cfg = dataclasses.replace(plan.cfg, spent_before_usd=ledger.spent(plan.table, plan.step))
             if selection.work.height:
                 selection.survey = None  # out of date once rows are sent; read back at the end instead
             report.outcome = Outcome.RUNNING

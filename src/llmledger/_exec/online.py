@@ -68,6 +68,7 @@ class Sink(Protocol):
     def stop(self, outcome: Outcome, message: str) -> None: ...
     def note_retry(self, message: str) -> None: ...
     def set_in_flight(self, delta: int) -> None: ...
+    def may_spend(self) -> bool: ...
 
 
 class OnlineSender:
@@ -139,6 +140,10 @@ class OnlineSender:
         """Send until there is an answer or a permanent error; None when the run stops first."""
         tries = 0
         while self.sink.stopping is None:
+            if not self.sink.may_spend():  # wait for the first answer's cost; a reached budget stops the run
+                self._doing("waiting under the budget")
+                await asyncio.sleep(0.05)
+                continue
             self.sink.set_in_flight(+1)
             wait_at_least: float | None = None
             self._doing(f"sending {row['fingerprint'][:8]} (try {tries})")

@@ -37,6 +37,7 @@ from .api import Reply
 from .online import OnlineSender, RetryPolicy
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+BUDGET_GRACE = 600.0  # seconds a run that reached its budget waits for the answers already in flight
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class RunConfig:
     dedupe: bool = True  # rows with identical requests share one call
     grace: float = 1.0  # seconds in-flight requests get to finish after an interrupt
     validate: Callable[[dict[str, Any], Any], str | None] | None = None  # apply_llm's validate=
+    max_cost_usd: float | None = None  # stop starting requests once this much is spent
+    budget_scope: str = "run"  # "step": the budget also counts what earlier runs of the step spent
+    spent_before_usd: float = 0.0  # that, as the ledger holds it when the run starts
     output_model: Any = field(default=None, compare=False)  # the pydantic model of output= (apply_llm only)
 
 
@@ -88,6 +92,32 @@ class Scheduler:
     def set_in_flight(self, delta: int) -> None:
         self.in_flight += delta
         self.report.in_flight = self.in_flight
+
+    def may_spend(self) -> bool:
+        """Whether another request may start under `max_cost_usd`.
+
+        What is spent, plus what the requests in flight will cost at the run's average so far, must stay
+        under the budget; so a run overshoots it by at most the requests it had in flight. Until the first
+        answer says what a request costs, one request at a time.
+        """
+        budget, rep = self.cfg.max_cost_usd, self.report
+        if budget is None:
+            return True
+        if rep.cost_usd is None:
+            self.stop(Outcome.BUDGET, "max_cost_usd cannot be kept: the model has no known price (see "
+                                      "llmledger.set_price); stopped")
+            return False
+        spent = self.cfg.spent_before_usd + rep.cost_usd
+        if not rep.calls and spent < budget:
+            return self.in_flight == 0
+        average = rep.cost_usd / rep.calls if rep.calls else 0.0
+        if spent + average * self.in_flight < budget:
+            return True
+        earlier = f" (${self.cfg.spent_before_usd:.4f} of it by earlier runs of this step)" \
+            if self.cfg.spent_before_usd else ""
+        self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${spent:.4f} spent{earlier}. "
+                                  "Rows not sent stay as they were; raise max_cost_usd to go on.")
+        return False
 
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
         """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""
@@ -186,6 +216,11 @@ class Scheduler:
                         self.stop(Outcome.ERROR, f"{type(failure).__name__}: {failure}")
                 if store_task.done():
                     break
+            if pending and self.stopping is Outcome.BUDGET:  # requests in flight are paid for: take their answers
+                deadline = time.monotonic() + BUDGET_GRACE
+                while self.in_flight and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0)
             if pending:
                 grace = self.cfg.grace if self.stopping is Outcome.INTERRUPTED else 0.0
                 if grace:

@@ -42,6 +42,7 @@ from .prepare import (
     set_output_type,
 )
 from .schema import (
+    HISTORY_TABLE,
     LEGACY_FINGERPRINT_PREFIX,
     MIGRATIONS_TABLE,
     RUNS_TABLE,
@@ -276,6 +277,14 @@ class DuckDBLedger:
                         list(row.values()))
 
         self.conn.transaction(work, wait=30.0)
+
+    def spent(self, table: str, step: str) -> float:
+        """Dollars paid for the step's answers: those in the table and those replaced since (the history)."""
+        with self.conn.open(wait=60.0) as con:
+            now = one(con, f"SELECT coalesce(sum({q(step + '_cost_usd')}), 0) FROM {q(table)}")[0]
+            before = one(con, f"SELECT coalesce(sum(cost_usd), 0) FROM {HISTORY_TABLE} WHERE table_name = ? "
+                              "AND step = ?", [table, step])[0]
+        return float(now) + float(before)
 
     # -- what people look at -----------------------------------------------------------------------------
     def counts(self, table: str | None = None) -> pl.DataFrame:

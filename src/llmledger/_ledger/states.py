@@ -57,6 +57,7 @@ class Outcome(StrEnum):
     AUTH = "auth"  # 401/403
     SPEND_LIMIT = "spend_limit"  # the account cannot spend more
     RETRY_REFUSED = "retry_refused"  # x-should-retry: false on an otherwise transient error
+    BUDGET = "budget"  # max_cost_usd was reached
     ERROR = "error"  # a bug or a store failure
 
     @property
