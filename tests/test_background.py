@@ -12,7 +12,7 @@ import pytest
 import llmledger
 from llmledger import Run, Simulator, apply_llm, apply_llm_async
 
-from .conftest import frame
+from .conftest import frame, sql
 
 
 def test_background_run_returns_at_once_and_can_be_watched(run, sim: Simulator, store: Path) -> None:
@@ -100,3 +100,14 @@ def test_a_background_run_never_changes_last_report(run, sim: Simulator) -> None
     handle.wait(timeout=60)
     assert llmledger.last_report() is mine, "the background run's report stays on its handle"
     assert handle.report.step == "title" and handle.report.done == 60
+
+
+def test_answers_arriving_after_cancel_are_committed_not_lost(run, sim: Simulator, store: Path) -> None:
+    """Requests in flight when a run is cancelled get a grace to finish; their answers are paid, so committed."""
+    sim.configure(latency=0.6)
+    handle = run(frame(200), "summary", prompt="Summarize: {text}", background=True, concurrency=8)
+    time.sleep(0.9)
+    handle.cancel()
+    done = sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'")[0][0]
+    assert done == handle.report.done == sim.stats()["paid"] > 0
+    assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'RUNNING'") == [(0,)]

@@ -87,7 +87,7 @@ def apply_llm(
     of this step so far) has spent that much; unsent rows stay as they were.
     """
     if is_parquet_path(df):
-        df = read_parquet_input(df, key=key, prompt=prompt, where=where)
+        df = read_parquet_input(df, key=key, prompt=prompt, where=where, every_column=validate is not None)
     frame, from_pandas = _as_polars(df)
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')

@@ -65,6 +65,9 @@ class OutputSpec:
                 raise OutputError(f"the answer does not validate as {self.model.__name__}: {exc}") from None
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
+    # Every field is required in the schema sent (api_schema), so the answer has them all and a model's
+    # defaults never come into play: apply_llm and resume see the same value.
+
     def value(self, normalised: str) -> Any:
         """What a `validate=` callable sees: the pydantic instance, or the parsed JSON."""
         data = json.loads(normalised)
@@ -138,9 +141,19 @@ def api_schema(schema: dict[str, Any]) -> dict[str, Any]:
         if name in rest:
             out[name] = rest.pop(name)
     if out.get("type") == "object":
-        out["properties"] = {k: api_schema(v) for k, v in rest.pop("properties", {}).items()}
-        out["required"] = rest.pop("required", [])
-        rest.pop("additionalProperties", None)
+        properties = rest.pop("properties", {})
+        extra = rest.pop("additionalProperties", None)
+        if not properties or extra not in (None, False):
+            raise InvalidInputError(
+                f"output= has a mapping with free keys ({out.get('title') or 'a dict field'}); structured outputs "
+                "fill named fields only. Use a model with named fields, or a list of key/value models.")
+        lowered = [k.lower() for k in properties]
+        if len(set(lowered)) < len(lowered):
+            raise InvalidInputError(f"output= has fields differing only in case ({sorted(properties)}); SQL "
+                                    "column names ignore case, so rename one")
+        out["properties"] = {k: api_schema(v) for k, v in properties.items()}
+        rest.pop("required", None)
+        out["required"] = list(properties)  # every field, always: the answer never relies on a default
         out["additionalProperties"] = False
     elif out.get("type") == "array" and "items" in rest:
         out["items"] = api_schema(rest.pop("items"))

@@ -42,17 +42,17 @@ def is_parquet_path(df: Any) -> bool:
 
 
 def read_parquet_input(path: str | Path, *, key: str | Sequence[str] | None, prompt: Any,
-                       where: str | None) -> pl.DataFrame:
+                       where: str | None, every_column: bool = False) -> pl.DataFrame:
     """The columns of a Parquet file (or glob) a step needs: its key, what the prompt and `where` name.
 
-    A callable prompt may read any column, so it gets them all.
+    A callable prompt (or a `validate=` callable, `every_column`) may read any column, so it gets them all.
     """
     try:
         lazy = pl.scan_parquet(str(path))
         names = list(lazy.collect_schema().names())
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise InvalidInputError(f"df={str(path)!r} could not be read as Parquet: {exc}") from None
-    if callable(prompt):
+    if callable(prompt) or every_column:
         return lazy.collect()
     wanted = [key] if isinstance(key, str) else list(key) if key is not None else ["id"]
     if isinstance(prompt, str):
@@ -70,6 +70,7 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
     Returns the path written. See the module docstring for the layout.
     """
     ledger = open_ledger(_existing(store))
+    ledger.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0)  # every column an export lists
     steps = {s: key for _, s, key in ledger.steps(table)}
     if not steps:
         raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
@@ -126,6 +127,10 @@ def restore(path: str | Path, store: str | Path) -> str:
         types = column_types(con, table)
         for _, step, _ in list_steps(con, table):  # an export from an older llmledger lacks newer columns
             ensure_step_columns(con, table, step, types.get(step, STEP_COLUMNS[0].sql_type))
+            for column in STEP_COLUMNS:  # Parquet keeps no column defaults; new rows need them
+                if column.default is not None:
+                    con.execute(f"ALTER TABLE {q(table)} ALTER COLUMN {q(step + column.suffix)} "
+                                f"SET DEFAULT {column.default}")
 
     try:
         ledger.conn.transaction(work, wait=60.0)

@@ -258,12 +258,25 @@ class Scheduler:
             await self.sender.process(row)
 
     async def _store_loop(self) -> None:
+        """Claim ahead and commit until the workers are done; then commit the rest and give back what is left.
+
+        A stop does not end it: answers still arriving from requests in flight (the grace after Ctrl-C,
+        a budget's last requests) are committed before the claims are released.
+        """
+        try:
+            await self._claim_and_commit()
+        finally:
+            self.journal.rotate()
+            self.report.released = await asyncio.to_thread(self._release)
+
+    async def _claim_and_commit(self) -> None:
         low_water = max(self.cfg.concurrency, 1)
         exhausted = False
         while True:
             now = time.monotonic()
-            finishing = self.workers_done or self.stopping is not None
-            flush = bool(self.buffer) and (finishing or len(self.buffer) >= self.cfg.chunk_size or
+            finishing = self.workers_done
+            flush = bool(self.buffer) and (finishing or self.stopping is not None or
+                                           len(self.buffer) >= self.cfg.chunk_size or
                                            (self.oldest is not None and now - self.oldest >= self.cfg.commit_every))
             want = 0
             if not exhausted and self.stopping is None and self.queue.qsize() < low_water:
@@ -285,7 +298,6 @@ class Scheduler:
             timeout = self.cfg.commit_every if self.buffer else 0.1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-        self.report.released = await asyncio.to_thread(self._release)
 
     def _take_buffer(self) -> tuple[list[dict[str, Any]], Path | None]:
         batch, self.buffer, self.oldest = self.buffer, [], None

@@ -99,7 +99,7 @@ def add_column_ddl(table: str, step: str, column: Column, output_type: str = "VA
 
 def output_from_text(expr: str, output_type: str) -> str:
     """SQL turning the JSON text of a structured answer into the step's column type (text stays text)."""
-    return expr if output_type == "VARCHAR" else f"CAST(CAST({expr} AS JSON) AS {output_type})"
+    return expr if output_type == "VARCHAR" else f"try_cast(try_cast({expr} AS JSON) AS {output_type})"
 
 
 def output_as_text(expr: str, output_type: str) -> str:
@@ -122,6 +122,9 @@ def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
             value = f"i.{c.result}" + ("::UUID" if c.sql_type == "UUID" else "")
             if c.suffix == "":
                 value = output_from_text(value, output_type)
+            elif c.suffix == "_raw" and output_type != "VARCHAR":  # an answer that does not fit the column's type
+                value = f"coalesce({value}, CASE WHEN {output_from_text('i.output', output_type)} IS NULL " \
+                        "THEN i.output END)"  # (its type changed meanwhile) is kept as text
             if c.commit == KEEP_UNLESS_ANSWERED:
                 value = f"CASE WHEN {ANSWERED} THEN {value} ELSE {t[c.suffix]} END"
         sets.append(f"{q(step + c.suffix)} = {value}")

@@ -97,6 +97,9 @@ class DuckDBLedger:
                             frame_columns(frame, definition.key, owned_columns(con, definition.table,
                                                                                definition.step)))
             establish_table(con, layout, frame)
+            key_types = {k: frame.schema[k] for k in layout.key}
+            if layout.step in column_types(con, layout.table):  # a dead run's answers go in under their own type
+                merged[:] = _merge_journals(con, layout, self.path, key_types)
             request = definition.request
             output = request.output_spec()
             set_output_type(con, layout, "VARCHAR" if output is None else output.sql_type, now)
@@ -108,8 +111,6 @@ class DuckDBLedger:
             graph = StepGraph.load(con, layout.table, layout.step)
             layout = _fed(layout, graph)
             check_where(con, layout.table, params.where)
-            key_types = {k: frame.schema[k] for k in layout.key}
-            merged[:] = _merge_journals(con, layout, self.path, key_types)
             _recover(con, layout, params)
             sql_params = params.sql(definition.version)
             found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where)

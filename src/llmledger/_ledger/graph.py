@@ -115,17 +115,37 @@ class StepGraph:
         values = ", ".join(f"coalesce({self.field_sql[p]}, chr(0))" for p in paths) or "''"
         return f"md5(concat_ws(chr(31), {values}))::UUID"
 
-    def fresh_sql(self, step: str) -> str:
+    def rendered_sql(self, step: str) -> str:
+        """SQL: the step's current request was rendered from the upstream values there are now."""
+        if not self.upstream.get(step):
+            return "true"
+        return f"({names(step, 't')['_upstream_fingerprint']} IS NOT DISTINCT FROM {self.digest_sql(step)})"
+
+    def _own_sql(self, step: str) -> str:
+        """SQL: the step's own answer is current (DONE, for its current request, from the current inputs)."""
         c = names(step, "t")
-        parts = [f"{c['_status']} = 'DONE'", f"{c['_fingerprint']} IS NOT DISTINCT FROM {c['_request_fingerprint']}"]
+        parts = [f"{c['_status']} = 'DONE'", f"{c['_version']} IS NOT NULL",
+                 f"{c['_fingerprint']} IS NOT DISTINCT FROM {c['_request_fingerprint']}"]
         if self.upstream.get(step):
-            parts.append(f"{c['_upstream_fingerprint']} IS NOT DISTINCT FROM {self.digest_sql(step)}")
-            parts.append(self.ready_sql(step))
+            parts.append(self.rendered_sql(step))
         return "(" + " AND ".join(parts) + ")"
 
+    def _ancestors(self, step: str) -> list[str]:
+        return [s for s in self.lineage(step) if s != step]
+
+    def fresh_sql(self, step: str) -> str:
+        """SQL: the step's answer, and the answer of every step it reads however indirectly, is current.
+
+        Each step's own condition appears once, so the SQL grows with the number of steps, not the paths.
+        """
+        return "(" + " AND ".join(self._own_sql(s) for s in [*self._ancestors(step), step]) + ")"
+
     def ready_sql(self, step: str) -> str:
-        ups = self.upstream.get(step, ())
-        return "(" + " AND ".join(self.fresh_sql(u) for u in ups) + ")" if ups else "true"
+        """SQL: every step this one reads, however indirectly, is fresh, and its request was rendered from them."""
+        parts = [self._own_sql(s) for s in self._ancestors(step)]
+        if self.upstream.get(step):
+            parts.append(self.rendered_sql(step))
+        return "(" + " AND ".join(parts) + ")" if parts else "true"
 
     def stale_sql(self, step: str) -> str:
         return f"({names(step, 't')['_status']} = 'DONE' AND NOT {self.fresh_sql(step)})"

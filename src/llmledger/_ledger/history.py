@@ -21,7 +21,7 @@ from .schema import HISTORY_TABLE
 from .survey import Layout
 
 _COLUMNS = ("table_name, step, row_key, output, model, fingerprint, input_tokens, output_tokens, cost_usd, "
-            "finished_at, replaced_at, reason, status")
+            "finished_at, replaced_at, reason, status, raw")
 
 
 def archive(con: duckdb.DuckDBPyConnection, layout: Layout, *, now: datetime, reason: str, condition: str,
@@ -36,8 +36,8 @@ def archive(con: duckdb.DuckDBPyConnection, layout: Layout, *, now: datetime, re
         f"INSERT INTO {HISTORY_TABLE} ({_COLUMNS}) SELECT $table, $step, {layout.key_json()}, "
         f"{output_as_text(c[''], output_type)}, {c['_model']}, {c['_fingerprint']}::VARCHAR, {c['_input_tokens']}, "
         f"{c['_output_tokens']}, {c['_cost_usd']}, {c['_finished_at']}, $now, {reason}, "
-        f"coalesce({c['_claimed_from']}, {c['_status']}) FROM {q(layout.table)} AS t {join} "
-        f"WHERE {c['']} IS NOT NULL AND ({condition})",
+        f"coalesce({c['_claimed_from']}, {c['_status']}), {c['_raw']} FROM {q(layout.table)} AS t {join} "
+        f"WHERE ({c['']} IS NOT NULL OR {c['_raw']} IS NOT NULL) AND ({condition})",
         {**(params or {}), "table": layout.table, "step": layout.step, "now": now})
 
 
@@ -64,12 +64,13 @@ def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None
     output_type = column_types(con, layout.table)[layout.step]
     c = names(layout.step, "t")
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
-    where = " AND ".join(f"t.{q(k)} = ${'k' + str(i)}" for i, k in enumerate(key or {}))
+    where = " AND ".join(f"CAST(t.{q(k)} AS VARCHAR) = CAST(${'k' + str(i)} AS VARCHAR)"
+                         for i, k in enumerate(key or {}))
     params = {"k" + str(i): v for i, v in enumerate((key or {}).values())}
-    old = "CAST(h.output AS JSON)" if output_type != "VARCHAR" else "h.output"
-    old_output = old if output_type == "VARCHAR" else f"try_cast({old} AS {output_type})"
+    old_output = "h.output" if output_type == "VARCHAR" else f"try_cast(try_cast(h.output AS JSON) AS {output_type})"
     return con.sql(
-        f"SELECT {keys}, h.replaced_at, h.reason, {old_output} AS old_output, h.status AS old_status, "
+        f"SELECT {keys}, h.replaced_at, h.reason, {old_output} AS old_output, h.output AS old_text, h.raw AS old_raw, "
+        f"h.status AS old_status, "
         f"h.model AS old_model, h.fingerprint AS old_fingerprint, h.input_tokens AS old_input_tokens, "
         f"h.output_tokens AS old_output_tokens, h.cost_usd AS old_cost_usd, h.finished_at AS old_finished_at, "
         f"{c['']} AS output, {c['_status']} AS status, {c['_finished_at']} AS finished_at "

@@ -71,7 +71,14 @@ def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type:
     col = q(layout.step)
     as_json = f"try_cast({output_as_text(col, current)} AS JSON)"
     using = output_as_text(col, current) if wanted == "VARCHAR" else f"try_cast({as_json} AS {wanted})"
+    c = names(layout.step)
+    lost = con.sql(f"SELECT {', '.join(q(k) for k in layout.key)} FROM {q(layout.table)} "
+                   f"WHERE {col} IS NOT NULL AND ({using}) IS NULL").pl()
     con.execute(f"ALTER TABLE {q(layout.table)} ALTER COLUMN {col} SET DATA TYPE {wanted} USING {using}")
+    if lost.height:  # answers that do not fit the new type: kept in the history, and the rows report stale
+        with registered(con, INCOMING, lost):
+            con.execute(f"UPDATE {q(layout.table)} AS t SET {c['_fingerprint']} = NULL FROM {INCOMING} AS i "
+                        f"WHERE {layout.key_join('t', 'i')}")
 
 
 def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,

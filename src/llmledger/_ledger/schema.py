@@ -78,7 +78,7 @@ def _v3_pipelines(con: duckdb.DuckDBPyConnection) -> None:
     """Per step: raw text of answers not matching an output schema, the status a claim took, flags, and the
     upstream answers a request was made from; steps record their upstream steps; history says why."""
     con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS upstream VARCHAR[]")
-    for name in ("reason", "status"):
+    for name in ("reason", "status", "raw"):
         con.execute(f"ALTER TABLE {HISTORY_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
     for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
         if not table_exists(con, table):
