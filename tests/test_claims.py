@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -77,3 +78,14 @@ def test_two_processes_on_one_store_never_send_the_same_row_twice(store: Path) -
     runs = sql(store, "SELECT calls FROM llmledger_runs ORDER BY calls")
     assert len(runs) == 2 and sum(r[0] for r in runs) == rows
     assert runs[0][0] > 0, "both processes did part of the work"
+
+
+def test_a_live_runs_claims_are_not_taken_back_by_age(run, sim: Simulator, store: Path) -> None:
+    """A slow run holds claims longer than another run's stale_after; being alive, it keeps them."""
+    sim.configure(latency=0.3)
+    first = run(frame(20), "summary", prompt="Summarize: {text}", background=True, concurrency=2)
+    time.sleep(1.5)
+    second = run(frame(20), "summary", prompt="Summarize: {text}", stale_after=1, concurrency=2)
+    first.wait(60)
+    assert max(sim.paid_prompts().values()) == 1, "no row was paid twice"
+    assert sim.stats()["paid"] == 20 and second["summary_status"].to_list().count("DONE") <= 20

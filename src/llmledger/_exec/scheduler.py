@@ -37,6 +37,7 @@ from .api import Reply
 from .online import OnlineSender, RetryPolicy
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+RENEW_EVERY = 60.0  # seconds between heartbeats on a run's claims
 BUDGET_GRACE = 600.0  # seconds a run that reached its budget waits for the answers already in flight
 
 
@@ -272,8 +273,12 @@ class Scheduler:
     async def _claim_and_commit(self) -> None:
         low_water = max(self.cfg.concurrency, 1)
         exhausted = False
+        renewed = time.monotonic()
         while True:
             now = time.monotonic()
+            if now - renewed >= RENEW_EVERY:  # a heartbeat: claims waiting in the queue are still ours
+                renewed = now
+                await asyncio.to_thread(self._renew)
             finishing = self.workers_done
             flush = bool(self.buffer) and (finishing or self.stopping is not None or
                                            len(self.buffer) >= self.cfg.chunk_size or
@@ -321,6 +326,10 @@ class Scheduler:
             return self.ledger.claim(self.selection, n, claimant=str(self.claimant), now=utcnow())
         except StoreBusy:  # only when stopping: nothing was claimed
             return []
+
+    def _renew(self) -> None:
+        with contextlib.suppress(StoreBusy):
+            self.ledger.renew(self.selection, claimant=str(self.claimant), now=utcnow())
 
     def _release(self) -> int:
         try:

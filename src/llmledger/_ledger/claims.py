@@ -2,8 +2,10 @@
 
 A claim is written as ``host/pid/run_id``. A claim from this host whose process
 is gone (a crash, a kernel restart) or whose run has ended in this very process
-can be taken back at once; any other claim is left alone until it is older than
-`stale_after`, because we cannot see into other machines.
+can be taken back at once; a claim whose holder runs on this host is never taken
+back; any other claim is left alone until it is older than `stale_after`, because
+we cannot see into other machines. A run renews its claims' `running_started_at`
+every minute, so only the claims of a holder that stopped renewing grow old.
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def is_alive_here(claim: str) -> bool:
+    """True when the claim's holder certainly still runs (same host only): its age then says nothing."""
+    holder = Claimant.parse(claim)
+    if holder is None or holder.host != socket.gethostname():
+        return False
+    if holder.pid == os.getpid():
+        with _active_lock:
+            return holder.run_id in _active_runs
+    return _pid_alive(holder.pid)
 
 
 def is_abandoned(claim: str) -> bool:

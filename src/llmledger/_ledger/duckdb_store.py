@@ -24,7 +24,7 @@ from .._request import RequestSpec, canonical_json
 from .._time import utcnow
 from ..errors import InvalidInputError, PromptError
 from . import KnownAnswer, RunParams, Selection, StepDefinition
-from .claims import is_abandoned
+from .claims import is_abandoned, is_alive_here
 from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q, step_columns
 from .connection import Connection, check_store_path, column_types, one, registered, table_exists
 from .graph import StepGraph
@@ -259,6 +259,14 @@ class DuckDBLedger:
                                    {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}),
             wait=30.0)
 
+    def renew(self, selection: Selection, *, claimant: str, now: datetime) -> int:
+        """Mark the claims this run still holds as alive now (so no other run takes them back by age)."""
+        layout = selection.layout
+        return self.conn.transaction(lambda con: len(con.execute(
+            f"UPDATE {q(layout.table)} SET {layout.col('_running_started_at')} = $now "
+            f"WHERE {layout.col('_claimed_by')} = $claimant AND {layout.col('_status')} = 'RUNNING' RETURNING 1",
+            {"now": now, "claimant": claimant}).fetchall()), wait=30.0)
+
     def recover(self, table: str, step: str, params: RunParams) -> int:
         """Give back claims of runs that died on this host, and claims older than `params.stale_before`."""
         layout = Layout(table, step, [], [])
@@ -414,9 +422,12 @@ def _recover(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) 
     if not holders:
         return 0
     dead = [h for h in holders if h is None or is_abandoned(h)]
+    alive = [h for h in holders if h is not None and is_alive_here(h)]
     return _give_back(con, layout, f"{c['_claimed_by']} IS NULL OR list_contains($dead, {c['_claimed_by']}) "
-                                   f"OR {c['_running_started_at']} < $stale_before",
-                      {"dead": dead, "stale_before": params.stale_before, "max_attempts": params.max_attempts})
+                                   f"OR ({c['_running_started_at']} < $stale_before "
+                                   f"AND NOT list_contains($alive, {c['_claimed_by']}))",
+                      {"dead": dead, "alive": alive, "stale_before": params.stale_before,
+                       "max_attempts": params.max_attempts})
 
 
 def _merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path,
