@@ -107,3 +107,14 @@ def test_store_errors_say_what_is_wrong_and_are_not_value_errors(run, store: Pat
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_where_with_more_statements_and_a_retyped_column_are_refused(run, sim: Simulator, store: Path) -> None:
+    run(frame(3), "summary", prompt="Summarize: {text}")
+    before = sql(store, "SELECT * FROM messages ORDER BY id")
+    with pytest.raises(WhereClauseError, match="more than one SQL statement"):
+        run(frame(3), "summary", prompt="Summarize: {text}", where="true); DROP TABLE messages; SELECT (1")
+    retyped = frame(3).with_columns(pl.col("text").str.split(" ").alias("text"))
+    with pytest.raises(InvalidInputError, match=r"column 'text' is VARCHAR in table 'messages' but VARCHAR\[\]"):
+        run(retyped, "summary", prompt="Summarize: {id}")
+    assert sql(store, "SELECT * FROM messages ORDER BY id") == before

@@ -98,6 +98,9 @@ def test_a_refusal_fails_the_row(run, sim: Simulator, store: Path) -> None:
     out = run(frame(4), "summary", prompt="Summarize: {text}")
     assert out.filter(id=2)["summary_status"].item() == "FAILED"
     assert "refusal" in sql(store, "SELECT summary_error FROM messages WHERE id = 2")[0][0]
+    report = last_report()
+    assert report is not None and report.calls == sim.stats()["paid"] == 4, "a refusal is billed, so counted"
+    assert report.input_tokens == sim.stats()["input_tokens"]
 
 
 def test_the_sdk_sees_the_simulators_errors_as_the_real_apis(sim: Simulator) -> None:

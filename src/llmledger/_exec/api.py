@@ -58,11 +58,12 @@ class Reply:
 
 class CallFailed(Exception):
     def __init__(self, kind: Kind, message: str, retry_after: float | None = None,
-                 stop: Outcome | None = None) -> None:
+                 stop: Outcome | None = None, reply: Reply | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.retry_after = retry_after
         self.stop = stop  # for FATAL: the outcome the run ends with
+        self.reply = reply  # an answer that was billed although it is no use (a refusal)
 
 
 def _error_fields(exc: anthropic.APIStatusError) -> tuple[str, str, str | None]:
@@ -122,6 +123,7 @@ async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, A
     usage = message.usage
     cache = getattr(usage, "cache_creation", None)
     text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
+    text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would break the journal and the store
     reply = Reply(text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                   stop_reason=message.stop_reason, model=message.model or body["model"],
                   cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
@@ -130,7 +132,7 @@ async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, A
                   cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0)
     pacer.observe(raw.headers, reply.input_tokens, reply.output_tokens)
     if message.stop_reason == "refusal":
-        raise CallFailed(Kind.PERMANENT, "refusal: the model declined to answer this prompt")
+        raise CallFailed(Kind.PERMANENT, "refusal: the model declined to answer this prompt", reply=reply)
     return reply
 
 

@@ -69,6 +69,7 @@ class Sink(Protocol):
     def note_retry(self, message: str) -> None: ...
     def set_in_flight(self, delta: int) -> None: ...
     def may_spend(self) -> bool: ...
+    def bill(self, reply: Reply) -> None: ...
 
 
 class OnlineSender:
@@ -158,6 +159,8 @@ class OnlineSender:
                     self.sink.stop(outcome, _STOP_ADVICE.get(outcome, "{}").format(failure))
                     return None
                 if failure.kind is Kind.PERMANENT:
+                    if failure.reply is not None:  # refused, but billed: the run's report and budget count it
+                        self.sink.bill(failure.reply)
                     return None, str(failure)
                 self._transient(failure)
                 wait_at_least = failure.retry_after

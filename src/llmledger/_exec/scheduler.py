@@ -94,6 +94,15 @@ class Scheduler:
         self.in_flight += delta
         self.report.in_flight = self.in_flight
 
+    def bill(self, reply: Reply) -> None:
+        """Count a call that was billed but gave no answer to keep (a refusal): tokens, cost, calls."""
+        rep = self.report
+        cost = cost_usd(reply)
+        rep.calls += reply.calls
+        rep.input_tokens += reply.input_tokens
+        rep.output_tokens += reply.output_tokens
+        rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
+
     def may_spend(self) -> bool:
         """Whether another request may start under `max_cost_usd`.
 

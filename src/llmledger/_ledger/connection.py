@@ -155,8 +155,9 @@ def memory_limited(con: duckdb.DuckDBPyConnection, limit: str) -> Iterator[None]
     con.execute(f"SET memory_limit = '{limit}'")
     try:
         yield
-    finally:
-        con.execute(f"SET memory_limit = '{before}'")
+    finally:  # after a failed statement the transaction is aborted; its rollback resets the setting anyway
+        with contextlib.suppress(duckdb.Error):
+            con.execute(f"SET memory_limit = '{before}'")
 
 
 def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:
@@ -177,8 +178,9 @@ def registered(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -
     con.register(name, frame.to_arrow(compat_level=pl.CompatLevel.newest()) if _STRING_VIEWS else frame)
     try:
         yield
-    finally:
-        con.unregister(name)
+    finally:  # never hide the error that ended the block behind "transaction aborted"
+        with contextlib.suppress(duckdb.Error):
+            con.unregister(name)
 
 
 # Before 1.5, DuckDB pushed filters on a registered Arrow table into pyarrow, which has no kernels for views.

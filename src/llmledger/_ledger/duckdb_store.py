@@ -336,7 +336,8 @@ class DuckDBLedger:
             matching = f"coalesce(({where}), false) AND {layout.col('_status')} <> 'RUNNING'"
             archive(con, layout, now=now, reason="'reset'", condition=matching)
             c = names(step)
-            cleared = [c[s] for s in ("", "_error", "_finished_at", "_input_tokens", "_output_tokens", "_cost_usd",
+            cleared = [c[s] for s in ("", "_error", "_finished_at", "_input_tokens", "_output_tokens",
+                                      "_cache_write_tokens", "_cache_read_tokens", "_cost_usd",
                                       "_stop_reason", "_model", "_fingerprint", "_raw", "_flag", "_flagged_at",
                                       "_flagged_by")]
             sets = ", ".join([f"{c['_status']} = 'NOT_STARTED'", f"{c['_attempts']} = 0",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import polars as pl
 
-from ..errors import KeyColumnError
+from ..errors import InvalidInputError, KeyColumnError
 from .columns import names, output_as_text, q
 from .connection import column_types, registered, table_exists
 from .history import archive
@@ -53,6 +53,9 @@ def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Da
     for c in layout.mirror:
         if c not in existing:
             con.execute(f"ALTER TABLE {q(layout.table)} ADD COLUMN {q(c)} {incoming[c]}")
+        elif existing[c] != incoming[c] and not (existing[c] in _NUMERIC and incoming[c] in _NUMERIC):
+            raise InvalidInputError(f"column {c!r} is {existing[c]} in table {layout.table!r} but {incoming[c]} in "
+                                    f"the frame; cast it (e.g. pl.col({c!r}).cast(...)) or rename it.")
 
 
 def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type: str, now: datetime) -> None:

@@ -105,5 +105,7 @@ def eligible_sql(col: dict[str, str], stale: str | None = None) -> str:
 
 
 def stale_sql(col: dict[str, str]) -> str:
-    """SQL: the row is DONE, but its answer was made for another request than the current one."""
-    return f"({col['_status']} = 'DONE' AND {col['_fingerprint']} IS DISTINCT FROM {col['_request_fingerprint']})"
+    """SQL: the row is DONE, but its answer was made for another request than the current one, or its inputs
+    changed since (its request is to be rendered again: `_version` cleared)."""
+    return (f"({col['_status']} = 'DONE' AND ({col['_fingerprint']} IS DISTINCT FROM {col['_request_fingerprint']}"
+            f" OR {col['_version']} IS NULL))")

@@ -72,6 +72,13 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
         return
     columns = list(column_types(con, table))  # before the query: a failed one aborts the transaction
     try:
+        statements = len(con.extract_statements(f"SELECT 1 WHERE ({where})"))
+    except duckdb.Error:  # not even parseable: the query below says why, in the user's terms
+        statements = 1
+    if statements != 1:
+        raise WhereClauseError(f"where={where!r} is more than one SQL statement; pass one predicate such as "
+                               "\"label = 'spam'\"")
+    try:
         con.execute(f"SELECT 1 FROM {q(table)} WHERE ({where}) LIMIT 0").fetchall()
     except duckdb.Error as exc:
         raise WhereClauseError(f"where={where!r} does not work on table {table!r}: "
