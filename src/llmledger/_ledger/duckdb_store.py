@@ -8,9 +8,6 @@ duckdb CLI or another notebook between claims and commits.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -22,15 +19,12 @@ import polars as pl
 from .._prompt import stored_template
 from .._request import RequestSpec, canonical_json
 from .._time import utcnow
-from ..errors import InvalidInputError, PromptError
-from . import KnownAnswer, RunParams, Selection, StepDefinition
-from .claims import is_abandoned, is_alive_here
-from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q, step_columns
-from .connection import Connection, check_store_path, column_types, one, registered, table_exists
+from ..errors import InvalidInputError
+from . import RunParams, Selection, StepDefinition
+from .columns import names, q
+from .connection import Connection, check_store_path, column_types, one, table_exists
 from .graph import StepGraph
-from .history import archive, redo_reason, side_by_side
-from .journal import pending as pending_journals
-from .journal import read as read_journal
+from .history import archive, side_by_side
 from .prepare import (
     establish_table,
     frame_columns,
@@ -43,21 +37,30 @@ from .prepare import (
 )
 from .schema import (
     HISTORY_TABLE,
-    LEGACY_FINGERPRINT_PREFIX,
-    MIGRATIONS_TABLE,
     RUNS_TABLE,
     current_version,
     list_steps,
     migrate,
     owned_columns,
     record_step,
-    requests_by_version,
 )
-from .states import STATUSES, Redo, Status, prior_status_sql
+from .states import Redo, Status
 from .survey import Layout, check_where, flag_sql, survey
+from .verbs import (
+    claim_rows,
+    commit_results,
+    fed_layout,
+    from_legacy,
+    give_back,
+    input_columns,
+    known_answers,
+    merge_journals,
+    named_outputs,
+    recover_claims,
+    requests_of,
+    status_counts,
+)
 
-BATCH = "llmledger_batch"
-RESULTS = "llmledger_results"
 _PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
@@ -99,7 +102,7 @@ class DuckDBLedger:
             establish_table(con, layout, frame)
             key_types = {k: frame.schema[k] for k in layout.key}
             if layout.step in column_types(con, layout.table):  # a dead run's answers go in under their own type
-                merged[:] = _merge_journals(con, layout, self.path, key_types)
+                merged[:] = merge_journals(con, layout, self.path, key_types)
             request = definition.request
             output = request.output_spec()
             set_output_type(con, layout, "VARCHAR" if output is None else output.sql_type, now)
@@ -109,9 +112,9 @@ class DuckDBLedger:
                         request=request.to_json(), prompt=definition.prompt.text,
                         prompt_kind=definition.prompt.kind, upstream=list(definition.prompt.upstream), now=now)
             graph = StepGraph.load(con, layout.table, layout.step)
-            layout = _fed(layout, graph)
+            layout = fed_layout(layout, graph)
             check_where(con, layout.table, params.where)
-            _recover(con, layout, params)
+            recover_claims(con, layout, params)
             sql_params = params.sql(definition.version)
             found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where)
             wrote = self._write_frame(con, layout, definition, frame, found,
@@ -160,7 +163,7 @@ class DuckDBLedger:
         if need.any():
             render_rows(con, layout, definition, (frame if rendering.in_sql else source).filter(need),
                         in_sql=rendering.in_sql,
-                        legacy_signature=legacy_signature(definition, _from_legacy(con)))
+                        legacy_signature=legacy_signature(definition, from_legacy(con)))
             wrote = True
         return wrote
 
@@ -170,13 +173,13 @@ class DuckDBLedger:
         status = found["status"]
         work = keys.filter(found["eligible"] & found["in_where"])
         return Selection(
-            inputs=_input_columns(con, layout) if inputs else [],
-            layout=layout, version=version, requests=_requests(con, layout), work=work, params=sql_params,
+            inputs=input_columns(con, layout) if inputs else [],
+            layout=layout, version=version, requests=requests_of(con, layout), work=work, params=sql_params,
             key_types=key_types, stale=int(found["stale"].sum()) if params.redo is not Redo.STALE else 0,
             running_elsewhere=int((status == Status.RUNNING).sum()),
             needs_review=int((status == Status.NEEDS_REVIEW).sum()),
             waiting=int((found["waiting"] & found["in_where"]).sum()),
-            known=_known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {},
+            known=known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {},
             survey=found.select("status", "output"))
 
     def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool,
@@ -195,7 +198,7 @@ class DuckDBLedger:
                                         "the step and its requests.")
             version, request, key = found
             graph = StepGraph.load(con, table, step)
-            layout = _fed(Layout(table, step, key, []), graph)
+            layout = fed_layout(Layout(table, step, key, []), graph)
             if graph.upstream.get(step):  # the steps it reads may have moved since apply_llm rendered it
                 render_dependent(con, layout, stored_template(graph.templates[step] or "", graph.upstream[step]),
                                  version, RequestSpec.from_json(request), graph)
@@ -203,8 +206,8 @@ class DuckDBLedger:
             work_sql = params.sql(version)
             key_list = ", ".join(q(k) for k in key)
             key_types = dict(con.sql(f"SELECT {key_list} FROM {q(table)} LIMIT 0").pl().schema)
-            merged[:] = _merge_journals(con, layout, self.path, key_types)
-            _recover(con, layout, params)
+            merged[:] = merge_journals(con, layout, self.path, key_types)
+            recover_claims(con, layout, params)
             flags = flag_sql(layout, params.where)
             work = con.sql(f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
                            f"AND {flags['eligible']} AND {flags['in_where']}", params=work_sql).pl()
@@ -216,12 +219,12 @@ class DuckDBLedger:
                 f"count(*) FILTER (WHERE {flags['waiting']}) "
                 f"FROM {q(table)} AS t WHERE {flags['in_where']}"), work_sql)
             return Selection(
-                inputs=_input_columns(con, layout) if inputs else [],
-                layout=layout, version=version, requests=_requests(con, layout), work=work, params=work_sql,
+                inputs=input_columns(con, layout) if inputs else [],
+                layout=layout, version=version, requests=requests_of(con, layout), work=work, params=work_sql,
                 key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
                 waiting=int(waiting),
-                known=_known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {})
+                known=known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {})
 
         selection = self.conn.transaction(work)
         for path in merged:
@@ -240,7 +243,7 @@ class DuckDBLedger:
             cursor = start
             while len(claimed) < n and cursor < selection.work.height:
                 batch = selection.work.slice(cursor, n - len(claimed))
-                claimed.extend(_claim(con, selection, batch, claimant=claimant, now=now).iter_rows(named=True))
+                claimed.extend(claim_rows(con, selection, batch, claimant=claimant, now=now).iter_rows(named=True))
                 cursor += batch.height
             end[0] = cursor
 
@@ -255,7 +258,7 @@ class DuckDBLedger:
     def release(self, selection: Selection, *, claimant: str) -> int:
         layout = selection.layout
         return self.conn.transaction(
-            lambda con: _give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant",
+            lambda con: give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant",
                                    {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}),
             wait=30.0)
 
@@ -270,14 +273,14 @@ class DuckDBLedger:
     def recover(self, table: str, step: str, params: RunParams) -> int:
         """Give back claims of runs that died on this host, and claims older than `params.stale_before`."""
         layout = Layout(table, step, [], [])
-        return self.conn.transaction(lambda con: _recover(con, layout, params), wait=30.0)
+        return self.conn.transaction(lambda con: recover_claims(con, layout, params), wait=30.0)
 
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame:
         """`{step}` and `{step}_status` for the frame's keys, in frame order."""
         found = self.conn.transaction(
             lambda con: survey(con, selection.layout, frame, fields=("status", "output"), params={},
                                compare=False), wait=30.0)
-        return _named(found, selection.layout.step)
+        return named_outputs(found, selection.layout.step)
 
     def record_run(self, row: dict[str, Any]) -> None:
         def work(con: duckdb.DuckDBPyConnection) -> None:
@@ -363,166 +366,3 @@ class DuckDBLedger:
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]:
         with self.conn.open(wait=60.0) as con:
             return list_steps(con, table)
-
-
-# -- the SQL of each verb --------------------------------------------------------------------------------
-
-def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataFrame, *, claimant: str,
-           now: datetime) -> pl.DataFrame:
-    layout = selection.layout
-    flags = flag_sql(layout, None)
-    c = names(layout.step, "t")
-    with registered(con, BATCH, batch):
-        inputs = "".join(f"t.{q(col)} AS {q('input.' + col)}, " for col in selection.inputs)
-        got = con.sql(
-            f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
-            f"{q(layout.step + '_claimed_from')} = {c['_status']}, "
-            f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
-            f"FROM {BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']} "
-            f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {inputs}{c['_prompt']} AS prompt, "
-            f"{c['_request_fingerprint']}::VARCHAR AS fingerprint, {c['_version']} AS version, "
-            f"{c['_attempts']} AS attempts, "
-            f"{c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
-            params={**selection.params, "now": now, "claimant": claimant}).pl()
-    got = got.cast({k: selection.key_types[k] for k in layout.key})
-    return batch.join(got, on=layout.key, how="inner", maintain_order="left")
-
-
-def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.DataFrame, *,
-                   now: datetime, only_unfinished: bool = False) -> None:
-    """Write outputs and statuses of one chunk; archive the outputs that a redo replaces.
-
-    `only_unfinished` (for journals of dead runs) leaves rows that are DONE or NEEDS_REVIEW by now
-    untouched, so an old answer never overwrites a newer one.
-    """
-    output_type = column_types(con, layout.table)[layout.step]
-    with registered(con, RESULTS, results):
-        c = names(layout.step, "t")
-        guard = f" AND {c['_status']} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
-        archive(con, layout, now=now, reason=redo_reason(layout), condition=f"{ANSWERED}{guard}",
-                join=f"JOIN {RESULTS} AS i ON {layout.key_join()}", output_type=output_type)
-        con.execute(f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step, output_type)} "
-                    f"FROM {RESULTS} AS i WHERE {layout.key_join()}{guard}")
-
-
-def _give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any]) -> int:
-    """Return RUNNING rows matching `condition` to the status they had before their claim."""
-    c = names(layout.step)
-    rows = con.execute(
-        f"UPDATE {q(layout.table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
-        f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL WHERE {c['_status']} = 'RUNNING' AND ({condition}) "
-        "RETURNING 1", params).fetchall()
-    return len(rows)
-
-
-def _recover(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) -> int:
-    """Give back claims whose holder is gone (this host) or that are older than `stale_before`."""
-    c = names(layout.step)
-    holders = [row[0] for row in con.execute(
-        f"SELECT DISTINCT {c['_claimed_by']} FROM {q(layout.table)} WHERE {c['_status']} = 'RUNNING'").fetchall()]
-    if not holders:
-        return 0
-    dead = [h for h in holders if h is None or is_abandoned(h)]
-    alive = [h for h in holders if h is not None and is_alive_here(h)]
-    return _give_back(con, layout, f"{c['_claimed_by']} IS NULL OR list_contains($dead, {c['_claimed_by']}) "
-                                   f"OR ({c['_running_started_at']} < $stale_before "
-                                   f"AND NOT list_contains($alive, {c['_claimed_by']}))",
-                      {"dead": dead, "alive": alive, "stale_before": params.stale_before,
-                       "max_attempts": params.max_attempts})
-
-
-def _merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path,
-                    key_types: dict[str, pl.DataType]) -> list[Path]:
-    """Commit the answers that runs which died on this host journaled but did not commit.
-
-    Returns the files to delete once the transaction has committed.
-    """
-    merged = []
-    for path, holder in pending_journals(store_path, layout.table, layout.step):
-        if is_abandoned(holder):
-            results = read_journal(path, key_types | RESULT_SCHEMA)
-            if results.height:
-                results = results.with_columns(pl.col("fingerprint").map_elements(_upgrade_fingerprint,
-                                                                                  return_dtype=pl.String))
-                commit_results(con, layout, results, now=utcnow(), only_unfinished=True)
-            merged.append(path)
-    return merged
-
-
-def _upgrade_fingerprint(value: str | None) -> str | None:
-    """Journals written by 0.1.0 hold md5 hex fingerprints; map them like the migration maps stored ones."""
-    if value is None or "-" in value:
-        return value
-    return str(uuid.UUID(hashlib.md5((LEGACY_FINGERPRINT_PREFIX + value).encode()).hexdigest()))
-
-
-def _known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame) -> dict[str, KnownAnswer]:
-    """One stored DONE answer per request fingerprint the work asks for: identical requests need no new call."""
-    if not work.height:
-        return {}
-    c = names(layout.step, "t")
-    output = output_as_text(c[""], column_types(con, layout.table)[layout.step])
-    with registered(con, BATCH, work):
-        rows = con.execute(
-            f"WITH wanted AS (SELECT DISTINCT {c['_request_fingerprint']} AS fp FROM {q(layout.table)} AS t "
-            f"SEMI JOIN {BATCH} AS i ON {layout.key_join()}) "
-            f"SELECT t.{q(layout.step + '_fingerprint')}::VARCHAR, any_value({output}), "
-            f"any_value({c['_stop_reason']}), any_value({c['_model']}) FROM {q(layout.table)} AS t "
-            f"SEMI JOIN wanted AS w ON {c['_fingerprint']} = w.fp WHERE {c['_status']} = 'DONE' "
-            f"GROUP BY {c['_fingerprint']}").fetchall()
-    return {r[0]: KnownAnswer(r[1], r[2], r[3]) for r in rows}
-
-
-def _fed(layout: Layout, graph: StepGraph) -> Layout:
-    """The layout of a step that reads other steps: claimable only when they are fresh; stale when they move."""
-    if not graph.upstream.get(layout.step):
-        return layout
-    return dataclasses.replace(layout, ready=graph.ready_sql(layout.step), stale=graph.stale_sql(layout.step))
-
-
-def _input_columns(con: duckdb.DuckDBPyConnection, layout: Layout) -> list[str]:
-    """The fact table's input columns (its key and what frames put there): what a `validate=` callable sees."""
-    owned = set()
-    for _, step, _ in list_steps(con, layout.table):
-        owned.update(step_columns(step))
-    return [c for c in column_types(con, layout.table) if c not in owned and c not in layout.key]
-
-
-def _requests(con: duckdb.DuckDBPyConnection, layout: Layout) -> dict[str, RequestSpec]:
-    return {v: RequestSpec.from_json(r) for v, r in requests_by_version(con, layout.table, layout.step).items()}
-
-
-def _from_legacy(con: duckdb.DuckDBPyConnection) -> bool:
-    return bool(one(con, f"SELECT count(*) FROM {MIGRATIONS_TABLE} WHERE llmledger = '0.1.0'")[0])
-
-
-def _named(found: pl.DataFrame, step: str) -> pl.DataFrame:
-    return found.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"))
-
-
-def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> pl.DataFrame:
-    """Rows per status, then stale and waiting rows, for every (table, step); steps after the steps they read."""
-    schema = {"table": pl.String, "step": pl.String, **{st: pl.Int64 for st in STATUSES}, "stale": pl.Int64,
-              "waiting": pl.Int64, "total": pl.Int64}
-    frames = []
-    by_table: dict[str, list[str]] = {}
-    for tbl, step, _ in list_steps(con, table):
-        if table_exists(con, tbl):
-            by_table.setdefault(tbl, []).append(step)
-    for tbl, steps in by_table.items():
-        try:
-            graph: StepGraph | None = StepGraph.load(con, tbl)
-            ordered = [s for s in graph.order() if s in steps] + [s for s in steps if s not in graph.templates]
-        except (PromptError, duckdb.Error):  # an old store not upgraded yet, or a broken definition: no graph
-            graph, ordered = None, steps
-        for step in ordered:
-            s = q(step + "_status")
-            counts = ", ".join(f"count(*) FILTER (WHERE {s} = '{st}')::BIGINT AS {st}" for st in STATUSES)
-            extra = "NULL::BIGINT AS stale, NULL::BIGINT AS waiting"
-            if graph is not None and step in graph.templates:
-                flags = flag_sql(_fed(Layout(tbl, step, [], []), graph), None)
-                extra = (f"count(*) FILTER (WHERE {flags['stale']})::BIGINT AS stale, "
-                         f"count(*) FILTER (WHERE {flags['waiting']})::BIGINT AS waiting")
-            frames.append(con.sql(f"SELECT ? AS \"table\", ? AS step, {counts}, {extra}, count(*)::BIGINT AS total "
-                                  f"FROM {q(tbl)} AS t", params=[tbl, step]).pl())
-    return pl.concat(frames).cast(schema) if frames else pl.DataFrame(schema=schema)

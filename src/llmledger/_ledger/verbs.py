@@ -1,0 +1,203 @@
+"""The SQL behind the DuckDB ledger's verbs: claiming, committing, giving claims back, merging journals.
+
+Each function runs inside a transaction `duckdb_store.DuckDBLedger` opened; none opens the file itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from .._request import RequestSpec
+from .._time import utcnow
+from ..errors import PromptError
+from . import KnownAnswer, RunParams, Selection
+from .claims import is_abandoned, is_alive_here
+from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q, step_columns
+from .connection import column_types, one, registered, table_exists
+from .graph import StepGraph
+from .history import archive, redo_reason
+from .journal import pending as pending_journals
+from .journal import read as read_journal
+from .schema import (
+    LEGACY_FINGERPRINT_PREFIX,
+    MIGRATIONS_TABLE,
+    list_steps,
+    requests_by_version,
+)
+from .states import STATUSES, prior_status_sql
+from .survey import Layout, flag_sql
+
+BATCH = "llmledger_batch"
+RESULTS = "llmledger_results"
+
+
+
+# -- the SQL of each verb --------------------------------------------------------------------------------
+
+def claim_rows(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataFrame, *, claimant: str,
+           now: datetime) -> pl.DataFrame:
+    layout = selection.layout
+    flags = flag_sql(layout, None)
+    c = names(layout.step, "t")
+    with registered(con, BATCH, batch):
+        inputs = "".join(f"t.{q(col)} AS {q('input.' + col)}, " for col in selection.inputs)
+        got = con.sql(
+            f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
+            f"{q(layout.step + '_claimed_from')} = {c['_status']}, "
+            f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
+            f"FROM {BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']} "
+            f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {inputs}{c['_prompt']} AS prompt, "
+            f"{c['_request_fingerprint']}::VARCHAR AS fingerprint, {c['_version']} AS version, "
+            f"{c['_attempts']} AS attempts, "
+            f"{c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
+            params={**selection.params, "now": now, "claimant": claimant}).pl()
+    got = got.cast({k: selection.key_types[k] for k in layout.key})
+    return batch.join(got, on=layout.key, how="inner", maintain_order="left")
+
+
+def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.DataFrame, *,
+                   now: datetime, only_unfinished: bool = False) -> None:
+    """Write outputs and statuses of one chunk; archive the outputs that a redo replaces.
+
+    `only_unfinished` (for journals of dead runs) leaves rows that are DONE or NEEDS_REVIEW by now
+    untouched, so an old answer never overwrites a newer one.
+    """
+    output_type = column_types(con, layout.table)[layout.step]
+    with registered(con, RESULTS, results):
+        c = names(layout.step, "t")
+        guard = f" AND {c['_status']} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
+        archive(con, layout, now=now, reason=redo_reason(layout), condition=f"{ANSWERED}{guard}",
+                join=f"JOIN {RESULTS} AS i ON {layout.key_join()}", output_type=output_type)
+        con.execute(f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step, output_type)} "
+                    f"FROM {RESULTS} AS i WHERE {layout.key_join()}{guard}")
+
+
+def give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any]) -> int:
+    """Return RUNNING rows matching `condition` to the status they had before their claim."""
+    c = names(layout.step)
+    rows = con.execute(
+        f"UPDATE {q(layout.table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
+        f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL WHERE {c['_status']} = 'RUNNING' AND ({condition}) "
+        "RETURNING 1", params).fetchall()
+    return len(rows)
+
+
+def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) -> int:
+    """Give back claims whose holder is gone (this host) or that are older than `stale_before`."""
+    c = names(layout.step)
+    holders = [row[0] for row in con.execute(
+        f"SELECT DISTINCT {c['_claimed_by']} FROM {q(layout.table)} WHERE {c['_status']} = 'RUNNING'").fetchall()]
+    if not holders:
+        return 0
+    dead = [h for h in holders if h is None or is_abandoned(h)]
+    alive = [h for h in holders if h is not None and is_alive_here(h)]
+    return give_back(con, layout, f"{c['_claimed_by']} IS NULL OR list_contains($dead, {c['_claimed_by']}) "
+                                   f"OR ({c['_running_started_at']} < $stale_before "
+                                   f"AND NOT list_contains($alive, {c['_claimed_by']}))",
+                      {"dead": dead, "alive": alive, "stale_before": params.stale_before,
+                       "max_attempts": params.max_attempts})
+
+
+def merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path,
+                    key_types: dict[str, pl.DataType]) -> list[Path]:
+    """Commit the answers that runs which died on this host journaled but did not commit.
+
+    Returns the files to delete once the transaction has committed.
+    """
+    merged = []
+    for path, holder in pending_journals(store_path, layout.table, layout.step):
+        if is_abandoned(holder):
+            results = read_journal(path, key_types | RESULT_SCHEMA)
+            if results.height:
+                results = results.with_columns(pl.col("fingerprint").map_elements(upgrade_fingerprint,
+                                                                                  return_dtype=pl.String))
+                commit_results(con, layout, results, now=utcnow(), only_unfinished=True)
+            merged.append(path)
+    return merged
+
+
+def upgrade_fingerprint(value: str | None) -> str | None:
+    """Journals written by 0.1.0 hold md5 hex fingerprints; map them like the migration maps stored ones."""
+    if value is None or "-" in value:
+        return value
+    return str(uuid.UUID(hashlib.md5((LEGACY_FINGERPRINT_PREFIX + value).encode()).hexdigest()))
+
+
+def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame) -> dict[str, KnownAnswer]:
+    """One stored DONE answer per request fingerprint the work asks for: identical requests need no new call."""
+    if not work.height:
+        return {}
+    c = names(layout.step, "t")
+    output = output_as_text(c[""], column_types(con, layout.table)[layout.step])
+    with registered(con, BATCH, work):
+        rows = con.execute(
+            f"WITH wanted AS (SELECT DISTINCT {c['_request_fingerprint']} AS fp FROM {q(layout.table)} AS t "
+            f"SEMI JOIN {BATCH} AS i ON {layout.key_join()}) "
+            f"SELECT t.{q(layout.step + '_fingerprint')}::VARCHAR, any_value({output}), "
+            f"any_value({c['_stop_reason']}), any_value({c['_model']}) FROM {q(layout.table)} AS t "
+            f"SEMI JOIN wanted AS w ON {c['_fingerprint']} = w.fp WHERE {c['_status']} = 'DONE' "
+            f"GROUP BY {c['_fingerprint']}").fetchall()
+    return {r[0]: KnownAnswer(r[1], r[2], r[3]) for r in rows}
+
+
+def fed_layout(layout: Layout, graph: StepGraph) -> Layout:
+    """The layout of a step that reads other steps: claimable only when they are fresh; stale when they move."""
+    if not graph.upstream.get(layout.step):
+        return layout
+    return dataclasses.replace(layout, ready=graph.ready_sql(layout.step), stale=graph.stale_sql(layout.step))
+
+
+def input_columns(con: duckdb.DuckDBPyConnection, layout: Layout) -> list[str]:
+    """The fact table's input columns (its key and what frames put there): what a `validate=` callable sees."""
+    owned = set()
+    for _, step, _ in list_steps(con, layout.table):
+        owned.update(step_columns(step))
+    return [c for c in column_types(con, layout.table) if c not in owned and c not in layout.key]
+
+
+def requests_of(con: duckdb.DuckDBPyConnection, layout: Layout) -> dict[str, RequestSpec]:
+    return {v: RequestSpec.from_json(r) for v, r in requests_by_version(con, layout.table, layout.step).items()}
+
+
+def from_legacy(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(one(con, f"SELECT count(*) FROM {MIGRATIONS_TABLE} WHERE llmledger = '0.1.0'")[0])
+
+
+def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
+    return found.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"))
+
+
+def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> pl.DataFrame:
+    """Rows per status, then stale and waiting rows, for every (table, step); steps after the steps they read."""
+    schema = {"table": pl.String, "step": pl.String, **{st: pl.Int64 for st in STATUSES}, "stale": pl.Int64,
+              "waiting": pl.Int64, "total": pl.Int64}
+    frames = []
+    by_table: dict[str, list[str]] = {}
+    for tbl, step, _ in list_steps(con, table):
+        if table_exists(con, tbl):
+            by_table.setdefault(tbl, []).append(step)
+    for tbl, steps in by_table.items():
+        try:
+            graph: StepGraph | None = StepGraph.load(con, tbl)
+            ordered = [s for s in graph.order() if s in steps] + [s for s in steps if s not in graph.templates]
+        except (PromptError, duckdb.Error):  # an old store not upgraded yet, or a broken definition: no graph
+            graph, ordered = None, steps
+        for step in ordered:
+            s = q(step + "_status")
+            counts = ", ".join(f"count(*) FILTER (WHERE {s} = '{st}')::BIGINT AS {st}" for st in STATUSES)
+            extra = "NULL::BIGINT AS stale, NULL::BIGINT AS waiting"
+            if graph is not None and step in graph.templates:
+                flags = flag_sql(fed_layout(Layout(tbl, step, [], []), graph), None)
+                extra = (f"count(*) FILTER (WHERE {flags['stale']})::BIGINT AS stale, "
+                         f"count(*) FILTER (WHERE {flags['waiting']})::BIGINT AS waiting")
+            frames.append(con.sql(f"SELECT ? AS \"table\", ? AS step, {counts}, {extra}, count(*)::BIGINT AS total "
+                                  f"FROM {q(tbl)} AS t", params=[tbl, step]).pl())
+    return pl.concat(frames).cast(schema) if frames else pl.DataFrame(schema=schema)
