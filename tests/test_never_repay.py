@@ -157,3 +157,16 @@ def test_a_prompt_callable_sees_every_column_even_python_objects(run, sim: Simul
         ("Summarize: alpha",), ("Summarize: beta",)]
     run(df, "summary", prompt=lambda row: f"Summarize: {row['note'].text}")
     assert sim.stats()["paid"] == 2, "a callable is rendered again on every call, and nothing changed"
+
+
+def test_an_identical_request_in_another_table_or_step_is_not_paid_again(run, sim: Simulator, store: Path) -> None:
+    run(frame(6), "summary", prompt="Summarize: {text}")
+    out = run(frame(8), "summary", prompt="Summarize: {text}", table="archive")
+    report = last_report()
+    assert sim.stats()["paid"] == 8 and report is not None and (report.calls, report.reused) == (2, 6)
+    assert out["summary_status"].to_list() == ["DONE"] * 8
+    assert sql(store, "SELECT count(*) FROM archive WHERE summary_cost_usd = 0") == [(6,)], "reused: no cost"
+    run(frame(8), "recap", prompt="Summarize: {text}", table="archive")
+    assert sim.stats()["paid"] == 8, "another step with the same request reuses too"
+    run(frame(8), "recap2", prompt="Summarize: {text}", table="archive", model="claude-sonnet-4-6")
+    assert sim.stats()["paid"] == 16, "another model is another request"

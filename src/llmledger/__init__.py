@@ -7,6 +7,7 @@
 __version__ = "0.3.0"
 
 from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async, resume
+from ._estimate import estimate
 from ._exec.api import DEFAULT_MODEL
 from ._exec.online import RetryPolicy
 from ._ledger.states import Outcome, Redo, Status
@@ -64,6 +65,7 @@ __all__ = [
     "__version__",
     "apply_llm",
     "apply_llm_async",
+    "estimate",
     "export",
     "fingerprint",
     "flag",

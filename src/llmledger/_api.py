@@ -86,6 +86,16 @@ def apply_llm(
     `max_cost_usd=` stops starting requests once the run (or, with `budget_scope="step"`, every run
     of this step so far) has spent that much; unsent rows stay as they were.
     """
+    run = Run(checked_plan(dict(locals())))
+    if background:
+        return run.start_background()
+    return run.execute(foreground=True)
+
+
+def checked_plan(o: dict[str, Any]) -> Plan:
+    """apply_llm's arguments (`o`, by name), checked and turned into a Plan; nothing is written."""
+    df, step, prompt, key, store, table = o["df"], o["step"], o["prompt"], o["key"], o["store"], o["table"]
+    model, system, max_tokens, validate, where = o["model"], o["system"], o["max_tokens"], o["validate"], o["where"]
     if is_parquet_path(df):
         df = read_parquet_input(df, key=key, prompt=prompt, where=where, every_column=validate is not None)
     frame, from_pandas = _as_polars(df)
@@ -99,8 +109,8 @@ def apply_llm(
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
-    options = check_request_options(request_options)
-    spec = output_spec(output)
+    options = check_request_options(o["request_options"])
+    spec = output_spec(o["output"])
     if spec is not None:
         if "output_config" in options:
             raise InvalidInputError("pass the output schema either as output= or as request_options"
@@ -108,20 +118,17 @@ def apply_llm(
         options["output_config"] = spec.request_option()
     _check_validator(validate)
     request = RequestSpec(model=model, max_tokens=max_tokens, system=system, options=options,
-                          cache_ttl=_cache_ttl(cache, model, system))
+                          cache_ttl=_cache_ttl(o["cache"], model, system))
     stored = _storable(frame)
     definition = StepDefinition(table=table, step=step, key=keys, request=request,
                                 prompt=plan_prompt(prompt, frame, steps))
-    plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
-                 redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
-                 retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate,
-                 output_model=None if spec is None else spec.model, max_cost_usd=max_cost_usd,
-                 budget_scope=budget_scope)
+    plan = _plan(store=store, table=table, step=step, chunk_size=o["chunk_size"], concurrency=o["concurrency"],
+                 where=where, redo=o["redo"], max_attempts=o["max_attempts"], stale_after=o["stale_after"],
+                 client=o["client"], progress=o["progress"], retry=o["retry"], commit_every=o["commit_every"],
+                 dedupe=o["dedupe"], validate=validate, output_model=None if spec is None else spec.model,
+                 max_cost_usd=o["max_cost_usd"], budget_scope=o["budget_scope"])
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
-    run = Run(plan)
-    if background:
-        return run.start_background()
-    return run.execute(foreground=True)
+    return plan
 
 
 async def apply_llm_async(df: Any, step: str, **options: Any) -> Any:

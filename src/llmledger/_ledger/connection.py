@@ -106,8 +106,9 @@ class Connection:
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.5)
 
-    def transaction(self, work: Callable[[duckdb.DuckDBPyConnection], T], *, wait: float | None = None) -> T:
-        """Run `work` in one transaction, retrying on a write conflict.
+    def transaction(self, work: Callable[[duckdb.DuckDBPyConnection], T], *, wait: float | None = None,
+                    commit: bool = True) -> T:
+        """Run `work` in one transaction, retrying on a write conflict (`commit=False`: roll it back).
 
         DuckDB reports a conflict on the statement, and a COMMIT after it would
         silently roll back, so the conflict is caught here and the work redone.
@@ -117,7 +118,7 @@ class Connection:
                 con.execute("BEGIN TRANSACTION")
                 try:
                     result = work(con)
-                    con.execute("COMMIT")
+                    con.execute("COMMIT" if commit else "ROLLBACK")
                     return result
                 except duckdb.TransactionException as exc:
                     con.execute("ROLLBACK")

@@ -82,12 +82,14 @@ class DuckDBLedger:
 
     # -- preparing a run ---------------------------------------------------------------------------------
     def prepare(self, definition: StepDefinition, frame: pl.DataFrame, params: RunParams, *,
-                dedupe: bool, source: pl.DataFrame | None = None, inputs: bool = False) -> Selection:
+                dedupe: bool, source: pl.DataFrame | None = None, inputs: bool = False,
+                look: Callable[[duckdb.DuckDBPyConnection, Selection], Any] | None = None) -> Any:
         """One transaction: schema, the frame's rows and requests, journals of dead runs, lost claims, the work.
 
         `frame` holds the columns the ledger can store; `source` (the same rows, in the same order) is
         what a prompt rendered in Python sees, Python objects included. With `inputs`, claims return
-        each row's stored input columns too (for a `validate=` callable).
+        each row's stored input columns too (for a `validate=` callable). With `look`, nothing is kept:
+        the transaction is rolled back and `look(con, selection)`, run inside it, is returned (estimate).
         """
         check_store_path(self.path)
         existed = self.path.exists()
@@ -122,17 +124,23 @@ class DuckDBLedger:
             if wrote:
                 found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
                                compare=False)
-            return self._selection(con, layout, definition.version, frame.select(layout.key), found, sql_params,
-                                   key_types, params, dedupe, inputs)
+            selection = self._selection(con, layout, definition.version, frame.select(layout.key), found,
+                                        sql_params, key_types, params, dedupe, inputs)
+            return selection if look is None else look(con, selection)
 
         try:
-            selection = self.conn.transaction(work)
+            selection = self.conn.transaction(work, commit=look is None)
         except InvalidInputError:
             if not existed:  # a bad call leaves no file behind
                 for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
                     with contextlib.suppress(FileNotFoundError):
                         leftover.unlink()
             raise
+        if look is not None:
+            if not existed:  # a look leaves no file behind either
+                for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
+                    leftover.unlink(missing_ok=True)
+            return selection
         for path in merged:
             path.unlink(missing_ok=True)
         return selection

@@ -36,6 +36,7 @@ from .states import STATUSES, prior_status_sql
 from .survey import Layout, flag_sql
 
 BATCH = "llmledger_batch"
+WANTED = "llmledger_wanted"
 RESULTS = "llmledger_results"
 
 
@@ -132,20 +133,38 @@ def upgrade_fingerprint(value: str | None) -> str | None:
 
 
 def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame) -> dict[str, KnownAnswer]:
-    """One stored DONE answer per request fingerprint the work asks for: identical requests need no new call."""
+    """One stored DONE answer per request fingerprint the work asks for, from any step of any table in the store.
+
+    A fingerprint covers the whole request, so another step's (or table's) answer to an identical
+    request is an answer to this one: it costs nothing and is recorded as reused.
+    """
     if not work.height:
         return {}
     c = names(layout.step, "t")
-    output = output_as_text(c[""], column_types(con, layout.table)[layout.step])
     with registered(con, BATCH, work):
-        rows = con.execute(
-            f"WITH wanted AS (SELECT DISTINCT {c['_request_fingerprint']} AS fp FROM {q(layout.table)} AS t "
-            f"SEMI JOIN {BATCH} AS i ON {layout.key_join()}) "
-            f"SELECT t.{q(layout.step + '_fingerprint')}::VARCHAR, any_value({output}), "
-            f"any_value({c['_stop_reason']}), any_value({c['_model']}) FROM {q(layout.table)} AS t "
-            f"SEMI JOIN wanted AS w ON {c['_fingerprint']} = w.fp WHERE {c['_status']} = 'DONE' "
-            f"GROUP BY {c['_fingerprint']}").fetchall()
-    return {r[0]: KnownAnswer(r[1], r[2], r[3]) for r in rows}
+        wanted = con.sql(f"SELECT DISTINCT {c['_request_fingerprint']}::VARCHAR AS fp FROM {q(layout.table)} AS t "
+                         f"SEMI JOIN {BATCH} AS i ON {layout.key_join()} WHERE fp IS NOT NULL").pl()
+    if not wanted.height:
+        return {}
+    sources = [(layout.table, layout.step)] + [(t, s) for t, s, _ in list_steps(con) if (t, s) !=
+                                               (layout.table, layout.step)]
+    found: dict[str, KnownAnswer] = {}
+    with registered(con, WANTED, wanted):
+        for table, step in sources:
+            types = column_types(con, table) if table_exists(con, table) else {}
+            if step + "_fingerprint" not in types:
+                continue
+            o = names(step, "t")
+            rows = con.execute(
+                f"SELECT {o['_fingerprint']}::VARCHAR, any_value({output_as_text(o[''], types[step])}), "
+                f"any_value({o['_stop_reason']}), any_value({o['_model']}) FROM {q(table)} AS t "
+                f"SEMI JOIN {WANTED} AS w ON {o['_fingerprint']} = w.fp::UUID WHERE {o['_status']} = 'DONE' "
+                f"GROUP BY {o['_fingerprint']}").fetchall()
+            for r in rows:
+                found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
+            if len(found) == wanted.height:
+                break
+    return found
 
 
 def fed_layout(layout: Layout, graph: StepGraph) -> Layout:
