@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 import polars as pl
+import pytest
 
 from llmledger import Simulator, last_report
 from llmledger.simulator import default_reply
@@ -166,6 +167,7 @@ def test_an_identical_request_in_another_table_or_step_is_not_paid_again(run, si
     assert sim.stats()["paid"] == 8 and report is not None and (report.calls, report.reused) == (2, 6)
     assert out["summary_status"].to_list() == ["DONE"] * 8
     assert sql(store, "SELECT count(*) FROM archive WHERE summary_cost_usd = 0") == [(6,)], "reused: no cost"
+    assert report.avoided_usd == pytest.approx(6 * report.cost_usd / 2), "six answers at the run's average call"
     run(frame(8), "recap", prompt="Summarize: {text}", table="archive")
     assert sim.stats()["paid"] == 8, "another step with the same request reuses too"
     run(frame(8), "recap2", prompt="Summarize: {text}", table="archive", model="claude-sonnet-4-6")

@@ -34,6 +34,7 @@ class RunReport:
     output_tokens: int = 0
     cache_write_tokens: int = 0
     cache_read_tokens: int = 0
+    cache_saved_usd: float = 0.0  # what the cache reads would have cost as plain input, less what they cost
     cost_usd: float | None = 0.0
     seconds: float = 0.0
     outcome: Outcome = Outcome.COMPLETED
@@ -45,6 +46,17 @@ class RunReport:
     @property
     def remaining(self) -> int:
         return max(0, self.selected - self.done - self.failed - self.needs_review)
+
+    @property
+    def avoided_usd(self) -> float | None:
+        """What this run did not pay: reused answers (at the run's average call) and cache reads.
+
+        Rows that were DONE before the run are not counted (they were paid once, earlier).
+        """
+        if self.cost_usd is None:
+            return None
+        per_call = self.cost_usd / self.calls if self.calls else 0.0
+        return self.reused * per_call + self.cache_saved_usd
 
     @property
     def elapsed(self) -> float:
@@ -67,11 +79,12 @@ class RunReport:
     def progress_frame(self) -> pl.DataFrame:
         fields = ["table", "step", "outcome", "rows", "selected", "remaining", "in_flight", "done", "failed",
                   "needs_review", "skipped", "stale", "waiting", "reused", "calls", "retries", "input_tokens",
-                  "output_tokens", "cache_write_tokens", "cache_read_tokens", "cost_usd", "elapsed", "rate", "eta"]
+                  "output_tokens", "cache_write_tokens", "cache_read_tokens", "cost_usd", "avoided_usd", "elapsed",
+                  "rate", "eta"]
         values = {f: getattr(self, f) for f in fields}
         values["outcome"] = str(self.outcome)
         return pl.DataFrame([values],
-                            schema_overrides={"cost_usd": pl.Float64, "eta": pl.Float64})
+                            schema_overrides={"cost_usd": pl.Float64, "avoided_usd": pl.Float64, "eta": pl.Float64})
 
     def __repr__(self) -> str:
         return str(self)
@@ -111,8 +124,10 @@ class RunReport:
             parts.append(f"{self.reused:,} reused")
         cached = (f", {self.cache_read_tokens:,} read from / {self.cache_write_tokens:,} written to the cache"
                   if self.cache_read_tokens or self.cache_write_tokens else "")
+        avoided = self.avoided_usd
+        saved = f"; ${avoided:.4f} avoided by reuse and the cache" if avoided else ""
         parts.append(f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens"
-                     f"{cached}, {cost})")
+                     f"{cached}, {cost}{saved})")
         line = " · ".join(parts) + f" in {self.seconds:.1f}s"
         if self.outcome != "completed":
             line = f"[{self.outcome}] " + line

@@ -29,7 +29,7 @@ from .._ledger.claims import Claimant
 from .._ledger.columns import RESULT_SCHEMA
 from .._ledger.journal import Journal
 from .._ledger.states import Outcome, Status, attempts_after, status_after_failure
-from .._prices import cost_usd
+from .._prices import cost_usd, price_of
 from .._report import RunReport
 from .._time import utcnow
 from ..errors import StoreBusy
@@ -162,6 +162,9 @@ class Scheduler:
             rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
             rep.cache_write_tokens += reply.cache_write_tokens
             rep.cache_read_tokens += reply.cache_read_tokens
+            price = price_of(reply.model) if reply.cache_read_tokens else None
+            if price is not None:
+                rep.cache_saved_usd += reply.cache_read_tokens * (price.input - price.cache_read) / 1e6
             result.update(attempts=attempts, error=error, input_tokens=reply.input_tokens,
                           output_tokens=reply.output_tokens, cache_write_tokens=reply.cache_write_tokens,
                           cache_read_tokens=reply.cache_read_tokens, cost_usd=cost, stop_reason=reply.stop_reason,
