@@ -8,6 +8,7 @@ from pathlib import Path
 import anthropic
 import pytest
 
+import llmledger
 from llmledger import RetryPolicy, RetryRefused, RunStopped, Simulator, SpendLimitReached, last_report
 
 from .conftest import frame, sql
@@ -93,3 +94,11 @@ def test_the_simulator_sends_what_the_real_api_sends(sim: Simulator) -> None:
     assert info.value.response.headers["retry-after-ms"] == "1500"
     with pytest.raises(ValueError, match="unknown simulator fault"):
         sim.configure(fail_next=["no_such_fault"])
+
+
+def test_an_unknown_model_stops_the_run_instead_of_failing_every_row(run, sim: Simulator, store: Path) -> None:
+    sim.configure(fail_next=[{"status": 404, "message": "model: claude-sonnet-9"}])
+    with pytest.raises(llmledger.ModelNotFound, match="model: claude-sonnet-9.*Check model=") as info:
+        run(frame(20), "summary", prompt="Summarize: {text}", concurrency=1)
+    assert info.value.report.remaining == 20
+    assert sql(store, "SELECT DISTINCT summary_status FROM messages") == [("NOT_STARTED",)]

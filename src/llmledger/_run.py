@@ -31,11 +31,12 @@ from ._ledger.states import Outcome, Redo
 from ._loop import background_loop, run_blocking
 from ._report import RunReport
 from ._time import utcnow
-from .errors import AuthenticationFailed, OutageError, RetryRefused, SpendLimitReached, StoreBusy
+from .errors import AuthenticationFailed, ModelNotFound, OutageError, RetryRefused, SpendLimitReached, StoreBusy
 
 _local = threading.local()
 _STOPPED = {Outcome.AUTH: AuthenticationFailed, Outcome.OUTAGE: OutageError,
-            Outcome.SPEND_LIMIT: SpendLimitReached, Outcome.RETRY_REFUSED: RetryRefused}
+            Outcome.SPEND_LIMIT: SpendLimitReached, Outcome.RETRY_REFUSED: RetryRefused,
+            Outcome.NO_MODEL: ModelNotFound}
 
 
 def last_report() -> RunReport | None:

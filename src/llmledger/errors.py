@@ -15,6 +15,7 @@
         ├── SpendLimitReached         the account cannot spend more now (spend or usage limit, billing)
         ├── RetryRefused              the API said not to retry (`x-should-retry: false`) an error it
         │                             would otherwise retry
+        ├── ModelNotFound             404: no such model (a typo, or retired); no row was marked failed
         └── OutageError               transient errors persisted, so the circuit breaker stopped the run
 
 `InvalidInputError` means: fix the argument and call again. `StoreError` means:
@@ -83,6 +84,10 @@ class SpendLimitReached(RunStopped):
 
 class RetryRefused(RunStopped):
     """The API answered an error it would usually retry with `x-should-retry: false`: no row was marked failed."""
+
+
+class ModelNotFound(RunStopped):
+    """The API has no such model (a typo, or a retired model): every row would fail, so none is sent."""
 
 
 class OutageError(RunStopped):

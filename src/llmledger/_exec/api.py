@@ -87,6 +87,8 @@ def classify(exc: BaseException) -> CallFailed:
         should_retry = (headers.get("x-should-retry") or "").lower()
         if code == "organization_on_hold" or status in (401, 403):
             return CallFailed(Kind.FATAL, detail, stop=Outcome.AUTH)
+        if status == 404:  # the Messages endpoint exists, so it is the model: every row would fail alike
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.NO_MODEL)
         if code in SPEND_LIMIT_CODES or status == 402 or (status == 400 and _USAGE_LIMIT.search(message)):
             return CallFailed(Kind.FATAL, detail, stop=Outcome.SPEND_LIMIT)
         transient = status in _TRANSIENT_STATUS or status >= 500

@@ -42,6 +42,8 @@ _STOP_ADVICE = {
                          "or wait for it to reset (see the Claude Console), then run the same call again.",
     Outcome.RETRY_REFUSED: "the API said not to retry ({}); no row was marked failed. Run the same call again "
                            "later to resume.",
+    Outcome.NO_MODEL: "the API has no such model ({}); no row was marked failed. Check model= (see "
+                      "llmledger.prices() for current model ids) and run again.",
 }
 
 

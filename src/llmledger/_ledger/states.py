@@ -58,6 +58,7 @@ class Outcome(StrEnum):
     SPEND_LIMIT = "spend_limit"  # the account cannot spend more
     RETRY_REFUSED = "retry_refused"  # x-should-retry: false on an otherwise transient error
     BUDGET = "budget"  # max_cost_usd was reached
+    NO_MODEL = "no_model"  # 404: the API has no such model
     ERROR = "error"  # a bug or a store failure
 
     @property
