@@ -98,7 +98,7 @@ def test_the_simulator_sends_what_the_real_api_sends(sim: Simulator) -> None:
 
 def test_an_unknown_model_stops_the_run_instead_of_failing_every_row(run, sim: Simulator, store: Path) -> None:
     sim.configure(fail_next=[{"status": 404, "message": "model: claude-sonnet-9"}])
-    with pytest.raises(llmledger.ModelNotFound, match="model: claude-sonnet-9.*Check model=") as info:
+    with pytest.raises(llmledger.ModelNotFound, match=r"model: claude-sonnet-9.*Check model=") as info:
         run(frame(20), "summary", prompt="Summarize: {text}", concurrency=1)
     assert info.value.report.remaining == 20
     assert sql(store, "SELECT DISTINCT summary_status FROM messages") == [("NOT_STARTED",)]
