@@ -12,10 +12,8 @@ import hashlib
 import json
 import math
 import re
-import threading
-import time
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any
 
 _POSITIVE = {"great", "love", "excellent", "perfect", "happy", "fast", "recommend", "works", "best", "good"}
 _NEGATIVE = {"broke", "broken", "refund", "late", "never", "worst", "bad", "poor", "slow", "disappointed"}
@@ -127,39 +125,6 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
     return json.dumps(make(schema, "$"), ensure_ascii=False)
 
 
-class PromptCache:
-    """The API's prompt cache, as billing sees it: a system prefix marked with `cache_control` and long enough
-    for the model is written by the first request (billed as a cache write) and read by later ones within its
-    ttl (billed as a cache read), each read renewing the ttl."""
-
-    TTL: ClassVar[dict[str, float]] = {"5m": 300.0, "1h": 3600.0}
-
-    def __init__(self) -> None:
-        self.expiry: dict[tuple[str, str], float] = {}
-        self.lock = threading.Lock()
-
-    def account(self, body: dict[str, Any]) -> tuple[int, int, int]:
-        """(tokens written 5m, tokens written 1h, tokens read) for this request's cached prefix."""
-        from ._prices import min_cacheable_tokens
-
-        blocks = body.get("system") if isinstance(body.get("system"), list) else []
-        marked = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")]
-        if not marked:
-            return 0, 0, 0
-        prefix = "".join(b.get("text", "") for b in blocks[: marked[-1] + 1])
-        ttl = blocks[marked[-1]]["cache_control"].get("ttl", "5m")
-        tokens = count_tokens(prefix)
-        if tokens < min_cacheable_tokens(str(body.get("model"))):
-            return 0, 0, 0  # too short to cache: billed as plain input, without an error
-        key, now = (str(body.get("model")), prefix), time.time()
-        with self.lock:
-            hit = self.expiry.get(key, 0.0) > now
-            self.expiry[key] = now + self.TTL[ttl]
-        if hit:
-            return 0, 0, tokens
-        return (0, tokens, 0) if ttl == "1h" else (tokens, 0, 0)
-
-
 def count_tokens(text: str) -> int:
     """Roughly four characters a token, as a stand-in for the real tokenizer."""
     return max(1, math.ceil(len(text) / 4))
@@ -251,6 +216,9 @@ class Faults:
     jitter: float = 0.0  # plus a uniform random 0..jitter seconds
     rate_limit: float | None = None  # requests per second (token bucket); None = unlimited
     burst: float | None = None  # bucket size; default one second's worth
+    input_tokens_per_minute: float | None = None  # input-token bucket; None = unlimited
+    output_tokens_per_minute: float | None = None  # output-token bucket (max_tokens reserved, the rest refunded)
+    token_burst: float = 60.0  # token buckets hold this many seconds' worth (the API: a minute)
     fail_next: list[int | str | dict[str, Any]] = field(default_factory=list)  # errors for the next requests
     error_rate: float = 0.0  # share of requests answered with `error_status`
     error_status: int | str = 529
@@ -269,22 +237,15 @@ class Faults:
     seed: int = 0
 
 
-class Bucket:
-    """A token bucket refilled continuously, as the API's rate limiter is."""
-
-    def __init__(self, rate: float, size: float) -> None:
-        self.rate, self.size = rate, size
-        self.tokens, self.stamp = size, time.monotonic()
-
-    def take(self) -> tuple[bool, float]:
-        """Take one token; return (granted, seconds until one is available)."""
-        now = time.monotonic()
-        self.tokens = min(self.size, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True, 0.0
-        return False, (1 - self.tokens) / self.rate
+def request_tokens(body: dict[str, Any]) -> int:
+    """The input tokens of a request, as the rate limiter counts them before it is answered."""
+    system = body.get("system")
+    text = system if isinstance(system, str) else "".join(
+        b.get("text", "") for b in system or [] if isinstance(b, dict))
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        text += content if isinstance(content, str) else json.dumps(content)
+    return count_tokens(text)
 
 
 def user_text(body: dict[str, Any]) -> str:

@@ -33,24 +33,23 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, fields
-from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ._sim_api import (
     ERRORS,
-    Bucket,
     ErrorSpec,
     Faults,
-    PromptCache,
     count_tokens,
     default_reply,
     error_spec,
     fake_json,
     output_schema,
+    request_tokens,
     user_text,
     validate,
 )
+from ._sim_limits import Bucket, PromptCache, TokenLimits
 
 Responder = Callable[[str, str | None], str]
 
@@ -76,6 +75,7 @@ class Simulator:
         self._lock = threading.Lock()
         self._rng = random.Random(self.faults.seed)
         self._bucket: Bucket | None = None
+        self._tokens = TokenLimits(None, None, 60.0)
         self._reset_bucket()
         self._stats = self._empty_stats()
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
@@ -126,7 +126,8 @@ class Simulator:
                 error_spec(fault)  # refuse an unknown fault now, not at the next request
             for name, value in changes.items():
                 setattr(self.faults, name, list(value) if name == "fail_next" else value)
-            if {"rate_limit", "burst"} & set(changes):
+            if {"rate_limit", "burst", "input_tokens_per_minute", "output_tokens_per_minute",
+                    "token_burst"} & set(changes):
                 self._reset_bucket()
             if "seed" in changes:
                 self._rng = random.Random(self.faults.seed)
@@ -170,11 +171,14 @@ class Simulator:
                 "max_concurrent": 0, "_concurrent": 0}
 
     def _reset_bucket(self) -> None:
-        rate = self.faults.rate_limit
-        self._bucket = Bucket(rate, self.faults.burst or max(1.0, rate)) if rate else None
+        f = self.faults
+        rate = f.rate_limit
+        self._bucket = Bucket(rate, f.burst or max(1.0, rate)) if rate else None
+        self._tokens = TokenLimits(f.input_tokens_per_minute, f.output_tokens_per_minute, f.token_burst)
 
     # -- the API -----------------------------------------------------------------------------
-    def _decide(self, prompt: str, api_key: str | None) -> tuple[str, ErrorSpec | None]:
+    def _decide(self, prompt: str, api_key: str | None, tokens_in: int = 0,
+                max_out: int = 0) -> tuple[str, ErrorSpec | None]:
         """Pick what to do with one request: ("drop" | "error" | "ok", the error to send)."""
         f = self.faults
         with self._lock:
@@ -197,21 +201,19 @@ class Simulator:
                 if not granted:
                     spec = ERRORS[429]
                     return "error", ErrorSpec(spec.status, spec.type, spec.message, retry_after=wait)
+            refused = self._tokens.admit(tokens_in, max_out)
+            if refused is not None:
+                if self._bucket is not None:
+                    self._bucket.give_back(1)
+                return "error", refused
             if f.poison and f.poison in prompt:
                 return "error", ErrorSpec(400, "invalid_request_error",
                                           f"prompt contains the poison substring {f.poison!r}")
             return "ok", None
 
     def _ratelimit_headers(self) -> dict[str, str]:
-        if self._bucket is None:
-            return {}
-        b = self._bucket
-        reset = datetime.now(UTC) + timedelta(seconds=(b.size - b.tokens) / b.rate)
-        return {
-            "anthropic-ratelimit-requests-limit": str(int(b.rate * 60)),
-            "anthropic-ratelimit-requests-remaining": str(max(0, int(b.tokens))),
-            "anthropic-ratelimit-requests-reset": reset.isoformat(timespec="seconds").replace("+00:00", "Z"),
-        }
+        headers = self._bucket.headers("requests") if self._bucket is not None else {}
+        return {**headers, **self._tokens.headers()}
 
     def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = user_text(body)
@@ -343,7 +345,8 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
         def _messages(self, body: Any) -> None:
             problem = validate(body)
             prompt = user_text(body) if isinstance(body, dict) else ""
-            action, spec = sim._decide(prompt, self.headers.get("x-api-key"))
+            tokens_in, max_out = (request_tokens(body), int(body["max_tokens"])) if problem is None else (0, 0)
+            action, spec = sim._decide(prompt, self.headers.get("x-api-key"), tokens_in, max_out)
             f = sim.faults
             delay = f.latency + (sim._rng.random() * f.jitter if f.jitter else 0.0)
             if action == "drop":
@@ -364,6 +367,8 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             if delay:
                 time.sleep(delay)
             answer = sim._answer(body)
+            sim._tokens.settle(max_out, answer["usage"]["output_tokens"])
+            headers = sim._ratelimit_headers()
             sim._note(body, 200)
             self._send(200, answer, headers)
 
