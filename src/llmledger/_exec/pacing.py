@@ -73,8 +73,13 @@ class Pacer:
                 rates.append(limit / 60.0 / per_request)
             remaining = _number(headers.get(f"anthropic-ratelimit-{family}-remaining"))
             reset = headers.get(f"anthropic-ratelimit-{family}-reset")
-            if remaining is not None and remaining < 1 and reset:
-                wait = _seconds_until(reset)
+            need = max(per_request, 1.0)
+            if remaining is not None and remaining < need and reset:
+                # The bucket refills continuously: wait until one more request's worth is back, not until
+                # it is full (`reset`), which for a per-minute token bucket can be most of a minute.
+                wait = _seconds_until(reset) or 0.0
+                if limit:
+                    wait = min(wait, (need - remaining) / (limit / 60.0))
                 if wait:
                     self.pause(min(wait, 60.0))
         if rates:
