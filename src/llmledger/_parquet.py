@@ -25,10 +25,20 @@ from typing import Any
 import polars as pl
 
 from ._ledger import open_ledger
-from ._ledger.columns import STEP_COLUMNS, q, step_columns
-from ._ledger.connection import check_store_path, column_types, table_exists
-from ._ledger.schema import HISTORY_TABLE, RUNS_TABLE, STEPS_TABLE, ensure_step_columns, list_steps, migrate
+from ._ledger.columns import STEP_COLUMNS, q
+from ._ledger.connection import check_store_path, column_types, remove_store, table_exists
+from ._ledger.schema import (
+    HISTORY_TABLE,
+    RUNS_TABLE,
+    STEPS_TABLE,
+    ensure_step_columns,
+    list_steps,
+    migrate,
+    owned_columns,
+)
 from ._prompt import template_fields
+from ._query import existing_store
+from ._request import sql_literal
 from ._time import utcnow
 from .errors import InvalidInputError
 
@@ -69,7 +79,7 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
 
     Returns the path written. See the module docstring for the layout.
     """
-    ledger = open_ledger(_existing(store))
+    ledger = open_ledger(existing_store(store))
     ledger.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0)  # every column an export lists
     steps = {s: key for _, s, key in ledger.steps(table)}
     if not steps:
@@ -79,7 +89,7 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
         if step is not None:
             if step not in steps:
                 raise InvalidInputError(f"table {table!r} has no step {step!r}; it has {sorted(steps)}")
-            owned = {c for s in steps for c in step_columns(s)}
+            owned = owned_columns(con, table, step)
             inputs = [c for c in column_types(con, table) if c not in owned]
             cols = [*inputs, *(step + suffix for suffix in _STEP_VIEW)]
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,11 +129,11 @@ def restore(path: str | Path, store: str | Path) -> str:
         if table_exists(con, table):
             raise InvalidInputError(f"store {str(target)!r} already has a table {table!r}; restore into another "
                                     "store")
-        con.execute(f"CREATE TABLE {q(table)} AS SELECT * FROM read_parquet({_literal(facts[0])})")
+        con.execute(f"CREATE TABLE {q(table)} AS SELECT * FROM read_parquet({sql_literal(str(facts[0]))})")
         for name in _BOOKKEEPING:
             part = folder / f"{name}.parquet"
             if part.exists():
-                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM read_parquet({_literal(part)})")
+                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM read_parquet({sql_literal(str(part))})")
         types = column_types(con, table)
         for _, step, _ in list_steps(con, table):  # an export from an older llmledger lacks newer columns
             ensure_step_columns(con, table, step, types.get(step, STEP_COLUMNS[0].sql_type))
@@ -136,20 +146,10 @@ def restore(path: str | Path, store: str | Path) -> str:
         ledger.conn.transaction(work, wait=60.0)
     except InvalidInputError:
         if not existed:
-            target.unlink(missing_ok=True)
+            remove_store(target)
         raise
     return table
 
 
-def _existing(store: str | Path) -> Path:
-    path = Path(store).expanduser()
-    check_store_path(path, must_exist=True)
-    return path
-
-
-def _literal(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
-
-
 def _copy(con: Any, query: str, path: Path) -> None:
-    con.execute(f"COPY ({query}) TO {_literal(path)} (FORMAT parquet)")
+    con.execute(f"COPY ({query}) TO {sql_literal(str(path))} (FORMAT parquet)")

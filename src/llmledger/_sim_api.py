@@ -238,14 +238,15 @@ class Faults:
 
 
 def request_tokens(body: dict[str, Any]) -> int:
-    """The input tokens of a request, as the rate limiter counts them before it is answered."""
+    """The input tokens of a request (system, messages and output schema), as billed and rate-limited."""
     system = body.get("system")
     text = system if isinstance(system, str) else "".join(
         b.get("text", "") for b in system or [] if isinstance(b, dict))
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         text += content if isinstance(content, str) else json.dumps(content)
-    return count_tokens(text)
+    schema = output_schema(body)
+    return count_tokens(text + (json.dumps(schema) if schema else ""))
 
 
 def user_text(body: dict[str, Any]) -> str:

@@ -244,9 +244,7 @@ class Simulator:
             text, stop_reason = text[:at], "stop_sequence"
         elif count_tokens(text) > max_tokens:
             text, stop_reason = text[: max_tokens * 4], "max_tokens"
-        usage_in = count_tokens((system or "") + "".join(
-            m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
-            for m in body.get("messages") or []) + (json.dumps(schema) if schema else ""))
+        usage_in = request_tokens(body)
         usage_out = count_tokens(text) if text else 0
         write_5m, write_1h, read = self._cache.account(body)
         usage_in -= write_5m + write_1h + read

@@ -94,14 +94,23 @@ class Scheduler:
         self.in_flight += delta
         self.report.in_flight = self.in_flight
 
-    def bill(self, reply: Reply) -> None:
-        """Count a call that was billed but gave no answer to keep (a refusal): tokens, cost, calls."""
+    def bill(self, reply: Reply) -> float | None:
+        """Count a paid call in the report (calls, tokens, cache, cost); return its cost.
+
+        Every billed reply comes through here: answers, and refusals that leave nothing to keep.
+        """
         rep = self.report
         cost = cost_usd(reply)
         rep.calls += reply.calls
         rep.input_tokens += reply.input_tokens
         rep.output_tokens += reply.output_tokens
+        rep.cache_write_tokens += reply.cache_write_tokens
+        rep.cache_read_tokens += reply.cache_read_tokens
+        price = price_of(reply.model) if reply.cache_read_tokens else None
+        if price is not None:
+            rep.cache_saved_usd += reply.cache_read_tokens * (price.input - price.cache_read) / 1e6
         rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
+        return cost
 
     def may_spend(self) -> bool:
         """Whether another request may start under `max_cost_usd`.
@@ -146,10 +155,7 @@ class Scheduler:
                 rep.reused += 1
                 cost: float | None = 0.0
             else:
-                cost = cost_usd(reply)
-                rep.calls += reply.calls
-                rep.input_tokens += reply.input_tokens
-                rep.output_tokens += reply.output_tokens
+                cost = self.bill(reply)
             if error is None:
                 rep.done += 1
                 result.update(status=Status.DONE.value, output=reply.text, raw=None)
@@ -159,12 +165,6 @@ class Scheduler:
                 result.update(status=Status.NEEDS_REVIEW.value,
                               output=reply.text if refused_by_validate else None,
                               raw=None if refused_by_validate else reply.text)
-            rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
-            rep.cache_write_tokens += reply.cache_write_tokens
-            rep.cache_read_tokens += reply.cache_read_tokens
-            price = price_of(reply.model) if reply.cache_read_tokens else None
-            if price is not None:
-                rep.cache_saved_usd += reply.cache_read_tokens * (price.input - price.cache_read) / 1e6
             result.update(attempts=attempts, error=error, input_tokens=reply.input_tokens,
                           output_tokens=reply.output_tokens, cache_write_tokens=reply.cache_write_tokens,
                           cache_read_tokens=reply.cache_read_tokens, cost_usd=cost, stop_reason=reply.stop_reason,

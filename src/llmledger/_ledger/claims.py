@@ -61,23 +61,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def is_alive_here(claim: str) -> bool:
-    """True when the claim's holder certainly still runs (same host only): its age then says nothing."""
+def _holder_runs(claim: str) -> bool | None:
+    """Whether the claim's holder still runs; None when that cannot be seen from here (another host)."""
     holder = Claimant.parse(claim)
     if holder is None or holder.host != socket.gethostname():
-        return False
+        return None
     if holder.pid == os.getpid():
         with _active_lock:
             return holder.run_id in _active_runs
     return _pid_alive(holder.pid)
 
 
+def is_alive_here(claim: str) -> bool:
+    """True when the claim's holder certainly still runs (same host only): its age then says nothing."""
+    return _holder_runs(claim) is True
+
+
 def is_abandoned(claim: str) -> bool:
     """True when the claim's holder certainly no longer runs (same host only)."""
-    holder = Claimant.parse(claim)
-    if holder is None or holder.host != socket.gethostname():
-        return False
-    if holder.pid == os.getpid():
-        with _active_lock:
-            return holder.run_id not in _active_runs
-    return not _pid_alive(holder.pid)
+    return _holder_runs(claim) is False

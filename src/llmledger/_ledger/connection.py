@@ -51,6 +51,12 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
                              "pass a new path (it will be created) or an existing .duckdb ledger.")
 
 
+def remove_store(path: Path) -> None:
+    """Delete a store file (and its WAL) that a refused call created: a bad call leaves no file behind."""
+    for leftover in (path, path.with_name(path.name + ".wal")):
+        leftover.unlink(missing_ok=True)
+
+
 def _is_lock_error(exc: Exception) -> bool:
     return "lock" in str(exc).lower()
 

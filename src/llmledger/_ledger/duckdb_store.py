@@ -7,7 +7,6 @@ duckdb CLI or another notebook between claims and commits.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -22,7 +21,7 @@ from .._time import utcnow
 from ..errors import InvalidInputError
 from . import RunParams, Selection, StepDefinition
 from .columns import names, q
-from .connection import Connection, check_store_path, column_types, one, table_exists
+from .connection import Connection, check_store_path, column_types, one, remove_store, table_exists
 from .graph import StepGraph
 from .history import archive, side_by_side
 from .prepare import (
@@ -131,15 +130,12 @@ class DuckDBLedger:
         try:
             selection = self.conn.transaction(work, commit=look is None)
         except InvalidInputError:
-            if not existed:  # a bad call leaves no file behind
-                for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
-                    with contextlib.suppress(FileNotFoundError):
-                        leftover.unlink()
+            if not existed:
+                remove_store(self.path)
             raise
         if look is not None:
             if not existed:  # a look leaves no file behind either
-                for leftover in (self.path, self.path.with_name(self.path.name + ".wal")):
-                    leftover.unlink(missing_ok=True)
+                remove_store(self.path)
             return selection
         for path in merged:
             path.unlink(missing_ok=True)

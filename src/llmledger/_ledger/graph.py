@@ -20,7 +20,6 @@ step re-sends exactly those rows.
 from __future__ import annotations
 
 import string
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import duckdb
@@ -165,13 +164,3 @@ def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, st
                           f"{'.'.join(parts[1:])!r}") from None
     nested = sql_type.startswith(_NESTED) or sql_type.endswith("]")
     return f"to_json({expr})::VARCHAR" if nested else f"CAST({expr} AS VARCHAR)"
-
-
-def upstream_steps(template: str, steps: Mapping[str, object] | set[str]) -> tuple[str, ...]:
-    """The steps a template reads (fields whose first part names a step), in order of use."""
-    out: list[str] = []
-    for path in field_paths(template):
-        root = path.split(".", 1)[0].split("[", 1)[0]
-        if root in steps and root not in out:
-            out.append(root)
-    return tuple(out)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import polars as pl
 
+from .._request import sql_literal
 from ..errors import InvalidInputError, KeyColumnError
 from .columns import names, output_as_text, q
 from .connection import column_types, registered, table_exists
@@ -166,17 +167,13 @@ def _update(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefi
     sets = [f"{c['_prompt']} = r.p", f"{c['_request_fingerprint']} = r.fp", f"{c['_version']} = $version"]
     extra = ""
     if legacy_signature is not None:
-        extra = (f", md5('{LEGACY_FINGERPRINT_PREFIX}' || md5({_literal(legacy_signature)} || p))::UUID "
+        extra = (f", md5('{LEGACY_FINGERPRINT_PREFIX}' || md5({sql_literal(legacy_signature)} || p))::UUID "
                  "AS legacy")
         sets.append(f"{c['_fingerprint']} = CASE WHEN t.{c['_fingerprint']} = r.legacy THEN r.fp "
                     f"ELSE t.{c['_fingerprint']} END")
     con.execute(f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM "
                 f"(SELECT *, {definition.request.fingerprint_sql('p')} AS fp{extra} FROM {source}) AS r "
                 f"WHERE {layout.key_join('t', 'r')} AND ({condition})", params)
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def legacy_signature(definition: StepDefinition, migrated_from_legacy: bool) -> str | None:

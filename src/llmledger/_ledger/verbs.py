@@ -20,7 +20,7 @@ from .._time import utcnow
 from ..errors import PromptError
 from . import KnownAnswer, RunParams, Selection
 from .claims import is_abandoned, is_alive_here
-from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q, step_columns
+from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q
 from .connection import column_types, one, registered, table_exists
 from .graph import StepGraph
 from .history import archive, redo_reason
@@ -30,6 +30,7 @@ from .schema import (
     LEGACY_FINGERPRINT_PREFIX,
     MIGRATIONS_TABLE,
     list_steps,
+    owned_columns,
     requests_by_version,
 )
 from .states import STATUSES, prior_status_sql
@@ -176,9 +177,7 @@ def fed_layout(layout: Layout, graph: StepGraph) -> Layout:
 
 def input_columns(con: duckdb.DuckDBPyConnection, layout: Layout) -> list[str]:
     """The fact table's input columns (its key and what frames put there): what a `validate=` callable sees."""
-    owned = set()
-    for _, step, _ in list_steps(con, layout.table):
-        owned.update(step_columns(step))
+    owned = owned_columns(con, layout.table, layout.step)
     return [c for c in column_types(con, layout.table) if c not in owned and c not in layout.key]
 
 
