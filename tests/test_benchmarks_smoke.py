@@ -22,6 +22,11 @@ def test_pacing_keeps_429s_rare(tmp_path: Path) -> None:
     assert result["share_429"] < 0.05, result
 
 
+def test_pacing_under_an_output_token_limit_keeps_429s_rare(tmp_path: Path) -> None:
+    result = bench.token_throughput(80, output_tpm=60_000, rpm=None, latency=0.05, folder=tmp_path, burst=2.0)
+    assert result["share_429"] < 0.05 and result["requests"] >= 80, result
+
+
 def test_kill_9_repays_only_what_was_in_flight(tmp_path: Path) -> None:
     result = bench.kill9(240, tmp_path, concurrency=8, latency=0.05)
     assert result["repaid"] <= result["in_flight_at_kill"] <= 8, result

@@ -36,7 +36,7 @@ def test_a_long_system_prompt_is_written_once_and_read_after(run, sim: Simulator
     assert sim.stats()["cache_read_tokens"] == 9 * prefix
     price_row = llmledger.prices().filter(llmledger.prices()["model"] == "claude-haiku-4-5").row(0, named=True)
     assert report.avoided_usd == pytest.approx(9 * prefix * (price_row["input"] - price_row["cache_read"]) / 1e6)
-    assert "avoided by reuse and the cache" in str(report)
+    assert f"avoided: cache reads ${report.avoided_usd:.4f}" in str(report)
 
     written = sum(r[3] for r in rows)
     plain = llmledger.prices()  # the same tokens without a cache, at the plain input rate

@@ -26,9 +26,9 @@ def test_status_counts_each_status_and_shows_failed_rows(run, sim: Simulator, st
     lines = result.stdout.splitlines()
     summary_row = next(line for line in lines if "summary" in line and "│" in line)
     title_row = next(line for line in lines if "title" in line and "│" in line)
-    # columns: table, step, NOT_STARTED, RUNNING, DONE, FAILED, NEEDS_REVIEW, stale, waiting, total
-    assert _cells(summary_row) == ["messages", "summary", "3", "0", "8", "1", "0", "0", "0", "12"]
-    assert _cells(title_row) == ["messages", "title", "9", "0", "3", "0", "0", "0", "0", "12"]
+    # columns: table, step, NOT_STARTED, RUNNING, SUBMITTED, DONE, FAILED, NEEDS_REVIEW, stale, waiting, total
+    assert _cells(summary_row) == ["messages", "summary", "3", "0", "0", "8", "1", "0", "0", "0", "12"]
+    assert _cells(title_row) == ["messages", "title", "9", "0", "0", "3", "0", "0", "0", "0", "12"]
     assert "messages.summary: first 1 FAILED / NEEDS_REVIEW rows" in result.stdout
     assert '{"id":4}  FAILED  400 BadRequestError' in result.stdout
 

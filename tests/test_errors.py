@@ -40,8 +40,9 @@ def test_failed_rows_are_retried_by_a_plain_rerun_until_max_attempts(run, sim: S
 
 
 def test_transient_errors_are_retried_and_never_count_against_the_row(run, sim: Simulator, store: Path) -> None:
-    sim.configure(fail_next=[529, 529, 500, 503, 429, 529, 502])
-    out = run(frame(12), "summary", prompt="Summarize: {text}", retry=FAST)
+    sim.configure(fail_next=[529, 529, 500, 503, 429, 529, 502])  # seven in a row, each with retry-after: 1
+    patient = RetryPolicy(base_delay=0.01, max_delay=0.05, outage_after=30, outage_failures=5)  # no breaker here
+    out = run(frame(12), "summary", prompt="Summarize: {text}", retry=patient)
     assert out["summary_status"].to_list() == ["DONE"] * 12
     assert sql(store, "SELECT max(summary_attempts) FROM messages") == [(1,)]
     report = last_report()

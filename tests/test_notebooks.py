@@ -94,3 +94,15 @@ def test_pipeline_with_a_typed_step_a_flag_and_a_redo(tmp_path: Path, monkeypatc
     assert paid(text, "a plain rerun") == 0, "stale rows are not re-paid unless asked"
     assert paid(text, "the redo of the stale rows") == 10
     assert "flagged: vague product" in text
+
+
+@pytest.mark.slow
+def test_cost_notebook_estimates_batches_and_shows_what_was_avoided(tmp_path: Path, monkeypatch) -> None:
+    text = text_of(execute("05_cost.ipynb", tmp_path / "cost.duckdb", monkeypatch))
+    assert "simulated answers" in text
+    assert "SUBMITTED" in text and "submitted" in text, "the batch was left processing after the submitting cell"
+    assert re.search(r"9\d\d done · .* · 9\d\d of them from batches", text), "a later cell collected the batch"
+    estimated, billed = map(float, re.search(r"estimated for the batch: \$([\d.]+); billed: \$([\d.]+)", text).groups())
+    assert billed > 0 and abs(estimated - billed) <= 0.25 * billed
+    assert re.search(r"batch prices \$0\.0[1-9]", text), "the batch discount is counted as avoided"
+    assert re.search(r"the rerun paid 0 calls and avoided \$0\.0[1-9]", text)

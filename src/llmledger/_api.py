@@ -17,6 +17,7 @@ import anthropic
 import polars as pl
 
 from ._exec.api import DEFAULT_MODEL
+from ._exec.batch import MAX_REQUESTS
 from ._exec.online import RetryPolicy
 from ._exec.scheduler import RunConfig
 from ._ledger import StepDefinition, known_steps
@@ -67,6 +68,9 @@ def apply_llm(
     cache: bool | Literal["5m", "1h"] = True,
     max_cost_usd: float | None = None,
     budget_scope: Literal["run", "step"] = "run",
+    mode: Literal["online", "batch", "auto"] = "online",
+    wait: bool = True,
+    batch_size: int = MAX_REQUESTS,
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
@@ -85,6 +89,13 @@ def apply_llm(
 
     `max_cost_usd=` stops starting requests once the run (or, with `budget_scope="step"`, every run
     of this step so far) has spent that much; unsent rows stay as they were.
+
+    `mode="batch"` sends the rows as Message Batches (half the price; answers within 24 h, usually
+    minutes) of up to `batch_size` requests; the rows are SUBMITTED until their batch ends.
+    `wait=True` polls until every batch of the step has ended and returns the answers;
+    `wait=False` returns once they are submitted, and any later call of the step (this one
+    again, `resume`, `llmledger run`) collects them. `mode="auto"` sends in batches when there
+    are AUTO_BATCH_ROWS (10,000) rows or more to send, online otherwise.
     """
     run = Run(checked_plan(dict(locals())))
     if background:
@@ -126,7 +137,8 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                  where=where, redo=o["redo"], max_attempts=o["max_attempts"], stale_after=o["stale_after"],
                  client=o["client"], progress=o["progress"], retry=o["retry"], commit_every=o["commit_every"],
                  dedupe=o["dedupe"], validate=validate, output_model=None if spec is None else spec.model,
-                 max_cost_usd=o["max_cost_usd"], budget_scope=o["budget_scope"])
+                 max_cost_usd=o["max_cost_usd"], budget_scope=o["budget_scope"], mode=o.get("mode", "online"),
+                 wait=o.get("wait", True), batch_size=o.get("batch_size", MAX_REQUESTS))
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
     return plan
 
@@ -168,6 +180,9 @@ def resume(
     validate: Validator | None = None,
     max_cost_usd: float | None = None,
     budget_scope: Literal["run", "step"] = "run",
+    mode: Literal["online", "batch", "auto"] = "online",
+    wait: bool = True,
+    batch_size: int = MAX_REQUESTS,
 ) -> Any:
     """Finish a step that `apply_llm` started, from the store alone (after a kill, a closed laptop, a lost kernel).
 
@@ -177,6 +192,7 @@ def resume(
     rerunning the notebook cell afterwards pays nothing for the rows finished here. Structured
     answers are checked against the schema the step's requests carry; pass the same `validate=`
     as apply_llm to apply it here too (a pydantic model's own validators run only in apply_llm).
+    Message Batches the step sent earlier are collected first, whatever `mode` this call sends in.
     """
     _check_identifier(step, "step", StepNameError, 'e.g. "summary"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
@@ -184,7 +200,7 @@ def resume(
     plan = _plan(store=store, table=table, step=step, chunk_size=chunk_size, concurrency=concurrency, where=where,
                  redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
                  retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate,
-                 max_cost_usd=max_cost_usd, budget_scope=budget_scope)
+                 max_cost_usd=max_cost_usd, budget_scope=budget_scope, mode=mode, wait=wait, batch_size=batch_size)
     check_store_path(plan.store, must_exist=True)
     run = Run(plan)
     if background:
@@ -199,8 +215,10 @@ def resume(
 def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurrency: Any, where: Any, redo: Any,
           max_attempts: Any, stale_after: Any, client: Any, progress: bool, retry: RetryPolicy | None,
           commit_every: Any, dedupe: bool, validate: Validator | None = None, output_model: Any = None,
-          max_cost_usd: Any = None, budget_scope: Any = "run") -> Plan:
-    for name, value in (("chunk_size", chunk_size), ("concurrency", concurrency), ("max_attempts", max_attempts)):
+          max_cost_usd: Any = None, budget_scope: Any = "run", mode: Any = "online", wait: Any = True,
+          batch_size: Any = MAX_REQUESTS) -> Plan:
+    for name, value in (("chunk_size", chunk_size), ("concurrency", concurrency), ("max_attempts", max_attempts),
+                        ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
     if redo not in (False, True, "stale", "flagged"):
@@ -215,6 +233,18 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
     if budget_scope not in ("run", "step"):
         raise InvalidInputError(f"budget_scope must be 'run' (this run's spending) or 'step' (every run of the "
                                 f"step so far), got {budget_scope!r}")
+    if mode not in ("online", "batch", "auto"):
+        raise InvalidInputError(f"mode must be 'online', 'batch' (Message Batches, half price) or 'auto', "
+                                f"got {mode!r}")
+    if not isinstance(wait, bool):
+        raise InvalidInputError(f"wait must be True or False, got {wait!r}")
+    if isinstance(batch_size, int) and batch_size > MAX_REQUESTS:
+        raise InvalidInputError(f"batch_size must be at most {MAX_REQUESTS:,} (the API's limit on requests in "
+                                f"one batch), got {batch_size:,}")
+    if mode == "batch" and max_cost_usd is not None:
+        raise InvalidInputError("max_cost_usd works with mode='online' (a batch is paid when it ends, so a run "
+                                "cannot stop it at a budget); see what a batch would cost with "
+                                "llmledger.estimate(...) first, or pass mode='online'")
     stale = stale_after if isinstance(stale_after, timedelta) else timedelta(seconds=float(stale_after))
     if stale.total_seconds() <= 0:
         raise InvalidInputError(f"stale_after must be positive, got {stale_after!r}")
@@ -228,7 +258,9 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
                     output_model=output_model, max_cost_usd=None if max_cost_usd is None else float(max_cost_usd),
                     budget_scope=budget_scope)
     return Plan(store=path, table=table, step=step, cfg=cfg, max_attempts=max_attempts,
-                redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress)
+                redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress,
+                mode="online" if mode == "auto" and max_cost_usd is not None else mode, wait=wait,
+                batch_size=batch_size)
 
 
 def _cache_ttl(cache: Any, model: str, system: str | None) -> str | None:

@@ -168,8 +168,11 @@ def render_html(report: RunReport, notes: list[str] | None = None) -> str:
         ("FAILED", f"{r.failed:,}"), ("NEEDS_REVIEW", f"{r.needs_review:,}"), ("skipped", f"{r.skipped:,}"),
         ("stale", f"{r.stale:,}"), ("reused", f"{r.reused:,}"), ("rows/s", f"{r.rate:,.1f}"),
         ("calls", f"{r.calls:,}"), ("tokens in/out", f"{r.input_tokens:,} / {r.output_tokens:,}"),
-        ("cost", cost), ("retries", f"{r.retries:,}"), ("elapsed", f"{r.elapsed:,.1f}s"), ("ETA", eta),
+        ("cost", cost), ("avoided", "n/a" if r.avoided_usd is None else f"${r.avoided_usd:,.4f}"),
+        ("retries", f"{r.retries:,}"), ("elapsed", f"{r.elapsed:,.1f}s"), ("ETA", eta),
     ]
+    if r.submitted or r.in_batches:
+        cells[1:1] = [("in batches", f"{r.in_batches:,}")]
     head = "".join(f"<th style='padding:2px 8px'>{html.escape(k)}</th>" for k, _ in cells)
     body = "".join(f"<td style='padding:2px 8px;text-align:right' data-field='{html.escape(k)}'>{html.escape(v)}</td>"
                    for k, v in cells)

@@ -120,8 +120,9 @@ def price_of(model: str) -> Price | None:
     return None
 
 
-def cost_usd(reply: Reply, *, batch: bool = False) -> float | None:
-    """What an answer cost at list price; None (and one warning per model) when the model's price is unknown."""
+def cost_usd(reply: Reply) -> float | None:
+    """What an answer cost at list price (the batch rate for a batch's answer); None (and one warning per model)
+    when the model's price is unknown."""
     price = price_of(reply.model)
     if price is None:
         with _lock:
@@ -134,7 +135,7 @@ def cost_usd(reply: Reply, *, batch: bool = False) -> float | None:
         return None
     return price.cost(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
                       cache_write_tokens=reply.cache_write_tokens, cache_write_1h_tokens=reply.cache_write_1h_tokens,
-                      cache_read_tokens=reply.cache_read_tokens, batch=batch)
+                      cache_read_tokens=reply.cache_read_tokens, batch=reply.batch)
 
 
 def set_price(model: str, *, input: float, output: float, cache_write_5m: float | None = None,

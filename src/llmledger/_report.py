@@ -35,6 +35,13 @@ class RunReport:
     cache_write_tokens: int = 0
     cache_read_tokens: int = 0
     cache_saved_usd: float = 0.0  # what the cache reads would have cost as plain input, less what they cost
+    batch_saved_usd: float = 0.0  # what the batch answers would have cost online, less what they cost
+    done_saved_usd: float = 0.0  # what the skipped rows (DONE already) would cost again, at the step's average
+    submitted: int = 0  # rows this run sent in Message Batches
+    batches: int = 0  # Message Batches this run created
+    in_batches: int = 0  # rows of the step in batches still processing when the run ended
+    collected: int = 0  # rows answered (or refused) by batches this run merged
+    mode: str = "online"  # how this run sent rows: "online" or "batch"
     cost_usd: float | None = 0.0
     seconds: float = 0.0
     outcome: Outcome = Outcome.COMPLETED
@@ -45,18 +52,23 @@ class RunReport:
 
     @property
     def remaining(self) -> int:
-        return max(0, self.selected - self.done - self.failed - self.needs_review)
+        """Selected rows neither finished nor waiting in a batch."""
+        return max(0, self.selected - self.done - self.failed - self.needs_review - self.submitted + self.collected)
+
+    @property
+    def avoided(self) -> dict[str, float]:
+        """What this run did not pay, by reason: rows DONE already (at the step's average paid answer),
+        reused answers (at this run's average call), cache reads, the batch discount."""
+        per_call = (self.cost_usd or 0.0) / self.calls if self.calls else 0.0
+        return {"rows already done": self.done_saved_usd, "reused answers": self.reused * per_call,
+                "cache reads": self.cache_saved_usd, "batch prices": self.batch_saved_usd}
 
     @property
     def avoided_usd(self) -> float | None:
-        """What this run did not pay: reused answers (at the run's average call) and cache reads.
-
-        Rows that were DONE before the run are not counted (they were paid once, earlier).
-        """
+        """What this run did not pay, in all (see `avoided`); None when the model has no known price."""
         if self.cost_usd is None:
             return None
-        per_call = self.cost_usd / self.calls if self.calls else 0.0
-        return self.reused * per_call + self.cache_saved_usd
+        return sum(self.avoided.values())
 
     @property
     def elapsed(self) -> float:
@@ -78,7 +90,8 @@ class RunReport:
 
     def progress_frame(self) -> pl.DataFrame:
         fields = ["table", "step", "outcome", "rows", "selected", "remaining", "in_flight", "done", "failed",
-                  "needs_review", "skipped", "stale", "waiting", "reused", "calls", "retries", "input_tokens",
+                  "needs_review", "skipped", "stale", "waiting", "reused", "calls", "retries", "submitted",
+                  "in_batches", "input_tokens",
                   "output_tokens", "cache_write_tokens", "cache_read_tokens", "cost_usd", "avoided_usd", "elapsed",
                   "rate", "eta"]
         values = {f: getattr(self, f) for f in fields}
@@ -94,8 +107,14 @@ class RunReport:
         cells = [("done", f"{self.done:,}"), ("failed", f"{self.failed:,}"),
                  ("needs review", f"{self.needs_review:,}"), ("stale", f"{self.stale:,}"),
                  ("skipped", f"{self.skipped:,}"), ("reused", f"{self.reused:,}"), ("calls paid", f"{self.calls:,}"),
-                 ("tokens in / out", f"{self.input_tokens:,} / {self.output_tokens:,}"), ("cost", cost),
-                 ("time", f"{self.seconds:,.1f}s")]
+                 ("tokens in / out", f"{self.input_tokens:,} / {self.output_tokens:,}"), ("cost", cost)]
+        avoided = self.avoided_usd
+        if avoided:
+            reasons = "; ".join(f"{why} ${usd:,.4f}" for why, usd in self.avoided.items() if usd)
+            cells.append(("avoided", f"${avoided:,.4f} ({reasons})"))
+        if self.submitted or self.in_batches:
+            cells[3:3] = [("sent in batches", f"{self.submitted:,}"), ("in batches", f"{self.in_batches:,}")]
+        cells.append(("time", f"{self.seconds:,.1f}s"))
         if self.outcome != "completed":
             cells.insert(0, ("not sent", f"{self.remaining:,}"))
         head = "".join(f"<th>{html.escape(k)}</th>" for k, _ in cells)
@@ -122,10 +141,17 @@ class RunReport:
             parts.append(f"{self.remaining:,} not sent")
         if self.reused:
             parts.append(f"{self.reused:,} reused")
+        if self.collected:
+            parts.append(f"{self.collected:,} of them from batches")
+        if self.submitted:
+            parts.append(f"{self.submitted:,} sent in {self.batches:,} batch{'es' if self.batches != 1 else ''}")
+        if self.in_batches:
+            parts.append(f"{self.in_batches:,} in batches still processing")
         cached = (f", {self.cache_read_tokens:,} read from / {self.cache_write_tokens:,} written to the cache"
                   if self.cache_read_tokens or self.cache_write_tokens else "")
         avoided = self.avoided_usd
-        saved = f"; ${avoided:.4f} avoided by reuse and the cache" if avoided else ""
+        reasons = ", ".join(f"{why} ${usd:.4f}" for why, usd in self.avoided.items() if usd)
+        saved = f"; ${avoided:.4f} avoided: {reasons}" if avoided else ""
         parts.append(f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens"
                      f"{cached}, {cost}{saved})")
         line = " · ".join(parts) + f" in {self.seconds:.1f}s"
@@ -142,6 +168,10 @@ class RunReport:
                        "redo='stale' to re-send exactly those.")
         if self.outcome == "budget":
             out.append(self.message)
+        if self.in_batches:
+            out.append(f"{self.in_batches:,} rows are in Message Batches the API is still processing (usually "
+                       "minutes, at most 24 h). Run the same call again (or `llmledger run`) to collect them; "
+                       "they are never sent twice.")
         if self.waiting:
             out.append(f"{self.waiting:,} rows wait for the steps their prompt reads (not DONE there yet, or "
                        "stale there); finish those steps first.")

@@ -24,9 +24,11 @@ import polars as pl
 
 from ._display import make_display, show_summary
 from ._exec.api import bounded_timeout, default_client
+from ._exec.batch import AUTO_BATCH_ROWS, MAX_REQUESTS, BatchSender
 from ._exec.scheduler import RunConfig, Scheduler
 from ._ledger import Ledger, RunParams, Selection, StepDefinition, open_ledger
 from ._ledger.claims import Claimant
+from ._ledger.columns import q
 from ._ledger.states import Outcome, Redo
 from ._loop import background_loop, run_blocking
 from ._report import RunReport
@@ -65,6 +67,9 @@ class Plan:
     where: str | None
     client: anthropic.AsyncAnthropic | None
     progress: bool
+    mode: str = "online"  # "online", "batch" or "auto" (batch from AUTO_BATCH_ROWS rows to send)
+    wait: bool = True  # batch mode: wait for the batches to end (else return once they are submitted)
+    batch_size: int = MAX_REQUESTS
     # apply_llm only: what the user passed, the frame as the ledger sees it, and the step's definition
     df: Any = None
     user_frame: pl.DataFrame | None = None  # the frame as the user gave it, in polars
@@ -171,6 +176,9 @@ class Run:
             started = utcnow()
             params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
                                stale_before=started - plan.stale, where=plan.where)
+            if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
+                self._run_async(lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag,
+                                                 self._display, wait=False), foreground=foreground)
             if plan.definition is not None and plan.frame is not None:
                 selection = ledger.prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe,
                                            source=plan.user_frame, inputs=plan.cfg.validate is not None)
@@ -178,23 +186,27 @@ class Run:
                 selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe,
                                           inputs=plan.cfg.validate is not None)
             self._take_counts(selection)
+            if report.skipped:
+                report.done_saved_usd = report.skipped * _average_paid(ledger, plan.table, plan.step)
+            batch = plan.mode == "batch" or (plan.mode == "auto" and selection.work.height >= AUTO_BATCH_ROWS)
+            report.mode = "batch" if batch else "online"
             if plan.cfg.max_cost_usd is not None and plan.cfg.budget_scope == "step":
                 plan.cfg = dataclasses.replace(plan.cfg, spent_before_usd=ledger.spent(plan.table, plan.step))
-            if selection.work.height:
-                selection.survey = None  # out of date once rows are sent; read back at the end instead
+            if selection.work.height or (batch and plan.wait):
+                selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
             report.outcome = Outcome.RUNNING
             report.started = time.monotonic()
             self._display.start()
             ledger.on_wait = self._display.note
             try:
-                if selection.work.height:
-                    def make() -> Any:
-                        return _send_all(ledger, selection, plan, claimant, report, self.stop_flag, self._display)
-
-                    if foreground:
-                        _, interrupted = run_blocking(make, self.stop_flag.set)
-                    else:
-                        asyncio.run_coroutine_threadsafe(make(), background_loop()).result()
+                if batch and (selection.work.height or plan.wait):
+                    interrupted = self._run_async(lambda: _batches(ledger, selection, plan, claimant, report,
+                                                                   self.stop_flag, self._display, wait=plan.wait),
+                                                  foreground=foreground)
+                elif selection.work.height:
+                    interrupted = self._run_async(lambda: _send_all(ledger, selection, plan, claimant, report,
+                                                                    self.stop_flag, self._display),
+                                                  foreground=foreground)
                 if report.outcome == Outcome.RUNNING:
                     report.outcome = Outcome.COMPLETED
                 if report.outcome == Outcome.INTERRUPTED and not foreground:
@@ -214,6 +226,13 @@ class Run:
                           report=report)
         return report if outputs is None else outputs
 
+    def _run_async(self, make: Any, *, foreground: bool) -> bool:
+        """Run a coroutine on llmledger's loop; True when Ctrl-C interrupted it (foreground only)."""
+        if foreground:
+            return run_blocking(make, self.stop_flag.set)[1]
+        asyncio.run_coroutine_threadsafe(make(), background_loop()).result()
+        return False
+
     def _take_counts(self, selection: Selection) -> None:
         report = self.report
         report.selected = selection.work.height
@@ -223,7 +242,8 @@ class Run:
         report.unprepared = selection.unprepared
         if self.plan.frame is None:
             report.rows = report.selected + report.running_elsewhere
-        report.skipped = max(0, report.rows - report.selected - report.running_elsewhere)
+        report.skipped = max(0, report.rows - report.selected - report.running_elsewhere - report.collected
+                             - report.in_batches)
 
     def _record(self, ledger: Ledger, selection: Selection, claimant: Claimant, started: Any) -> None:
         report, plan = self.report, self.plan
@@ -234,7 +254,7 @@ class Run:
                "done": report.done, "failed": report.failed, "needs_review": report.needs_review,
                "stale": report.stale, "calls": report.calls, "reused": report.reused, "retries": report.retries,
                "input_tokens": report.input_tokens, "output_tokens": report.output_tokens,
-               "cost_usd": report.cost_usd, "version": selection.version, "entry": plan.entry}
+               "cost_usd": report.cost_usd, "version": selection.version, "entry": plan.entry, "mode": report.mode}
         try:
             ledger.record_run(row)
         except StoreBusy:
@@ -264,6 +284,43 @@ async def _send_all(ledger: Ledger, selection: Selection, plan: Plan, claimant: 
         scheduler = Scheduler(ledger=ledger, selection=selection, cfg=plan.cfg, client=api, claimant=claimant,
                               report=report, stop_flag=stop_flag, on_progress=display.update)
         return await scheduler.run()
+    finally:
+        if own:
+            await api.close()
+
+
+def _average_paid(ledger: Ledger, table: str, step: str) -> float:
+    """The step's average paid answer (what sending a DONE row again would cost), 0.0 when unknown."""
+    cost, status = q(step + "_cost_usd"), q(step + "_status")
+    found = ledger.query(f"SELECT avg({cost}) FROM {q(table)} WHERE {status} = 'DONE' AND {cost} > 0", wait=30.0)
+    value = found.item() if found is not None and found.height else None
+    return float(value) if value is not None else 0.0
+
+
+async def _batches(ledger: Ledger, selection: Selection | None, plan: Plan, claimant: Claimant, report: RunReport,
+                   stop_flag: threading.Event, display: Any, *, wait: bool) -> None:
+    """Batch mode: submit the selection (if any), then wait for the step's batches or just merge what ended."""
+    api, own = run_client(plan.client)
+    api = api.with_options(max_retries=0)  # a retried create could make two batches: batch.py retries itself
+    try:
+        sender = BatchSender(ledger=ledger, table=plan.table, step=plan.step, cfg=plan.cfg, client=api,
+                             claimant=claimant, report=report, stop_flag=stop_flag, batch_size=plan.batch_size,
+                             on_progress=display.update, stale_after=plan.stale)
+        if selection is None:
+            await sender.collect()
+            return
+        if selection.work.height:
+            await sender.submit(selection)
+        if wait:
+            open_batches = await sender.collect()
+            if open_batches:
+                display.note(f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
+                             "interrupting stops the waiting, not the batches (run the same call again to "
+                             "collect them)")
+                await sender.wait()
+        else:
+            report.in_batches = sum(b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table,
+                                                                            plan.step))
     finally:
         if own:
             await api.close()

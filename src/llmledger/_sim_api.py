@@ -234,6 +234,14 @@ class Faults:
     bad_json_once: str | None = None
     truncate: str | None = None
     api_key: str | None = None  # when set, any other key gets a 401
+    # Message Batches (_sim_batches.py): seconds until a batch ends, its lifetime, per-request expiry and the
+    # API's own errors by prompt substring, and the size limits of one batch
+    batch_delay: float = 0.0
+    batch_expire_after: float = 24 * 3600.0
+    batch_expire: str | None = None
+    batch_error: str | None = None
+    batch_max_requests: int = 100_000
+    batch_max_bytes: int = 256_000_000
     seed: int = 0
 
 

@@ -2,6 +2,7 @@
 
     llmledger status STORE [--table T]          llmledger.progress() and the first failed rows
     llmledger run STORE --table T --step S      llmledger.resume(): finish a step from the store alone
+                  [--mode batch [--no-wait]]    (and collect its Message Batches)
     llmledger sql STORE "SELECT ..."            llmledger.sql()
     llmledger flag STORE --table T --step S --where W --reason R      llmledger.flag(): mark answers for redo
     llmledger reset STORE --table T --step S --where W                llmledger.reset(): rows back to NOT_STARTED
@@ -69,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="also re-send stale answers (stale), flagged rows (flagged) or every matching row (all)")
     p_run.add_argument("--max-attempts", type=int, default=3)
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
+    p_run.add_argument("--mode", choices=["online", "batch", "auto"], default="online",
+                       help="send the rows online or as Message Batches (half price); batches the step sent "
+                            "earlier are collected first either way")
+    p_run.add_argument("--no-wait", action="store_true",
+                       help="with --mode batch: return once the batches are submitted")
 
     p_sql = sub.add_parser("sql", help="run a SQL query on the store and print the result")
     p_sql.add_argument("store")
@@ -116,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             redo = {"stale": "stale", "flagged": "flagged", "all": True, None: False}[args.redo]
             try:
                 resume(args.store, args.table, args.step, concurrency=args.concurrency, where=args.where,
-                       redo=redo, max_attempts=args.max_attempts, progress=not args.quiet)
+                       redo=redo, max_attempts=args.max_attempts, progress=not args.quiet, mode=args.mode,
+                       wait=not args.no_wait)
             except KeyboardInterrupt:
                 return 130
         elif args.command == "sql":

@@ -1,6 +1,7 @@
 """An offline stand-in for the Anthropic Messages API, for tests, demos and benchmarks.
 
-It speaks `POST /v1/messages` with the real API's JSON shapes, error bodies
+It speaks `POST /v1/messages` and the Message Batches endpoints
+(`/v1/messages/batches`: `_sim_batches.py`) with the real API's JSON shapes, error bodies
 (`request_id`, `details.error_code`) and headers (`request-id`,
 `anthropic-ratelimit-*`, `retry-after`, `retry-after-ms`, `x-should-retry`),
 keeps connections alive as the API does, answers deterministically, and can
@@ -29,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
@@ -49,6 +51,7 @@ from ._sim_api import (
     user_text,
     validate,
 )
+from ._sim_batches import SimBatches, _Refused
 from ._sim_limits import Bucket, PromptCache, TokenLimits
 
 Responder = Callable[[str, str | None], str]
@@ -80,6 +83,7 @@ class Simulator:
         self._stats = self._empty_stats()
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._cache = PromptCache()
+        self.batches = SimBatches(self)
         self._server = _QuietServer(("127.0.0.1", port), _make_handler(self))
         self._thread: threading.Thread | None = None
 
@@ -152,7 +156,8 @@ class Simulator:
                 self._stats["by_status"][status] += 1
 
     def stats(self) -> dict[str, Any]:
-        """Counts so far: `requests`, `paid` (200 answers), `by_status`, `dropped`, tokens, `prompts`."""
+        """Counts so far: `requests`, `paid` (answers, online and in batches), `by_status`, `dropped`, tokens,
+        `prompts`, and for Message Batches `batches` (created), `batch_requests`, `batch_paid`."""
         with self._lock:
             s = dict(self._stats)
             s["by_status"] = dict(s["by_status"])
@@ -164,9 +169,18 @@ class Simulator:
         with self._lock:
             return Counter(self._stats["prompts"])
 
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._stats[name] += n
+
+    def shuffle(self, items: list[Any]) -> None:
+        with self._lock:
+            self._rng.shuffle(items)
+
     @staticmethod
     def _empty_stats() -> dict[str, Any]:
         return {"requests": 0, "paid": 0, "dropped": 0, "by_status": Counter(), "input_tokens": 0,
+                "batches": 0, "batch_requests": 0, "batch_paid": 0,
                 "output_tokens": 0, "cache_write_tokens": 0, "cache_read_tokens": 0, "prompts": Counter(),
                 "max_concurrent": 0, "_concurrent": 0}
 
@@ -304,7 +318,55 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(length) if length else b""  # always read it all: the connection is reused
             return json.loads(raw or b"null")
 
+        def _batches(self, method: str, body: Any = None, size: int = 0) -> bool:
+            """The Message Batches endpoints; False when the path is not one of them."""
+            path, _, query = self.path.partition("?")
+            parts = path.rstrip("/").split("/")
+            if parts[:4] != ["", "v1", "messages", "batches"]:
+                return False
+            if sim.faults.api_key is not None and self.headers.get("x-api-key") != sim.faults.api_key:
+                self._error(ERRORS[401])
+                return True
+            batches, rest = sim.batches, parts[4:]
+            try:
+                if method == "POST" and not rest:
+                    with sim._lock:
+                        fault = sim.faults.fail_next.pop(0) if sim.faults.fail_next else None
+                    if fault is not None:
+                        raise _Refused(error_spec(fault))
+                    self._send(200, batches.create(body, size, f"http://{self.headers.get('host')}"))
+                elif method == "GET" and not rest:
+                    self._send(200, batches.list(dict(urllib.parse.parse_qsl(query))))
+                elif method == "GET" and len(rest) == 1:
+                    self._send(200, batches.retrieve(rest[0]))
+                elif method == "GET" and rest[1:] == ["results"]:
+                    self._send_bytes(batches.results(rest[0]), "application/binary")
+                elif method == "POST" and rest[1:] == ["cancel"]:
+                    self._send(200, batches.cancel(rest[0]))
+                elif method == "DELETE" and len(rest) == 1:
+                    self._send(200, batches.delete(rest[0]))
+                else:
+                    self._error(ErrorSpec(404, "not_found_error", f"no route {method} {self.path}"))
+            except _Refused as refused:
+                self._error(refused.spec)
+            return True
+
+        def _send_bytes(self, data: bytes, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(data)))
+            self.send_header("request-id", _request_id())
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_DELETE(self) -> None:
+            self._body()
+            if not self._batches("DELETE"):
+                self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
+
         def do_GET(self) -> None:
+            if self._batches("GET"):
+                return
             if self.path == "/_sim/stats":
                 self._send(200, sim.stats())
             elif self.path == "/v1/models":
@@ -313,10 +375,13 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
 
         def do_POST(self) -> None:
+            size = int(self.headers.get("content-length") or 0)
             try:
                 body = self._body()
             except json.JSONDecodeError as exc:
                 self._error(ErrorSpec(400, "invalid_request_error", f"request body is not valid JSON: {exc}"))
+                return
+            if self._batches("POST", body, size):
                 return
             if self.path == "/_sim/config":
                 try:

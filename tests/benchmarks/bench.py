@@ -6,6 +6,10 @@
     frame in the order it was recorded (a rerun of the same cell) and once shuffled
 (b) throughput as a share of the simulator's rate limit, and the share of 429s (target >= 90 %, < 5 %)
 (c) calls re-paid after a kill -9 mid-run, against the requests in flight (target <= in flight)
+(e) pacing without being told the limits, answers of varied length (10-190 tokens, max_tokens 400): output
+    tokens per minute against an output-token limit that binds before the request limit, and rows per minute
+    against a request limit, over the whole run, as a share of the limit (target >= 95 %, < 2 % 429s);
+    bespokelabs-curator reports 0.85-0.87 of the limit on the request-limit workload
 (d) the no-op rerun of a structured step (output= with two fields, a STRUCT column) against the same of a text
     step, at 1,000,000 rows: extra time per row (target <= 20 %)
 """
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import anthropic
@@ -142,6 +147,37 @@ def throughput(rows: int, rate: float, latency: float, folder: Path, concurrency
             "share_429": round(stats["by_status"].get(429, 0) / stats["requests"], 4)}
 
 
+def _varied_reply(prompt: str, system: str | None = None) -> str:
+    """Answers from about 10 to 190 tokens, varying by row (as real summaries do)."""
+    n = 10 + (zlib.crc32(prompt.encode()) % 180)
+    return " ".join(["word"] * n)[: n * 4]
+
+
+def token_throughput(rows: int, *, output_tpm: float | None, rpm: float | None, latency: float, folder: Path,
+                     concurrency: int = 16, max_tokens: int = 400, burst: float = 5.0) -> dict[str, float]:
+    """(e) Output tokens per minute against an output-token limit (or rows per minute against a request
+    limit), answers of varied length, measured over the whole run, as a share of the binding limit."""
+    with Simulator(latency=latency, responder=_varied_reply, output_tokens_per_minute=output_tpm,
+                   rate_limit=rpm / 60 if rpm else None, burst=rpm / 60 * burst if rpm else None,
+                   token_burst=burst) as sim:
+        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
+        t0 = time.perf_counter()
+        apply_llm(_frame(rows), "summary", prompt=PROMPT, store=folder / f"tokens-{output_tpm}-{rpm}.duckdb",
+                  table="t", client=client, concurrency=concurrency, max_tokens=max_tokens, progress=False)
+        minutes = (time.perf_counter() - t0) / 60
+        stats = sim.stats()
+    result = {"rows": rows, "latency_s": latency, "concurrency": concurrency, "max_tokens": max_tokens,
+              "minutes": round(minutes, 3), "requests": stats["requests"],
+              "share_429": round(stats["by_status"].get(429, 0) / stats["requests"], 4)}
+    if output_tpm:
+        result |= {"output_tpm_limit": output_tpm, "output_tpm": round(stats["output_tokens"] / minutes),
+                   "share_of_limit": round(stats["output_tokens"] / minutes / output_tpm, 3)}
+    else:
+        result |= {"rpm_limit": rpm, "rpm": round(stats["paid"] / minutes),
+                   "share_of_limit": round(stats["paid"] / minutes / rpm, 3)}  # type: ignore[operator]
+    return result
+
+
 def kill9(rows: int, folder: Path, *, concurrency: int = 16, latency: float = 0.1,
           commit_every: float = 0.5) -> dict[str, float]:
     """(c) kill -9 a run mid-way, rerun it, count the calls paid twice."""
@@ -189,6 +225,11 @@ def main() -> None:
             "a_before": BEFORE,
             "b_throughput": throughput(100 if args.quick else 1_000, 50.0, 0.1, folder),
             "c_kill9": kill9(300 if args.quick else 2_000, folder),
+            "e_output_token_limit": token_throughput(200 if args.quick else 400, output_tpm=30_000, rpm=None,
+                                                     latency=0.3, folder=folder),
+            "e_request_limit": token_throughput(200 if args.quick else 600, output_tpm=None, rpm=600,
+                                                latency=0.3, folder=folder),
+            "e_curator_request_limit_share": [0.85, 0.87],
             "d_structured_noop": structured_overhead(20_000 if args.quick else 1_000_000, folder,
                                                      repeat=1 if args.quick else 3),
         }

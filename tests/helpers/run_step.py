@@ -1,7 +1,10 @@
 """Runs one apply_llm in its own process, for tests that kill, interrupt or race it.
 
 usage: run_step.py STORE ROWS [--concurrency N] [--chunk-size N] [--commit-every S] [--step NAME]
-Talks to ANTHROPIC_BASE_URL with the key in LLMLEDGER_TEST_KEY.
+                   [--mode online|batch] [--no-wait] [--die-before create|confirm]
+Talks to ANTHROPIC_BASE_URL with the key in LLMLEDGER_TEST_KEY. `--die-before` kills the process (no cleanup,
+as a crash or a lost kernel would) just before a batch is sent to the API, or just after the API took it and
+before the ledger records its id.
 """
 
 from __future__ import annotations
@@ -23,7 +26,23 @@ p.add_argument("--chunk-size", type=int, default=200)
 p.add_argument("--commit-every", type=float, default=0.5)
 p.add_argument("--step", default="summary")
 p.add_argument("--progress", action="store_true")
+p.add_argument("--mode", default="online")
+p.add_argument("--no-wait", action="store_true")
+p.add_argument("--die-before", choices=["create", "confirm"])
 a = p.parse_args()
+
+if a.die_before:
+    from llmledger._exec.batch import BatchSender
+    from llmledger._ledger.batches import BatchVerbs
+
+    def die(*args: object, **kwargs: object) -> None:
+        print("dying", flush=True)
+        os._exit(9)
+
+    if a.die_before == "create":
+        BatchSender._create = die  # type: ignore[method-assign, assignment]
+    else:
+        BatchVerbs.confirm_batch = die  # type: ignore[method-assign, assignment]
 
 df = pl.DataFrame({"id": list(range(a.rows)), "text": [f"hello message number {i}" for i in range(a.rows)]})
 client = anthropic.AsyncAnthropic(api_key=os.environ["LLMLEDGER_TEST_KEY"])
@@ -31,7 +50,7 @@ print("started", flush=True)
 try:
     out = apply_llm(df, a.step, prompt="Summarize: {text}", store=a.store, table="messages", client=client,
                     concurrency=a.concurrency, chunk_size=a.chunk_size, commit_every=a.commit_every,
-                    progress=a.progress)
+                    progress=a.progress, mode=a.mode, wait=not a.no_wait)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(130)

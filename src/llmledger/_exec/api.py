@@ -47,13 +47,14 @@ class Reply:
     cache_write_1h_tokens: int = 0  # the part of cache_write_tokens written with a 1 h ttl
     cache_read_tokens: int = 0
     calls: int = 1  # requests this answer took (2 when a structured answer needed its one retry)
+    batch: bool = False  # answered in a Message Batch (billed at the batch rate)
 
     def plus(self, later: Reply) -> Reply:
         """`later` (an answer to a follow-up request), carrying the usage of both."""
         return Reply(later.text, self.input_tokens + later.input_tokens, self.output_tokens + later.output_tokens,
                      later.stop_reason, later.model, self.cache_write_tokens + later.cache_write_tokens,
                      self.cache_write_1h_tokens + later.cache_write_1h_tokens,
-                     self.cache_read_tokens + later.cache_read_tokens, self.calls + later.calls)
+                     self.cache_read_tokens + later.cache_read_tokens, self.calls + later.calls, later.batch)
 
 
 class CallFailed(Exception):
@@ -122,20 +123,30 @@ async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, A
         raise failure from exc
     except anthropic.AnthropicError as exc:
         raise classify(exc) from exc
+    finally:
+        pacer.answered()
+    reply = reply_from(message, body["model"])
+    pacer.observe(raw.headers, reply.input_tokens, reply.output_tokens)
+    if message.stop_reason == "refusal":
+        raise CallFailed(Kind.PERMANENT, REFUSAL, reply=reply)
+    return reply
+
+
+REFUSAL = "refusal: the model declined to answer this prompt"
+
+
+def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
+    """The text and usage of an SDK Message (an online answer, or a batch result's)."""
     usage = message.usage
     cache = getattr(usage, "cache_creation", None)
     text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
     text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would break the journal and the store
-    reply = Reply(text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                  stop_reason=message.stop_reason, model=message.model or body["model"],
-                  cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
-                  cache_write_1h_tokens=(cache.get("ephemeral_1h_input_tokens") if isinstance(cache, dict)  # older SDKs
-                                         else getattr(cache, "ephemeral_1h_input_tokens", None)) or 0,
-                  cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0)
-    pacer.observe(raw.headers, reply.input_tokens, reply.output_tokens)
-    if message.stop_reason == "refusal":
-        raise CallFailed(Kind.PERMANENT, "refusal: the model declined to answer this prompt", reply=reply)
-    return reply
+    return Reply(text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                 stop_reason=message.stop_reason, model=message.model or model,
+                 cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
+                 cache_write_1h_tokens=(cache.get("ephemeral_1h_input_tokens") if isinstance(cache, dict)  # older SDKs
+                                        else getattr(cache, "ephemeral_1h_input_tokens", None)) or 0,
+                 cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0, batch=batch)
 
 
 def bounded_timeout(timeout: Any, *, max_tokens: int) -> anthropic.Timeout:

@@ -1,14 +1,17 @@
 """Pacing requests by what the API says about its limits, and backing off when it says no.
 
 The API announces its limits in `anthropic-ratelimit-*` headers (per minute);
-sending at 95 % of the tightest keeps 429s rare while using nearly all of the
-allowance. A `retry-after` (or `retry-after-ms`) pauses every worker, not just
-the one that got it.
+requests start at just under the pace of the tightest one — requests per
+minute, or input / output tokens per minute divided by the step's average
+request — which keeps 429s rare while using nearly all of the allowance.
+A `retry-after` (or `retry-after-ms`) pauses every worker, not just the one
+that got it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import random
 import time
@@ -37,10 +40,14 @@ def backoff(attempt: int, *, base: float, cap: float, retry_after: float | None)
     return max(delay, retry_after or 0.0)
 
 
+FIRST_ANSWER_WAIT = 30.0  # seconds the other requests wait for the first one at most
+
+
 class Pacer:
     """Spaces request starts to stay under the tightest announced limit; pauses everyone on retry-after."""
 
-    SAFETY = 0.95
+    SAFETY = 0.98  # share of the request limit used: requests are counted exactly
+    TOKENS = 0.97  # share of a token limit: a request's tokens are estimated from the step's average
 
     def __init__(self) -> None:
         self.interval = 0.0  # seconds between request starts; 0 = not known yet
@@ -48,8 +55,17 @@ class Pacer:
         self._paused_until = 0.0
         self._avg_in = 0.0
         self._avg_out = 0.0
+        self._answers = 0
+        self._first: asyncio.Future[None] | None = None  # done once the first request has ended
 
     async def wait(self) -> None:
+        """Wait for this request's turn. Until the first answer says what the limits are, one request
+        goes alone (a run's first burst of `concurrency` requests could overdraw a token bucket at once)."""
+        if self._first is None:
+            self._first = asyncio.get_running_loop().create_future()
+        elif not self._first.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._first), FIRST_ANSWER_WAIT)
         loop = asyncio.get_running_loop()
         now = loop.time()
         start = max(now, self._next, self._paused_until)
@@ -61,16 +77,25 @@ class Pacer:
         loop = asyncio.get_running_loop()
         self._paused_until = max(self._paused_until, loop.time() + seconds)
 
+    def answered(self) -> None:
+        """A request ended (answered, refused or failed): the others need not wait for the first one."""
+        if self._first is not None and not self._first.done():
+            self._first.set_result(None)
+
     def observe(self, headers: Any, input_tokens: int = 0, output_tokens: int = 0) -> None:
         if input_tokens or output_tokens:
-            self._avg_in = 0.9 * self._avg_in + 0.1 * input_tokens if self._avg_in else float(input_tokens)
-            self._avg_out = 0.9 * self._avg_out + 0.1 * output_tokens if self._avg_out else float(output_tokens)
+            # The mean of the answers so far (then a slow moving average): a step's answers vary row by row,
+            # and pacing on the last few would swing the rate with them and drain the bucket into 429s.
+            self._answers += 1
+            weight = max(1.0 / self._answers, 0.01)
+            self._avg_in += weight * (input_tokens - self._avg_in)
+            self._avg_out += weight * (output_tokens - self._avg_out)
         rates = []
-        for family, per_request in (("requests", 1.0), ("input-tokens", self._avg_in),
-                                    ("output-tokens", self._avg_out)):
+        for family, per_request, safety in (("requests", 1.0, self.SAFETY), ("input-tokens", self._avg_in, self.TOKENS),
+                                            ("output-tokens", self._avg_out, self.TOKENS)):
             limit = _number(headers.get(f"anthropic-ratelimit-{family}-limit"))
             if limit and per_request:
-                rates.append(limit / 60.0 / per_request)
+                rates.append(limit / 60.0 / per_request * safety)
             remaining = _number(headers.get(f"anthropic-ratelimit-{family}-remaining"))
             reset = headers.get(f"anthropic-ratelimit-{family}-reset")
             need = max(per_request, 1.0)
@@ -83,7 +108,7 @@ class Pacer:
                 if wait:
                     self.pause(min(wait, 60.0))
         if rates:
-            self.interval = 1.0 / (min(rates) * self.SAFETY)
+            self.interval = 1.0 / min(rates)
 
     def state(self) -> tuple[float, float, float]:
         return self.interval, self._next, self._paused_until

@@ -28,13 +28,13 @@ from .._ledger import Ledger, Selection
 from .._ledger.claims import Claimant
 from .._ledger.columns import RESULT_SCHEMA
 from .._ledger.journal import Journal
-from .._ledger.states import Outcome, Status, attempts_after, status_after_failure
-from .._prices import cost_usd, price_of
+from .._ledger.states import Outcome
 from .._report import RunReport
 from .._time import utcnow
 from ..errors import StoreBusy
 from .api import Reply
 from .online import OnlineSender, RetryPolicy
+from .recorder import Recorder
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 RENEW_EVERY = 60.0  # seconds between heartbeats on a run's claims
@@ -67,6 +67,7 @@ class Scheduler:
         if output is not None and cfg.output_model is not None:
             output = dataclasses.replace(output, model=cfg.output_model)
         self.output = output
+        self.recorder = Recorder(selection=selection, cfg=cfg, report=report, output=output)
         self.sender = OnlineSender(client, requests=selection.requests, known=selection.known, retry=cfg.retry,
                                    dedupe=cfg.dedupe, sink=self, output=output)
         layout = selection.layout
@@ -95,22 +96,7 @@ class Scheduler:
         self.report.in_flight = self.in_flight
 
     def bill(self, reply: Reply) -> float | None:
-        """Count a paid call in the report (calls, tokens, cache, cost); return its cost.
-
-        Every billed reply comes through here: answers, and refusals that leave nothing to keep.
-        """
-        rep = self.report
-        cost = cost_usd(reply)
-        rep.calls += reply.calls
-        rep.input_tokens += reply.input_tokens
-        rep.output_tokens += reply.output_tokens
-        rep.cache_write_tokens += reply.cache_write_tokens
-        rep.cache_read_tokens += reply.cache_read_tokens
-        price = price_of(reply.model) if reply.cache_read_tokens else None
-        if price is not None:
-            rep.cache_saved_usd += reply.cache_read_tokens * (price.input - price.cache_read) / 1e6
-        rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
-        return cost
+        return self.recorder.bill(reply)
 
     def may_spend(self) -> bool:
         """Whether another request may start under `max_cost_usd`.
@@ -140,46 +126,7 @@ class Scheduler:
 
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
         """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""
-        rep = self.report
-        attempts = attempts_after(row["attempts"], was_done=row["was_done"])
-        result: dict[str, Any] = {k: row[k] for k in self.selection.layout.key}
-        now = utcnow()
-        refused_by_validate = False
-        if reply is not None and error is None and self.cfg.validate is not None:
-            error = self._validate(row, reply.text)
-            refused_by_validate = error is not None
-        if reply is not None:
-            if reused:  # an identical request was answered already: nothing to pay
-                reply = dataclasses.replace(reply, input_tokens=0, output_tokens=0, cache_write_tokens=0,
-                                            cache_write_1h_tokens=0, cache_read_tokens=0)
-                rep.reused += 1
-                cost: float | None = 0.0
-            else:
-                cost = self.bill(reply)
-            if error is None:
-                rep.done += 1
-                result.update(status=Status.DONE.value, output=reply.text, raw=None)
-            else:  # paid for, but a person should look at it: refused by validate= (a valid answer, kept as
-                rep.needs_review += 1  # the output) or not matching the output schema (kept as raw text)
-                self._note_error(error)
-                result.update(status=Status.NEEDS_REVIEW.value,
-                              output=reply.text if refused_by_validate else None,
-                              raw=None if refused_by_validate else reply.text)
-            result.update(attempts=attempts, error=error, input_tokens=reply.input_tokens,
-                          output_tokens=reply.output_tokens, cache_write_tokens=reply.cache_write_tokens,
-                          cache_read_tokens=reply.cache_read_tokens, cost_usd=cost, stop_reason=reply.stop_reason,
-                          model=reply.model, fingerprint=row["fingerprint"], finished_at=now)
-        else:
-            status = status_after_failure(attempts, self.cfg.max_attempts)
-            if status is Status.FAILED:
-                rep.failed += 1
-            else:
-                rep.needs_review += 1
-            self._note_error(error or "")
-            result.update(status=status.value, output=None, raw=None, attempts=attempts, error=error,
-                          input_tokens=None, output_tokens=None, cache_write_tokens=None, cache_read_tokens=None,
-                          cost_usd=None, stop_reason=None,
-                          model=self.selection.requests[row["version"]].model, fingerprint=None, finished_at=now)
+        result = self.recorder.result(row, reply, error, reused=reused)
         self.journal.append(result)
         if self.oldest is None:
             self.oldest = time.monotonic()
@@ -187,26 +134,10 @@ class Scheduler:
         if len(self.buffer) >= self.cfg.chunk_size:
             self._wake.set()
         if self.on_progress:
-            self.on_progress(rep, 1)
-
-    def _validate(self, row: dict[str, Any], text: str) -> str | None:
-        """Run the user's `validate(row, output)`: a returned string is why a person should look at the row."""
-        assert self.cfg.validate is not None
-        inputs = {k: row[k] for k in self.selection.layout.key}
-        inputs.update({col: row.get("input." + col) for col in self.selection.inputs})
-        try:
-            value = self.output.value(text) if self.output is not None else text
-            verdict = self.cfg.validate(inputs, value)
-        except Exception as exc:
-            return f"validate= raised {type(exc).__name__}: {exc}"
-        if verdict is None or verdict == "":
-            return None
-        return str(verdict) if isinstance(verdict, str) else f"validate= returned {verdict!r} (not None or a str)"
+            self.on_progress(self.report, 1)
 
     def _note_error(self, message: str) -> None:
-        errors = self.report.errors
-        errors.append(message)
-        del errors[:-5]
+        self.recorder.note_error(message)
 
     # -- running ------------------------------------------------------------------------------------------
     async def run(self) -> RunReport:

@@ -20,6 +20,7 @@ from .._request import RequestSpec, canonical_json
 from .._time import utcnow
 from ..errors import InvalidInputError
 from . import RunParams, Selection, StepDefinition
+from .batches import BatchVerbs
 from .columns import names, q
 from .connection import Connection, check_store_path, column_types, one, remove_store, table_exists
 from .graph import StepGraph
@@ -63,7 +64,7 @@ from .verbs import (
 _PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
-class DuckDBLedger:
+class DuckDBLedger(BatchVerbs):
     """A ledger in one DuckDB file."""
 
     def __init__(self, path: str | Path, *, on_wait: Callable[[str], None] | None = None,
@@ -262,7 +263,8 @@ class DuckDBLedger:
     def release(self, selection: Selection, *, claimant: str) -> int:
         layout = selection.layout
         return self.conn.transaction(
-            lambda con: give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant",
+            lambda con: give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant "
+                                               f"AND {layout.col('_custom_id')} IS NULL",
                                    {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}),
             wait=30.0)
 
@@ -340,7 +342,7 @@ class DuckDBLedger:
         def work(con: duckdb.DuckDBPyConnection) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
-            matching = f"coalesce(({where}), false) AND {layout.col('_status')} <> 'RUNNING'"
+            matching = f"coalesce(({where}), false) AND {layout.col('_status')} NOT IN ('RUNNING', 'SUBMITTED')"
             archive(con, layout, now=now, reason="'reset'", condition=matching)
             c = names(step)
             cleared = [c[s] for s in ("", "_error", "_finished_at", "_input_tokens", "_output_tokens",

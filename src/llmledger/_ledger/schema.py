@@ -27,6 +27,7 @@ MIGRATIONS_TABLE = "llmledger_migrations"
 STEPS_TABLE = "llmledger_steps"
 RUNS_TABLE = "llmledger_runs"
 HISTORY_TABLE = "llmledger_history"
+BATCHES_TABLE = "llmledger_batches"
 LEGACY_FINGERPRINT_PREFIX = "llmledger-0.1:"  # fingerprints of 0.1.0 become md5(prefix || old)::UUID
 
 
@@ -101,12 +102,30 @@ def _v4_cache(con: duckdb.DuckDBPyConnection) -> None:
                     con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} BIGINT")
 
 
+def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
+    """Message Batches: each batch's intent and fate; per step, the batch and custom id a row was sent with;
+    per run, the mode it ran in."""
+    con.execute(f"""CREATE TABLE IF NOT EXISTS {BATCHES_TABLE} (
+        intent VARCHAR, batch_id VARCHAR, table_name VARCHAR, step VARCHAR, claimant VARCHAR, requests BIGINT,
+        rows_sent BIGINT, bytes BIGINT, model VARCHAR, version VARCHAR, created_at TIMESTAMP, submitted_at TIMESTAMP,
+        state VARCHAR, processing_status VARCHAR, succeeded BIGINT, errored BIGINT, canceled BIGINT,
+        expired BIGINT, ended_at TIMESTAMP, merged_at TIMESTAMP, note VARCHAR)""")
+    con.execute(f"ALTER TABLE {RUNS_TABLE} ADD COLUMN IF NOT EXISTS mode VARCHAR")
+    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
+        if table_exists(con, table):
+            existing = column_types(con, table)
+            for suffix in ("_batch_id", "_custom_id"):
+                if step + suffix not in existing:
+                    con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} VARCHAR")
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
     Migration(3, "pipelines: structured outputs, upstream steps, flags, claims that remember, history reasons",
               _v3_pipelines),
     Migration(4, "prompt caching: cache write and read tokens per row", _v4_cache),
+    Migration(5, "Message Batches: batch intents and ids, per-row batch and custom ids, run modes", _v5_batches),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -6,6 +6,15 @@ The status model, in one place (the README's table is written from this):
          ▲                    │    ──bad request / refusal──▶ FAILED (attempts < max_attempts)
          │                    │                         └──▶ NEEDS_REVIEW (attempts = max_attempts)
          └──release/recover───┘  (back to what the row was before its claim)
+                              │
+                              └──in a Message Batch──▶ SUBMITTED ──results──▶ DONE | FAILED | NEEDS_REVIEW
+                                                           └──expired / canceled / the API's error──▶ back
+
+A row sent in a Message Batch (`mode="batch"`) is claimed like any other,
+its custom id recorded with the batch's intent (`llmledger_batches`), and
+marked SUBMITTED together with its batch id once the API has the batch.
+SUBMITTED rows belong to their batch, not to a process: no claim recovery
+touches them, and whichever run looks next merges the batch's results.
 
 A claim touches only the status and claim columns and records the status it
 took the row from (`_claimed_from`), so giving a claim back restores exactly
@@ -22,6 +31,7 @@ from enum import StrEnum
 class Status(StrEnum):
     NOT_STARTED = "NOT_STARTED"
     RUNNING = "RUNNING"
+    SUBMITTED = "SUBMITTED"  # in a Message Batch the API is processing
     DONE = "DONE"
     FAILED = "FAILED"
     NEEDS_REVIEW = "NEEDS_REVIEW"
@@ -100,7 +110,7 @@ def eligible_sql(col: dict[str, str], stale: str | None = None) -> str:
     s, a, f = col["_status"], col["_attempts"], col["_finished_at"]
     return (f"({s} = 'NOT_STARTED' OR ({s} = 'FAILED' AND {a} < $max_attempts) "
             f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)) "
-            f"OR ($redo = 'flagged' AND {col['_flag']} IS NOT NULL AND {s} <> 'RUNNING' "
+            f"OR ($redo = 'flagged' AND {col['_flag']} IS NOT NULL AND {s} NOT IN ('RUNNING', 'SUBMITTED') "
             f"AND ({f} IS NULL OR {f} < $run_started)) "
             f"OR ($redo = 'stale' AND {stale or stale_sql(col)}))")
 

@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from .._request import RequestSpec
+from .._request import RequestSpec, sql_literal
 from .._time import utcnow
 from ..errors import PromptError
 from . import KnownAnswer, RunParams, Selection
@@ -53,7 +53,7 @@ def claim_rows(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.D
         inputs = "".join(f"t.{q(col)} AS {q('input.' + col)}, " for col in selection.inputs)
         got = con.sql(
             f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
-            f"{q(layout.step + '_claimed_from')} = {c['_status']}, "
+            f"{q(layout.step + '_claimed_from')} = {c['_status']}, {q(layout.step + '_custom_id')} = NULL, "
             f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
             f"FROM {BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']} "
             f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {inputs}{c['_prompt']} AS prompt, "
@@ -66,16 +66,19 @@ def claim_rows(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.D
 
 
 def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.DataFrame, *,
-                   now: datetime, only_unfinished: bool = False) -> None:
+                   now: datetime, only_unfinished: bool = False, only_batch: str | None = None) -> None:
     """Write outputs and statuses of one chunk; archive the outputs that a redo replaces.
 
     `only_unfinished` (for journals of dead runs) leaves rows that are DONE or NEEDS_REVIEW by now
-    untouched, so an old answer never overwrites a newer one.
+    untouched, so an old answer never overwrites a newer one. `only_batch` (a batch's results) writes
+    only rows still SUBMITTED in that batch.
     """
     output_type = column_types(con, layout.table)[layout.step]
     with registered(con, RESULTS, results):
         c = names(layout.step, "t")
         guard = f" AND {c['_status']} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
+        if only_batch is not None:
+            guard += f" AND {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = {sql_literal(only_batch)}"
         archive(con, layout, now=now, reason=redo_reason(layout), condition=f"{ANSWERED}{guard}",
                 join=f"JOIN {RESULTS} AS i ON {layout.key_join()}", output_type=output_type)
         con.execute(f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step, output_type)} "
@@ -93,7 +96,11 @@ def give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, pa
 
 
 def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) -> int:
-    """Give back claims whose holder is gone (this host) or that are older than `stale_before`."""
+    """Give back claims whose holder is gone (this host) or that are older than `stale_before`.
+
+    Rows claimed for a Message Batch (they have a custom id) are left to the batch's reconciliation:
+    the API may have the batch, and giving them back would pay for them twice.
+    """
     c = names(layout.step)
     holders = [row[0] for row in con.execute(
         f"SELECT DISTINCT {c['_claimed_by']} FROM {q(layout.table)} WHERE {c['_status']} = 'RUNNING'").fetchall()]
@@ -101,9 +108,10 @@ def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunPa
         return 0
     dead = [h for h in holders if h is None or is_abandoned(h)]
     alive = [h for h in holders if h is not None and is_alive_here(h)]
-    return give_back(con, layout, f"{c['_claimed_by']} IS NULL OR list_contains($dead, {c['_claimed_by']}) "
+    return give_back(con, layout, f"{c['_custom_id']} IS NULL AND ({c['_claimed_by']} IS NULL "
+                                   f"OR list_contains($dead, {c['_claimed_by']}) "
                                    f"OR ({c['_running_started_at']} < $stale_before "
-                                   f"AND NOT list_contains($alive, {c['_claimed_by']}))",
+                                   f"AND NOT list_contains($alive, {c['_claimed_by']})))",
                       {"dead": dead, "alive": alive, "stale_before": params.stale_before,
                        "max_attempts": params.max_attempts})
 

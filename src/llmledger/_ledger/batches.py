@@ -1,0 +1,189 @@
+"""Rows in Message Batches, as ledger verbs: the intent, the submission, the merge of results.
+
+A batch passes through the store in three transactions, so that no batch the
+API accepted (and will bill) is ever lost:
+
+    begin_batch    before the API call: an intent in `llmledger_batches` and each claimed row's custom id
+    confirm_batch  after it: the API's batch id; the rows become SUBMITTED with it, in one transaction
+    merge_batch    once the batch ended: its results committed like online ones, and the rows it left
+                   unanswered (expired, canceled, the API's own errors) given back to their earlier status
+
+A process that dies between the API call and `confirm_batch` leaves an intent
+whose rows are RUNNING with a custom id. Claim recovery never touches such rows;
+the next run looks for the batch (`batches.list`, in `_exec/batch.py`) and
+either confirms it or, when the API never got it, abandons the intent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from .._request import RequestSpec
+from .columns import names, q
+from .connection import Connection, registered, table_exists
+from .schema import BATCHES_TABLE, list_steps, migrate
+from .states import prior_status_sql
+from .survey import Layout
+from .verbs import commit_results, requests_of
+
+ASSIGNED = "llmledger_assigned"
+OPEN_STATES = ("submitting", "submitted")
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One row of `llmledger_batches`: a batch this store sent (or meant to send)."""
+
+    intent: str  # our id, the prefix of every custom id in the batch
+    batch_id: str | None  # the API's id; None while only the intent is known
+    table: str
+    step: str
+    claimant: str
+    requests: int
+    rows: int
+    created_at: datetime
+    state: str  # submitting, submitted, merged, abandoned
+    version: str  # the step definition its requests were rendered for
+
+
+@dataclass
+class BatchRows:
+    """The rows a batch holds, with what merging its results needs."""
+
+    layout: Layout
+    rows: pl.DataFrame  # key columns, custom_id, attempts, was_done, input.<col>...
+    requests: dict[str, RequestSpec]
+    key_types: dict[str, pl.DataType]
+    inputs: list[str]
+
+
+def _layout(con: duckdb.DuckDBPyConnection, table: str, step: str) -> Layout:
+    found = [key for t, s, key in list_steps(con, table) if s == step]
+    return Layout(table, step, found[0] if found else [], [])
+
+
+def _of_intent(col: dict[str, str]) -> str:
+    return f"starts_with({col['_custom_id']}, $intent || '-')"
+
+
+class BatchVerbs:
+    """The batch verbs of a ledger, run on its connection (mixed into the DuckDB ledger)."""
+
+    conn: Connection
+    path: Path
+
+    def begin_batch(self, layout: Layout, assigned: pl.DataFrame, *, intent: str, claimant: str, requests: int,
+                    size: int, model: str, version: str, now: datetime) -> None:
+        """Record the intent and give each claimed row (`assigned`: key columns and custom_id) its custom id."""
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            c = names(layout.step, "t")
+            with registered(con, ASSIGNED, assigned):
+                con.execute(f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_custom_id')} = i.custom_id, "
+                            f"{q(layout.step + '_batch_id')} = NULL "
+                            f"FROM {ASSIGNED} AS i WHERE {layout.key_join()} AND {c['_status']} = 'RUNNING' "
+                            f"AND {c['_claimed_by']} = $claimant", {"claimant": claimant})
+            con.execute(f"INSERT INTO {BATCHES_TABLE} (intent, table_name, step, claimant, requests, rows_sent, "
+                        "bytes, model, version, created_at, state) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting')",
+                        [intent, layout.table, layout.step, claimant, requests, assigned.height, size, model,
+                         version, now])
+
+        self.conn.transaction(work, wait=60.0)
+
+    def confirm_batch(self, table: str, step: str, *, intent: str, batch_id: str, now: datetime) -> int:
+        """The API has the batch: its rows become SUBMITTED with its id, in the same transaction as the record."""
+        def work(con: duckdb.DuckDBPyConnection) -> int:
+            c = names(step)
+            rows = len(con.execute(
+                f"UPDATE {q(table)} SET {c['_status']} = 'SUBMITTED', {c['_batch_id']} = $batch_id "
+                f"WHERE {c['_status']} = 'RUNNING' AND {_of_intent(c)} RETURNING 1",
+                {"batch_id": batch_id, "intent": intent}).fetchall())
+            con.execute(f"UPDATE {BATCHES_TABLE} SET batch_id = ?, submitted_at = ?, state = 'submitted', "
+                        "processing_status = 'in_progress' WHERE intent = ?", [batch_id, now, intent])
+            return rows
+
+        return self.conn.transaction(work, wait=None)
+
+    def abandon_batch(self, table: str, step: str, *, intent: str, note: str, now: datetime) -> int:
+        """The API never got (or refused) the batch: give its rows back to what they were before the claim."""
+        def work(con: duckdb.DuckDBPyConnection) -> int:
+            rows = _give_back(con, table, step, "RUNNING", _of_intent(names(step)), {"intent": intent})
+            con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'abandoned', merged_at = ?, note = ? WHERE intent = ?",
+                        [now, note, intent])
+            return rows
+
+        return self.conn.transaction(work, wait=None)
+
+    def open_batches(self, table: str, step: str) -> list[BatchRecord]:
+        """The step's batches not merged yet (none in a store that has never sent one)."""
+        if not self.path.exists():
+            return []
+        with self.conn.open(wait=60.0) as con:
+            if not table_exists(con, BATCHES_TABLE):
+                return []
+            rows = con.execute(
+                f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, version "
+                f"FROM {BATCHES_TABLE} WHERE table_name = ? AND step = ? AND state IN {OPEN_STATES} "
+                "ORDER BY created_at", [table, step]).fetchall()
+        return [BatchRecord(*r) for r in rows]
+
+    def known_batch_ids(self) -> set[str]:
+        """Every API batch id this store has recorded (so reconciling never adopts one twice)."""
+        with self.conn.open(wait=60.0) as con:
+            return {r[0] for r in con.execute(f"SELECT batch_id FROM {BATCHES_TABLE} WHERE batch_id IS NOT NULL"
+                                              ).fetchall()}
+
+    def batch_rows(self, batch: BatchRecord, *, inputs: bool = False) -> BatchRows:
+        """The SUBMITTED rows of `batch`, with their custom ids and what a result row needs."""
+        def work(con: duckdb.DuckDBPyConnection) -> BatchRows:
+            migrate(con, batch.created_at)
+            layout = _layout(con, batch.table, batch.step)
+            from .verbs import input_columns
+
+            columns = input_columns(con, layout) if inputs else []
+            c = names(layout.step, "t")
+            keys = ", ".join(f"t.{q(k)}" for k in layout.key)
+            extra = "".join(f", t.{q(col)} AS {q('input.' + col)}" for col in columns)
+            rows = con.sql(  # not the rows' current request: it may have been rendered anew since (see batch.py)
+                f"SELECT {keys}, {c['_custom_id']} AS custom_id, {c['_attempts']} AS attempts, "
+                f"{c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done{extra} "
+                f"FROM {q(layout.table)} AS t WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = $batch_id",
+                params={"batch_id": batch.batch_id}).pl()
+            key_types = dict(con.sql(f"SELECT {keys} FROM {q(layout.table)} AS t LIMIT 0").pl().schema)
+            return BatchRows(layout, rows, requests_of(con, layout), key_types, columns)
+
+        return self.conn.transaction(work, wait=60.0)
+
+    def merge_batch(self, batch: BatchRecord, layout: Layout, results: pl.DataFrame, *, counts: dict[str, int],
+                    processing_status: str, ended_at: datetime | None, now: datetime) -> int:
+        """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns rows given back."""
+        def work(con: duckdb.DuckDBPyConnection) -> int:
+            if results.height:
+                commit_results(con, layout, results, now=now, only_batch=batch.batch_id)
+            c = names(layout.step)
+            back = _give_back(con, layout.table, layout.step, "SUBMITTED", f"{c['_batch_id']} = $batch_id",
+                              {"batch_id": batch.batch_id})
+            con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'merged', merged_at = ?, processing_status = ?, "
+                        "ended_at = ?, succeeded = ?, errored = ?, canceled = ?, expired = ? WHERE intent = ?",
+                        [now, processing_status, ended_at, counts.get("succeeded", 0), counts.get("errored", 0),
+                         counts.get("canceled", 0), counts.get("expired", 0), batch.intent])
+            return back
+
+        return self.conn.transaction(work, wait=None)
+
+
+def _give_back(con: duckdb.DuckDBPyConnection, table: str, step: str, status: str, condition: str,
+               params: dict[str, Any]) -> int:
+    """Rows of `status` matching `condition` back to the status they had before their claim, out of any batch."""
+    c = names(step)
+    return len(con.execute(
+        f"UPDATE {q(table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
+        f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL, {c['_batch_id']} = NULL, {c['_custom_id']} = NULL "
+        f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING 1",
+        {**params, "max_attempts": 1 << 30}).fetchall())

@@ -1,0 +1,232 @@
+"""Message Batches (mode="batch"): half the price, collected whenever, never lost, never paid twice.
+
+Every test drives the real SDK's batches client against the simulator's batch endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import polars as pl
+import pytest
+
+import llmledger
+from llmledger import InvalidInputError, Redo, Simulator
+from llmledger._ledger import RunParams, open_ledger
+
+from .conftest import frame, helper_cmd, sql, subprocess_env
+
+CUSTOM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def statuses(store: Path, step: str = "summary") -> dict[str, int]:
+    return dict(sql(store, f"SELECT {step}_status, count(*) FROM messages GROUP BY ALL"))
+
+
+def test_a_batch_run_answers_every_row_at_half_the_online_price(run: Any, sim: Simulator, store: Path,
+                                                                tmp_path: Path) -> None:
+    df = pl.DataFrame({"id": range(60), "text": [f"message {i % 45}" for i in range(60)]})  # 15 duplicates
+    out = run(df, "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * 60
+    stats = sim.stats()
+    assert stats["batches"] == 1 and stats["batch_paid"] == 45 and stats["paid"] == 45  # no online request at all
+    assert all(entry["body"].get("requests") is None for entry in sim.log())
+    report = llmledger.last_report()
+    assert report is not None and report.calls == 45 and report.reused == 15 and report.submitted == 60
+    batch_ids, custom_ids = zip(*sql(store, "SELECT summary_batch_id, summary_custom_id FROM messages"), strict=True)
+    assert len(set(batch_ids)) == 1 and batch_ids[0].startswith("msgbatch_")
+    assert len(set(custom_ids)) == 45 and all(CUSTOM_ID.match(c) for c in custom_ids)
+
+    with Simulator() as other:  # the same rows online, for the price
+        online = anthropic.AsyncAnthropic(base_url=other.base_url, api_key="k")
+        llmledger.apply_llm(df, "summary", prompt="Summarize: {text}", store=tmp_path / "online.duckdb",
+                            table="messages", client=online, progress=False)
+    batch_cost = sql(store, "SELECT sum(summary_cost_usd), sum(summary_output_tokens) FROM messages")[0]
+    online_cost = sql(tmp_path / "online.duckdb",
+                      "SELECT sum(summary_cost_usd), sum(summary_output_tokens) FROM messages")[0]
+    assert batch_cost[1] == online_cost[1]  # the same answers and tokens ...
+    assert batch_cost[0] == pytest.approx(online_cost[0] / 2)  # ... at half the price
+    assert report.avoided_usd == pytest.approx(batch_cost[0] + report.reused * batch_cost[0] / 45, rel=0.01)
+
+
+def test_wait_false_returns_at_once_and_a_later_call_collects(run: Any, sim: Simulator, store: Path) -> None:
+    sim.configure(batch_delay=1.5)
+    df = frame(20)
+    out = run(df, "summary", prompt="Summarize: {text}", mode="batch", wait=False)
+    assert out["summary_status"].to_list() == ["SUBMITTED"] * 20 and out["summary"].null_count() == 20
+    report = llmledger.last_report()
+    assert report is not None and report.in_batches == 20 and report.calls == 0
+    progress = llmledger.progress(store)
+    assert progress.filter(pl.col("step") == "summary")["SUBMITTED"].to_list() == [20]
+
+    again = run(df, "summary", prompt="Summarize: {text}", mode="batch", wait=False)  # still processing
+    assert again["summary_status"].to_list() == ["SUBMITTED"] * 20 and sim.stats()["batches"] == 1
+
+    time.sleep(1.6)
+    env = subprocess_env(sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"}
+    done = subprocess.run([sys.executable, "-m", "llmledger", "run", str(store), "--table", "messages", "--step",
+                           "summary"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "20 done" in done.stdout and "20 of them from batches" in done.stdout
+    assert statuses(store) == {"DONE": 20}
+    assert sim.stats()["batches"] == 1 and sim.stats()["batch_paid"] == 20
+    final = run(df, "summary", prompt="Summarize: {text}", mode="batch")
+    assert final["summary"].null_count() == 0 and sim.stats()["batch_paid"] == 20
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("die_before", [None, "confirm", "create"])
+def test_a_killed_process_loses_no_batch_and_pays_each_row_once(sim: Simulator, store: Path, run: Any,
+                                                                die_before: str | None) -> None:
+    """Killed while waiting, killed after the API took the batch but before the ledger knew its id, or
+    killed before sending it: the next run merges every result exactly once (or sends the batch it never sent)."""
+    rows = 30
+    sim.configure(batch_delay=2.0)
+    args = ["--mode", "batch", *(["--die-before", die_before] if die_before else [])]
+    proc = subprocess.Popen(helper_cmd(str(store), str(rows), *args), env=subprocess_env(sim.base_url),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if die_before is None:  # kill it while it waits for the batch
+            deadline = time.monotonic() + 60
+            while sim.stats()["batches"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0, proc.stdout.read() if proc.stdout else ""
+    assert sim.stats()["batches"] == (0 if die_before == "create" else 1)
+    before = statuses(store)
+    assert before == {"SUBMITTED" if die_before is None else "RUNNING": rows}
+    later = datetime.now(UTC).replace(tzinfo=None) + timedelta(hours=1)  # every claim counts as old
+    params = RunParams(max_attempts=3, redo=Redo.NONE, run_started=later, stale_before=later)
+    assert open_ledger(store).recover("messages", "summary", params) == 0  # claim recovery leaves batch rows be
+    assert llmledger.reset(store, "messages", "summary", where="true") == 0
+    assert statuses(store) == before
+
+    out = run(frame(rows), "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * rows
+    stats = sim.stats()
+    assert stats["batches"] == 1 and stats["batch_paid"] == rows and stats["paid"] == rows
+    assert max(sim.paid_prompts().values()) == 1
+    cost, in_tokens, out_tokens = sql(store, "SELECT sum(summary_cost_usd), sum(summary_input_tokens), "
+                                             "sum(summary_output_tokens) FROM messages")[0]
+    assert cost == pytest.approx((in_tokens * 1.0 + out_tokens * 5.0) / 1e6 / 2)  # Haiku 4.5, at the batch rate
+    states = dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL"))
+    assert states == ({"abandoned": 1, "merged": 1} if die_before == "create" else {"merged": 1})
+
+
+def test_errored_expired_and_canceled_items_are_classified(run: Any, sim: Simulator, store: Path) -> None:
+    texts = ["fine one", "fine two", "POISON here", "FLAKY here", "OLD here"]
+    df = pl.DataFrame({"id": range(5), "text": texts})
+    sim.configure(poison="POISON", batch_error="FLAKY", batch_expire="OLD")
+    out = run(df, "summary", prompt="Summarize: {text}", mode="batch")
+    got = dict(zip(out["text"], out["summary_status"].cast(pl.String), strict=True))
+    assert got == {"fine one": "DONE", "fine two": "DONE", "POISON here": "FAILED",  # the row's fault: an attempt
+                   "FLAKY here": "NOT_STARTED", "OLD here": "NOT_STARTED"}  # the API's: back, no attempt
+    rows = dict((r[0], r[1:]) for r in sql(store, "SELECT text, summary_attempts, summary_error, summary_batch_id "
+                                                  "FROM messages"))
+    assert rows["POISON here"][0] == 1 and "invalid_request_error" in rows["POISON here"][1]
+    assert rows["FLAKY here"][0] == 0 and rows["FLAKY here"][2] is None
+    counts = sql(store, "SELECT succeeded, errored, expired FROM llmledger_batches")[0]
+    assert counts == (2, 2, 1)
+
+    sim.configure(poison=None, batch_error=None, batch_expire=None)
+    out = run(df, "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * 5
+    assert sim.stats()["batch_paid"] == 5  # each row paid once
+
+    # a whole batch that outlives its 24 hours, and one a person cancels: the rows can be sent again
+    sim.configure(batch_delay=1.0, batch_expire_after=0.3)
+    out = run(frame(4), "late", prompt="Summarize: {text}", mode="batch")
+    assert out["late_status"].to_list() == ["NOT_STARTED"] * 4 and sql(store, "SELECT sum(late_cost_usd) "
+                                                                              "FROM messages")[0][0] is None
+    sim.configure(batch_delay=5.0, batch_expire_after=86400)
+    run(frame(4), "cancelled", prompt="Summarize: {text}", mode="batch", wait=False)
+    batch_id = sql(store, "SELECT any_value(cancelled_batch_id) FROM messages")[0][0]
+
+    async def cancel() -> None:  # as a person would, from the Console or the SDK
+        async with anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k") as person:
+            await person.messages.batches.cancel(batch_id)
+
+    asyncio.run(cancel())
+    out = run(frame(4), "cancelled", prompt="Summarize: {text}", mode="batch", wait=False)
+    assert sql(store, f"SELECT canceled FROM llmledger_batches WHERE batch_id = '{batch_id}'")[0][0] == 4
+    assert out["cancelled_status"].to_list() == ["SUBMITTED"] * 4  # sent again at once, in a new batch
+    assert sim.stats()["batches"] == 5
+
+
+def test_batches_stay_within_the_size_limit(run: Any, sim: Simulator, store: Path) -> None:
+    sim.configure(batch_max_requests=10)  # the simulator refuses bigger batches, as the API does above 100,000
+    out = run(frame(35), "summary", prompt="Summarize: {text}", mode="batch", batch_size=10)
+    assert out["summary_status"].to_list() == ["DONE"] * 35
+    assert sim.stats()["batches"] == 4
+    assert sql(store, "SELECT count(DISTINCT summary_batch_id) FROM messages")[0][0] == 4
+
+
+def test_a_batch_the_api_refuses_leaves_the_rows_as_they_were(run: Any, sim: Simulator, store: Path) -> None:
+    sim.configure(fail_next=[529])  # the API's hiccup: tried again
+    out = run(frame(5), "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * 5 and sim.stats()["batches"] == 1
+    sim.configure(fail_next=[400])  # refused: nothing was created, nothing is lost
+    out = run(frame(5, start=5), "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["NOT_STARTED"] * 5
+    report = llmledger.last_report()
+    assert report is not None and "did not take the batch" in report.message
+    assert dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL")) == {"merged": 1,
+                                                                                            "abandoned": 1}
+
+
+def test_structured_answers_and_validate_in_batches(run: Any, sim: Simulator, store: Path) -> None:
+    sim.configure(bad_json="broken")
+    df = pl.DataFrame({"id": range(4), "text": ["Acme sells", "Globex buys", "broken one", "Initech hires"]})
+
+    def check(row: dict[str, Any], out: dict[str, Any]) -> str | None:
+        return "no Initech please" if "Initech" in row["text"] else None
+
+    out = run(df, "extract", prompt="Extract: {text}", output={"company": str, "year": int | None}, mode="batch",
+              validate=check)
+    assert out["extract_status"].cast(pl.String).to_list() == ["DONE", "DONE", "NEEDS_REVIEW", "NEEDS_REVIEW"]
+    assert isinstance(out["extract"][0], dict) and set(out["extract"][0]) == {"company", "year"}
+    raw, error = sql(store, "SELECT extract_raw, extract_error FROM messages WHERE id = 2")[0]
+    assert raw and "not asked again" in error
+    assert sql(store, "SELECT extract_error FROM messages WHERE id = 3")[0][0] == "no Initech please"
+
+
+def test_bad_batch_arguments_are_refused_before_anything_is_written(run: Any, store: Path) -> None:
+    for kwargs, match in (({"mode": "bulk"}, "mode must be"), ({"mode": "batch", "max_cost_usd": 1.0}, "max_cost_usd"),
+                          ({"mode": "batch", "batch_size": 100_001}, "at most 100,000"),
+                          ({"mode": "batch", "wait": "yes"}, "wait must be")):
+        with pytest.raises(InvalidInputError, match=match):
+            run(frame(3), "summary", prompt="Summarize: {text}", **kwargs)
+    assert not store.exists()
+
+
+def test_auto_mode_stays_online_for_a_few_rows(run: Any, sim: Simulator) -> None:
+    out = run(frame(10), "summary", prompt="Summarize: {text}", mode="auto")
+    assert out["summary_status"].to_list() == ["DONE"] * 10
+    assert sim.stats()["batches"] == 0 and sim.stats()["paid"] == 10
+
+
+def test_a_batch_answer_is_kept_for_the_request_it_answered(run: Any, sim: Simulator, store: Path) -> None:
+    """The prompt changes while a batch runs: its answers are merged, recorded as answers to the old request
+    (so reported stale, not passed off as answers to the new one), and nothing is paid twice."""
+    sim.configure(batch_delay=1.0)
+    run(frame(6), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
+    out = run(frame(6), "summary", prompt="Summarize briefly: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * 6
+    assert out["summary"].to_list()[0].startswith("Summary: hello message number 0")
+    assert sim.stats()["batch_paid"] == 6
+    progress = llmledger.progress(store).row(0, named=True)
+    assert progress["stale"] == 6, "answers to the old prompt, reported stale"
+    run(frame(6), "summary", prompt="Summarize briefly: {text}", mode="batch", redo="stale")
+    assert sim.stats()["batch_paid"] == 12 and sql(store, "SELECT count(*) FROM llmledger_history")[0][0] == 6
