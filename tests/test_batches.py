@@ -139,6 +139,8 @@ def test_errored_expired_and_canceled_items_are_classified(run: Any, sim: Simula
     assert rows["FLAKY here"][0] == 0 and rows["FLAKY here"][2] is None
     counts = sql(store, "SELECT succeeded, errored, expired FROM llmledger_batches")[0]
     assert counts == (2, 2, 1)
+    report = llmledger.last_report()
+    assert report is not None and report.returned == 2 and any("unanswered" in h for h in report.hints())
 
     sim.configure(poison=None, batch_error=None, batch_expire=None)
     out = run(df, "summary", prompt="Summarize: {text}", mode="batch")

@@ -153,3 +153,45 @@ def test_flag_selects_rows_for_redo_and_reset_starts_rows_over(ledger: Ledger) -
     assert (counts["NOT_STARTED"], counts["DONE"]) == (2, 2)
     history = ledger.history("t", "s")
     assert history.select("id", "reason").rows() == [(1, "flagged: bad"), (3, "reset"), (4, "reset")]
+
+
+def _intent(ledger: Ledger, selection, rows: list[dict], intent: str = "bintent1") -> None:
+    assigned = pl.DataFrame({"id": [r["id"] for r in rows], "custom_id": [f"{intent}-{i}" for i in range(len(rows))]})
+    ledger.begin_batch(selection.layout, assigned, intent=intent, claimant="h/1/r", requests=len(rows), size=100,
+                       model="m", version=selection.version, now=utcnow())
+
+
+def test_a_batch_goes_from_intent_to_submitted_to_merged(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    rows = ledger.claim(selection, 3, claimant="h/1/r", now=utcnow())
+    _intent(ledger, selection, rows)
+    [record] = ledger.open_batches("t", "s")
+    assert (record.intent, record.batch_id, record.requests, record.rows) == ("bintent1", None, 3, 3)
+    assert ledger.release(selection, claimant="h/1/r") == 0, "rows of an intent are not given back with claims"
+    assert ledger.confirm_batch("t", "s", intent="bintent1", batch_id="msgbatch_x", now=utcnow()) == 3
+    assert ledger.counts("t").select("RUNNING", "SUBMITTED", "NOT_STARTED").row(0) == (0, 3, 1)
+    assert ledger.known_batch_ids() == {"msgbatch_x"}
+    [record] = ledger.open_batches("t", "s")
+    held = ledger.batch_rows(record)
+    assert held.rows.sort("id")["custom_id"].to_list() == ["bintent1-0", "bintent1-1", "bintent1-2"]
+    answered = [{**_result({**rows[0], "fingerprint": rows[0]["fingerprint"]}, "DONE", "yes"),
+                 "batch_id": "msgbatch_x", "custom_id": "bintent1-0"}]
+    back = ledger.merge_batch(record, held.layout, pl.from_dicts(answered, schema={"id": pl.Int64} | RESULT_SCHEMA),
+                              counts={"succeeded": 1, "expired": 2}, processing_status="ended", ended_at=utcnow(),
+                              now=utcnow())
+    assert back == 2, "the rows the batch did not answer go back"
+    assert ledger.counts("t").select("SUBMITTED", "DONE", "NOT_STARTED").row(0) == (0, 1, 3)
+    assert ledger.open_batches("t", "s") == []
+    again = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    assert again.work["id"].to_list() == [2, 3, 4], "expired rows are sent again; the answered one is not"
+
+
+def test_an_abandoned_intent_gives_its_rows_back_as_they_were(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    rows = ledger.claim(selection, 2, claimant="h/1/r", now=utcnow())
+    _intent(ledger, selection, rows)
+    params = _params(stale_before=utcnow() + timedelta(hours=1))  # every claim is old now
+    assert ledger.recover("t", "s", params) == 0, "a claim with an intent waits for its batch to be looked for"
+    assert ledger.abandon_batch("t", "s", intent="bintent1", note="never sent", now=utcnow()) == 2
+    assert ledger.counts("t").select("RUNNING", "NOT_STARTED").row(0) == (0, 4)
+    assert ledger.open_batches("t", "s") == []

@@ -42,6 +42,7 @@ class RunReport:
     in_batches: int = 0  # rows of the step in batches still processing when the run ended
     collected: int = 0  # rows answered (or refused) by batches this run merged
     mode: str = "online"  # how this run sent rows: "online" or "batch"
+    returned: int = 0  # rows batches gave back unanswered (expired, canceled, the API's own errors)
     cost_usd: float | None = 0.0
     seconds: float = 0.0
     outcome: Outcome = Outcome.COMPLETED
@@ -49,6 +50,16 @@ class RunReport:
     errors: list[str] = field(default_factory=list)  # the last few
     in_flight: int = 0
     started: float = field(default_factory=time.monotonic)
+
+    _SUMMED = ("done", "failed", "needs_review", "reused", "calls", "input_tokens", "output_tokens",
+               "cache_write_tokens", "cache_read_tokens", "cache_saved_usd", "batch_saved_usd")
+
+    def absorb(self, other: RunReport) -> None:
+        """Add what `other` counted (rows answered, calls, tokens, cost, errors) to this report."""
+        for name in self._SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.cost_usd = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
+        self.errors[:] = (self.errors + other.errors)[-5:]
 
     @property
     def remaining(self) -> int:
@@ -168,6 +179,9 @@ class RunReport:
                        "redo='stale' to re-send exactly those.")
         if self.outcome == "budget":
             out.append(self.message)
+        if self.returned:
+            out.append(f"{self.returned:,} rows came back from their batch unanswered (expired, canceled, or the "
+                       "API's own error); they are as they were before, unpaid, and the next call sends them.")
         if self.in_batches:
             out.append(f"{self.in_batches:,} rows are in Message Batches the API is still processing (usually "
                        "minutes, at most 24 h). Run the same call again (or `llmledger run`) to collect them; "

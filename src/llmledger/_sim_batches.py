@@ -20,11 +20,12 @@ import json
 import re
 import threading
 import time
+import urllib.parse
 import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ._sim_api import ERRORS, ErrorSpec, user_text, validate
+from ._sim_api import ERRORS, ErrorSpec, error_spec, user_text, validate
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -43,7 +44,29 @@ class SimBatches:
         self._lock = threading.Lock()
         self._batches: dict[str, dict[str, Any]] = {}
 
-    # -- endpoints: each returns (status, payload) or raises _Refused --------------------------------
+    # -- endpoints: each returns its answer or raises _Refused ---------------------------------------
+    def route(self, method: str, url: str, body: Any, size: int, base_url: str) -> dict[str, Any] | bytes:
+        """Answer one request to `/v1/messages/batches...` (JSON, or the results as JSONL bytes)."""
+        path, _, query = url.partition("?")
+        rest = path.rstrip("/").split("/")[4:]
+        if method == "POST" and not rest:
+            with self.sim._lock:
+                fault = self.sim.faults.fail_next.pop(0) if self.sim.faults.fail_next else None
+            if fault is not None:  # an injected error for the create call (as for online requests)
+                raise _Refused(error_spec(fault))
+            return self.create(body, size, base_url)
+        if method == "GET" and not rest:
+            return self.list(dict(urllib.parse.parse_qsl(query)))
+        if method == "GET" and len(rest) == 1:
+            return self.retrieve(rest[0])
+        if method == "GET" and rest[1:] == ["results"]:
+            return self.results(rest[0])
+        if method == "POST" and rest[1:] == ["cancel"]:
+            return self.cancel(rest[0])
+        if method == "DELETE" and len(rest) == 1:
+            return self.delete(rest[0])
+        raise _Refused(ErrorSpec(404, "not_found_error", f"no route {method} {url}"))
+
     def create(self, body: Any, size: int, base_url: str) -> dict[str, Any]:
         f = self.sim.faults
         if size > f.batch_max_bytes:

@@ -218,8 +218,11 @@ class BatchSender:
         except anthropic.NotFoundError as exc:  # deleted, or another workspace's: its rows can only be sent again
             log.warning("batch %s: %s", record.batch_id, exc)
             rows = await asyncio.to_thread(self.ledger.batch_rows, record)
-            await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout, pl.DataFrame(), counts={},
-                                    processing_status="not_found", ended_at=None, now=utcnow())
+            back = await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout, pl.DataFrame(), counts={},
+                                           processing_status="not_found", ended_at=None, now=utcnow())
+            self.report.returned += back or 0
+            self.report.errors.append(f"the API has no batch {record.batch_id} (deleted, or another workspace's); "
+                                      "its rows are as they were before it")
             return True
         except anthropic.APIError as exc:  # try again at the next look
             log.info("batch %s: %s", record.batch_id, exc)
@@ -227,17 +230,23 @@ class BatchSender:
         if batch.processing_status != "ended":
             return False
         rows = await asyncio.to_thread(self.ledger.batch_rows, record, inputs=self.cfg.validate is not None)
-        results, counts = await self._results(record, rows)
+        counted = RunReport(table=self.table, step=self.step)  # counted in the run's report once merged
+        results, counts = await self._results(record, rows, counted)
         ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
-        await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout, self._frame(results, rows.key_types),
-                                counts=counts, processing_status=batch.processing_status, ended_at=ended,
-                                now=utcnow())
+        merged = await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout,
+                                         self._frame(results, rows.key_types), counts=counts,
+                                         processing_status=batch.processing_status, ended_at=ended, now=utcnow())
+        if merged is None:  # another run merged it meanwhile
+            return True
+        self.report.absorb(counted)
         self.report.collected += len(results)
+        self.report.returned += merged
         if self.on_progress:
             self.on_progress(self.report, len(results))
         return True
 
-    async def _results(self, record: BatchRecord, rows: BatchRows) -> tuple[list[dict[str, Any]], Counter[str]]:
+    async def _results(self, record: BatchRecord, rows: BatchRows,
+                       report: RunReport) -> tuple[list[dict[str, Any]], Counter[str]]:
         """Result rows for every row the batch answered or refused for its own reasons."""
         by_custom: dict[str, list[dict[str, Any]]] = {}
         version = record.version
@@ -249,7 +258,7 @@ class BatchSender:
         output = request.output_spec() if request is not None else None
         selection = Selection(layout=rows.layout, version=version, requests=rows.requests,
                               work=pl.DataFrame(), params={}, key_types=rows.key_types, inputs=rows.inputs)
-        recorder = Recorder(selection=selection, cfg=self.cfg, report=self.report, output=output)
+        recorder = Recorder(selection=selection, cfg=self.cfg, report=report, output=output)
         results: list[dict[str, Any]] = []
         counts: Counter[str] = Counter()
         async for item in await self.client.messages.batches.results(record.batch_id):  # type: ignore[arg-type]

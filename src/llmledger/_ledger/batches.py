@@ -161,9 +161,13 @@ class BatchVerbs:
         return self.conn.transaction(work, wait=60.0)
 
     def merge_batch(self, batch: BatchRecord, layout: Layout, results: pl.DataFrame, *, counts: dict[str, int],
-                    processing_status: str, ended_at: datetime | None, now: datetime) -> int:
-        """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns rows given back."""
-        def work(con: duckdb.DuckDBPyConnection) -> int:
+                    processing_status: str, ended_at: datetime | None, now: datetime) -> int | None:
+        """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns the rows given
+        back, or None when another run merged the batch first (then nothing is written)."""
+        def work(con: duckdb.DuckDBPyConnection) -> int | None:
+            state = con.execute(f"SELECT state FROM {BATCHES_TABLE} WHERE intent = ?", [batch.intent]).fetchall()
+            if not state or state[0][0] not in OPEN_STATES:
+                return None
             if results.height:
                 commit_results(con, layout, results, now=now, only_batch=batch.batch_id)
             c = names(layout.step)
