@@ -17,6 +17,7 @@ from typing import Any
 import anthropic
 import polars as pl
 import pytest
+from pydantic import BaseModel, field_validator
 
 import llmledger
 from llmledger import InvalidInputError, Redo, Simulator
@@ -110,7 +111,6 @@ def test_a_killed_process_loses_no_batch_and_pays_each_row_once(sim: Simulator, 
     later = datetime.now(UTC).replace(tzinfo=None) + timedelta(hours=1)  # every claim counts as old
     params = RunParams(max_attempts=3, redo=Redo.NONE, run_started=later, stale_before=later)
     assert open_ledger(store).recover("messages", "summary", params) == 0  # claim recovery leaves batch rows be
-    assert llmledger.reset(store, "messages", "summary", where="true") == 0
     assert statuses(store) == before
 
     out = run(frame(rows), "summary", prompt="Summarize: {text}", mode="batch")
@@ -137,23 +137,30 @@ def test_errored_expired_and_canceled_items_are_classified(run: Any, sim: Simula
                                                   "FROM messages"))
     assert rows["POISON here"][0] == 1 and "invalid_request_error" in rows["POISON here"][1]
     assert rows["FLAKY here"][0] == 0 and rows["FLAKY here"][2] is None
-    counts = sql(store, "SELECT succeeded, errored, expired FROM llmledger_batches")[0]
-    assert counts == (2, 2, 1)
+    counts = sql(store, "SELECT succeeded, errored, expired FROM llmledger_batches ORDER BY created_at")
+    assert counts == [(2, 2, 1), (0, 1, 1), (0, 1, 1)], "a waiting run sends what came back again, three times"
     report = llmledger.last_report()
-    assert report is not None and report.returned == 2 and any("unanswered" in h for h in report.hints())
+    assert report is not None and report.returned == 6 and any("unanswered" in h for h in report.hints())
+    assert report.remaining == 2, "the two rows given back are not sent"
 
     sim.configure(poison=None, batch_error=None, batch_expire=None)
     out = run(df, "summary", prompt="Summarize: {text}", mode="batch")
     assert out["summary_status"].to_list() == ["DONE"] * 5
     assert sim.stats()["batch_paid"] == 5  # each row paid once
 
-    # a whole batch that outlives its 24 hours, and one a person cancels: the rows can be sent again
-    sim.configure(batch_delay=1.0, batch_expire_after=0.3)
-    out = run(frame(4), "late", prompt="Summarize: {text}", mode="batch")
-    assert out["late_status"].to_list() == ["NOT_STARTED"] * 4 and sql(store, "SELECT sum(late_cost_usd) "
-                                                                              "FROM messages")[0][0] is None
+    # a batch that outlives its 24 hours: what it answered by then is kept and paid, the rest sent again
+    sim.configure(batch_delay=1.0, batch_expire_after=0.55)
+    run(frame(4), "late", prompt="Summarize: {text}", mode="batch", wait=False)
+    time.sleep(1.1)
+    out = run(frame(4), "late", prompt="Summarize: {text}", mode="batch", wait=False)
+    assert sql(store, "SELECT succeeded, expired FROM llmledger_batches WHERE step = 'late' AND state = 'merged'") \
+        == [(2, 2)]
+    assert out["late_status"].to_list() == ["DONE", "DONE", "SUBMITTED", "SUBMITTED"]
+    assert sql(store, "SELECT count(late_cost_usd) FROM messages")[0][0] == 2
+
+    # a batch a person cancels: the same
     sim.configure(batch_delay=5.0, batch_expire_after=86400)
-    run(frame(4), "cancelled", prompt="Summarize: {text}", mode="batch", wait=False)
+    run(frame(4), "cancelled", prompt="Title: {text}", mode="batch", wait=False)
     batch_id = sql(store, "SELECT any_value(cancelled_batch_id) FROM messages")[0][0]
 
     async def cancel() -> None:  # as a person would, from the Console or the SDK
@@ -161,10 +168,11 @@ def test_errored_expired_and_canceled_items_are_classified(run: Any, sim: Simula
             await person.messages.batches.cancel(batch_id)
 
     asyncio.run(cancel())
-    out = run(frame(4), "cancelled", prompt="Summarize: {text}", mode="batch", wait=False)
+    batches = sim.stats()["batches"]
+    out = run(frame(4), "cancelled", prompt="Title: {text}", mode="batch", wait=False)
     assert sql(store, f"SELECT canceled FROM llmledger_batches WHERE batch_id = '{batch_id}'")[0][0] == 4
     assert out["cancelled_status"].to_list() == ["SUBMITTED"] * 4  # sent again at once, in a new batch
-    assert sim.stats()["batches"] == 5
+    assert sim.stats()["batches"] == batches + 1
 
 
 def test_batches_stay_within_the_size_limit(run: Any, sim: Simulator, store: Path) -> None:
@@ -232,3 +240,109 @@ def test_a_batch_answer_is_kept_for_the_request_it_answered(run: Any, sim: Simul
     assert progress["stale"] == 6, "answers to the old prompt, reported stale"
     run(frame(6), "summary", prompt="Summarize briefly: {text}", mode="batch", redo="stale")
     assert sim.stats()["batch_paid"] == 12 and sql(store, "SELECT count(*) FROM llmledger_history")[0][0] == 6
+
+
+def test_a_create_whose_answer_is_lost_is_found_not_sent_twice(run: Any, sim: Simulator, store: Path) -> None:
+    sim.configure(batch_lose_response=1)  # the API makes the batch, the connection drops before its answer
+    out = run(frame(8), "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * 8
+    assert sim.stats()["batches"] == 1 and sim.stats()["batch_paid"] == 8
+
+
+def test_another_stores_batch_of_the_same_size_is_never_taken_for_ours(sim: Simulator, store: Path,
+                                                                        run: Any) -> None:
+    """A run dies before sending its batch; meanwhile someone else (another store, another app on the same
+    workspace) sends a batch with as many requests. Reconciliation may guess it is ours, but its results
+    show other custom ids: the guess is rejected, nothing of it is written, and our rows are sent."""
+    rows = 6
+    proc = subprocess.run(helper_cmd(str(store), str(rows), "--mode", "batch", "--die-before", "create"),
+                          env=subprocess_env(sim.base_url), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and sim.stats()["batches"] == 0
+
+    async def someone_else() -> None:
+        async with anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k") as other:
+            await other.messages.batches.create(requests=[
+                {"custom_id": f"theirs-{i}", "params": {"model": "claude-haiku-4-5", "max_tokens": 20,
+                                                        "messages": [{"role": "user", "content": f"not ours {i}"}]}}
+                for i in range(rows)])
+
+    asyncio.run(someone_else())
+    out = run(frame(rows), "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * rows
+    assert all("hello message number" in answer for answer in out["summary"].to_list())
+    states = sql(store, "SELECT state, len(rejected) FROM llmledger_batches ORDER BY created_at")
+    assert states == [("abandoned", 1), ("merged", 0)], "the foreign batch was adopted, rejected, never merged"
+    assert sim.stats()["batches"] == 2 and max(sim.paid_prompts().values()) == 1
+
+
+def test_identical_requests_share_one_request_across_batches_and_calls(run: Any, sim: Simulator,
+                                                                      store: Path) -> None:
+    df = pl.DataFrame({"id": range(10), "text": [f"text {i % 5}" for i in range(10)]})
+    out = run(df, "summary", prompt="Summarize: {text}", mode="batch", batch_size=5)  # two claims of five rows
+    assert out["summary_status"].to_list() == ["DONE"] * 10 and sim.stats()["batch_paid"] == 5
+
+    sim.configure(batch_delay=1.0)
+    more = pl.DataFrame({"id": range(100, 106), "text": ["new a", "new b", "new c"] * 2})
+    run(more.head(3), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
+    out = run(more, "summary", prompt="Summarize: {text}", mode="batch")  # the duplicates join that batch
+    assert out["summary_status"].to_list() == ["DONE"] * 6
+    assert sim.stats()["batch_paid"] == 8 and sim.stats()["batches"] == 2  # one batch each call, none more
+
+
+def test_a_batch_the_api_has_lost_keeps_its_rows_until_a_person_resets_them(run: Any, sim: Simulator,
+                                                                            store: Path) -> None:
+    sim.configure(batch_delay=0.5)
+    run(frame(3), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
+    batch_id = sql(store, "SELECT any_value(summary_batch_id) FROM messages")[0][0]
+    time.sleep(0.6)
+
+    async def delete() -> None:  # someone deletes it in the Console before it was collected
+        async with anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k") as person:
+            await person.messages.batches.delete(batch_id)
+
+    asyncio.run(delete())
+    out = run(frame(3), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
+    assert out["summary_status"].to_list() == ["SUBMITTED"] * 3, "not given up on the API's word alone"
+    report = llmledger.last_report()
+    assert report is not None and any("llmledger.reset" in hint for hint in report.hints())
+    assert llmledger.reset(store, "messages", "summary", where=f"summary_batch_id = '{batch_id}'") == 3
+    out = run(frame(3), "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * 3
+    assert dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL")) == {"merged": 1,
+                                                                                            "abandoned": 1}
+
+
+class Company(BaseModel):
+    company: str
+
+    @field_validator("company")
+    @classmethod
+    def not_a_buyer(cls, value: str) -> str:
+        if "buys" in value:
+            raise ValueError("a buyer is not a company name")
+        return value
+
+
+def test_batch_answers_are_checked_like_online_ones_and_only_with_validate(run: Any, sim: Simulator, store: Path,
+                                                                          client: anthropic.AsyncAnthropic) -> None:
+    df = pl.DataFrame({"id": range(3), "text": ["Acme sells", "Globex buys", "Initech hires"]})
+    seen: list[str] = []
+
+    def check(row: dict[str, Any], out: Any) -> str | None:
+        seen.append(type(out).__name__)
+        return "no Initech please" if "Initech" in row["text"] else None
+
+    options = {"prompt": "Extract: {text}", "output": Company, "validate": check}
+    sim.configure(batch_delay=0.5)
+    run(df, "batched", **options, mode="batch", wait=False)
+    time.sleep(0.6)
+    report = llmledger.resume(store, "messages", "batched", client=client, progress=False)  # no validate=
+    assert statuses(store, "batched") == {"SUBMITTED": 3}, "not merged without the checks it was sent with"
+    assert any("validate=" in hint for hint in report.hints())
+    seen.clear()
+    batched = run(df, "batched", **options, mode="batch")
+    assert seen == ["Company", "Company"], "validate= gets the pydantic model, after its own validators"
+    online = run(df, "online", **options, dedupe=False)  # the same requests sent online, for comparison
+    assert batched["batched_status"].to_list() == online["online_status"].to_list() == \
+        ["DONE", "NEEDS_REVIEW", "NEEDS_REVIEW"]
+    assert sql(store, "SELECT batched_error FROM messages WHERE id = 2")[0][0] == "no Initech please"

@@ -63,6 +63,7 @@ def reset(store: str | Path, table: str, step: str, *, where: str) -> int:
     """Put `step` back to NOT_STARTED on rows matching `where` (not rows being sent); return how many.
 
     Their answers, usage and errors are cleared from the fact table after being copied to the history.
+    Rows in a Message Batch (SUBMITTED) are taken out of it: its answers to them are then not merged.
     """
     _check_where(where)
     return open_ledger(existing_store(store)).reset(table, step, where=where, now=utcnow())

@@ -43,6 +43,9 @@ class RunReport:
     collected: int = 0  # rows answered (or refused) by batches this run merged
     mode: str = "online"  # how this run sent rows: "online" or "batch"
     returned: int = 0  # rows batches gave back unanswered (expired, canceled, the API's own errors)
+    batch_pending: int = 0  # rows this run sent in batches that have not come back yet
+    early_finished: int = 0  # rows finished by merging earlier batches before this run selected its rows
+    notes: list[str] = field(default_factory=list)  # what the user should know about the step's batches
     cost_usd: float | None = 0.0
     seconds: float = 0.0
     outcome: Outcome = Outcome.COMPLETED
@@ -64,7 +67,8 @@ class RunReport:
     @property
     def remaining(self) -> int:
         """Selected rows neither finished nor waiting in a batch."""
-        return max(0, self.selected - self.done - self.failed - self.needs_review - self.submitted + self.collected)
+        finished = self.done + self.failed + self.needs_review - self.early_finished
+        return max(0, self.selected - finished - self.batch_pending)
 
     @property
     def avoided(self) -> dict[str, float]:
@@ -140,24 +144,12 @@ class RunReport:
         cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
         parts = [f"{self.table}.{self.step}: {self.done:,} done", f"{self.failed:,} failed",
                  f"{self.needs_review:,} needs review", f"{self.skipped:,} skipped"]
-        if self.stale:
-            parts.append(f"{self.stale:,} stale")
-        if self.waiting:
-            parts.append(f"{self.waiting:,} waiting")
-        if self.running_elsewhere:
-            parts.append(f"{self.running_elsewhere:,} running elsewhere")
-        if self.unprepared:
-            parts.append(f"{self.unprepared:,} not prepared")
-        if self.outcome != "completed":
-            parts.append(f"{self.remaining:,} not sent")
-        if self.reused:
-            parts.append(f"{self.reused:,} reused")
-        if self.collected:
-            parts.append(f"{self.collected:,} of them from batches")
-        if self.submitted:
-            parts.append(f"{self.submitted:,} sent in {self.batches:,} batch{'es' if self.batches != 1 else ''}")
-        if self.in_batches:
-            parts.append(f"{self.in_batches:,} in batches still processing")
+        batches = f"sent in {self.batches:,} batch{'es' if self.batches != 1 else ''}"
+        counts = [(self.stale, "stale"), (self.waiting, "waiting"), (self.running_elsewhere, "running elsewhere"),
+                  (self.unprepared, "not prepared"), (self.remaining if self.outcome != "completed" else 0, "not sent"),
+                  (self.reused, "reused"), (self.collected, "of them from batches"), (self.submitted, batches),
+                  (self.in_batches, "in batches still processing")]
+        parts.extend(f"{n:,} {what}" for n, what in counts if n)
         cached = (f", {self.cache_read_tokens:,} read from / {self.cache_write_tokens:,} written to the cache"
                   if self.cache_read_tokens or self.cache_write_tokens else "")
         avoided = self.avoided_usd
@@ -179,6 +171,7 @@ class RunReport:
                        "redo='stale' to re-send exactly those.")
         if self.outcome == "budget":
             out.append(self.message)
+        out.extend(self.notes)
         if self.returned:
             out.append(f"{self.returned:,} rows came back from their batch unanswered (expired, canceled, or the "
                        "API's own error); they are as they were before, unpaid, and the next call sends them.")

@@ -25,6 +25,7 @@ import polars as pl
 from ._display import make_display, show_summary
 from ._exec.api import bounded_timeout, default_client
 from ._exec.batch import AUTO_BATCH_ROWS, MAX_REQUESTS, BatchSender
+from ._exec.collect import BatchCollector
 from ._exec.scheduler import RunConfig, Scheduler
 from ._ledger import Ledger, RunParams, Selection, StepDefinition, open_ledger
 from ._ledger.claims import Claimant
@@ -36,6 +37,7 @@ from ._time import utcnow
 from .errors import AuthenticationFailed, ModelNotFound, OutageError, RetryRefused, SpendLimitReached, StoreBusy
 
 _local = threading.local()
+RESEND_ROUNDS = 3  # a waiting batch run sends rows its batches gave back again, this many times in all
 _STOPPED = {Outcome.AUTH: AuthenticationFailed, Outcome.OUTAGE: OutageError,
             Outcome.SPEND_LIMIT: SpendLimitReached, Outcome.RETRY_REFUSED: RetryRefused,
             Outcome.NO_MODEL: ModelNotFound}
@@ -186,8 +188,8 @@ class Run:
                 selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe,
                                           inputs=plan.cfg.validate is not None)
             self._take_counts(selection)
-            if report.skipped:
-                report.done_saved_usd = report.skipped * _average_paid(ledger, plan.table, plan.step)
+            if selection.done_skipped:
+                report.done_saved_usd = selection.done_skipped * _average_paid(ledger, plan.table, plan.step)
             batch = plan.mode == "batch" or (plan.mode == "auto" and selection.work.height >= AUTO_BATCH_ROWS)
             report.mode = "batch" if batch else "online"
             if plan.cfg.max_cost_usd is not None and plan.cfg.budget_scope == "step":
@@ -242,8 +244,10 @@ class Run:
         report.unprepared = selection.unprepared
         if self.plan.frame is None:
             report.rows = report.selected + report.running_elsewhere
-        report.skipped = max(0, report.rows - report.selected - report.running_elsewhere - report.collected
-                             - report.in_batches)
+        report.in_batches = selection.in_batches
+        report.early_finished = report.done + report.failed + report.needs_review  # by batches merged first
+        report.skipped = max(0, report.rows - report.selected - report.running_elsewhere - report.in_batches
+                             - report.early_finished)
 
     def _record(self, ledger: Ledger, selection: Selection, claimant: Claimant, started: Any) -> None:
         report, plan = self.report, self.plan
@@ -299,28 +303,46 @@ def _average_paid(ledger: Ledger, table: str, step: str) -> float:
 
 async def _batches(ledger: Ledger, selection: Selection | None, plan: Plan, claimant: Claimant, report: RunReport,
                    stop_flag: threading.Event, display: Any, *, wait: bool) -> None:
-    """Batch mode: submit the selection (if any), then wait for the step's batches or just merge what ended."""
+    """Batch mode: submit the selection (if any), then wait for the step's batches or just merge what ended.
+
+    With `wait`, rows a batch gives back (expired, canceled, the API's own errors) are sent again, up to
+    RESEND_ROUNDS times, so a waiting call finishes its rows. Without a selection: merge what has ended.
+    """
     api, own = run_client(plan.client)
     api = api.with_options(max_retries=0)  # a retried create could make two batches: batch.py retries itself
+    version = plan.definition.version if plan.definition is not None else None
     try:
-        sender = BatchSender(ledger=ledger, table=plan.table, step=plan.step, cfg=plan.cfg, client=api,
-                             claimant=claimant, report=report, stop_flag=stop_flag, batch_size=plan.batch_size,
-                             on_progress=display.update, stale_after=plan.stale)
+        collector = BatchCollector(ledger=ledger, table=plan.table, step=plan.step, cfg=plan.cfg, client=api,
+                                   report=report, stop_flag=stop_flag, version=version,
+                                   output_model=plan.cfg.output_model, on_progress=display.update,
+                                   stale_after=plan.stale)
         if selection is None:
-            await sender.collect()
+            await collector.collect()
             return
-        if selection.work.height:
-            await sender.submit(selection)
-        if wait:
-            open_batches = await sender.collect()
+        request = selection.requests.get(selection.version)
+        output = collector.output_for(selection.version, request.output_spec() if request is not None else None)
+        sender = BatchSender(ledger=ledger, cfg=plan.cfg, client=api, claimant=claimant, report=report,
+                             stop_flag=stop_flag, output=output, find=collector.find, mine=collector.mine,
+                             batch_size=plan.batch_size,
+                             on_progress=display.update)
+        for _ in range(RESEND_ROUNDS):
+            if selection.remaining:
+                await sender.submit(selection)
+            if not wait:
+                report.in_batches = sum(b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table,
+                                                                                plan.step))
+                return
+            open_batches = await collector.collect()
             if open_batches:
                 display.note(f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
                              "interrupting stops the waiting, not the batches (run the same call again to "
                              "collect them)")
-                await sender.wait()
-        else:
-            report.in_batches = sum(b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table,
-                                                                            plan.step))
+                await collector.wait()
+            if not collector.returned or collector.stopped:
+                return
+            selection.work = pl.concat(collector.returned).cast(selection.key_types)  # send those again
+            selection.cursor = 0
+            collector.returned.clear()
     finally:
         if own:
             await api.close()

@@ -242,6 +242,7 @@ class Faults:
     batch_error: str | None = None
     batch_max_requests: int = 100_000
     batch_max_bytes: int = 256_000_000
+    batch_lose_response: int = 0  # the next N creates make the batch, then drop the connection unanswered
     seed: int = 0
 
 

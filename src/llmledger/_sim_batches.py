@@ -4,7 +4,8 @@ As the real API: a batch is `in_progress` until every request is processed,
 `request_counts` move out of `processing` only when the whole batch ends,
 results (at `results_url`, one JSON line per request, in no particular order)
 exist only once it has ended, a canceled batch goes through `canceling`, and
-a batch still processing at `expires_at` ends with its requests `expired`.
+a batch still processing at `expires_at` ends with its requests `expired` (and a canceled one with them
+`canceled`) except those processed by then: requests are processed in order over `batch_delay`.
 Request params are validated when the batch is processed, not when it is
 created (an invalid one comes back `errored`); the batch itself is checked at
 once (at most `batch_max_requests` requests and `batch_max_bytes` bytes;
@@ -109,12 +110,19 @@ class SimBatches:
             records = sorted(self._batches.values(), key=lambda r: r["created"], reverse=True)
         ids = [r["id"] for r in records]
         limit = max(1, min(1000, int(query.get("limit") or 20)))
-        if query.get("after_id") in ids:
+        if query.get("after_id") in ids:  # the page after that batch (older ones)
             records = records[ids.index(query["after_id"]) + 1:]
-        elif query.get("before_id") in ids:
-            records = records[:ids.index(query["before_id"])][-limit:]
-        page = [self._view(self._advance(r)) for r in records[:limit]]
-        return {"data": page, "has_more": len(records) > limit, "first_id": page[0]["id"] if page else None,
+            more = len(records) > limit
+            records = records[:limit]
+        elif query.get("before_id") in ids:  # the page before it (newer ones)
+            records = records[:ids.index(query["before_id"])]
+            more = len(records) > limit
+            records = records[-limit:]
+        else:
+            more = len(records) > limit
+            records = records[:limit]
+        page = [self._view(self._advance(r)) for r in records]
+        return {"data": page, "has_more": more, "first_id": page[0]["id"] if page else None,
                 "last_id": page[-1]["id"] if page else None}
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
@@ -163,9 +171,21 @@ class SimBatches:
                 outcome, ended = None, record["ends"]
             else:
                 return record
+            # requests are processed in order over the batch's time; cut short, the ones done by then stand
+            span = record["ends"] - record["created"]
+            share = 1.0 if outcome is None or span <= 0 else min(1.0, max(0.0, (ended - record["created"]) / span))
+            done = int(len(record["requests"]) * share)
             record["ended"] = ended
-            record["results"] = [self._process(r, outcome) for r in record["requests"]]
+            record["results"] = [self._process(r, None if n < done else outcome)
+                                 for n, r in enumerate(record["requests"])]
         return record
+
+    def advance_all(self) -> None:
+        """Process every batch whose time has come (so what it bills is counted even if nobody looks)."""
+        with self._lock:
+            records = list(self._batches.values())
+        for record in records:
+            self._advance(record)
 
     def _process(self, request: dict[str, Any], outcome: str | None) -> dict[str, Any]:
         custom_id, params = request["custom_id"], request["params"]

@@ -79,6 +79,9 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             except _Refused as refused:
                 self._error(refused.spec)
                 return True
+            if method == "POST" and self.path.rstrip("/").endswith("/batches") and sim.take("batch_lose_response"):
+                self._drop()  # the batch exists; the client never hears of it
+                return True
             if isinstance(answer, bytes):
                 self._send_bytes(answer, "application/binary")
             else:

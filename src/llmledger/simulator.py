@@ -142,6 +142,7 @@ class Simulator:
     def stats(self) -> dict[str, Any]:
         """Counts so far: `requests`, `paid` (answers, online and in batches), `by_status`, `dropped`, tokens,
         `prompts`, and for Message Batches `batches` (created), `batch_requests`, `batch_paid`."""
+        self.batches.advance_all()
         with self._lock:
             s = dict(self._stats)
             s["by_status"] = dict(s["by_status"])
@@ -152,6 +153,14 @@ class Simulator:
         """How many paid answers each prompt text got: a value above 1 means a row was paid twice."""
         with self._lock:
             return Counter(self._stats["prompts"])
+
+    def take(self, fault: str) -> bool:
+        """Use up one of a counted fault (`drop_next`, `batch_lose_response`): True when one was left."""
+        with self._lock:
+            left = getattr(self.faults, fault)
+            if left > 0:
+                setattr(self.faults, fault, left - 1)
+            return left > 0
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:

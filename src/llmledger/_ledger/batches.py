@@ -50,6 +50,9 @@ class BatchRecord:
     created_at: datetime
     state: str  # submitting, submitted, merged, abandoned
     version: str  # the step definition its requests were rendered for
+    validated: bool  # sent by a run with validate=: merged only by a run that has it too
+    adopted: bool  # its batch id was found by reconciliation, not told by the API: checked when merged
+    rejected: list[str]  # batch ids reconciliation adopted wrongly (their results were another's)
 
 
 @dataclass
@@ -79,7 +82,7 @@ class BatchVerbs:
     path: Path
 
     def begin_batch(self, layout: Layout, assigned: pl.DataFrame, *, intent: str, claimant: str, requests: int,
-                    size: int, model: str, version: str, now: datetime) -> None:
+                    size: int, model: str, version: str, validated: bool, now: datetime) -> None:
         """Record the intent and give each claimed row (`assigned`: key columns and custom_id) its custom id."""
         def work(con: duckdb.DuckDBPyConnection) -> None:
             c = names(layout.step, "t")
@@ -89,31 +92,85 @@ class BatchVerbs:
                             f"FROM {ASSIGNED} AS i WHERE {layout.key_join()} AND {c['_status']} = 'RUNNING' "
                             f"AND {c['_claimed_by']} = $claimant", {"claimant": claimant})
             con.execute(f"INSERT INTO {BATCHES_TABLE} (intent, table_name, step, claimant, requests, rows_sent, "
-                        "bytes, model, version, created_at, state) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting')",
+                        "bytes, model, version, validated, created_at, state, adopted, rejected) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, [])",
                         [intent, layout.table, layout.step, claimant, requests, assigned.height, size, model,
-                         version, now])
+                         version, validated, now])
 
         self.conn.transaction(work, wait=60.0)
 
-    def confirm_batch(self, table: str, step: str, *, intent: str, batch_id: str, now: datetime) -> int:
-        """The API has the batch: its rows become SUBMITTED with its id, in the same transaction as the record."""
-        def work(con: duckdb.DuckDBPyConnection) -> int:
+    def confirm_batch(self, table: str, step: str, *, intent: str, batch_id: str, now: datetime,
+                      adopted: bool = False) -> int | None:
+        """The API has the batch: its rows become SUBMITTED with its id, in the same transaction as the record.
+
+        None (nothing written) when the intent is no longer waiting for its batch (another run settled it).
+        """
+        def work(con: duckdb.DuckDBPyConnection) -> int | None:
+            state = con.execute(f"SELECT state FROM {BATCHES_TABLE} WHERE intent = ?", [intent]).fetchall()
+            if not state or state[0][0] != "submitting":
+                return None
             c = names(step)
             rows = len(con.execute(
                 f"UPDATE {q(table)} SET {c['_status']} = 'SUBMITTED', {c['_batch_id']} = $batch_id "
                 f"WHERE {c['_status']} = 'RUNNING' AND {_of_intent(c)} RETURNING 1",
                 {"batch_id": batch_id, "intent": intent}).fetchall())
             con.execute(f"UPDATE {BATCHES_TABLE} SET batch_id = ?, submitted_at = ?, state = 'submitted', "
-                        "processing_status = 'in_progress' WHERE intent = ?", [batch_id, now, intent])
+                        "processing_status = 'in_progress', adopted = ? WHERE intent = ?",
+                        [batch_id, now, adopted, intent])
             return rows
 
         return self.conn.transaction(work, wait=None)
 
-    def abandon_batch(self, table: str, step: str, *, intent: str, note: str, now: datetime) -> int:
-        """The API never got (or refused) the batch: give its rows back to what they were before the claim."""
+    def reject_batch(self, batch: BatchRecord, *, note: str) -> int:
+        """Reconciliation adopted a batch that was not the intent's (its results hold other custom ids):
+        the intent waits for its own batch again, never to adopt this one."""
         def work(con: duckdb.DuckDBPyConnection) -> int:
-            rows = _give_back(con, table, step, "RUNNING", _of_intent(names(step)), {"intent": intent})
+            c = names(batch.step)
+            rows = len(con.execute(
+                f"UPDATE {q(batch.table)} SET {c['_status']} = 'RUNNING', {c['_batch_id']} = NULL "
+                f"WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = $batch_id AND {_of_intent(c)} "
+                "RETURNING 1", {"batch_id": batch.batch_id, "intent": batch.intent}).fetchall())
+            con.execute(f"UPDATE {BATCHES_TABLE} SET batch_id = NULL, state = 'submitting', adopted = false, "
+                        "rejected = list_append(coalesce(rejected, []), batch_id), note = ? WHERE intent = ?",
+                        [note, batch.intent])
+            return rows
+
+        return self.conn.transaction(work, wait=None)
+
+    def attach_to_batch(self, layout: Layout, assigned: pl.DataFrame, *, batch_id: str, claimant: str) -> int:
+        """Claimed rows whose request is already in a processing batch join it (`assigned`: keys, custom_id):
+        they share that request's answer instead of being sent again. 0 when the batch is no longer open."""
+        def work(con: duckdb.DuckDBPyConnection) -> int:
+            if not con.execute(f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ? AND state = 'submitted'",
+                               [batch_id]).fetchall()[0][0]:
+                return 0  # merged (or gone) meanwhile: the rows are sent like any others
+            c = names(layout.step, "t")
+            with registered(con, ASSIGNED, assigned):
+                rows = len(con.execute(
+                    f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'SUBMITTED', "
+                    f"{q(layout.step + '_custom_id')} = i.custom_id, {q(layout.step + '_batch_id')} = $batch_id "
+                    f"FROM {ASSIGNED} AS i WHERE {layout.key_join()} AND {c['_status']} = 'RUNNING' "
+                    f"AND {c['_claimed_by']} = $claimant RETURNING 1",
+                    {"batch_id": batch_id, "claimant": claimant}).fetchall())
+            con.execute(f"UPDATE {BATCHES_TABLE} SET rows_sent = rows_sent + ? WHERE batch_id = ?", [rows, batch_id])
+            return rows
+
+        return self.conn.transaction(work, wait=None)
+
+    def requests_in_batches(self, table: str, step: str) -> dict[str, str]:
+        """custom_id → batch id of every request of the step in a batch still processing."""
+        with self.conn.open(wait=60.0) as con:
+            c = names(step)
+            return dict(con.execute(
+                f"SELECT DISTINCT {c['_custom_id']}, {c['_batch_id']} FROM {q(table)} "
+                f"WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} IS NOT NULL").fetchall())
+
+    def abandon_batch(self, table: str, step: str, *, intent: str, note: str, now: datetime) -> pl.DataFrame:
+        """The API never got (or refused) the batch: give its rows back to what they were before the claim.
+        Returns their keys."""
+        def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+            rows = _give_back(con, table, step, "RUNNING", _of_intent(names(step)), {"intent": intent},
+                              returning=_layout(con, table, step).key)
             con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'abandoned', merged_at = ?, note = ? WHERE intent = ?",
                         [now, note, intent])
             return rows
@@ -128,7 +185,8 @@ class BatchVerbs:
             if not table_exists(con, BATCHES_TABLE):
                 return []
             rows = con.execute(
-                f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, version "
+                f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, "
+                "version, coalesce(validated, false), coalesce(adopted, false), coalesce(rejected, []) "
                 f"FROM {BATCHES_TABLE} WHERE table_name = ? AND step = ? AND state IN {OPEN_STATES} "
                 "ORDER BY created_at", [table, step]).fetchall()
         return [BatchRecord(*r) for r in rows]
@@ -161,10 +219,10 @@ class BatchVerbs:
         return self.conn.transaction(work, wait=60.0)
 
     def merge_batch(self, batch: BatchRecord, layout: Layout, results: pl.DataFrame, *, counts: dict[str, int],
-                    processing_status: str, ended_at: datetime | None, now: datetime) -> int | None:
-        """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns the rows given
-        back, or None when another run merged the batch first (then nothing is written)."""
-        def work(con: duckdb.DuckDBPyConnection) -> int | None:
+                    processing_status: str, ended_at: datetime | None, now: datetime) -> pl.DataFrame | None:
+        """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns the keys of the
+        rows given back, or None when another run merged the batch first (then nothing is written)."""
+        def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame | None:
             state = con.execute(f"SELECT state FROM {BATCHES_TABLE} WHERE intent = ?", [batch.intent]).fetchall()
             if not state or state[0][0] not in OPEN_STATES:
                 return None
@@ -172,7 +230,7 @@ class BatchVerbs:
                 commit_results(con, layout, results, now=now, only_batch=batch.batch_id)
             c = names(layout.step)
             back = _give_back(con, layout.table, layout.step, "SUBMITTED", f"{c['_batch_id']} = $batch_id",
-                              {"batch_id": batch.batch_id})
+                              {"batch_id": batch.batch_id}, returning=layout.key)
             con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'merged', merged_at = ?, processing_status = ?, "
                         "ended_at = ?, succeeded = ?, errored = ?, canceled = ?, expired = ? WHERE intent = ?",
                         [now, processing_status, ended_at, counts.get("succeeded", 0), counts.get("errored", 0),
@@ -183,11 +241,15 @@ class BatchVerbs:
 
 
 def _give_back(con: duckdb.DuckDBPyConnection, table: str, step: str, status: str, condition: str,
-               params: dict[str, Any]) -> int:
-    """Rows of `status` matching `condition` back to the status they had before their claim, out of any batch."""
+               params: dict[str, Any], returning: list[str] | None = None) -> pl.DataFrame:
+    """Rows of `status` matching `condition` back to the status they had before their claim, out of any batch.
+
+    Returns their `returning` columns (a row count's worth of nothing when not asked).
+    """
     c = names(step)
-    return len(con.execute(
+    back = ", ".join(q(k) for k in returning) if returning else "1 AS one"
+    return con.sql(
         f"UPDATE {q(table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
         f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL, {c['_batch_id']} = NULL, {c['_custom_id']} = NULL "
-        f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING 1",
-        {**params, "max_attempts": 1 << 30}).fetchall())
+        f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING {back}",
+        params={**params, "max_attempts": 1 << 30}).pl()

@@ -184,6 +184,8 @@ class DuckDBLedger(BatchVerbs):
             running_elsewhere=int((status == Status.RUNNING).sum()),
             needs_review=int((status == Status.NEEDS_REVIEW).sum()),
             waiting=int((found["waiting"] & found["in_where"]).sum()),
+            in_batches=int((status == Status.SUBMITTED).sum()),
+            done_skipped=int(((status == Status.DONE) & ~(found["eligible"] & found["in_where"])).sum()),
             known=known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {},
             survey=found.select("status", "output"))
 
@@ -216,19 +218,20 @@ class DuckDBLedger(BatchVerbs):
             flags = flag_sql(layout, params.where)
             work = con.sql(f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
                            f"AND {flags['eligible']} AND {flags['in_where']}", params=work_sql).pl()
-            stale, running, review, unprepared, waiting = one(con, (
+            stale, running, review, unprepared, waiting, submitted = one(con, (
                 f"SELECT count(*) FILTER (WHERE {flags['current']} AND {flags['stale']}), "
                 f"count(*) FILTER (WHERE {flags['status']} = 'RUNNING'), "
                 f"count(*) FILTER (WHERE {flags['status']} = 'NEEDS_REVIEW'), "
                 f"count(*) FILTER (WHERE NOT {flags['current']} AND {flags['eligible']}), "
-                f"count(*) FILTER (WHERE {flags['waiting']}) "
+                f"count(*) FILTER (WHERE {flags['waiting']}), "
+                f"count(*) FILTER (WHERE {flags['status']} = 'SUBMITTED') "
                 f"FROM {q(table)} AS t WHERE {flags['in_where']}"), work_sql)
             return Selection(
                 inputs=input_columns(con, layout) if inputs else [],
                 layout=layout, version=version, requests=requests_of(con, layout), work=work, params=work_sql,
                 key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
-                waiting=int(waiting),
+                waiting=int(waiting), in_batches=int(submitted),
                 known=known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {})
 
         selection = self.conn.transaction(work)
@@ -338,17 +341,21 @@ class DuckDBLedger(BatchVerbs):
         return self.conn.transaction(work, wait=60.0)
 
     def reset(self, table: str, step: str, *, where: str, now: datetime) -> int:
-        """Put the step of rows matching `where` back to NOT_STARTED; their answers go to the history first."""
+        """Put the step of rows matching `where` back to NOT_STARTED; their answers go to the history first.
+
+        Rows in a Message Batch (SUBMITTED) are taken out of it: the batch's answers to them are then not
+        merged (the escape for a batch the API has lost).
+        """
         def work(con: duckdb.DuckDBPyConnection) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
-            matching = f"coalesce(({where}), false) AND {layout.col('_status')} NOT IN ('RUNNING', 'SUBMITTED')"
+            matching = f"coalesce(({where}), false) AND {layout.col('_status')} <> 'RUNNING'"
             archive(con, layout, now=now, reason="'reset'", condition=matching)
             c = names(step)
             cleared = [c[s] for s in ("", "_error", "_finished_at", "_input_tokens", "_output_tokens",
                                       "_cache_write_tokens", "_cache_read_tokens", "_cost_usd",
                                       "_stop_reason", "_model", "_fingerprint", "_raw", "_flag", "_flagged_at",
-                                      "_flagged_by")]
+                                      "_flagged_by", "_batch_id", "_custom_id", "_claimed_from")]
             sets = ", ".join([f"{c['_status']} = 'NOT_STARTED'", f"{c['_attempts']} = 0",
                               *(f"{col} = NULL" for col in cleared)])
             return len(con.execute(f"UPDATE {q(table)} AS t SET {sets} WHERE {matching} RETURNING 1").fetchall())

@@ -38,6 +38,16 @@ class Migration:
     apply: Callable[[duckdb.DuckDBPyConnection], None]
 
 
+def _add_step_columns(con: duckdb.DuckDBPyConnection, columns: dict[str, str]) -> None:
+    """Add the per-step columns `{suffix: SQL type}` to every step of every fact table that lacks them."""
+    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
+        if table_exists(con, table):
+            existing = column_types(con, table)
+            for suffix, sql_type in columns.items():
+                if step + suffix not in existing:
+                    con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} {sql_type}")
+
+
 def _v1_tables(con: duckdb.DuckDBPyConnection) -> None:
     """The bookkeeping tables of llmledger 0.1.0."""
     con.execute(f"""CREATE TABLE IF NOT EXISTS {STEPS_TABLE} (
@@ -81,25 +91,13 @@ def _v3_pipelines(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS upstream VARCHAR[]")
     for name in ("reason", "status", "raw"):
         con.execute(f"ALTER TABLE {HISTORY_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
-    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
-        if not table_exists(con, table):
-            continue
-        existing = column_types(con, table)
-        for suffix, sql_type in (("_raw", "VARCHAR"), ("_claimed_from", "VARCHAR"), ("_flag", "VARCHAR"),
-                                 ("_flagged_at", "TIMESTAMP"), ("_flagged_by", "VARCHAR"),
-                                 ("_upstream_fingerprint", "UUID")):
-            if step + suffix not in existing:
-                con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} {sql_type}")
+    _add_step_columns(con, {"_raw": "VARCHAR", "_claimed_from": "VARCHAR", "_flag": "VARCHAR",
+                            "_flagged_at": "TIMESTAMP", "_flagged_by": "VARCHAR", "_upstream_fingerprint": "UUID"})
 
 
 def _v4_cache(con: duckdb.DuckDBPyConnection) -> None:
     """Per step: prompt tokens written to and read from the prompt cache."""
-    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
-        if table_exists(con, table):
-            existing = column_types(con, table)
-            for suffix in ("_cache_write_tokens", "_cache_read_tokens"):
-                if step + suffix not in existing:
-                    con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} BIGINT")
+    _add_step_columns(con, {"_cache_write_tokens": "BIGINT", "_cache_read_tokens": "BIGINT"})
 
 
 def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
@@ -107,16 +105,13 @@ def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
     per run, the mode it ran in."""
     con.execute(f"""CREATE TABLE IF NOT EXISTS {BATCHES_TABLE} (
         intent VARCHAR, batch_id VARCHAR, table_name VARCHAR, step VARCHAR, claimant VARCHAR, requests BIGINT,
-        rows_sent BIGINT, bytes BIGINT, model VARCHAR, version VARCHAR, created_at TIMESTAMP, submitted_at TIMESTAMP,
+        rows_sent BIGINT, bytes BIGINT, model VARCHAR, version VARCHAR, created_at TIMESTAMP,
+        submitted_at TIMESTAMP,
         state VARCHAR, processing_status VARCHAR, succeeded BIGINT, errored BIGINT, canceled BIGINT,
-        expired BIGINT, ended_at TIMESTAMP, merged_at TIMESTAMP, note VARCHAR)""")
+        expired BIGINT, ended_at TIMESTAMP, merged_at TIMESTAMP, note VARCHAR, validated BOOLEAN,
+        adopted BOOLEAN, rejected VARCHAR[])""")
     con.execute(f"ALTER TABLE {RUNS_TABLE} ADD COLUMN IF NOT EXISTS mode VARCHAR")
-    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
-        if table_exists(con, table):
-            existing = column_types(con, table)
-            for suffix in ("_batch_id", "_custom_id"):
-                if step + suffix not in existing:
-                    con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} VARCHAR")
+    _add_step_columns(con, {"_batch_id": "VARCHAR", "_custom_id": "VARCHAR"})
 
 
 MIGRATIONS = (

@@ -1,0 +1,275 @@
+"""The batch collector: what any run of a step does with the step's Message Batches, in any process.
+
+`collect` looks at every batch of the step the store has not merged yet:
+an intent never confirmed (its process died around `batches.create`) is
+looked for with `batches.list` and confirmed, or given up when the API never
+got it; a batch that has ended has its results merged, matched by custom id.
+`wait` does that until nothing is processing. A batch found by looking is
+only taken as the intent's once its results carry the intent's custom ids;
+otherwise it is rejected and looked for again, so another store's batch of
+the same size can never be mistaken for ours.
+
+A result becomes a result row exactly like an online answer (`Recorder`),
+priced at the batch rate: `errored` items the row caused (an invalid
+request) count as a failed attempt; the API's own errors, `expired` and
+`canceled` items give the row back to be sent again. A structured answer
+that does not match `output=` is not asked again (that would be another
+batch): the row goes to NEEDS_REVIEW with the answer in `{step}_raw`.
+Failures to reach the API here never fail a run: the batch is looked at
+again next time, and its results stay with the API meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, timedelta
+from typing import Any
+
+import anthropic
+import polars as pl
+
+from .._ledger import Ledger, Selection
+from .._ledger.batches import BatchRecord, BatchRows
+from .._ledger.claims import is_abandoned, is_alive_here
+from .._ledger.states import Outcome
+from .._output import OutputError, OutputSpec
+from .._report import RunReport
+from .._time import utcnow
+from .api import REFUSAL, Reply, reply_from
+from .batch import fingerprint_of, result_frame
+from .recorder import Recorder
+from .scheduler import RunConfig
+
+log = logging.getLogger("llmledger")
+
+POLL_FIRST, POLL_MAX = 2.0, 60.0  # seconds between looks at a processing batch: growing to a minute
+CLOCK_SLACK = timedelta(minutes=10)  # how far this machine's clock may be from the API's
+_PERMANENT_ITEM_ERRORS = {"invalid_request_error", "not_found_error", "request_too_large"}
+
+
+class BatchCollector:
+    def __init__(self, *, ledger: Ledger, table: str, step: str, cfg: RunConfig, client: anthropic.AsyncAnthropic,
+                 report: RunReport, stop_flag: threading.Event, version: str | None = None,
+                 output_model: Any = None, on_progress: Callable[[RunReport, int], None] | None = None,
+                 stale_after: timedelta = timedelta(minutes=30)) -> None:
+        self.ledger, self.table, self.step, self.cfg, self.client = ledger, table, step, cfg, client
+        self.report, self.stop_flag, self.on_progress, self.stale_after = report, stop_flag, on_progress, stale_after
+        self.version, self.output_model = version, output_model  # apply_llm's definition: its pydantic model
+        self.returned: list[pl.DataFrame] = []  # keys of rows batches gave back during this run
+        self.mine: set[str] = set()  # intents this run sent (the sender adds them)
+        self.stuck: set[str] = set()  # batches no amount of waiting will merge (the API lost them; held)
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_flag.is_set() or self.report.outcome not in (Outcome.RUNNING, Outcome.PREPARING)
+
+    def output_for(self, version: str, output: OutputSpec | None) -> OutputSpec | None:
+        """The output spec answers to `version` are checked with: with apply_llm's pydantic model when current."""
+        if output is not None and self.output_model is not None and version == self.version:
+            return dataclasses.replace(output, model=self.output_model)
+        return output
+
+    async def collect(self) -> list[BatchRecord]:
+        """Settle unconfirmed intents, merge every ended batch; return the batches still open."""
+        open_batches = await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
+        intents = [b for b in open_batches if b.batch_id is None]
+        if intents:
+            await self._settle(intents)
+            open_batches = await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
+        still = []
+        for record in open_batches:
+            if self.stopped or record.batch_id is None or not await self._merge_if_ended(record):
+                still.append(record)
+        self.report.in_batches = sum(b.rows for b in still)
+        return still
+
+    async def wait(self) -> None:
+        """Poll until the step has no batch processing (or the run is stopped); merge each as it ends.
+
+        Batches waiting cannot help (the API lost them, or they wait for validate=) do not hold it up.
+        """
+        delay = POLL_FIRST
+        while not self.stopped and any(b.intent not in self.stuck for b in await self.collect()):
+            await asyncio.to_thread(self.stop_flag.wait, delay)
+            delay = min(delay * 1.5, POLL_MAX)
+
+    # -- intents ------------------------------------------------------------------------------------
+    async def _settle(self, intents: list[BatchRecord]) -> None:
+        now = utcnow()
+        lost = [b for b in intents if is_abandoned(b.claimant) or
+                (not is_alive_here(b.claimant) and now - b.created_at > self.stale_after)]
+        if not lost:
+            return
+        try:
+            found = await self._look(lost)
+        except anthropic.APIError as exc:  # try again next time; the rows wait
+            self._note(f"could not list batches to settle {len(lost)} unconfirmed one(s): {exc}")
+            return
+        for intent in lost:
+            batch_id = found.get(intent.intent)
+            if batch_id is None:
+                back = await asyncio.to_thread(self.ledger.abandon_batch, self.table, self.step, intent=intent.intent,
+                                               note="the API has no batch for this intent: the run stopped before "
+                                                    "sending it", now=utcnow())
+                if back.height:
+                    self.returned.append(back)
+            else:
+                await asyncio.to_thread(self.ledger.confirm_batch, self.table, self.step, intent=intent.intent,
+                                        batch_id=batch_id, now=utcnow(), adopted=True)
+
+    async def find(self, intent: str) -> str | None:
+        """The API batch an intent of this run became, if the API has it (after an ambiguous create)."""
+        records = await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
+        mine = [b for b in records if b.intent == intent]
+        try:
+            return (await self._look(mine)).get(intent) if mine else None
+        except anthropic.APIError:
+            return None
+
+    async def _look(self, intents: list[BatchRecord]) -> dict[str, str | None]:
+        """For each intent, the unknown API batch created closest to it with its number of requests (or None)."""
+        known = await asyncio.to_thread(self.ledger.known_batch_ids)
+        since = min(b.created_at for b in intents) - CLOCK_SLACK
+        candidates = []
+        async for batch in self.client.messages.batches.list(limit=100):
+            created = batch.created_at.astimezone(UTC).replace(tzinfo=None)
+            if created < since:
+                break
+            if batch.id not in known:
+                candidates.append((created, batch))
+        found: dict[str, str | None] = {}
+        for intent in sorted(intents, key=lambda b: b.created_at):
+            fits = [(abs((created - intent.created_at).total_seconds()), b) for created, b in candidates
+                    if created >= intent.created_at - CLOCK_SLACK and b.id not in intent.rejected
+                    and _total(b.request_counts) == intent.requests]
+            match = min(fits, key=lambda f: f[0])[1] if fits else None
+            found[intent.intent] = None if match is None else str(match.id)
+            candidates = [c for c in candidates if c[1] is not match]
+        return found
+
+    # -- merging ------------------------------------------------------------------------------------
+    async def _merge_if_ended(self, record: BatchRecord) -> bool:
+        """Merge the batch if it has ended; True when it is done with."""
+        assert record.batch_id is not None
+        rows = await asyncio.to_thread(self.ledger.batch_rows, record, inputs=self.cfg.validate is not None)
+        if not rows.rows.height:  # every row was taken out of it (llmledger.reset): nothing to merge
+            await asyncio.to_thread(self.ledger.abandon_batch, self.table, self.step, intent=record.intent,
+                                    note="its rows were reset", now=utcnow())
+            return True
+        if record.validated and self.cfg.validate is None:
+            self.stuck.add(record.intent)
+            self._note(f"batch {record.batch_id} was sent with validate=; collect it with the same validate= "
+                       "(apply_llm or llmledger.resume(..., validate=...)), so its answers are checked")
+            return False
+        try:
+            batch = await self.client.messages.batches.retrieve(record.batch_id)
+        except anthropic.NotFoundError:  # deleted, or another workspace's key: keep the rows, say what to do
+            self.stuck.add(record.intent)
+            self._note(f"the API has no batch {record.batch_id} for this API key (deleted, or another "
+                       f"workspace's); its rows stay SUBMITTED. To send them again: llmledger.reset(store, "
+                       f"{self.table!r}, {self.step!r}, where=\"{self.step}_batch_id = '{record.batch_id}'\")")
+            return False
+        except anthropic.APIError as exc:
+            self._note(f"batch {record.batch_id}: {exc} (looked at again next time)")
+            return False
+        if batch.processing_status != "ended":
+            return False
+        counted = RunReport(table=self.table, step=self.step)  # into the run's report once merged
+        try:
+            results, counts, ours = await self._results(record, rows, counted)
+        except Exception as exc:  # a download cut short: the results stay with the API, try next time
+            self._note(f"batch {record.batch_id}: downloading its results failed ({type(exc).__name__}: {exc}); "
+                        "tried again next time")
+            return False
+        if record.adopted and not ours and sum(counts.values()):
+            await asyncio.to_thread(self.ledger.reject_batch, record,
+                                    note=f"{record.batch_id} holds no custom id of this intent")
+            return False
+        ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
+        back = await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout,
+                                       result_frame(results, rows.key_types), counts=counts,
+                                       processing_status=batch.processing_status, ended_at=ended, now=utcnow())
+        if back is None:  # another run merged it meanwhile
+            return True
+        self.report.absorb(counted)
+        self.report.collected += len(results)
+        self.report.returned += back.height
+        if record.intent in self.mine:
+            self.report.batch_pending = max(0, self.report.batch_pending - len(results) - back.height)
+        if back.height:
+            self.returned.append(back)
+        if self.on_progress:
+            self.on_progress(self.report, len(results))
+        return True
+
+    async def _results(self, record: BatchRecord, rows: BatchRows,
+                       report: RunReport) -> tuple[list[dict[str, Any]], Counter[str], bool]:
+        """Result rows for the rows the batch answered or refused for their own reasons; its counts; and
+        whether any result carried this intent's custom ids."""
+        by_custom: dict[str, list[dict[str, Any]]] = {}
+        for row in rows.rows.iter_rows(named=True):
+            by_custom.setdefault(row["custom_id"], []).append(
+                {**row, "batch_id": record.batch_id, "version": record.version,
+                 "fingerprint": fingerprint_of(row["custom_id"])})  # what was sent, whatever the row asks now
+        request = rows.requests.get(record.version)
+        output = self.output_for(record.version, request.output_spec() if request is not None else None)
+        selection = Selection(layout=rows.layout, version=record.version, requests=rows.requests,
+                              work=pl.DataFrame(), params={}, key_types=rows.key_types, inputs=rows.inputs)
+        recorder = Recorder(selection=selection, cfg=self.cfg, report=report, output=output)
+        results: list[dict[str, Any]] = []
+        counts: Counter[str] = Counter()
+        ours = False
+        async for item in await self.client.messages.batches.results(record.batch_id):  # type: ignore[arg-type]
+            counts[item.result.type] += 1
+            ours = ours or item.custom_id.startswith(record.intent + "-")
+            mine = by_custom.pop(item.custom_id, None)
+            if not mine:
+                continue  # not a row of ours any more
+            reply, error = self._answer(item.result, request.model if request else "", output, recorder)
+            if reply is None and error is None:
+                continue  # expired, canceled, or the API's error: the row goes back to be sent again
+            for n, row in enumerate(mine):
+                results.append(recorder.result(row, reply, error, reused=n > 0))
+        return results, counts, ours
+
+    @staticmethod
+    def _answer(result: Any, model: str, output: OutputSpec | None,
+                recorder: Recorder) -> tuple[Reply | None, str | None]:
+        """(reply, None) an answer; (None, error) refused for the row's reasons; (reply, error) paid, needs a look;
+        (None, None) not answered for the API's reasons."""
+        if result.type == "succeeded":
+            reply = reply_from(result.message, model, batch=True)
+            if reply.stop_reason == "refusal":
+                recorder.bill(reply)
+                return None, REFUSAL
+            if output is None:
+                return reply, None
+            try:
+                return dataclasses.replace(reply, text=output.check(reply.text)), None
+            except OutputError as exc:
+                return reply, (f"the answer does not match the output schema: {exc} (a batch answer is not asked "
+                               "again; flag the row and rerun online with redo='flagged')")
+        if result.type == "errored":
+            error = result.error.error
+            kind, message = str(getattr(error, "type", "api_error")), str(getattr(error, "message", ""))
+            if kind in _PERMANENT_ITEM_ERRORS:
+                return None, f"errored in the batch: {kind}: {message}"
+            recorder.note_error(f"batch item {kind}: {message} (will be sent again)")
+        return None, None
+
+    def _note(self, message: str) -> None:
+        """Something about a batch the user should know (shown with the run's summary), once."""
+        log.info(message)
+        if message not in self.report.notes:
+            self.report.notes.append(message)
+
+
+def _total(counts: Any) -> int:
+    return sum(int(getattr(counts, name, 0) or 0) for name in ("processing", "succeeded", "errored", "canceled",
+                                                               "expired"))
+
