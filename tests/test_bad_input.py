@@ -16,6 +16,7 @@ from llmledger import (
     StepNameError,
     StoreError,
     WhereClauseError,
+    apply_llm,
 )
 
 from .conftest import frame, sql
@@ -118,3 +119,11 @@ def test_a_where_with_more_statements_and_a_retyped_column_are_refused(run, sim:
     with pytest.raises(InvalidInputError, match=r"column 'text' is VARCHAR in table 'messages' but VARCHAR\[\]"):
         run(retyped, "summary", prompt="Summarize: {id}")
     assert sql(store, "SELECT * FROM messages ORDER BY id") == before
+
+
+def test_no_api_key_is_a_clear_error_before_anything_is_written(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    with pytest.raises(InvalidInputError, match=r"no API key: set ANTHROPIC_API_KEY .* llmledger\.Simulator\(\)"):
+        apply_llm(frame(3), "summary", prompt="Summarize: {text}", store=store, progress=False)
+    assert not store.exists()

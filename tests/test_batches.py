@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -215,7 +216,8 @@ def test_structured_answers_and_validate_in_batches(run: Any, sim: Simulator, st
 def test_bad_batch_arguments_are_refused_before_anything_is_written(run: Any, store: Path) -> None:
     for kwargs, match in (({"mode": "bulk"}, "mode must be"), ({"mode": "batch", "max_cost_usd": 1.0}, "max_cost_usd"),
                           ({"mode": "batch", "batch_size": 100_001}, "at most 100,000"),
-                          ({"mode": "batch", "wait": "yes"}, "wait must be")):
+                          ({"mode": "batch", "wait": "yes"}, "wait must be"),
+                          ({"wait": False}, "background=True"), ({"batch_size": 10}, "applies to mode='batch'")):
         with pytest.raises(InvalidInputError, match=match):
             run(frame(3), "summary", prompt="Summarize: {text}", **kwargs)
     assert not store.exists()
@@ -296,11 +298,9 @@ def test_a_batch_the_api_has_lost_keeps_its_rows_until_a_person_resets_them(run:
     batch_id = sql(store, "SELECT any_value(summary_batch_id) FROM messages")[0][0]
     time.sleep(0.6)
 
-    async def delete() -> None:  # someone deletes it in the Console before it was collected
-        async with anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k") as person:
-            await person.messages.batches.delete(batch_id)
-
-    asyncio.run(delete())
+    # someone deletes it in the Console before it was collected (plain HTTP: older SDKs have no delete())
+    urllib.request.urlopen(urllib.request.Request(f"{sim.base_url}/v1/messages/batches/{batch_id}",
+                                                  method="DELETE", headers={"x-api-key": "k"}), timeout=10)
     out = run(frame(3), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
     assert out["summary_status"].to_list() == ["SUBMITTED"] * 3, "not given up on the API's word alone"
     report = llmledger.last_report()
@@ -346,3 +346,20 @@ def test_batch_answers_are_checked_like_online_ones_and_only_with_validate(run: 
     assert batched["batched_status"].to_list() == online["online_status"].to_list() == \
         ["DONE", "NEEDS_REVIEW", "NEEDS_REVIEW"]
     assert sql(store, "SELECT batched_error FROM messages WHERE id = 2")[0][0] == "no Initech please"
+
+
+def test_a_batch_collected_later_is_counted_once_and_reset_rows_are_still_paid_for(run: Any, sim: Simulator,
+                                                                                 store: Path) -> None:
+    sim.configure(batch_delay=0.6)
+    run(frame(6), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
+    assert llmledger.reset(store, "messages", "summary", where="id >= 4") == 2  # a person takes two rows out
+    time.sleep(0.7)
+    out = run(frame(4), "summary", prompt="Summarize: {text}", mode="batch", wait=False)  # the batch has ended
+    assert out["summary_status"].to_list() == ["DONE"] * 4
+    report = llmledger.last_report()
+    assert report is not None and report.collected == 4 and report.skipped == 0
+    assert report.avoided["rows already done"] == 0, "rows merged by this call are not also 'already done'"
+    unused, unused_cost, cost = sql(store, "SELECT unused, unused_cost_usd, (SELECT sum(summary_cost_usd) "
+                                           "FROM messages) FROM llmledger_batches")[0]
+    assert unused == 2 and unused_cost == pytest.approx(cost / 2, rel=0.2), "the two answers nobody took are paid"
+    assert report.calls == 6 and report.cost_usd == pytest.approx(cost + unused_cost)

@@ -7,6 +7,7 @@ Every check here happens before anything is written: a bad call raises an
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -70,7 +71,7 @@ def apply_llm(
     budget_scope: Literal["run", "step"] = "run",
     mode: Literal["online", "batch", "auto"] = "online",
     wait: bool = True,
-    batch_size: int = MAX_REQUESTS,
+    batch_size: int | None = None,
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
@@ -91,7 +92,7 @@ def apply_llm(
     of this step so far) has spent that much; unsent rows stay as they were.
 
     `mode="batch"` sends the rows as Message Batches (half the price; answers within 24 h, usually
-    minutes) of up to `batch_size` requests; the rows are SUBMITTED until their batch ends.
+    minutes) of up to `batch_size` requests (default 100,000); the rows are SUBMITTED until their batch ends.
     `wait=True` polls until every batch of the step has ended and returns the answers;
     `wait=False` returns once they are submitted, and any later call of the step (this one
     again, `resume`, `llmledger run`) collects them. `mode="auto"` sends in batches when there
@@ -138,7 +139,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                  client=o["client"], progress=o["progress"], retry=o["retry"], commit_every=o["commit_every"],
                  dedupe=o["dedupe"], validate=validate, output_model=None if spec is None else spec.model,
                  max_cost_usd=o["max_cost_usd"], budget_scope=o["budget_scope"], mode=o.get("mode", "online"),
-                 wait=o.get("wait", True), batch_size=o.get("batch_size", MAX_REQUESTS))
+                 wait=o.get("wait", True), batch_size=o.get("batch_size"))
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
     return plan
 
@@ -182,7 +183,7 @@ def resume(
     budget_scope: Literal["run", "step"] = "run",
     mode: Literal["online", "batch", "auto"] = "online",
     wait: bool = True,
-    batch_size: int = MAX_REQUESTS,
+    batch_size: int | None = None,
 ) -> Any:
     """Finish a step that `apply_llm` started, from the store alone (after a kill, a closed laptop, a lost kernel).
 
@@ -216,9 +217,9 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
           max_attempts: Any, stale_after: Any, client: Any, progress: bool, retry: RetryPolicy | None,
           commit_every: Any, dedupe: bool, validate: Validator | None = None, output_model: Any = None,
           max_cost_usd: Any = None, budget_scope: Any = "run", mode: Any = "online", wait: Any = True,
-          batch_size: Any = MAX_REQUESTS) -> Plan:
+          batch_size: Any = None) -> Plan:
     for name, value in (("chunk_size", chunk_size), ("concurrency", concurrency), ("max_attempts", max_attempts),
-                        ("batch_size", batch_size)):
+                        ("batch_size", MAX_REQUESTS if batch_size is None else batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
     if redo not in (False, True, "stale", "flagged"):
@@ -238,6 +239,10 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
                                 f"got {mode!r}")
     if not isinstance(wait, bool):
         raise InvalidInputError(f"wait must be True or False, got {wait!r}")
+    if mode == "online" and (wait is False or batch_size is not None):
+        raise InvalidInputError(f"{'wait=False' if wait is False else 'batch_size'} applies to mode='batch' or "
+                                "'auto' (Message Batches); an online run that returns at once is "
+                                "apply_llm(..., background=True)")
     if isinstance(batch_size, int) and batch_size > MAX_REQUESTS:
         raise InvalidInputError(f"batch_size must be at most {MAX_REQUESTS:,} (the API's limit on requests in "
                                 f"one batch), got {batch_size:,}")
@@ -248,6 +253,11 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
     stale = stale_after if isinstance(stale_after, timedelta) else timedelta(seconds=float(stale_after))
     if stale.total_seconds() <= 0:
         raise InvalidInputError(f"stale_after must be positive, got {stale_after!r}")
+    if client is None and not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        raise InvalidInputError("no API key: set ANTHROPIC_API_KEY (or pass client=anthropic.AsyncAnthropic("
+                                "api_key=...)). To try llmledger offline, pass a client for its simulator: "
+                                "sim = llmledger.Simulator().start(); client=anthropic.AsyncAnthropic("
+                                "base_url=sim.base_url, api_key='sim')")
     if client is not None and not isinstance(client, anthropic.AsyncAnthropic):
         raise InvalidInputError(f"client must be an anthropic.AsyncAnthropic (llmledger sends rows concurrently), "
                                 f"got {type(client).__name__}; e.g. anthropic.AsyncAnthropic(api_key=...)")
@@ -260,7 +270,7 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
     return Plan(store=path, table=table, step=step, cfg=cfg, max_attempts=max_attempts,
                 redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress,
                 mode="online" if mode == "auto" and max_cost_usd is not None else mode, wait=wait,
-                batch_size=batch_size)
+                batch_size=MAX_REQUESTS if batch_size is None else batch_size)
 
 
 def _cache_ttl(cache: Any, model: str, system: str | None) -> str | None:

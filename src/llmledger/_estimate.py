@@ -37,7 +37,8 @@ def estimate(df: Any, step: str, **options: Any) -> pl.DataFrame:
     """What `apply_llm(df, step, **options)` would send and cost, as a one-row frame; nothing is sent or written.
 
     Columns: rows, to_send, calls (requests after identical ones share an answer), reused, done, stale,
-    waiting, needs_review, input_tokens, output_tokens, output_basis, cost_usd (online), cost_usd_batch.
+    waiting, needs_review, in_batches (rows in Message Batches still processing), input_tokens, output_tokens,
+    output_basis, cost_usd (online), cost_usd_batch.
     """
     try:
         bound = inspect.signature(apply_llm).bind(df, step, **options)
@@ -91,6 +92,7 @@ def _look(con: duckdb.DuckDBPyConnection, selection: Selection, plan: Plan) -> d
     return {"rows": plan.frame.height, "to_send": selection.work.height, "calls": calls,
             "reused": selection.work.height - calls, "done": int((status == "DONE").sum()),
             "stale": selection.stale, "waiting": selection.waiting, "needs_review": selection.needs_review,
+            "in_batches": selection.in_batches,
             "input_tokens": plain + write + read, "output_tokens": output, "output_basis": basis,
             "cost_usd": None if price is None else price.cost(**usage),
             "cost_usd_batch": None if price is None else price.cost(**usage, batch=True)}

@@ -39,6 +39,7 @@ class RunReport:
     done_saved_usd: float = 0.0  # what the skipped rows (DONE already) would cost again, at the step's average
     submitted: int = 0  # rows this run sent in Message Batches
     batches: int = 0  # Message Batches this run created
+    batch_requests: int = 0  # requests in them (rows with identical requests share one)
     in_batches: int = 0  # rows of the step in batches still processing when the run ended
     collected: int = 0  # rows answered (or refused) by batches this run merged
     mode: str = "online"  # how this run sent rows: "online" or "batch"
@@ -144,7 +145,8 @@ class RunReport:
         cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
         parts = [f"{self.table}.{self.step}: {self.done:,} done", f"{self.failed:,} failed",
                  f"{self.needs_review:,} needs review", f"{self.skipped:,} skipped"]
-        batches = f"sent in {self.batches:,} batch{'es' if self.batches != 1 else ''}"
+        batches = (f"sent in {self.batches:,} new batch{'es' if self.batches != 1 else ''} of "
+                   f"{self.batch_requests:,} request{'s' if self.batch_requests != 1 else ''}")
         counts = [(self.stale, "stale"), (self.waiting, "waiting"), (self.running_elsewhere, "running elsewhere"),
                   (self.unprepared, "not prepared"), (self.remaining if self.outcome != "completed" else 0, "not sent"),
                   (self.reused, "reused"), (self.collected, "of them from batches"), (self.submitted, batches),

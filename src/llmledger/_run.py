@@ -188,12 +188,15 @@ class Run:
                 selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe,
                                           inputs=plan.cfg.validate is not None)
             self._take_counts(selection)
-            if selection.done_skipped:
-                report.done_saved_usd = selection.done_skipped * _average_paid(ledger, plan.table, plan.step)
+            done_before = selection.done_skipped - report.done  # not the rows just merged from batches
+            if done_before > 0:
+                report.done_saved_usd = done_before * _average_paid(ledger, plan.table, plan.step)
             batch = plan.mode == "batch" or (plan.mode == "auto" and selection.work.height >= AUTO_BATCH_ROWS)
             report.mode = "batch" if batch else "online"
-            if plan.cfg.max_cost_usd is not None and plan.cfg.budget_scope == "step":
-                plan.cfg = dataclasses.replace(plan.cfg, spent_before_usd=ledger.spent(plan.table, plan.step))
+            if plan.cfg.max_cost_usd is not None:
+                plan.cfg = dataclasses.replace(
+                    plan.cfg, average_before_usd=_average_paid(ledger, plan.table, plan.step),
+                    spent_before_usd=ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0)
             if selection.work.height or (batch and plan.wait):
                 selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
             report.outcome = Outcome.RUNNING
@@ -211,6 +214,8 @@ class Run:
                                                   foreground=foreground)
                 if report.outcome == Outcome.RUNNING:
                     report.outcome = Outcome.COMPLETED
+                if report.collected and not selection.work.height:
+                    report.mode = "batch"  # all it paid for came from batches sent earlier
                 if report.outcome == Outcome.INTERRUPTED and not foreground:
                     report.outcome = Outcome.CANCELLED
             finally:

@@ -155,6 +155,7 @@ class BatchSender:
                                       "rows were sent again, so its answers are not used")
             return None
         self.report.batches += 1
+        self.report.batch_requests += len(requests)
         self._count_sent(sent)
         return intent, batch_id
 

@@ -181,7 +181,7 @@ class BatchCollector:
             return False
         counted = RunReport(table=self.table, step=self.step)  # into the run's report once merged
         try:
-            results, counts, ours = await self._results(record, rows, counted)
+            results, counts, ours, unused = await self._results(record, rows, counted)
         except Exception as exc:  # a download cut short: the results stay with the API, try next time
             self._note(f"batch {record.batch_id}: downloading its results failed ({type(exc).__name__}: {exc}); "
                         "tried again next time")
@@ -193,7 +193,8 @@ class BatchCollector:
         ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
         back = await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout,
                                        result_frame(results, rows.key_types), counts=counts,
-                                       processing_status=batch.processing_status, ended_at=ended, now=utcnow())
+                                       processing_status=batch.processing_status, ended_at=ended, now=utcnow(),
+                                       unused=unused)
         if back is None:  # another run merged it meanwhile
             return True
         self.report.absorb(counted)
@@ -207,10 +208,10 @@ class BatchCollector:
             self.on_progress(self.report, len(results))
         return True
 
-    async def _results(self, record: BatchRecord, rows: BatchRows,
-                       report: RunReport) -> tuple[list[dict[str, Any]], Counter[str], bool]:
-        """Result rows for the rows the batch answered or refused for their own reasons; its counts; and
-        whether any result carried this intent's custom ids."""
+    async def _results(self, record: BatchRecord, rows: BatchRows, report: RunReport
+                       ) -> tuple[list[dict[str, Any]], Counter[str], bool, tuple[int, float]]:
+        """Result rows for the rows the batch answered or refused for their own reasons; its counts; whether
+        any result carried this intent's custom ids; and the answers no row holds any more, with their cost."""
         by_custom: dict[str, list[dict[str, Any]]] = {}
         for row in rows.rows.iter_rows(named=True):
             by_custom.setdefault(row["custom_id"], []).append(
@@ -223,19 +224,23 @@ class BatchCollector:
         recorder = Recorder(selection=selection, cfg=self.cfg, report=report, output=output)
         results: list[dict[str, Any]] = []
         counts: Counter[str] = Counter()
-        ours = False
+        ours, unused, unused_usd = False, 0, 0.0
         async for item in await self.client.messages.batches.results(record.batch_id):  # type: ignore[arg-type]
             counts[item.result.type] += 1
             ours = ours or item.custom_id.startswith(record.intent + "-")
             mine = by_custom.pop(item.custom_id, None)
-            if not mine:
-                continue  # not a row of ours any more
+            if not mine:  # no row holds this request any more (reset meanwhile): paid all the same
+                if item.result.type == "succeeded" and item.custom_id.startswith(record.intent + "-"):
+                    unused += 1
+                    unused_usd += recorder.bill(reply_from(item.result.message, request.model if request else "",
+                                                           batch=True)) or 0.0
+                continue
             reply, error = self._answer(item.result, request.model if request else "", output, recorder)
             if reply is None and error is None:
                 continue  # expired, canceled, or the API's error: the row goes back to be sent again
             for n, row in enumerate(mine):
                 results.append(recorder.result(row, reply, error, reused=n > 0))
-        return results, counts, ours
+        return results, counts, ours, (unused, unused_usd)
 
     @staticmethod
     def _answer(result: Any, model: str, output: OutputSpec | None,

@@ -54,6 +54,8 @@ class RunConfig:
     max_cost_usd: float | None = None  # stop starting requests once this much is spent
     budget_scope: str = "run"  # "step": the budget also counts what earlier runs of the step spent
     spent_before_usd: float = 0.0  # that, as the ledger holds it when the run starts
+    average_before_usd: float = 0.0  # the step's average paid answer so far (what a request costs, before this
+    # run's first answer says)
     output_model: Any = field(default=None, compare=False)  # the pydantic model of output= (apply_llm only)
 
 
@@ -101,9 +103,10 @@ class Scheduler:
     def may_spend(self) -> bool:
         """Whether another request may start under `max_cost_usd`.
 
-        What is spent, plus what the requests in flight will cost at the run's average so far, must stay
-        under the budget; so a run overshoots it by at most the requests it had in flight. Until the first
-        answer says what a request costs, one request at a time.
+        What is spent, plus what the requests in flight and this one will cost at the run's average so far,
+        must stay within the budget; so a run ends under it by less than a request or two, and over it only
+        when answers cost more than the average. Until an answer of the step says what a request costs, one
+        request at a time.
         """
         budget, rep = self.cfg.max_cost_usd, self.report
         if budget is None:
@@ -113,15 +116,16 @@ class Scheduler:
                                       "llmledger.set_price); stopped")
             return False
         spent = self.cfg.spent_before_usd + rep.cost_usd
-        if not rep.calls and spent < budget:
+        average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd
+        if not average and spent < budget:  # no answer of the step says what one costs yet: one at a time
             return self.in_flight == 0
-        average = rep.cost_usd / rep.calls if rep.calls else 0.0
-        if spent + average * self.in_flight < budget:
+        if spent + average * (self.in_flight + 1) <= budget:  # the requests in flight, and this one
             return True
         earlier = f" (${self.cfg.spent_before_usd:.4f} of it by earlier runs of this step)" \
             if self.cfg.spent_before_usd else ""
-        self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${spent:.4f} spent{earlier}. "
-                                  "Rows not sent stay as they were; raise max_cost_usd to go on.")
+        self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${spent:.4f} spent{earlier}, and "
+                                  f"another request (about ${average:.4f}) would go over it. Rows not sent stay as "
+                                  "they were; raise max_cost_usd to go on.")
         return False
 
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:

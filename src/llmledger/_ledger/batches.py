@@ -219,9 +219,14 @@ class BatchVerbs:
         return self.conn.transaction(work, wait=60.0)
 
     def merge_batch(self, batch: BatchRecord, layout: Layout, results: pl.DataFrame, *, counts: dict[str, int],
-                    processing_status: str, ended_at: datetime | None, now: datetime) -> pl.DataFrame | None:
+                    processing_status: str, ended_at: datetime | None, now: datetime,
+                    unused: tuple[int, float] = (0, 0.0)) -> pl.DataFrame | None:
         """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns the keys of the
-        rows given back, or None when another run merged the batch first (then nothing is written)."""
+        rows given back, or None when another run merged the batch first (then nothing is written).
+
+        `unused`: answers (and their cost) to requests no row holds any more (reset while the batch ran):
+        paid for, so recorded with the batch.
+        """
         def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame | None:
             state = con.execute(f"SELECT state FROM {BATCHES_TABLE} WHERE intent = ?", [batch.intent]).fetchall()
             if not state or state[0][0] not in OPEN_STATES:
@@ -232,9 +237,10 @@ class BatchVerbs:
             back = _give_back(con, layout.table, layout.step, "SUBMITTED", f"{c['_batch_id']} = $batch_id",
                               {"batch_id": batch.batch_id}, returning=layout.key)
             con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'merged', merged_at = ?, processing_status = ?, "
-                        "ended_at = ?, succeeded = ?, errored = ?, canceled = ?, expired = ? WHERE intent = ?",
+                        "ended_at = ?, succeeded = ?, errored = ?, canceled = ?, expired = ?, unused = ?, "
+                        "unused_cost_usd = ? WHERE intent = ?",
                         [now, processing_status, ended_at, counts.get("succeeded", 0), counts.get("errored", 0),
-                         counts.get("canceled", 0), counts.get("expired", 0), batch.intent])
+                         counts.get("canceled", 0), counts.get("expired", 0), unused[0], unused[1], batch.intent])
             return back
 
         return self.conn.transaction(work, wait=None)

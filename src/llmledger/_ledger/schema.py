@@ -109,7 +109,7 @@ def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
         submitted_at TIMESTAMP,
         state VARCHAR, processing_status VARCHAR, succeeded BIGINT, errored BIGINT, canceled BIGINT,
         expired BIGINT, ended_at TIMESTAMP, merged_at TIMESTAMP, note VARCHAR, validated BOOLEAN,
-        adopted BOOLEAN, rejected VARCHAR[])""")
+        adopted BOOLEAN, rejected VARCHAR[], unused BIGINT, unused_cost_usd DOUBLE)""")
     con.execute(f"ALTER TABLE {RUNS_TABLE} ADD COLUMN IF NOT EXISTS mode VARCHAR")
     _add_step_columns(con, {"_batch_id": "VARCHAR", "_custom_id": "VARCHAR"})
 
