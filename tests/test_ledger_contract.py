@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from llmledger._ledger import Ledger, RunParams, StepDefinition, open_ledger
+from llmledger._ledger.batches import BatchChanged
 from llmledger._ledger.columns import RESULT_SCHEMA
 from llmledger._ledger.states import Redo
 from llmledger._prompt import plan_prompt
@@ -178,7 +179,7 @@ def test_a_batch_goes_from_intent_to_submitted_to_merged(ledger: Ledger) -> None
                  "batch_id": "msgbatch_x", "custom_id": "bintent1-0"}]
     back = ledger.merge_batch(record, held.layout, pl.from_dicts(answered, schema={"id": pl.Int64} | RESULT_SCHEMA),
                               counts={"succeeded": 1, "expired": 2}, processing_status="ended", ended_at=utcnow(),
-                              now=utcnow())
+                              now=utcnow(), expected_rows=3)
     assert sorted(back["id"].to_list()) == [2, 3], "the rows the batch did not answer go back"
     assert ledger.counts("t").select("SUBMITTED", "DONE", "NOT_STARTED").row(0) == (0, 1, 3)
     assert ledger.open_batches("t", "s") == []
@@ -196,3 +197,22 @@ def test_an_abandoned_intent_gives_its_rows_back_as_they_were(ledger: Ledger) ->
     assert sorted(back["id"].to_list()) == sorted(r["id"] for r in rows)
     assert ledger.counts("t").select("RUNNING", "NOT_STARTED").row(0) == (0, 4)
     assert ledger.open_batches("t", "s") == []
+
+
+def test_a_found_batch_is_never_abandoned_nor_given_to_two_intents(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    first = ledger.claim(selection, 2, claimant="h/1/r", now=utcnow())
+    _intent(ledger, selection, first, intent="bfirst")
+    second = ledger.claim(selection, 2, claimant="h/1/r", now=utcnow())
+    _intent(ledger, selection, second, intent="bsecond")
+    assert ledger.confirm_batch("t", "s", intent="bfirst", batch_id="msgbatch_a", now=utcnow()) == 2
+    assert ledger.confirm_batch("t", "s", intent="bsecond", batch_id="msgbatch_a", now=utcnow()) is None
+    assert ledger.abandon_batch("t", "s", intent="bfirst", note="late", now=utcnow()).height == 0, \
+        "another run found its batch meanwhile: not abandoned"
+    assert ledger.counts("t").select("SUBMITTED", "RUNNING").row(0) == (2, 2)
+    [record] = [b for b in ledger.open_batches("t", "s") if b.intent == "bfirst"]
+    held = ledger.batch_rows(record)
+    with pytest.raises(BatchChanged):
+        ledger.merge_batch(record, held.layout, pl.DataFrame(schema={"id": pl.Int64} | RESULT_SCHEMA), counts={},
+                           processing_status="ended", ended_at=utcnow(), now=utcnow(), expected_rows=3)
+    assert ledger.counts("t").select("SUBMITTED").row(0) == (2,), "a merge against stale rows writes nothing"

@@ -121,9 +121,10 @@ class BatchSender:
         for batch_id, keys in by_batch.items():
             assigned = pl.from_dicts(keys, schema={**selection.key_types, "custom_id": pl.String})
             n = await asyncio.to_thread(self.ledger.attach_to_batch, selection.layout, assigned, batch_id=batch_id,
-                                        claimant=str(self.claimant))
+                                        claimant=str(self.claimant), validated=self.cfg.validate is not None)
             if n:
                 joined.update(k["custom_id"] for k in keys)
+                self.mine.add(batch_id)
                 self._count_sent(n)
             else:  # that batch is merged by now: forget it
                 for fp in [fp for fp, (_, b) in pending.items() if b == batch_id]:
@@ -145,11 +146,12 @@ class BatchSender:
         await asyncio.to_thread(self.ledger.begin_batch, layout, assigned, intent=intent, claimant=str(self.claimant),
                                 requests=len(requests), size=size, model=chunk[0][1]["model"],
                                 version=selection.version, validated=self.cfg.validate is not None, now=utcnow())
-        batch_id = await self._create(requests, intent, layout.table, layout.step)
-        if batch_id is None:
+        created = await self._create(requests, intent, layout.table, layout.step)
+        if created is None:
             return None
+        batch_id, found = created
         sent = await asyncio.to_thread(self.ledger.confirm_batch, layout.table, layout.step, intent=intent,
-                                       batch_id=batch_id, now=utcnow())
+                                       batch_id=batch_id, now=utcnow(), adopted=found)
         if sent is None:  # another run gave the intent up meanwhile (only after stale_after): say so
             self.report.errors.append(f"batch {batch_id} was created after its intent {intent} was given up; its "
                                       "rows were sent again, so its answers are not used")
@@ -165,17 +167,20 @@ class BatchSender:
         if self.on_progress:
             self.on_progress(self.report, 0)
 
-    async def _create(self, requests: list[dict[str, Any]], intent: str, table: str, step: str) -> str | None:
-        """`batches.create`, retried on the API's transient errors; None when it did not happen (rows given back).
+    async def _create(self, requests: list[dict[str, Any]], intent: str, table: str,
+                      step: str) -> tuple[str, bool] | None:
+        """`batches.create`, retried on the API's transient errors: (batch id, whether it was found by looking),
+        or None when it did not happen (rows given back) or cannot be told (left to the next call).
 
         A failure that may have come after the API created the batch (a dropped connection, a gateway's
-        5xx) is followed by looking for it before trying again, so one intent never becomes two batches.
+        5xx) is followed by looking for it. The batch is created again only when every look succeeded and
+        found nothing; a batch found is checked against its custom ids when it ends (`collect.py`).
         """
         failure: CallFailed | None = None
         for tries in range(CREATE_TRIES):
             try:
                 batch = await self.client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
-                return str(batch.id)
+                return str(batch.id), False
             except (anthropic.APIConnectionError, anthropic.APIStatusError) as exc:
                 failure = classify(exc)
                 ambiguous = isinstance(exc, anthropic.APIConnectionError) or exc.status_code in AMBIGUOUS_STATUS
@@ -185,9 +190,15 @@ class BatchSender:
             if ambiguous:
                 for delay in LOOKS:
                     await asyncio.sleep(delay)
-                    found = await self.find(intent)
+                    try:
+                        found = await self.find(intent)
+                    except anthropic.APIError as exc:  # cannot tell: never risk a second batch
+                        self._stop(Outcome.OUTAGE, f"could not tell whether the API took batch {intent} "
+                                                   f"({failure}; then {exc}); the next call of the step looks "
+                                                   "for it again, and sends its rows only if the API has not")
+                        return None
                     if found:
-                        return str(found)
+                        return str(found), True
             else:
                 await asyncio.sleep(backoff(tries, base=self.cfg.retry.base_delay, cap=self.cfg.retry.max_delay,
                                             retry_after=failure.retry_after))
@@ -198,11 +209,14 @@ class BatchSender:
         await asyncio.to_thread(self.ledger.abandon_batch, table, step, intent=intent,
                                 note=f"not created: {failure}", now=utcnow())
         outcome = failure.stop or (Outcome.OUTAGE if failure.kind is Kind.TRANSIENT else Outcome.ERROR)
+        self._stop(outcome, f"the API did not take the batch ({failure}); its rows are as they were. Run the same "
+                            "call again to retry.")
+        return None
+
+    def _stop(self, outcome: Outcome, message: str) -> None:
         if not self.stopped:
             self.report.outcome = outcome
-            self.report.message = (f"the API did not take the batch ({failure}); its rows are as they were. Run "
-                                   "the same call again to retry.")
-        return None
+            self.report.message = message
 
 
 def _chunks(rows: list[dict[str, Any]], selection: Selection, size: int, *, dedupe: bool) -> list[list[Group]]:

@@ -34,7 +34,7 @@ import anthropic
 import polars as pl
 
 from .._ledger import Ledger, Selection
-from .._ledger.batches import BatchRecord, BatchRows
+from .._ledger.batches import BatchChanged, BatchRecord, BatchRows
 from .._ledger.claims import is_abandoned, is_alive_here
 from .._ledger.states import Outcome
 from .._output import OutputError, OutputSpec
@@ -49,6 +49,9 @@ log = logging.getLogger("llmledger")
 
 POLL_FIRST, POLL_MAX = 2.0, 60.0  # seconds between looks at a processing batch: growing to a minute
 CLOCK_SLACK = timedelta(minutes=10)  # how far this machine's clock may be from the API's
+ABANDON_AFTER = timedelta(seconds=20)  # an intent not found is given up only this long after it was made: a
+# create the dead process had sent may still be being made
+GIVE_UP_AFTER = 5  # failed looks in a row after which waiting for a batch stops (it says why, and what to do)
 _PERMANENT_ITEM_ERRORS = {"invalid_request_error", "not_found_error", "request_too_large"}
 
 
@@ -63,6 +66,7 @@ class BatchCollector:
         self.returned: list[pl.DataFrame] = []  # keys of rows batches gave back during this run
         self.mine: set[str] = set()  # intents this run sent (the sender adds them)
         self.stuck: set[str] = set()  # batches no amount of waiting will merge (the API lost them; held)
+        self.failures: Counter[str] = Counter()  # failed looks in a row, per intent
 
     @property
     def stopped(self) -> bool:
@@ -101,17 +105,19 @@ class BatchCollector:
     # -- intents ------------------------------------------------------------------------------------
     async def _settle(self, intents: list[BatchRecord]) -> None:
         now = utcnow()
-        lost = [b for b in intents if is_abandoned(b.claimant) or
+        lost = [b for b in intents if b.intent in self.mine or is_abandoned(b.claimant) or
                 (not is_alive_here(b.claimant) and now - b.created_at > self.stale_after)]
         if not lost:
             return
         try:
             found = await self._look(lost)
         except anthropic.APIError as exc:  # try again next time; the rows wait
-            self._note(f"could not list batches to settle {len(lost)} unconfirmed one(s): {exc}")
+            self._failed(lost, f"could not list batches to settle {len(lost)} unconfirmed one(s): {exc}")
             return
         for intent in lost:
             batch_id = found.get(intent.intent)
+            if batch_id is None and now - intent.created_at < ABANDON_AFTER:
+                continue  # it may still be being made: look again later
             if batch_id is None:
                 back = await asyncio.to_thread(self.ledger.abandon_batch, self.table, self.step, intent=intent.intent,
                                                note="the API has no batch for this intent: the run stopped before "
@@ -123,13 +129,11 @@ class BatchCollector:
                                         batch_id=batch_id, now=utcnow(), adopted=True)
 
     async def find(self, intent: str) -> str | None:
-        """The API batch an intent of this run became, if the API has it (after an ambiguous create)."""
+        """The API batch an intent of this run became, if the API has it (after an ambiguous create).
+        Raises the API's error when it cannot be told."""
         records = await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
         mine = [b for b in records if b.intent == intent]
-        try:
-            return (await self._look(mine)).get(intent) if mine else None
-        except anthropic.APIError:
-            return None
+        return (await self._look(mine)).get(intent) if mine else None
 
     async def _look(self, intents: list[BatchRecord]) -> dict[str, str | None]:
         """For each intent, the unknown API batch created closest to it with its number of requests (or None)."""
@@ -159,7 +163,7 @@ class BatchCollector:
         rows = await asyncio.to_thread(self.ledger.batch_rows, record, inputs=self.cfg.validate is not None)
         if not rows.rows.height:  # every row was taken out of it (llmledger.reset): nothing to merge
             await asyncio.to_thread(self.ledger.abandon_batch, self.table, self.step, intent=record.intent,
-                                    note="its rows were reset", now=utcnow())
+                                    note="its rows were reset", now=utcnow(), confirmed=True)
             return True
         if record.validated and self.cfg.validate is None:
             self.stuck.add(record.intent)
@@ -175,7 +179,7 @@ class BatchCollector:
                        f"{self.table!r}, {self.step!r}, where=\"{self.step}_batch_id = '{record.batch_id}'\")")
             return False
         except anthropic.APIError as exc:
-            self._note(f"batch {record.batch_id}: {exc} (looked at again next time)")
+            self._failed([record], f"batch {record.batch_id}: {exc}")
             return False
         if batch.processing_status != "ended":
             return False
@@ -183,24 +187,28 @@ class BatchCollector:
         try:
             results, counts, ours, unused = await self._results(record, rows, counted)
         except Exception as exc:  # a download cut short: the results stay with the API, try next time
-            self._note(f"batch {record.batch_id}: downloading its results failed ({type(exc).__name__}: {exc}); "
-                        "tried again next time")
+            self._failed([record], f"batch {record.batch_id}: downloading its results failed "
+                                   f"({type(exc).__name__}: {exc})")
             return False
         if record.adopted and not ours and sum(counts.values()):
             await asyncio.to_thread(self.ledger.reject_batch, record,
                                     note=f"{record.batch_id} holds no custom id of this intent")
             return False
         ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
-        back = await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout,
-                                       result_frame(results, rows.key_types), counts=counts,
-                                       processing_status=batch.processing_status, ended_at=ended, now=utcnow(),
-                                       unused=unused)
+        try:
+            back = await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout,
+                                           result_frame(results, rows.key_types), counts=counts,
+                                           processing_status=batch.processing_status, ended_at=ended,
+                                           now=utcnow(), expected_rows=rows.rows.height, unused=unused)
+        except BatchChanged:  # rows joined it meanwhile: merge it again at the next look, with them
+            return False
+        self.failures.pop(record.intent, None)
         if back is None:  # another run merged it meanwhile
             return True
         self.report.absorb(counted)
         self.report.collected += len(results)
         self.report.returned += back.height
-        if record.intent in self.mine:
+        if record.intent in self.mine or record.batch_id in self.mine:
             self.report.batch_pending = max(0, self.report.batch_pending - len(results) - back.height)
         if back.height:
             self.returned.append(back)
@@ -266,6 +274,18 @@ class BatchCollector:
                 return None, f"errored in the batch: {kind}: {message}"
             recorder.note_error(f"batch item {kind}: {message} (will be sent again)")
         return None, None
+
+    def _failed(self, records: list[BatchRecord], message: str) -> None:
+        """A look at these batches failed; after GIVE_UP_AFTER in a row, waiting for them stops."""
+        for record in records:
+            self.failures[record.intent] += 1
+            if self.failures[record.intent] >= GIVE_UP_AFTER:
+                self.stuck.add(record.intent)
+                self._note(f"{message} ({GIVE_UP_AFTER} times in a row); its rows stay as they are and the next "
+                           "call of the step looks again. If it never works (the API no longer has the results), "
+                           f"llmledger.reset(store, {self.table!r}, {self.step!r}, where=\"{self.step}_batch_id = "
+                           f"'{record.batch_id}'\") takes the rows out of it to be sent again")
+        log.info(message)
 
     def _note(self, message: str) -> None:
         """Something about a batch the user should know (shown with the run's summary), once."""

@@ -26,7 +26,7 @@ import polars as pl
 
 from .._request import RequestSpec
 from .columns import names, q
-from .connection import Connection, registered, table_exists
+from .connection import Connection, one, registered, table_exists
 from .schema import BATCHES_TABLE, list_steps, migrate
 from .states import prior_status_sql
 from .survey import Layout
@@ -64,6 +64,10 @@ class BatchRows:
     requests: dict[str, RequestSpec]
     key_types: dict[str, pl.DataType]
     inputs: list[str]
+
+
+class BatchChanged(Exception):
+    """Rows joined a batch between reading its rows and merging its results: merge again."""
 
 
 def _layout(con: duckdb.DuckDBPyConnection, table: str, step: str) -> Layout:
@@ -109,6 +113,8 @@ class BatchVerbs:
             state = con.execute(f"SELECT state FROM {BATCHES_TABLE} WHERE intent = ?", [intent]).fetchall()
             if not state or state[0][0] != "submitting":
                 return None
+            if one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ?", [batch_id])[0]:
+                return None  # another intent has that batch already
             c = names(step)
             rows = len(con.execute(
                 f"UPDATE {q(table)} SET {c['_status']} = 'SUBMITTED', {c['_batch_id']} = $batch_id "
@@ -137,13 +143,15 @@ class BatchVerbs:
 
         return self.conn.transaction(work, wait=None)
 
-    def attach_to_batch(self, layout: Layout, assigned: pl.DataFrame, *, batch_id: str, claimant: str) -> int:
+    def attach_to_batch(self, layout: Layout, assigned: pl.DataFrame, *, batch_id: str, claimant: str,
+                        validated: bool) -> int:
         """Claimed rows whose request is already in a processing batch join it (`assigned`: keys, custom_id):
-        they share that request's answer instead of being sent again. 0 when the batch is no longer open."""
+        they share that request's answer instead of being sent again. 0 when the batch is no longer open, or
+        was sent with a different `validate=` setting (its answers are checked as it says)."""
         def work(con: duckdb.DuckDBPyConnection) -> int:
-            if not con.execute(f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ? AND state = 'submitted'",
-                               [batch_id]).fetchall()[0][0]:
-                return 0  # merged (or gone) meanwhile: the rows are sent like any others
+            if not one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ? AND state = 'submitted' "
+                            "AND coalesce(validated, false) = ?", [batch_id, validated])[0]:
+                return 0  # merged meanwhile, or checked otherwise (validate=): the rows are sent on their own
             c = names(layout.step, "t")
             with registered(con, ASSIGNED, assigned):
                 rows = len(con.execute(
@@ -165,12 +173,19 @@ class BatchVerbs:
                 f"SELECT DISTINCT {c['_custom_id']}, {c['_batch_id']} FROM {q(table)} "
                 f"WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} IS NOT NULL").fetchall())
 
-    def abandon_batch(self, table: str, step: str, *, intent: str, note: str, now: datetime) -> pl.DataFrame:
+    def abandon_batch(self, table: str, step: str, *, intent: str, note: str, now: datetime,
+                      confirmed: bool = False) -> pl.DataFrame:
         """The API never got (or refused) the batch: give its rows back to what they were before the claim.
-        Returns their keys."""
+        Returns their keys. Only an intent still waiting for its batch is abandoned (another run may have
+        found the batch meanwhile); with `confirmed`, a batch whose rows were all reset is closed instead."""
         def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+            layout = _layout(con, table, step)
+            state = con.execute(f"SELECT state, batch_id FROM {BATCHES_TABLE} WHERE intent = ?", [intent]).fetchall()
+            waiting = bool(state) and state[0][0] == "submitting" and state[0][1] is None
+            if not (waiting or (confirmed and bool(state) and state[0][0] == "submitted")):
+                return pl.DataFrame(schema={k: pl.Int64 for k in layout.key})
             rows = _give_back(con, table, step, "RUNNING", _of_intent(names(step)), {"intent": intent},
-                              returning=_layout(con, table, step).key)
+                              returning=layout.key)
             con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'abandoned', merged_at = ?, note = ? WHERE intent = ?",
                         [now, note, intent])
             return rows
@@ -219,21 +234,26 @@ class BatchVerbs:
         return self.conn.transaction(work, wait=60.0)
 
     def merge_batch(self, batch: BatchRecord, layout: Layout, results: pl.DataFrame, *, counts: dict[str, int],
-                    processing_status: str, ended_at: datetime | None, now: datetime,
+                    processing_status: str, ended_at: datetime | None, now: datetime, expected_rows: int,
                     unused: tuple[int, float] = (0, 0.0)) -> pl.DataFrame | None:
         """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns the keys of the
         rows given back, or None when another run merged the batch first (then nothing is written).
 
         `unused`: answers (and their cost) to requests no row holds any more (reset while the batch ran):
-        paid for, so recorded with the batch.
+        paid for, so recorded with the batch. Raises BatchChanged when the batch no longer holds the
+        `expected_rows` rows the results were matched against (rows joined it meanwhile).
         """
         def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame | None:
             state = con.execute(f"SELECT state FROM {BATCHES_TABLE} WHERE intent = ?", [batch.intent]).fetchall()
             if not state or state[0][0] not in OPEN_STATES:
                 return None
+            c = names(layout.step)
+            held = one(con, f"SELECT count(*) FROM {q(layout.table)} WHERE {c['_status']} = 'SUBMITTED' "
+                            f"AND {c['_batch_id']} = ?", [batch.batch_id])[0]
+            if held != expected_rows:  # rows joined the batch since they were read: read them again first
+                raise BatchChanged(batch.batch_id)
             if results.height:
                 commit_results(con, layout, results, now=now, only_batch=batch.batch_id)
-            c = names(layout.step)
             back = _give_back(con, layout.table, layout.step, "SUBMITTED", f"{c['_batch_id']} = $batch_id",
                               {"batch_id": batch.batch_id}, returning=layout.key)
             con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'merged', merged_at = ?, processing_status = ?, "
