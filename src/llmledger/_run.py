@@ -179,8 +179,8 @@ class Run:
             params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
                                stale_before=started - plan.stale, where=plan.where)
             if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
-                self._run_async(lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag,
-                                                 self._display, wait=False), foreground=foreground)
+                interrupted = self._run_async(lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag,
+                                                               self._display, wait=False), foreground=foreground)
             if plan.definition is not None and plan.frame is not None:
                 selection = ledger.prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe,
                                            source=plan.user_frame, inputs=plan.cfg.validate is not None)
@@ -204,7 +204,9 @@ class Run:
             self._display.start()
             ledger.on_wait = self._display.note
             try:
-                if batch and (selection.work.height or plan.wait):
+                if self.stop_flag.is_set():
+                    report.outcome = Outcome.INTERRUPTED
+                elif batch and (selection.work.height or plan.wait):
                     interrupted = self._run_async(lambda: _batches(ledger, selection, plan, claimant, report,
                                                                    self.stop_flag, self._display, wait=plan.wait),
                                                   foreground=foreground)

@@ -4,5 +4,9 @@
 run's accounting; it hands each claimed row to a sender. `online.py` is the
 sender that calls the Messages API in real time (dedupe, retries, circuit
 breaker, pacing from `pacing.py`; one call and its error classes in `api.py`).
-A batch sender will sit beside it and reuse the scheduler.
+`batch.py` is the sender beside it for Message Batches (half price, answers
+within 24 h): it claims like the scheduler and sends batches through the
+ledger's intent and confirm transactions; `collect.py` merges what batches
+bring back, in whatever process looks next. `recorder.py` turns an answer,
+online or from a batch, into a result row, counted and priced the same way.
 """
