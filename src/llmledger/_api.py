@@ -98,7 +98,9 @@ def apply_llm(
     again, `resume`, `llmledger run`) collects them. `mode="auto"` sends in batches when there
     are AUTO_BATCH_ROWS (10,000) rows or more to send, online otherwise.
     """
-    run = Run(checked_plan(dict(locals())))
+    plan = checked_plan(dict(locals()))
+    _check_credentials(plan.client)
+    run = Run(plan)
     if background:
         return run.start_background()
     return run.execute(foreground=True)
@@ -203,6 +205,7 @@ def resume(
                  retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate,
                  max_cost_usd=max_cost_usd, budget_scope=budget_scope, mode=mode, wait=wait, batch_size=batch_size)
     check_store_path(plan.store, must_exist=True)
+    _check_credentials(plan.client)
     run = Run(plan)
     if background:
         return run.start_background()
@@ -253,11 +256,6 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
     stale = stale_after if isinstance(stale_after, timedelta) else timedelta(seconds=float(stale_after))
     if stale.total_seconds() <= 0:
         raise InvalidInputError(f"stale_after must be positive, got {stale_after!r}")
-    if client is None and not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
-        raise InvalidInputError("no API key: set ANTHROPIC_API_KEY (or pass client=anthropic.AsyncAnthropic("
-                                "api_key=...)). To try llmledger offline, pass a client for its simulator: "
-                                "sim = llmledger.Simulator().start(); client=anthropic.AsyncAnthropic("
-                                "base_url=sim.base_url, api_key='sim')")
     if client is not None and not isinstance(client, anthropic.AsyncAnthropic):
         raise InvalidInputError(f"client must be an anthropic.AsyncAnthropic (llmledger sends rows concurrently), "
                                 f"got {type(client).__name__}; e.g. anthropic.AsyncAnthropic(api_key=...)")
@@ -271,6 +269,15 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
                 redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress,
                 mode="online" if mode == "auto" and max_cost_usd is not None else mode, wait=wait,
                 batch_size=MAX_REQUESTS if batch_size is None else batch_size)
+
+
+def _check_credentials(client: anthropic.AsyncAnthropic | None) -> None:
+    """A call that will send needs a key: say so before anything is written (estimate sends nothing)."""
+    if client is None and not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+        raise InvalidInputError("no API key: set ANTHROPIC_API_KEY (or pass client=anthropic.AsyncAnthropic("
+                                "api_key=...)). To try llmledger offline, pass a client for its simulator: "
+                                "sim = llmledger.Simulator().start(); client=anthropic.AsyncAnthropic("
+                                "base_url=sim.base_url, api_key='sim')")
 
 
 def _cache_ttl(cache: Any, model: str, system: str | None) -> str | None:
