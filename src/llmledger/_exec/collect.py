@@ -67,6 +67,7 @@ class BatchCollector:
         self.mine: set[str] = set()  # intents this run sent (the sender adds them)
         self.stuck: set[str] = set()  # batches no amount of waiting will merge (the API lost them; held)
         self.failures: Counter[str] = Counter()  # failed looks in a row, per intent
+        self.due: float | None = None  # seconds until the next unfound intent may be given up
 
     @property
     def stopped(self) -> bool:
@@ -80,6 +81,7 @@ class BatchCollector:
 
     async def collect(self) -> list[BatchRecord]:
         """Settle unconfirmed intents, merge every ended batch; return the batches still open."""
+        self.due = None
         open_batches = await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
         intents = [b for b in open_batches if b.batch_id is None]
         if intents:
@@ -99,7 +101,8 @@ class BatchCollector:
         """
         delay = POLL_FIRST
         while not self.stopped and any(b.intent not in self.stuck for b in await self.collect()):
-            await asyncio.to_thread(self.stop_flag.wait, delay)
+            due = self.due  # an unfound intent about to be given up: look again just then
+            await asyncio.to_thread(self.stop_flag.wait, delay if due is None else min(delay, due + 0.1))
             delay = min(delay * 1.5, POLL_MAX)
 
     # -- intents ------------------------------------------------------------------------------------
@@ -116,8 +119,10 @@ class BatchCollector:
             return
         for intent in lost:
             batch_id = found.get(intent.intent)
-            if batch_id is None and now - intent.created_at < ABANDON_AFTER:
-                continue  # it may still be being made: look again later
+            if batch_id is None and now - intent.created_at < ABANDON_AFTER:  # it may still be being made
+                left = (ABANDON_AFTER - (now - intent.created_at)).total_seconds()
+                self.due = left if self.due is None else min(self.due, left)
+                continue
             if batch_id is None:
                 back = await asyncio.to_thread(self.ledger.abandon_batch, self.table, self.step, intent=intent.intent,
                                                note="the API has no batch for this intent: the run stopped before "
