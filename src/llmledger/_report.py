@@ -79,6 +79,10 @@ class RunReport:
         return {"rows already done": self.done_saved_usd, "reused answers": self.reused * per_call,
                 "cache reads": self.cache_saved_usd, "batch prices": self.batch_saved_usd}
 
+    def avoided_reasons(self) -> str:
+        """The reasons with a saving, as text: "rows already done $0.0123, batch prices $0.0040"."""
+        return ", ".join(f"{why} ${usd:,.4f}" for why, usd in self.avoided.items() if usd)
+
     @property
     def avoided_usd(self) -> float | None:
         """What this run did not pay, in all (see `avoided`); None when the model has no known price."""
@@ -126,8 +130,7 @@ class RunReport:
                  ("tokens in / out", f"{self.input_tokens:,} / {self.output_tokens:,}"), ("cost", cost)]
         avoided = self.avoided_usd
         if avoided:
-            reasons = "; ".join(f"{why} ${usd:,.4f}" for why, usd in self.avoided.items() if usd)
-            cells.append(("avoided", f"${avoided:,.4f} ({reasons})"))
+            cells.append(("avoided", f"${avoided:,.4f} ({self.avoided_reasons()})"))
         if self.submitted or self.in_batches:
             cells[3:3] = [("sent in batches", f"{self.submitted:,}"), ("in batches", f"{self.in_batches:,}")]
         cells.append(("time", f"{self.seconds:,.1f}s"))
@@ -155,8 +158,7 @@ class RunReport:
         cached = (f", {self.cache_read_tokens:,} read from / {self.cache_write_tokens:,} written to the cache"
                   if self.cache_read_tokens or self.cache_write_tokens else "")
         avoided = self.avoided_usd
-        reasons = ", ".join(f"{why} ${usd:.4f}" for why, usd in self.avoided.items() if usd)
-        saved = f"; ${avoided:.4f} avoided: {reasons}" if avoided else ""
+        saved = f"; ${avoided:.4f} avoided: {self.avoided_reasons()}" if avoided else ""
         parts.append(f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens"
                      f"{cached}, {cost}{saved})")
         line = " · ".join(parts) + f" in {self.seconds:.1f}s"

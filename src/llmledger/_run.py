@@ -189,13 +189,14 @@ class Run:
                                           inputs=plan.cfg.validate is not None)
             self._take_counts(selection)
             done_before = selection.done_skipped - report.done  # not the rows just merged from batches
-            if done_before > 0:
-                report.done_saved_usd = done_before * _average_paid(ledger, plan.table, plan.step)
+            average = _average_paid(ledger, plan.table, plan.step) \
+                if done_before > 0 or plan.cfg.max_cost_usd is not None else 0.0
+            report.done_saved_usd = max(done_before, 0) * average
             batch = plan.mode == "batch" or (plan.mode == "auto" and selection.work.height >= AUTO_BATCH_ROWS)
             report.mode = "batch" if batch else "online"
             if plan.cfg.max_cost_usd is not None:
                 plan.cfg = dataclasses.replace(
-                    plan.cfg, average_before_usd=_average_paid(ledger, plan.table, plan.step),
+                    plan.cfg, average_before_usd=average,
                     spent_before_usd=ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0)
             if selection.work.height or (batch and plan.wait):
                 selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
@@ -340,11 +341,11 @@ async def _batches(ledger: Ledger, selection: Selection | None, plan: Plan, clai
                                                                                 plan.step))
                 return
             open_batches = await collector.collect()
-            if open_batches:
+            if collector.waiting_on(open_batches):
                 display.note(f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
                              "interrupting stops the waiting, not the batches (run the same call again to "
                              "collect them)")
-                await collector.wait()
+                await collector.wait(open_batches)
             if not collector.returned or collector.stopped:
                 return
             selection.work = pl.concat(collector.returned).cast(selection.key_types)  # send those again

@@ -155,7 +155,7 @@ class Simulator:
             return Counter(self._stats["prompts"])
 
     def take(self, fault: str) -> bool:
-        """Use up one of a counted fault (`drop_next`, `batch_lose_response`): True when one was left."""
+        """Use up one of a counted fault such as `batch_lose_response`: True when one was left."""
         with self._lock:
             left = getattr(self.faults, fault)
             if left > 0:

@@ -17,6 +17,7 @@ from typing import Any
 
 import anthropic
 
+from .._ledger import KnownAnswer
 from .._ledger.states import Outcome
 from .pacing import Pacer, retry_after
 
@@ -133,6 +134,11 @@ async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, A
 
 
 REFUSAL = "refusal: the model declined to answer this prompt"
+
+
+def known_reply(answer: KnownAnswer) -> Reply:
+    """A stored answer to an identical request, as a reply (its usage is this row's: none)."""
+    return Reply(answer.output, 0, 0, answer.stop_reason, answer.model)
 
 
 def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:

@@ -29,7 +29,7 @@ from .._ledger.states import Outcome
 from .._output import OutputSpec
 from .._report import RunReport
 from .._time import utcnow
-from .api import CallFailed, Kind, Reply, classify
+from .api import CallFailed, Kind, classify, known_reply
 from .pacing import backoff
 from .recorder import Recorder
 from .scheduler import RunConfig
@@ -91,9 +91,7 @@ class BatchSender:
             known = selection.known
             reused = [r for r in rows if r["fingerprint"] in known]
             if reused:  # answered already (another step, another table): nothing to send or pay
-                results = [recorder.result(r, Reply(known[r["fingerprint"]].output, 0, 0,
-                                                    known[r["fingerprint"]].stop_reason,
-                                                    known[r["fingerprint"]].model), None, reused=True)
+                results = [recorder.result(r, known_reply(known[r["fingerprint"]]), None, reused=True)
                            for r in reused]
                 await asyncio.to_thread(self.ledger.commit, selection, result_frame(results, selection.key_types),
                                         now=utcnow())

@@ -94,16 +94,21 @@ class BatchCollector:
         self.report.in_batches = sum(b.rows for b in still)
         return still
 
-    async def wait(self) -> None:
+    def waiting_on(self, open_batches: list[BatchRecord]) -> bool:
+        """Whether any of these batches is worth waiting for (not lost by the API, not held for validate=)."""
+        return any(b.intent not in self.stuck for b in open_batches)
+
+    async def wait(self, open_batches: list[BatchRecord]) -> None:
         """Poll until the step has no batch processing (or the run is stopped); merge each as it ends.
 
-        Batches waiting cannot help (the API lost them, or they wait for validate=) do not hold it up.
+        `open_batches`: what `collect` just returned, so the first look is not taken twice.
         """
         delay = POLL_FIRST
-        while not self.stopped and any(b.intent not in self.stuck for b in await self.collect()):
+        while not self.stopped and self.waiting_on(open_batches):
             due = self.due  # an unfound intent about to be given up: look again just then
             await asyncio.to_thread(self.stop_flag.wait, delay if due is None else min(delay, due + 0.1))
             delay = min(delay * 1.5, POLL_MAX)
+            open_batches = await self.collect()
 
     # -- intents ------------------------------------------------------------------------------------
     async def _settle(self, intents: list[BatchRecord]) -> None:

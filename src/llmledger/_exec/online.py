@@ -23,7 +23,7 @@ from .._ledger import KnownAnswer
 from .._ledger.states import Outcome
 from .._output import OutputError, OutputSpec
 from .._request import RequestSpec
-from .api import CallFailed, Kind, Reply, send
+from .api import CallFailed, Kind, Reply, known_reply, send
 from .pacing import Pacer, backoff
 
 log = logging.getLogger("llmledger")
@@ -81,8 +81,7 @@ class OnlineSender:
         self.client, self.requests, self.retry, self.dedupe, self.sink = client, requests, retry, dedupe, sink
         self.output = output  # answers are checked against it; one that fails gets one retry with the reason
         self.pacer = Pacer()
-        self.answers: dict[str, Answer] = {fp: (Reply(a.output, 0, 0, a.stop_reason, a.model), None)
-                                           for fp, a in known.items()}
+        self.answers: dict[str, Answer] = {fp: (known_reply(a), None) for fp, a in known.items()}
         self.twins: dict[str, asyncio.Future[Answer | None]] = {}
         self.doing: dict[str, str] = {}
         self.transient_streak = 0

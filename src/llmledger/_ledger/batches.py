@@ -16,10 +16,10 @@ either confirms it or, when the API never got it, abandons the intent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import polars as pl
@@ -27,12 +27,12 @@ import polars as pl
 from .._request import RequestSpec
 from .columns import names, q
 from .connection import Connection, one, registered, table_exists
-from .schema import BATCHES_TABLE, list_steps, migrate
-from .states import prior_status_sql
+from .schema import BATCHES_TABLE
 from .survey import Layout
-from .verbs import commit_results, requests_of
+from .verbs import commit_results, give_back, input_columns, requests_of
 
 ASSIGNED = "llmledger_assigned"
+NO_LIMIT = 1 << 30  # max_attempts for giving back batch rows: each had its prior status recorded by its claim
 OPEN_STATES = ("submitting", "submitted")
 
 
@@ -70,9 +70,10 @@ class BatchChanged(Exception):
     """Rows joined a batch between reading its rows and merging its results: merge again."""
 
 
-def _layout(con: duckdb.DuckDBPyConnection, table: str, step: str) -> Layout:
-    found = [key for t, s, key in list_steps(con, table) if s == step]
-    return Layout(table, step, found[0] if found else [], [])
+def _state(con: duckdb.DuckDBPyConnection, intent: str) -> tuple[str | None, str | None]:
+    """(state, batch id) of an intent; (None, None) when the store has no such intent."""
+    found = con.execute(f"SELECT state, batch_id FROM {BATCHES_TABLE} WHERE intent = ?", [intent]).fetchall()
+    return found[0] if found else (None, None)
 
 
 def _of_intent(col: dict[str, str]) -> str:
@@ -84,6 +85,7 @@ class BatchVerbs:
 
     conn: Connection
     path: Path
+    _layout: Callable[[duckdb.DuckDBPyConnection, str, str], Layout]  # the ledger's: migrates, checks the step
 
     def begin_batch(self, layout: Layout, assigned: pl.DataFrame, *, intent: str, claimant: str, requests: int,
                     size: int, model: str, version: str, validated: bool, now: datetime) -> None:
@@ -110,8 +112,7 @@ class BatchVerbs:
         None (nothing written) when the intent is no longer waiting for its batch (another run settled it).
         """
         def work(con: duckdb.DuckDBPyConnection) -> int | None:
-            state = con.execute(f"SELECT state FROM {BATCHES_TABLE} WHERE intent = ?", [intent]).fetchall()
-            if not state or state[0][0] != "submitting":
+            if _state(con, intent)[0] != "submitting":
                 return None
             if one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ?", [batch_id])[0]:
                 return None  # another intent has that batch already
@@ -179,13 +180,11 @@ class BatchVerbs:
         Returns their keys. Only an intent still waiting for its batch is abandoned (another run may have
         found the batch meanwhile); with `confirmed`, a batch whose rows were all reset is closed instead."""
         def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-            layout = _layout(con, table, step)
-            state = con.execute(f"SELECT state, batch_id FROM {BATCHES_TABLE} WHERE intent = ?", [intent]).fetchall()
-            waiting = bool(state) and state[0][0] == "submitting" and state[0][1] is None
-            if not (waiting or (confirmed and bool(state) and state[0][0] == "submitted")):
+            layout = self._layout(con, table, step)
+            state, batch_id = _state(con, intent)
+            if not ((state == "submitting" and batch_id is None) or (confirmed and state == "submitted")):
                 return pl.DataFrame(schema={k: pl.Int64 for k in layout.key})
-            rows = _give_back(con, table, step, "RUNNING", _of_intent(names(step)), {"intent": intent},
-                              returning=layout.key)
+            rows = give_back(con, layout, _of_intent(names(step)), {"intent": intent, "max_attempts": NO_LIMIT})
             con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'abandoned', merged_at = ?, note = ? WHERE intent = ?",
                         [now, note, intent])
             return rows
@@ -215,10 +214,7 @@ class BatchVerbs:
     def batch_rows(self, batch: BatchRecord, *, inputs: bool = False) -> BatchRows:
         """The SUBMITTED rows of `batch`, with their custom ids and what a result row needs."""
         def work(con: duckdb.DuckDBPyConnection) -> BatchRows:
-            migrate(con, batch.created_at)
-            layout = _layout(con, batch.table, batch.step)
-            from .verbs import input_columns
-
+            layout = self._layout(con, batch.table, batch.step)
             columns = input_columns(con, layout) if inputs else []
             c = names(layout.step, "t")
             keys = ", ".join(f"t.{q(k)}" for k in layout.key)
@@ -244,8 +240,7 @@ class BatchVerbs:
         `expected_rows` rows the results were matched against (rows joined it meanwhile).
         """
         def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame | None:
-            state = con.execute(f"SELECT state FROM {BATCHES_TABLE} WHERE intent = ?", [batch.intent]).fetchall()
-            if not state or state[0][0] not in OPEN_STATES:
+            if _state(con, batch.intent)[0] not in OPEN_STATES:
                 return None
             c = names(layout.step)
             held = one(con, f"SELECT count(*) FROM {q(layout.table)} WHERE {c['_status']} = 'SUBMITTED' "
@@ -254,8 +249,8 @@ class BatchVerbs:
                 raise BatchChanged(batch.batch_id)
             if results.height:
                 commit_results(con, layout, results, now=now, only_batch=batch.batch_id)
-            back = _give_back(con, layout.table, layout.step, "SUBMITTED", f"{c['_batch_id']} = $batch_id",
-                              {"batch_id": batch.batch_id}, returning=layout.key)
+            back = give_back(con, layout, f"{c['_batch_id']} = $batch_id",
+                             {"batch_id": batch.batch_id, "max_attempts": NO_LIMIT}, status="SUBMITTED")
             con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'merged', merged_at = ?, processing_status = ?, "
                         "ended_at = ?, succeeded = ?, errored = ?, canceled = ?, expired = ?, unused = ?, "
                         "unused_cost_usd = ? WHERE intent = ?",
@@ -264,18 +259,3 @@ class BatchVerbs:
             return back
 
         return self.conn.transaction(work, wait=None)
-
-
-def _give_back(con: duckdb.DuckDBPyConnection, table: str, step: str, status: str, condition: str,
-               params: dict[str, Any], returning: list[str] | None = None) -> pl.DataFrame:
-    """Rows of `status` matching `condition` back to the status they had before their claim, out of any batch.
-
-    Returns their `returning` columns (a row count's worth of nothing when not asked).
-    """
-    c = names(step)
-    back = ", ".join(q(k) for k in returning) if returning else "1 AS one"
-    return con.sql(
-        f"UPDATE {q(table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
-        f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL, {c['_batch_id']} = NULL, {c['_custom_id']} = NULL "
-        f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING {back}",
-        params={**params, "max_attempts": 1 << 30}).pl()

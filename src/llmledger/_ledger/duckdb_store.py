@@ -269,7 +269,7 @@ class DuckDBLedger(BatchVerbs):
         return self.conn.transaction(
             lambda con: give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant "
                                                f"AND {layout.col('_custom_id')} IS NULL",
-                                   {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}),
+                                   {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}).height,
             wait=30.0)
 
     def renew(self, selection: Selection, *, claimant: str, now: datetime) -> int:

@@ -85,14 +85,17 @@ def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.D
                     f"FROM {RESULTS} AS i WHERE {layout.key_join()}{guard}")
 
 
-def give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any]) -> int:
-    """Return RUNNING rows matching `condition` to the status they had before their claim."""
+def give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any], *,
+              status: str = "RUNNING") -> pl.DataFrame:
+    """Return rows of `status` (RUNNING: claimed; SUBMITTED: in a batch) matching `condition` to the status they
+    had before their claim, out of any batch intent (and, for SUBMITTED, out of their batch). Returns their keys."""
     c = names(layout.step)
-    rows = con.execute(
+    out_of_batch = f", {c['_batch_id']} = NULL" if status == "SUBMITTED" else ""
+    keys = ", ".join(q(k) for k in layout.key) or "1 AS one"
+    return con.sql(
         f"UPDATE {q(layout.table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
-        f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL WHERE {c['_status']} = 'RUNNING' AND ({condition}) "
-        "RETURNING 1", params).fetchall()
-    return len(rows)
+        f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL, {c['_custom_id']} = NULL{out_of_batch} "
+        f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING {keys}", params=params).pl()
 
 
 def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) -> int:
@@ -113,7 +116,7 @@ def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunPa
                                    f"OR ({c['_running_started_at']} < $stale_before "
                                    f"AND NOT list_contains($alive, {c['_claimed_by']})))",
                       {"dead": dead, "alive": alive, "stale_before": params.stale_before,
-                       "max_attempts": params.max_attempts})
+                       "max_attempts": params.max_attempts}).height
 
 
 def merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path,
