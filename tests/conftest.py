@@ -31,6 +31,29 @@ def client(sim: Simulator) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
 
 
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    """One PostgreSQL server for the whole session (Debian's postgresql package, started in a temp dir)."""
+    from .helpers.postgres import Server, find_bindir
+
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.skip("needs PostgreSQL's server: apt-get install -y postgresql (.ci/run installs it)")
+    pytest.importorskip("psycopg", reason="needs psycopg 3: pip install -e '.[dev]'")
+    server = Server(bindir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: Any) -> str:
+    """A fresh, empty database on that server: the URL a user passes as store=."""
+    return pg_server.new_database()
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     return tmp_path / "ledger" / "test.duckdb"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .benchmarks import bench
 
@@ -32,3 +33,12 @@ def test_kill_9_repays_only_what_was_in_flight(tmp_path: Path) -> None:
     assert result["repaid"] <= result["in_flight_at_kill"] <= 8, result
     assert result["journaled_not_committed"] + result["committed"] + result["in_flight_at_kill"] == \
         result["paid_before_kill"]
+
+
+def test_postgres_workers_and_claims_benchmark_runs(pg_server: Any) -> None:
+    from .benchmarks import bench_postgres
+
+    scaling = bench_postgres.workers(pg_server, 2, rows=40, limit_rps=1000.0)
+    assert scaling["done"] == scaling["paid"] == 40, scaling
+    overhead = bench_postgres.claim_commit(pg_server, 3_000, sample=400)
+    assert overhead["rows_claimed_and_committed"] == 400, overhead

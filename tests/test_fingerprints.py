@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -12,6 +13,8 @@ import pytest
 
 import llmledger
 from llmledger import InvalidInputError, Simulator, last_report
+from llmledger._ledger import open_ledger
+from llmledger._ledger.connection import registered
 
 from .conftest import frame, sql
 
@@ -93,13 +96,24 @@ def test_bad_request_options_are_refused_before_anything_is_written(run, sim: Si
     assert not store.exists() and sim.stats()["requests"] == 0
 
 
-def test_the_sql_fingerprint_equals_pythons_for_any_text() -> None:
+@pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
+def test_the_sql_fingerprint_equals_pythons_for_any_text(engine: str, request: pytest.FixtureRequest) -> None:
     rng = random.Random(3)
-    alphabet = [chr(c) for c in range(0, 0x80)] + ["é", "€", "😀", "\u2028", "\ufeff", "\\u000B", '\\"']
+    first = 1 if engine == "postgresql" else 0  # PostgreSQL's text cannot hold chr(0)
+    alphabet = [chr(c) for c in range(first, 0x80)] + ["é", "€", "😀", "\u2028", "\ufeff", "\\u000B", '\\"']
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(2000)]
     spec = llmledger._request.RequestSpec(model="m", max_tokens=9, system="s\x0b'\"",
                                           options={"stop_sequences": ["\x1f"]})
-    con = duckdb.connect()
-    con.register("prompts", pl.DataFrame({"p": texts}))
-    got = con.sql(f"SELECT {spec.fingerprint_sql('p')}::VARCHAR AS fp FROM prompts").pl()["fp"].to_list()
+    prompts = pl.DataFrame({"p": texts}).with_row_index("i")
+    if engine == "postgresql":
+        ledger = open_ledger(request.getfixturevalue("pg_url"))
+        got = ledger.conn.transaction(lambda con: _fingerprints(con, spec, prompts, "postgres"))  # type: ignore[attr-defined]
+    else:
+        got = _fingerprints(duckdb.connect(), spec, prompts, "duckdb")
     assert got == [llmledger.fingerprint(spec.body(t)) for t in texts]
+
+
+def _fingerprints(con: Any, spec: Any, prompts: pl.DataFrame, dialect: str) -> list[str]:
+    with registered(con, "prompts", prompts):
+        query = f"SELECT {spec.fingerprint_sql('p', dialect)}::VARCHAR AS fp FROM prompts ORDER BY i"
+        return con.sql(query).pl()["fp"].to_list()

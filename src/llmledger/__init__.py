@@ -4,9 +4,10 @@
     out = apply_llm(df, "summary", prompt="Summarize: {text}", key="id", store="data/ledger.duckdb")
 """
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async, resume
+from ._copy import copy
 from ._estimate import estimate
 from ._exec.api import DEFAULT_MODEL
 from ._exec.online import RetryPolicy
@@ -18,6 +19,7 @@ from ._query import flag, history, progress, reset, sql
 from ._report import RunReport
 from ._request import fingerprint
 from ._run import Run, last_report
+from ._worker import work
 from .errors import (
     AuthenticationFailed,
     InvalidInputError,
@@ -67,6 +69,7 @@ __all__ = [
     "__version__",
     "apply_llm",
     "apply_llm_async",
+    "copy",
     "estimate",
     "export",
     "fingerprint",
@@ -81,4 +84,5 @@ __all__ = [
     "resume",
     "set_price",
     "sql",
+    "work",
 ]

@@ -21,9 +21,8 @@ from ._exec.api import DEFAULT_MODEL
 from ._exec.batch import MAX_REQUESTS
 from ._exec.online import RetryPolicy
 from ._exec.scheduler import RunConfig
-from ._ledger import StepDefinition, known_steps
+from ._ledger import StepDefinition, known_steps, locate
 from ._ledger.columns import step_columns
-from ._ledger.connection import check_store_path
 from ._ledger.states import Redo
 from ._output import output_spec
 from ._parquet import is_parquet_path, read_parquet_input
@@ -204,7 +203,7 @@ def resume(
                  redo=redo, max_attempts=max_attempts, stale_after=stale_after, client=client, progress=progress,
                  retry=retry, commit_every=commit_every, dedupe=dedupe, validate=validate,
                  max_cost_usd=max_cost_usd, budget_scope=budget_scope, mode=mode, wait=wait, batch_size=batch_size)
-    check_store_path(plan.store, must_exist=True)
+    locate(plan.store, must_exist=True)
     _check_credentials(plan.client)
     run = Run(plan)
     if background:
@@ -259,12 +258,11 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
     if client is not None and not isinstance(client, anthropic.AsyncAnthropic):
         raise InvalidInputError(f"client must be an anthropic.AsyncAnthropic (llmledger sends rows concurrently), "
                                 f"got {type(client).__name__}; e.g. anthropic.AsyncAnthropic(api_key=...)")
-    path = Path(store).expanduser()
-    check_store_path(path)
+    path = locate(store)
     cfg = RunConfig(chunk_size=chunk_size, concurrency=concurrency, max_attempts=max_attempts,
                     commit_every=commit_every, retry=retry or RetryPolicy(), dedupe=dedupe, validate=validate,
                     output_model=output_model, max_cost_usd=None if max_cost_usd is None else float(max_cost_usd),
-                    budget_scope=budget_scope)
+                    budget_scope=budget_scope, stale_after=stale.total_seconds())
     return Plan(store=path, table=table, step=step, cfg=cfg, max_attempts=max_attempts,
                 redo=Redo.from_argument(redo), stale=stale, where=where, client=client, progress=progress,
                 mode="online" if mode == "auto" and max_cost_usd is not None else mode, wait=wait,

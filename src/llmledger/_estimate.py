@@ -64,7 +64,7 @@ def _look(con: duckdb.DuckDBPyConnection, selection: Selection, plan: Plan) -> d
     c = names(layout.step, "t")
     with registered(con, _WORK, selection.work):
         sent = con.execute(f"SELECT {c['_request_fingerprint']}::VARCHAR, {c['_prompt']} FROM {q(layout.table)} AS t "
-                           f"SEMI JOIN {_WORK} AS i ON {layout.key_join('t', 'i')}").fetchall()
+                           f"WHERE EXISTS (SELECT 1 FROM {_WORK} AS i WHERE {layout.key_join('t', 'i')})").fetchall()
     prompts: dict[str, str] = {}
     for fp, prompt in sent:
         if not (plan.cfg.dedupe and (fp in prompts or fp in selection.known)):

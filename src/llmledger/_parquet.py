@@ -26,7 +26,8 @@ import polars as pl
 
 from ._ledger import open_ledger
 from ._ledger.columns import STEP_COLUMNS, q
-from ._ledger.connection import check_store_path, column_types, remove_store, table_exists
+from ._ledger.connection import check_store_path, column_types, dialect, remove_store, table_exists
+from ._ledger.postgres import is_url
 from ._ledger.schema import (
     HISTORY_TABLE,
     RUNS_TABLE,
@@ -118,6 +119,9 @@ def restore(path: str | Path, store: str | Path) -> str:
         raise InvalidInputError(f"{str(folder)!r} is not a folder written by llmledger.export (it needs one "
                                 f"<table>.parquet and {STEPS_TABLE}.parquet)")
     table = facts[0].stem
+    if is_url(store):
+        raise InvalidInputError("restore writes into a DuckDB file; to bring an export into PostgreSQL, restore it "
+                                "into a new .duckdb file, then: llmledger copy FILE postgresql://...")
     target = Path(store).expanduser()
     check_store_path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -152,4 +156,19 @@ def restore(path: str | Path, store: str | Path) -> str:
 
 
 def _copy(con: Any, query: str, path: Path) -> None:
-    con.execute(f"COPY ({query}) TO {sql_literal(str(path))} (FORMAT parquet)")
+    """Write a query's rows to a Parquet file: by DuckDB itself, or from PostgreSQL chunk by chunk (structured
+    answers, JSONB there, are written as JSON text)."""
+    if dialect(con) == "duckdb":
+        con.execute(f"COPY ({query}) TO {sql_literal(str(path))} (FORMAT parquet)")
+        return
+    import pyarrow.parquet as pq
+
+    writer = None
+    try:
+        for chunk in con.chunks(query, 100_000):
+            table = chunk.to_arrow()
+            writer = writer or pq.ParquetWriter(str(path), table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()

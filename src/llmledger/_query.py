@@ -12,16 +12,13 @@ from typing import Any
 
 import polars as pl
 
-from ._ledger import open_ledger
-from ._ledger.connection import check_store_path
+from ._ledger import Store, locate, open_ledger
 from ._time import utcnow
 from .errors import InvalidInputError
 
 
-def existing_store(store: str | Path) -> Path:
-    path = Path(store).expanduser()
-    check_store_path(path, must_exist=True)
-    return path
+def existing_store(store: str | Path) -> Store:
+    return locate(store, must_exist=True)
 
 
 def sql(store: str | Path, query: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None:

@@ -125,17 +125,20 @@ class RequestSpec:
         head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
         return head, tail
 
-    def fingerprint_sql(self, prompt_sql: str) -> str:
+    def fingerprint_sql(self, prompt_sql: str, dialect: str = "duckdb") -> str:
         """SQL computing the fingerprint of this request for the prompt expression `prompt_sql`."""
         head, tail = self._around_prompt
-        return f"md5({sql_literal(head)} || {json_string_sql(prompt_sql)} || {sql_literal(tail)})::UUID"
+        text = (json_string_sql(prompt_sql) if dialect == "duckdb"
+                else f"CAST(to_json(CAST({prompt_sql} AS TEXT)) AS TEXT)")
+        return f"md5({sql_literal(head)} || {text} || {sql_literal(tail)})::UUID"
 
 
 def sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-# DuckDB's to_json writes the same bytes as Python's json.dumps(ensure_ascii=False) except for these
+# PostgreSQL's to_json writes the same bytes as Python's json.dumps(ensure_ascii=False) for every string.
+# DuckDB's does too, except for these
 # control characters, which it escapes with upper-case hex; strings holding one are escaped by hand.
 _UPPER_HEX_CONTROLS = "[" + "".join(chr(c) for c in (11, 14, 15)) + chr(26) + "-" + chr(31) + "]"
 _SHORT = {8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}

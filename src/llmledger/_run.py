@@ -16,7 +16,6 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -27,7 +26,7 @@ from ._exec.api import bounded_timeout, default_client
 from ._exec.batch import AUTO_BATCH_ROWS, MAX_REQUESTS, BatchSender
 from ._exec.collect import BatchCollector
 from ._exec.scheduler import RunConfig, Scheduler
-from ._ledger import Ledger, RunParams, Selection, StepDefinition, open_ledger
+from ._ledger import Ledger, RunParams, Selection, StepDefinition, Store, open_ledger
 from ._ledger.claims import Claimant
 from ._ledger.columns import q
 from ._ledger.states import Outcome, Redo
@@ -59,7 +58,7 @@ def set_last_report(report: RunReport) -> None:
 class Plan:
     """A checked call: everything a run needs, nothing written yet."""
 
-    store: Path
+    store: Store
     table: str
     step: str
     cfg: RunConfig
@@ -192,13 +191,13 @@ class Run:
             average = _average_paid(ledger, plan.table, plan.step) \
                 if done_before > 0 or plan.cfg.max_cost_usd is not None else 0.0
             report.done_saved_usd = max(done_before, 0) * average
-            batch = plan.mode == "batch" or (plan.mode == "auto" and selection.work.height >= AUTO_BATCH_ROWS)
+            batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
             report.mode = "batch" if batch else "online"
             if plan.cfg.max_cost_usd is not None:
                 plan.cfg = dataclasses.replace(
                     plan.cfg, average_before_usd=average,
                     spent_before_usd=ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0)
-            if selection.work.height or (batch and plan.wait):
+            if selection.to_send or (batch and plan.wait):
                 selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
             report.outcome = Outcome.RUNNING
             report.started = time.monotonic()
@@ -207,17 +206,17 @@ class Run:
             try:
                 if self.stop_flag.is_set():
                     report.outcome = Outcome.INTERRUPTED
-                elif batch and (selection.work.height or plan.wait):
+                elif batch and (selection.to_send or plan.wait):
                     interrupted = self._run_async(lambda: _batches(ledger, selection, plan, claimant, report,
                                                                    self.stop_flag, self._display, wait=plan.wait),
                                                   foreground=foreground)
-                elif selection.work.height:
+                elif selection.to_send:
                     interrupted = self._run_async(lambda: _send_all(ledger, selection, plan, claimant, report,
                                                                     self.stop_flag, self._display),
                                                   foreground=foreground)
                 if report.outcome == Outcome.RUNNING:
                     report.outcome = Outcome.COMPLETED
-                if report.collected and not selection.work.height:
+                if report.collected and not selection.to_send:
                     report.mode = "batch"  # all it paid for came from batches sent earlier
                 if report.outcome == Outcome.INTERRUPTED and not foreground:
                     report.outcome = Outcome.CANCELLED
@@ -245,7 +244,7 @@ class Run:
 
     def _take_counts(self, selection: Selection) -> None:
         report = self.report
-        report.selected = selection.work.height
+        report.selected = selection.to_send
         report.stale = selection.stale
         report.waiting = selection.waiting
         report.running_elsewhere = selection.running_elsewhere
@@ -349,7 +348,7 @@ async def _batches(ledger: Ledger, selection: Selection | None, plan: Plan, clai
             if not collector.returned or collector.stopped:
                 return
             selection.work = pl.concat(collector.returned).cast(selection.key_types)  # send those again
-            selection.cursor = 0
+            selection.cursor, selection.open_ended = 0, False
             collector.returned.clear()
     finally:
         if own:

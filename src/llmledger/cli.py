@@ -3,14 +3,19 @@
     llmledger status STORE [--table T]          llmledger.progress() and the first failed rows
     llmledger run STORE --table T --step S      llmledger.resume(): finish a step from the store alone
                   [--mode batch [--no-wait]]    (and collect its Message Batches)
+    llmledger worker STORE --table T --step S   llmledger.work(): drain a step with any number of other workers
+                  [--concurrency N]             (on PostgreSQL, from many machines)
     llmledger sql STORE "SELECT ..."            llmledger.sql()
     llmledger flag STORE --table T --step S --where W --reason R      llmledger.flag(): mark answers for redo
     llmledger reset STORE --table T --step S --where W                llmledger.reset(): rows back to NOT_STARTED
     llmledger history STORE --table T --step S [--key K]              llmledger.history(): replaced answers
     llmledger export STORE --table T PATH [--step S]                  llmledger.export(): the ledger as Parquet
     llmledger restore PATH STORE                                      llmledger.restore(): a store from an export
+    llmledger copy SOURCE TARGET                                      llmledger.copy(): DuckDB <-> PostgreSQL
     llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
     llmledger simulator [--port P]              the offline Messages API, for your own tests
+
+STORE is a DuckDB file, or a PostgreSQL URL (postgresql://user@host:5432/db; pip install 'llmledger[postgresql]').
 """
 
 from __future__ import annotations
@@ -18,13 +23,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-import duckdb
 import polars as pl
 
-from ._ledger import open_ledger
-from ._ledger.connection import check_store_path
+from ._ledger import locate, open_ledger
+from ._ledger.connection import db_errors
 from .errors import LedgerError
 
 _TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100, "tbl_cols": -1,
@@ -33,12 +36,11 @@ _TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types":
 
 def status(store: str, table: str | None = None, *, show_failures: int = 5) -> str:
     """Counts per status for every table and step, then the first failed rows with their errors."""
-    path = Path(store)
-    check_store_path(path, must_exist=True)
-    ledger = open_ledger(path)
+    ledger = open_ledger(locate(store, must_exist=True))
     counts = ledger.counts(table)
     if counts.is_empty():
-        known = ledger.query("SHOW TABLES")
+        known = ledger.query("SELECT table_name AS name FROM information_schema.tables "
+                             "WHERE table_schema = current_schema() ORDER BY table_name")
         tables = known["name"].to_list() if known is not None else []
         return f"{store}: no llmledger steps" + (f" for table {table!r}" if table else "") + f" (tables: {tables})"
     with pl.Config(**_TABLE_FORMAT):
@@ -57,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_status = sub.add_parser("status", help="row counts per status, and failed rows with their errors")
-    p_status.add_argument("store", help="the DuckDB file")
+    p_status.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_status.add_argument("--table", default=None, help="only this table")
 
     p_run = sub.add_parser("run", help="finish a step that apply_llm started, from the store alone")
-    p_run.add_argument("store", help="the DuckDB file")
+    p_run.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_run.add_argument("--table", required=True)
     p_run.add_argument("--step", required=True)
     p_run.add_argument("--concurrency", type=int, default=16)
@@ -76,6 +78,23 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--no-wait", action="store_true",
                        help="with --mode batch: return once the batches are submitted")
 
+    p_worker = sub.add_parser("worker", help="work on a step together with other workers until none of it is left "
+                                             "(a PostgreSQL store lets many machines share one step)")
+    p_worker.add_argument("store", help="the DuckDB file or postgresql:// URL")
+    p_worker.add_argument("--table", required=True)
+    p_worker.add_argument("--step", required=True)
+    p_worker.add_argument("--concurrency", type=int, default=16)
+    p_worker.add_argument("--chunk-size", type=int, default=200,
+                          help="rows claimed ahead and committed together (smaller shares a small step more evenly)")
+    p_worker.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
+    p_worker.add_argument("--max-attempts", type=int, default=3)
+    p_worker.add_argument("--poll", type=float, default=5.0,
+                          help="seconds between looks while other workers hold rows (default 5)")
+    p_worker.add_argument("--stale-after", type=float, default=1800.0,
+                          help="seconds after which a claim whose worker stopped renewing it is taken over "
+                               "(default 1800; claims are renewed every min(60, stale-after/4) seconds)")
+    p_worker.add_argument("--quiet", action="store_true", help="no progress bar")
+
     p_sql = sub.add_parser("sql", help="run a SQL query on the store and print the result")
     p_sql.add_argument("store")
     p_sql.add_argument("query")
@@ -84,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p_reset = sub.add_parser("reset", help="put a step back to NOT_STARTED on matching rows (answers to history)")
     p_history = sub.add_parser("history", help="a step's replaced answers next to the current ones")
     for p in (p_flag, p_reset, p_history):
-        p.add_argument("store", help="the DuckDB file")
+        p.add_argument("store", help="the DuckDB file or postgresql:// URL")
         p.add_argument("--table", required=True)
         p.add_argument("--step", required=True)
     for p in (p_flag, p_reset):
@@ -94,13 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
     p_export = sub.add_parser("export", help="write a table (folder of Parquet files) or one step (a file)")
-    p_export.add_argument("store", help="the DuckDB file")
+    p_export.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_export.add_argument("--table", required=True)
     p_export.add_argument("path", help="a new folder (or, with --step, a .parquet file)")
     p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
     p_restore = sub.add_parser("restore", help="rebuild a table in a store from llmledger export's folder")
     p_restore.add_argument("path", help="the folder export wrote")
-    p_restore.add_argument("store", help="the DuckDB file (created if missing)")
+    p_restore.add_argument("store", help="the DuckDB file or postgresql:// URL (created if missing)")
+
+    p_copy = sub.add_parser("copy", help="copy a whole ledger into a new DuckDB file or an empty PostgreSQL database")
+    p_copy.add_argument("source", help="the DuckDB file or postgresql:// URL to copy")
+    p_copy.add_argument("target", help="a new DuckDB file, or a postgresql:// URL of a database without a ledger")
 
     p_demo = sub.add_parser("demo", help="run a step over the bundled reviews dataset")
     p_demo.add_argument("--store", default=None, help="ledger file (default: a fresh one in a temp folder)")
@@ -126,6 +149,23 @@ def main(argv: list[str] | None = None) -> int:
                        wait=not args.no_wait)
             except KeyboardInterrupt:
                 return 130
+        elif args.command == "worker":
+            from ._worker import work
+
+            try:
+                report = work(args.store, args.table, args.step, concurrency=args.concurrency,
+                              chunk_size=args.chunk_size, where=args.where,
+                              max_attempts=args.max_attempts, poll=args.poll, stale_after=args.stale_after,
+                              progress=not args.quiet)
+            except KeyboardInterrupt:
+                return 130
+            print(f"worker done: {report.calls} paid calls, {report.done} rows DONE, {report.failed} FAILED, "
+                  f"{report.needs_review} NEEDS_REVIEW ({report.outcome.value})", flush=True)
+        elif args.command == "copy":
+            from ._copy import copy
+
+            copied = copy(args.source, args.target)
+            print(f"copied {', '.join(f'{table} ({n:,} rows)' for table, n in copied.items())} into {args.target}")
         elif args.command == "sql":
             from ._query import sql
 
@@ -173,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 sim.serve_forever()
             except KeyboardInterrupt:
                 time.sleep(0)
-    except (LedgerError, duckdb.Error) as exc:
+    except (LedgerError, *db_errors()) as exc:
         print(f"llmledger: {exc}", file=sys.stderr)
         return 2
     return 0

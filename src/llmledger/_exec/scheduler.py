@@ -37,7 +37,7 @@ from .online import OnlineSender, RetryPolicy
 from .recorder import Recorder
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
-RENEW_EVERY = 60.0  # seconds between heartbeats on a run's claims
+RENEW_EVERY = 60.0  # at most this many seconds between heartbeats on a run's claims (a quarter of stale_after if less)
 BUDGET_GRACE = 600.0  # seconds a run that reached its budget waits for the answers already in flight
 
 
@@ -57,6 +57,12 @@ class RunConfig:
     average_before_usd: float = 0.0  # the step's average paid answer so far (what a request costs, before this
     # run's first answer says)
     output_model: Any = field(default=None, compare=False)  # the pydantic model of output= (apply_llm only)
+    stale_after: float = 1800.0  # seconds after which another run may take back a claim that stopped beating
+
+    @property
+    def renew_every(self) -> float:
+        """The heartbeat: often enough that a live claim never looks lapsed, even after a missed beat or two."""
+        return min(RENEW_EVERY, self.stale_after / 4)
 
 
 class Scheduler:
@@ -223,7 +229,7 @@ class Scheduler:
         renewed = time.monotonic()
         while True:
             now = time.monotonic()
-            if now - renewed >= RENEW_EVERY:  # a heartbeat: claims waiting in the queue are still ours
+            if now - renewed >= self.cfg.renew_every:  # a heartbeat: claims queued or in flight are still ours
                 renewed = now
                 await asyncio.to_thread(self._renew)
             finishing = self.workers_done
@@ -286,5 +292,5 @@ class Scheduler:
 
     def debug_state(self) -> dict[str, Any]:
         return {"doing": dict(self.sender.doing), "queue": self.queue.qsize(), "cursor": self.selection.cursor,
-                "work": self.selection.work.height, "buffer": len(self.buffer), "stopping": self.stopping,
+                "work": self.selection.to_send, "buffer": len(self.buffer), "stopping": self.stopping,
                 "in_flight": self.in_flight, "twins": list(self.sender.twins)[:5], "pacer": self.sender.pacer.state()}

@@ -16,8 +16,9 @@
     counts / failures / history / query      what people look at
     flag / reset                             what people do to rows: mark answers for redo, start rows over
 
-`open_ledger(path)` returns the DuckDB implementation (`duckdb_store.py`);
-a PostgreSQL one will sit beside it. Claim liveness (`claims.py`) and the
+`open_ledger(store)` returns the one implementation of these verbs (`store.py`),
+on a DuckDB file (`connection.py`) or, for a `postgresql://` URL, on a PostgreSQL
+database (`postgres.py`): the SQL is written once. Claim liveness (`claims.py`) and the
 write-ahead journal (`journal.py`) live here too because both are about
 rows in the store, not about talking to the API.
 """
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import polars as pl
 
 from .._request import RequestSpec, canonical_json
+from ..errors import InvalidInputError
 from .states import Redo
 from .survey import Layout
 
@@ -103,11 +105,23 @@ class Selection:
     known: dict[str, KnownAnswer] = field(default_factory=dict)  # answers to identical requests, by fingerprint
     survey: pl.DataFrame | None = None  # status and output per frame row when prepared
     inputs: list[str] = field(default_factory=list)  # input columns claims return (as "input.<name>")
-    cursor: int = 0
+    cursor: int = 0  # rows of `work` gone through by claims (open-ended: rows claimed)
+    # Open-ended (PostgreSQL, from the store alone): claims take any eligible row of the step that matches
+    # `where` straight from the table, so no list of keys is held and rows that come back (a lapsed claim)
+    # are found; `pending` is how many there were when selected. `reuse`: claims look up answers to
+    # identical requests for what they claim (as `known`, which they extend).
+    open_ended: bool = False
+    pending: int = 0
+    where: str | None = None
+    reuse: bool = False
+
+    @property
+    def to_send(self) -> int:
+        return self.pending if self.open_ended else self.work.height
 
     @property
     def remaining(self) -> int:
-        return self.work.height - self.cursor
+        return max(0, self.to_send - self.cursor)
 
 
 class Ledger(Protocol):
@@ -153,22 +167,48 @@ class Ledger(Protocol):
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]: ...
 
 
-def known_steps(path: str | Path, table: str) -> list[str]:
-    """The steps a store has on `table` (none when the store does not exist yet), without writing anything."""
+Store = Path | str  # a DuckDB file, or a PostgreSQL URL ("postgresql://user@host:5432/db")
+
+
+def locate(store: str | Path, *, must_exist: bool = False) -> Store:
+    """A `store=` argument as the ledger opens it, checked: a DuckDB file path, or a PostgreSQL URL as given.
+
+    A path that is a directory or another kind of file is refused; with `must_exist`, so is a store
+    without a ledger (for PostgreSQL this connects to find out).
+    """
     from .connection import check_store_path
+    from .postgres import PgConnection, _psycopg, is_url
 
-    path = Path(path).expanduser()
-    check_store_path(path)
-    if not path.exists():
+    if is_url(store):
+        _psycopg()
+        if must_exist:
+            PgConnection(str(store)).check(must_exist=True)
+        return str(store)
+    if not isinstance(store, str | Path):
+        raise InvalidInputError(f"store must be a DuckDB file path or a postgresql:// URL, got {store!r}")
+    path = Path(store).expanduser()
+    check_store_path(path, must_exist=must_exist)
+    return path
+
+
+def known_steps(store: str | Path, table: str) -> list[str]:
+    """The steps a store has on `table` (none when the store does not exist yet), without writing anything."""
+    location = locate(store)
+    if isinstance(location, Path) and not location.exists():
         return []
-    return [step for _, step, _ in open_ledger(path).steps(table)]
+    return [step for _, step, _ in open_ledger(location).steps(table)]
 
 
-def open_ledger(path: str | Path, *, on_wait: Callable[[str], None] | None = None,
+def open_ledger(store: str | Path, *, on_wait: Callable[[str], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> Ledger:
-    from .duckdb_store import DuckDBLedger
+    from .connection import Connection
+    from .postgres import PgConnection, is_url
+    from .store import SQLLedger
 
-    return DuckDBLedger(path, on_wait=on_wait, should_stop=should_stop)
+    if is_url(store):
+        return SQLLedger(PgConnection(str(store), on_wait=on_wait, should_stop=should_stop))
+    return SQLLedger(Connection(store, on_wait=on_wait, should_stop=should_stop))
 
 
-__all__ = ["KnownAnswer", "Layout", "Ledger", "RunParams", "Selection", "StepDefinition", "open_ledger"]
+__all__ = ["KnownAnswer", "Layout", "Ledger", "RunParams", "Selection", "StepDefinition", "Store", "locate",
+           "open_ledger"]

@@ -27,6 +27,7 @@ import polars as pl
 from .._request import RequestSpec
 from .columns import names, q
 from .connection import Connection, one, registered, table_exists
+from .postgres import PgConnection
 from .schema import BATCHES_TABLE
 from .survey import Layout
 from .verbs import commit_results, give_back, input_columns, requests_of
@@ -83,7 +84,7 @@ def _of_intent(col: dict[str, str]) -> str:
 class BatchVerbs:
     """The batch verbs of a ledger, run on its connection (mixed into the DuckDB ledger)."""
 
-    conn: Connection
+    conn: Connection | PgConnection
     path: Path
     _layout: Callable[[duckdb.DuckDBPyConnection, str, str], Layout]  # the ledger's: migrates, checks the step
 
@@ -99,9 +100,9 @@ class BatchVerbs:
                             f"AND {c['_claimed_by']} = $claimant", {"claimant": claimant})
             con.execute(f"INSERT INTO {BATCHES_TABLE} (intent, table_name, step, claimant, requests, rows_sent, "
                         "bytes, model, version, validated, created_at, state, adopted, rejected) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, [])",
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, ?)",
                         [intent, layout.table, layout.step, claimant, requests, assigned.height, size, model,
-                         version, validated, now])
+                         version, validated, now, []])
 
         self.conn.transaction(work, wait=60.0)
 
@@ -138,8 +139,8 @@ class BatchVerbs:
                 f"WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = $batch_id AND {_of_intent(c)} "
                 "RETURNING 1", {"batch_id": batch.batch_id, "intent": batch.intent}).fetchall())
             con.execute(f"UPDATE {BATCHES_TABLE} SET batch_id = NULL, state = 'submitting', adopted = false, "
-                        "rejected = list_append(coalesce(rejected, []), batch_id), note = ? WHERE intent = ?",
-                        [note, batch.intent])
+                        "rejected = array_append(coalesce(rejected, CAST(? AS VARCHAR[])), batch_id), note = ? "
+                        "WHERE intent = ?", [[], note, batch.intent])
             return rows
 
         return self.conn.transaction(work, wait=None)
@@ -193,17 +194,17 @@ class BatchVerbs:
 
     def open_batches(self, table: str, step: str) -> list[BatchRecord]:
         """The step's batches not merged yet (none in a store that has never sent one)."""
-        if not self.path.exists():
+        if not self.conn.exists():
             return []
         with self.conn.open(wait=60.0) as con:
             if not table_exists(con, BATCHES_TABLE):
                 return []
             rows = con.execute(
                 f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, "
-                "version, coalesce(validated, false), coalesce(adopted, false), coalesce(rejected, []) "
+                "version, coalesce(validated, false), coalesce(adopted, false), rejected "
                 f"FROM {BATCHES_TABLE} WHERE table_name = ? AND step = ? AND state IN {OPEN_STATES} "
                 "ORDER BY created_at", [table, step]).fetchall()
-        return [BatchRecord(*r) for r in rows]
+        return [BatchRecord(*r[:-1], list(r[-1] or [])) for r in rows]
 
     def known_batch_ids(self) -> set[str]:
         """Every API batch id this store has recorded (so reconciling never adopts one twice)."""

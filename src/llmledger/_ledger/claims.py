@@ -17,6 +17,12 @@ import uuid
 from dataclasses import dataclass
 
 _active_runs: set[str] = set()
+
+
+def host_name() -> str:
+    """The machine's name in claims: `LLMLEDGER_HOSTNAME`, else the host name. Containers that share one host name
+    (and cannot see each other's processes) need distinct names, or one would take the other's claims for dead."""
+    return os.environ.get("LLMLEDGER_HOSTNAME") or socket.gethostname()
 _active_lock = threading.Lock()
 
 
@@ -28,7 +34,7 @@ class Claimant:
 
     @classmethod
     def new(cls) -> Claimant:
-        return cls(socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
+        return cls(host_name(), os.getpid(), uuid.uuid4().hex[:12])
 
     @classmethod
     def parse(cls, text: str) -> Claimant | None:
@@ -64,7 +70,7 @@ def _pid_alive(pid: int) -> bool:
 def _holder_runs(claim: str) -> bool | None:
     """Whether the claim's holder still runs; None when that cannot be seen from here (another host)."""
     holder = Claimant.parse(claim)
-    if holder is None or holder.host != socket.gethostname():
+    if holder is None or holder.host != host_name():
         return None
     if holder.pid == os.getpid():
         with _active_lock:

@@ -101,13 +101,22 @@ def add_column_ddl(table: str, step: str, column: Column, output_type: str = "VA
     return f"ALTER TABLE {q(table)} ADD COLUMN {q(step + column.suffix)} {sql_type}{default}"
 
 
+# A structured answer's column: a STRUCT (DuckDB), or JSONB on PostgreSQL, where `llmledger_jsonb(text)` (made by
+# the schema) is NULL for text that is not JSON, as DuckDB's try_cast is.
+JSONB = "JSONB"
+
+
 def output_from_text(expr: str, output_type: str) -> str:
     """SQL turning the JSON text of a structured answer into the step's column type (text stays text)."""
+    if output_type == JSONB:
+        return f"llmledger_jsonb({expr})"
     return expr if output_type == "VARCHAR" else f"try_cast(try_cast({expr} AS JSON) AS {output_type})"
 
 
 def output_as_text(expr: str, output_type: str) -> str:
     """SQL for an output as text: the answer itself, or a structured one as JSON."""
+    if output_type == JSONB:
+        return f"CAST({expr} AS TEXT)"
     return expr if output_type == "VARCHAR" else f"to_json({expr})::VARCHAR"
 
 

@@ -57,6 +57,32 @@ def remove_store(path: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
+class Patience:
+    """Trying again to open a store that another process holds (DuckDB) or that cannot be reached (PostgreSQL):
+    backing off, saying so once after a second, giving up after `wait` seconds (None: when `should_stop` says)."""
+
+    def __init__(self, wait: float | None, should_stop: Callable[[], bool] | None,
+                 on_wait: Callable[[str], None] | None, *, longest: float) -> None:
+        self.wait, self.should_stop, self.on_wait, self.longest = wait, should_stop, on_wait, longest
+        self.start, self.delay, self.told = time.monotonic(), 0.02, False
+
+    @property
+    def waited(self) -> float:
+        return time.monotonic() - self.start
+
+    def again(self, note: str) -> bool:
+        """Pause before the next try and return True; False when it is time to give up."""
+        waited = self.waited
+        if waited >= self.wait if self.wait is not None else bool(self.should_stop and self.should_stop()):
+            return False
+        if not self.told and waited > 1 and self.on_wait:
+            self.on_wait(note)
+            self.told = True
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 1.5, self.longest)
+        return True
+
+
 def _is_lock_error(exc: Exception) -> bool:
     return "lock" in str(exc).lower()
 
@@ -89,9 +115,7 @@ class Connection:
     def _connect(self, wait: float | None, read_only: bool) -> duckdb.DuckDBPyConnection:
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        start = time.monotonic()
-        delay = 0.02
-        told = False
+        patience = Patience(wait, self.should_stop, self.on_wait, longest=0.5)
         while True:
             try:
                 con = duckdb.connect(str(self.path), read_only=read_only)
@@ -101,20 +125,24 @@ class Connection:
             except duckdb.IOException as exc:
                 if not _is_lock_error(exc):
                     raise StoreError(f"cannot open store {str(self.path)!r}: {exc}") from exc
-                waited = time.monotonic() - start
-                gave_up = waited >= wait if wait is not None else bool(self.should_stop and self.should_stop())
-                if gave_up:
+                if not patience.again(f"waiting for {self.path.name}: {str(exc).split(':', 1)[-1].strip()}"):
                     raise StoreBusy(f"store {str(self.path)!r} is held by another process "
-                                    f"(waited {waited:.0f}s): {exc}") from exc
-                if not told and waited > 1 and self.on_wait:
-                    self.on_wait(f"waiting for {self.path.name}: {str(exc).split(':', 1)[-1].strip()}")
-                    told = True
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.5)
+                                    f"(waited {patience.waited:.0f}s): {exc}") from exc
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def check(self, *, must_exist: bool = False) -> None:
+        check_store_path(self.path, must_exist=must_exist)
+
+    def remove(self) -> None:
+        remove_store(self.path)
 
     def transaction(self, work: Callable[[duckdb.DuckDBPyConnection], T], *, wait: float | None = None,
-                    commit: bool = True) -> T:
+                    commit: bool = True, exclusive: bool = False) -> T:
         """Run `work` in one transaction, retrying on a write conflict (`commit=False`: roll it back).
+
+        `exclusive` is for PostgreSQL (one such transaction at a time); a DuckDB file has one writer anyway.
 
         DuckDB reports a conflict on the statement, and a COMMIT after it would
         silently roll back, so the conflict is caught here and the work redone.
@@ -138,6 +166,20 @@ class Connection:
         raise StoreError(f"store {str(self.path)!r}: gave up after 20 write conflicts")
 
 
+def dialect(con: Any) -> str:
+    """"duckdb" or "postgres": which engine a connection handed to the ledger's SQL talks to."""
+    return getattr(con, "dialect", "duckdb")
+
+
+def db_errors() -> tuple[type[Exception], ...]:
+    """The errors a statement of either engine raises."""
+    try:
+        import psycopg
+    except ImportError:
+        return (duckdb.Error,)
+    return (duckdb.Error, psycopg.Error)
+
+
 def one(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> tuple[Any, ...]:
     """The single row of a query, fetched to the end: a half-read result blocks the connection."""
     return tuple(con.execute(sql, params).fetchall()[0])
@@ -145,19 +187,26 @@ def one(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> tuple[A
 
 def table_exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return bool(one(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ? "
-                         "AND table_schema = 'main'", [table])[0])
+                         "AND table_schema = current_schema()", [table])[0])
 
 
 def column_types(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+    """Column name -> type (DuckDB's names on either engine: VARCHAR, BIGINT, ...)."""
     from .columns import q
 
+    if dialect(con) == "postgres":
+        return con.types(f"SELECT * FROM {q(relation)}")  # type: ignore[attr-defined]
     rows = con.execute(f"DESCRIBE SELECT * FROM {q(relation)}").fetchall()
     return {r[0]: r[1] for r in rows}
 
 
 @contextlib.contextmanager
 def memory_limited(con: duckdb.DuckDBPyConnection, limit: str) -> Iterator[None]:
-    """Run a full-table read under `limit` (the pages it evicts are clean: reading them back is cheap)."""
+    """Run a full-table read under `limit` (the pages it evicts are clean: reading them back is cheap).
+    PostgreSQL manages its own memory."""
+    if dialect(con) == "postgres":
+        yield
+        return
     before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
     con.execute(f"SET memory_limit = '{limit}'")
     try:
@@ -169,6 +218,9 @@ def memory_limited(con: duckdb.DuckDBPyConnection, limit: str) -> Iterator[None]
 
 def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:
     """A query's result as Arrow record batches, without materialising it whole (DuckDB 1.x and 2.x)."""
+    if not isinstance(relation, duckdb.DuckDBPyRelation):  # PostgreSQL's rows are in memory already
+        yield from relation.pl().to_arrow().to_batches(rows)
+        return
     # DuckDB 2 deprecates fetch_arrow_reader for to_arrow_reader, which 1.x lacks
     read = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
     yield from read(rows)
@@ -182,11 +234,14 @@ def registered(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -
     large strings first (a full copy); Arrow string views, which polars stores natively, DuckDB
     scans in place.
     """
-    con.register(name, frame.to_arrow(compat_level=pl.CompatLevel.newest()) if _STRING_VIEWS else frame)
+    if dialect(con) == "postgres":
+        con.register(name, frame)
+    else:
+        con.register(name, frame.to_arrow(compat_level=pl.CompatLevel.newest()) if _STRING_VIEWS else frame)
     try:
         yield
     finally:  # never hide the error that ended the block behind "transaction aborted"
-        with contextlib.suppress(duckdb.Error):
+        with contextlib.suppress(*db_errors()):
             con.unregister(name)
 
 

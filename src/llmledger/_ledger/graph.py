@@ -26,7 +26,7 @@ import duckdb
 
 from ..errors import PromptError
 from .columns import names, q
-from .connection import column_types, table_exists
+from .connection import column_types, dialect, table_exists
 from .schema import STEPS_TABLE
 
 _NESTED = ("STRUCT", "MAP", "JSON", "UNION")
@@ -48,6 +48,7 @@ class StepGraph:
     templates: dict[str, str | None] = field(default_factory=dict)
     upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
     field_sql: dict[str, str] = field(default_factory=dict)  # "step.sub" -> SQL over the fact table `t`
+    dialect: str = "duckdb"  # of the store the SQL is for
 
     @classmethod
     def load(cls, con: duckdb.DuckDBPyConnection, table: str, step: str | None = None) -> StepGraph:
@@ -59,11 +60,10 @@ class StepGraph:
         if not table_exists(con, STEPS_TABLE) or "upstream" not in column_types(con, STEPS_TABLE):
             return cls()
         rows = con.execute(
-            f"SELECT step, arg_max(prompt, last_prepared_at), arg_max(prompt_kind, last_prepared_at), "
-            f"arg_max(upstream, last_prepared_at) FROM {STEPS_TABLE} WHERE table_name = ? AND version IS NOT NULL "
-            "GROUP BY step", [table]).fetchall()
+            f"SELECT DISTINCT ON (step) step, prompt, prompt_kind, upstream FROM {STEPS_TABLE} "
+            "WHERE table_name = ? AND version IS NOT NULL ORDER BY step, last_prepared_at DESC", [table]).fetchall()
         graph = cls({r[0]: (r[1] if r[2] == "template" else None) for r in rows},
-                    {r[0]: tuple(r[3] or ()) for r in rows})
+                    {r[0]: tuple(r[3] or ()) for r in rows}, dialect=dialect(con))
         return graph.typed(con, table, graph.lineage(step) if step is not None else list(graph.templates))
 
     def lineage(self, step: str) -> list[str]:
@@ -76,7 +76,8 @@ class StepGraph:
         return [s for s in order if s in wanted] or [step]
 
     def with_step(self, step: str, template: str | None, upstream: tuple[str, ...]) -> StepGraph:
-        return StepGraph({**self.templates, step: template}, {**self.upstream, step: upstream}, self.field_sql)
+        return StepGraph({**self.templates, step: template}, {**self.upstream, step: upstream}, self.field_sql,
+                         self.dialect)
 
     def typed(self, con: duckdb.DuckDBPyConnection, table: str, steps: list[str]) -> StepGraph:
         """This graph with SQL for the upstream fields the templates of `steps` read, checked against the table."""
@@ -87,7 +88,7 @@ class StepGraph:
                 root = path.split(".", 1)[0]
                 if root in ups and path not in exprs:
                     exprs[path] = upstream_field_sql(con, table, path, step)
-        return StepGraph(self.templates, self.upstream, exprs)
+        return StepGraph(self.templates, self.upstream, exprs, self.dialect)
 
     def order(self) -> list[str]:
         """Steps with every step after the steps it reads."""
@@ -111,7 +112,8 @@ class StepGraph:
         """SQL: a digest of the upstream values the step's template reads for a row."""
         paths = [p for p in field_paths(self.templates.get(step) or "") if p.split(".", 1)[0] in
                  self.upstream.get(step, ())]
-        values = ", ".join(f"coalesce({self.field_sql[p]}, chr(0))" for p in paths) or "''"
+        missing = "chr(0)" if self.dialect == "duckdb" else "chr(1)"  # PostgreSQL's text cannot hold chr(0)
+        values = ", ".join(f"coalesce({self.field_sql[p]}, {missing})" for p in paths) or "''"
         return f"md5(concat_ws(chr(31), {values}))::UUID"
 
     def rendered_sql(self, step: str) -> str:
@@ -156,6 +158,8 @@ def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, st
     if any(not p.isidentifier() for p in parts) or "[" in path:
         raise PromptError(f"step {step!r} reads {{{path}}}: name a step or a field of a structured step, "
                           "e.g. {extract.company} (no indexing)")
+    if dialect(con) == "postgres":
+        return _jsonb_field_sql(con, table, parts, step)
     expr = "t." + ".".join(q(p) for p in parts)
     try:
         sql_type = str(con.execute(f"DESCRIBE SELECT {expr} AS v FROM {q(table)} AS t").fetchall()[0][1])
@@ -164,3 +168,30 @@ def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, st
                           f"{'.'.join(parts[1:])!r}") from None
     nested = sql_type.startswith(_NESTED) or sql_type.endswith("]")
     return f"to_json({expr})::VARCHAR" if nested else f"CAST({expr} AS VARCHAR)"
+
+
+def _jsonb_field_sql(con: duckdb.DuckDBPyConnection, table: str, parts: list[str], step: str) -> str:
+    """PostgreSQL: a structured step is a JSONB column; its fields are checked against the step's output schema."""
+    from .._request import RequestSpec
+    from .schema import current_version
+
+    root = "t." + q(parts[0])
+    if column_types(con, table).get(parts[0]) != "JSONB":
+        if len(parts) > 1:
+            raise PromptError(f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
+                              f"{'.'.join(parts[1:])!r} (its answers are text)")
+        return f"CAST({root} AS VARCHAR)"
+    found = current_version(con, table, parts[0])
+    spec = RequestSpec.from_json(found[1]).output_spec() if found else None
+    schema: dict = spec.schema if spec is not None else {}
+    for depth, name in enumerate(parts[1:], start=1):
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            schema = spec.schema.get("$defs", {}).get(ref.split("/")[-1], {})  # type: ignore[union-attr]
+        schema = schema.get("properties", {}).get(name)
+        if schema is None:
+            raise PromptError(f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
+                              f"{'.'.join(parts[1:depth + 1])!r}")
+    if len(parts) == 1:
+        return f"CAST({root} AS VARCHAR)"
+    return f"({root} #>> '{{{','.join(parts[1:])}}}')"

@@ -15,7 +15,7 @@ import duckdb
 import polars as pl
 
 from ..errors import InvalidInputError
-from .columns import names, output_as_text, q
+from .columns import names, output_as_text, output_from_text, q
 from .connection import column_types
 from .schema import HISTORY_TABLE
 from .survey import Layout
@@ -67,7 +67,7 @@ def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None
     where = " AND ".join(f"CAST(t.{q(k)} AS VARCHAR) = CAST(${'k' + str(i)} AS VARCHAR)"
                          for i, k in enumerate(key or {}))
     params = {"k" + str(i): v for i, v in enumerate((key or {}).values())}
-    old_output = "h.output" if output_type == "VARCHAR" else f"try_cast(try_cast(h.output AS JSON) AS {output_type})"
+    old_output = output_from_text("h.output", output_type)
     return con.sql(
         f"SELECT {keys}, h.replaced_at, h.reason, {old_output} AS old_output, h.output AS old_text, h.raw AS old_raw, "
         f"h.status AS old_status, "

@@ -18,8 +18,8 @@ import polars as pl
 
 from .._request import sql_literal
 from ..errors import InvalidInputError, KeyColumnError
-from .columns import names, output_as_text, q
-from .connection import column_types, registered, table_exists
+from .columns import JSONB, names, output_as_text, output_from_text, q
+from .connection import column_types, dialect, registered, table_exists
 from .history import archive
 from .schema import LEGACY_FINGERPRINT_PREFIX, canonical_type, ensure_step_columns, list_steps
 from .survey import Layout
@@ -40,8 +40,7 @@ def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Da
     with registered(con, INCOMING, frame.head(0)):
         incoming = column_types(con, INCOMING)
     if not table_exists(con, layout.table):
-        cols = ", ".join(f"{q(c)} {incoming[c]}" for c in [*layout.key, *layout.mirror])
-        con.execute(f"CREATE TABLE {q(layout.table)} ({cols})")
+        create_fact_table(con, layout.table, {c: incoming[c] for c in [*layout.key, *layout.mirror]}, layout.key)
     existing = column_types(con, layout.table)
     for k in layout.key:
         if k not in existing:
@@ -59,6 +58,14 @@ def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Da
                                     f"the frame; cast it (e.g. pl.col({c!r}).cast(...)) or rename it.")
 
 
+def create_fact_table(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, str], key: list[str]) -> None:
+    """A new fact table with `columns` ({name: type}); on PostgreSQL with a unique index on the key, by which
+    claims and commits find rows (DuckDB joins without one)."""
+    con.execute(f"CREATE TABLE {q(table)} ({', '.join(f'{q(c)} {t}' for c, t in columns.items())})")
+    if dialect(con) == "postgres":
+        con.execute(f"CREATE UNIQUE INDEX {q(table + '__key')} ON {q(table)} ({', '.join(q(k) for k in key)})")
+
+
 def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type: str, now: datetime) -> None:
     """Give the step its columns, its output column the type the step's output schema needs.
 
@@ -66,6 +73,8 @@ def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type:
     first copied to the history table as text, then converted where it fits the new type (NULL where
     it does not). Those rows are stale anyway: their requests asked for the old schema.
     """
+    if dialect(con) == "postgres" and output_type != "VARCHAR":  # PostgreSQL keeps any structured answer as JSONB
+        output_type = JSONB
     ensure_step_columns(con, layout.table, layout.step, output_type)
     current = column_types(con, layout.table)[layout.step]
     wanted = canonical_type(con, output_type)
@@ -73,8 +82,8 @@ def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type:
         return
     archive(con, layout, now=now, reason="'output type changed'", condition="true", output_type=current)
     col = q(layout.step)
-    as_json = f"try_cast({output_as_text(col, current)} AS JSON)"
-    using = output_as_text(col, current) if wanted == "VARCHAR" else f"try_cast({as_json} AS {wanted})"
+    using = output_as_text(col, current) if wanted == "VARCHAR" else output_from_text(output_as_text(col, current),
+                                                                                     wanted)
     c = names(layout.step)
     lost = con.sql(f"SELECT {', '.join(q(k) for k in layout.key)} FROM {q(layout.table)} "
                    f"WHERE {col} IS NOT NULL AND ({using}) IS NULL").pl()
@@ -96,8 +105,9 @@ def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
             prompt = definition.prompt.sql()
             con.execute(
                 f"INSERT INTO {q(layout.table)} ({col_list}, {c['_prompt']}, {c['_request_fingerprint']}, "
-                f"{c['_version']}) SELECT {col_list}, p, {definition.request.fingerprint_sql('p')}, $version "
-                f"FROM (SELECT {col_list}, {prompt} AS p FROM {INCOMING})", {"version": definition.version})
+                f"{c['_version']}) SELECT {col_list}, p, {definition.request.fingerprint_sql('p', dialect(con))}, "
+                f"$version "
+                f"FROM (SELECT {col_list}, {prompt} AS p FROM {INCOMING}) AS r", {"version": definition.version})
         else:
             con.execute(f"INSERT INTO {q(layout.table)} ({col_list}) SELECT {col_list} FROM {INCOMING}")
 
@@ -129,7 +139,8 @@ def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
             prompt = definition.prompt.sql("s")
             _update(con, layout, definition, legacy_signature,
                     f"(SELECT {', '.join('s.' + q(k) for k in layout.key)}, {prompt} AS p "
-                    f"FROM {q(layout.table)} AS s SEMI JOIN {INCOMING} AS k ON {layout.key_join('s', 'k')})",
+                    f"FROM {q(layout.table)} AS s WHERE EXISTS (SELECT 1 FROM {INCOMING} AS k "
+                    f"WHERE {layout.key_join('s', 'k')}))",
                     "true", version)
         return
     for chunk in definition.prompt.render_chunks(frame, layout.key):
@@ -154,7 +165,7 @@ def render_dependent(con: duckdb.DuckDBPyConnection, layout: Layout, plan: Promp
     rows = con.execute(
         f"UPDATE {q(layout.table)} AS t SET {c['_prompt']} = r.p, {c['_request_fingerprint']} = r.fp, "
         f"{c['_version']} = $version, {c['_upstream_fingerprint']} = r.up "
-        f"FROM (SELECT *, {request.fingerprint_sql('p')} AS fp FROM ({source})) AS r "
+        f"FROM (SELECT *, {request.fingerprint_sql('p', dialect(con))} AS fp FROM ({source}) AS s) AS r "
         f"WHERE {layout.key_join('t', 'r')} AND (t.{c['_version']} IS DISTINCT FROM $version "
         f"OR t.{c['_request_fingerprint']} IS DISTINCT FROM r.fp "
         f"OR t.{c['_upstream_fingerprint']} IS DISTINCT FROM r.up) RETURNING 1", {"version": version}).fetchall()
@@ -172,7 +183,8 @@ def _update(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefi
         sets.append(f"{c['_fingerprint']} = CASE WHEN t.{c['_fingerprint']} = r.legacy THEN r.fp "
                     f"ELSE t.{c['_fingerprint']} END")
     con.execute(f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM "
-                f"(SELECT *, {definition.request.fingerprint_sql('p')} AS fp{extra} FROM {source}) AS r "
+                f"(SELECT *, {definition.request.fingerprint_sql('p', dialect(con))} AS fp{extra} FROM {source} AS s) "
+                "AS r "
                 f"WHERE {layout.key_join('t', 'r')} AND ({condition})", params)
 
 

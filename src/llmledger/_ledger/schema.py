@@ -21,7 +21,7 @@ import duckdb
 
 from ..errors import StoreError
 from .columns import STEP_COLUMNS, add_column_ddl, q
-from .connection import column_types, one, table_exists
+from .connection import column_types, dialect, one, table_exists
 
 MIGRATIONS_TABLE = "llmledger_migrations"
 STEPS_TABLE = "llmledger_steps"
@@ -125,6 +125,12 @@ MIGRATIONS = (
 LATEST = MIGRATIONS[-1].version
 
 
+# PostgreSQL has no try_cast: structured answers are stored as JSONB through this (NULL for text that is not JSON).
+_PG_JSONB_FUNCTION = """CREATE OR REPLACE FUNCTION llmledger_jsonb(answer TEXT) RETURNS JSONB
+    LANGUAGE plpgsql IMMUTABLE AS $f$
+    BEGIN RETURN answer::JSONB; EXCEPTION WHEN others THEN RETURN NULL; END $f$"""
+
+
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     if table_exists(con, MIGRATIONS_TABLE):
         return int(one(con, f"SELECT coalesce(max(version), 0) FROM {MIGRATIONS_TABLE}")[0])
@@ -141,6 +147,8 @@ def migrate(con: duckdb.DuckDBPyConnection, now: datetime) -> int:
         return 0
     from .. import __version__
 
+    if current == 0 and dialect(con) == "postgres":
+        con.execute(_PG_JSONB_FUNCTION)
     con.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version INTEGER, name VARCHAR, "
                 "applied_at TIMESTAMP, llmledger VARCHAR)")
     if current == 1 and not one(con, f"SELECT count(*) FROM {MIGRATIONS_TABLE}")[0]:
@@ -161,7 +169,7 @@ def list_steps(con: duckdb.DuckDBPyConnection, table: str | None = None) -> list
     """(table, step, key) for every step the store knows, in the order they were first run."""
     if not table_exists(con, STEPS_TABLE):
         return []
-    sql = f"SELECT table_name, step, any_value(key), min(created_at) AS first FROM {STEPS_TABLE}"
+    sql = f"SELECT table_name, step, min(key), min(created_at) AS first FROM {STEPS_TABLE}"
     params: list[Any] = []
     if table:
         sql += " WHERE table_name = ?"
@@ -182,14 +190,21 @@ def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[
 
 def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str,
                         output_type: str = "VARCHAR") -> None:
+    """Give the table the step's columns. On PostgreSQL the status gets an index: claims look rows up by it."""
     existing = column_types(con, table)
     for column in STEP_COLUMNS:
         if step + column.suffix not in existing:
             con.execute(add_column_ddl(table, step, column, output_type))
+    if dialect(con) == "postgres":
+        con.execute(f"CREATE INDEX IF NOT EXISTS {q(f'{table}__{step}_status')} ON {q(table)} "
+                    f"({q(step + '_status')})")
 
 
 def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:
-    """DuckDB's own spelling of a column type, for comparing a wanted type with the catalog's."""
+    """DuckDB's own spelling of a column type, for comparing a wanted type with the catalog's (on PostgreSQL
+    the ledger's types are spelled as column_types reports them already)."""
+    if dialect(con) == "postgres":
+        return sql_type
     return str(one(con, f"SELECT typeof(CAST(NULL AS {sql_type}))")[0])
 
 

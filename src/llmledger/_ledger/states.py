@@ -77,6 +77,10 @@ class Outcome(StrEnum):
 
 
 STATUSES = tuple(s.value for s in Status)
+# The statuses a row may have to be eligible under each redo mode (what `eligible_sql` checks in full).
+CLAIMABLE = {Redo.NONE.value: ("NOT_STARTED", "FAILED"), Redo.STALE.value: ("NOT_STARTED", "FAILED", "DONE"),
+             Redo.ALL.value: ("NOT_STARTED", "FAILED", "DONE", "NEEDS_REVIEW"),
+             Redo.FLAGGED.value: ("NOT_STARTED", "FAILED", "DONE", "NEEDS_REVIEW")}
 STATUS_ENUM_SQL = "ENUM(" + ", ".join(f"'{s}'" for s in STATUSES) + ")"
 
 

@@ -11,6 +11,7 @@ back to one hash join in DuckDB and puts the rows back in frame order.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +19,19 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from .._request import sql_literal
 from ..errors import WhereClauseError
 from .columns import names, q
-from .connection import JOIN_MEMORY_LIMIT, SCAN_MEMORY_LIMIT, arrow_batches, column_types, memory_limited, registered
+from .connection import (
+    JOIN_MEMORY_LIMIT,
+    SCAN_MEMORY_LIMIT,
+    arrow_batches,
+    column_types,
+    db_errors,
+    dialect,
+    memory_limited,
+    registered,
+)
 from .states import STATUSES, eligible_sql, stale_sql
 
 BATCH_ROWS = 250_000
@@ -47,8 +58,10 @@ class Layout:
         return " AND ".join(f"{left}.{q(k)} = {right}.{q(k)}" for k in self.key)
 
     def key_json(self, alias: str = "t") -> str:
-        parts = ", ".join(f"{q(k)} := {alias}.{q(k)}" for k in self.key)
-        return f"to_json(struct_pack({parts}))::VARCHAR"
+        """SQL: the row's key as compact JSON, `{"id":1}`, the same text on DuckDB and PostgreSQL."""
+        parts = " || ',' || ".join(f"{sql_literal(json.dumps(k) + ':')} || CAST(to_json({alias}.{q(k)}) AS VARCHAR)"
+                                   for k in self.key)
+        return f"('{{' || {parts} || '}}')"
 
 
 def flag_sql(layout: Layout, where: str | None) -> dict[str, str]:
@@ -71,16 +84,16 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
     if not where:
         return
     columns = list(column_types(con, table))  # before the query: a failed one aborts the transaction
-    try:
-        statements = len(con.extract_statements(f"SELECT 1 WHERE ({where})"))
+    try:  # (PostgreSQL refuses a second statement in a query with parameters by itself)
+        statements = len(con.extract_statements(f"SELECT 1 WHERE ({where})")) if dialect(con) == "duckdb" else 1
     except duckdb.Error:  # not even parseable: the query below says why, in the user's terms
         statements = 1
     if statements != 1:
         raise WhereClauseError(f"where={where!r} is more than one SQL statement; pass one predicate such as "
                                "\"label = 'spam'\"")
     try:
-        con.execute(f"SELECT 1 FROM {q(table)} WHERE ({where}) LIMIT 0").fetchall()
-    except duckdb.Error as exc:
+        con.execute(f"SELECT 1 FROM {q(table)} WHERE ({where}) LIMIT 0", {}).fetchall()
+    except db_errors() as exc:
         raise WhereClauseError(f"where={where!r} does not work on table {table!r}: "
                                f"{str(exc).splitlines()[0]}. It is SQL over the fact table's columns: "
                                f"{columns}") from None
@@ -97,7 +110,8 @@ def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, 
             query = f"SELECT {_select_list(exprs)} FROM {q(layout.table)} AS t LIMIT {aligned[0]}"
             parts = [_facts(b) for b in arrow_batches(con.sql(query, params=_used(params, query)), BATCH_ROWS)]
     if aligned is None:
-        return _joined(con, layout, frame, exprs, params, compare)
+        found = _joined(con, layout, frame, exprs, params, compare)
+        return _structured(con, layout, found) if dialect(con) == "postgres" and "output" in exprs else found
     present, changed = aligned
     found = pl.concat(parts, rechunk=False) if parts else _absent(0, exprs)
     found = found.with_columns(pl.lit(True).alias("exists"))
@@ -113,11 +127,13 @@ def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, 
 def _aligned_rows(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
                   compare: bool) -> tuple[int, list[pl.Series]] | None:
     """(rows the table holds of the frame, `changed` per slice) when the table holds the frame's rows first and in
-    the frame's order; None otherwise.
+    the frame's order; None otherwise (always on PostgreSQL, whose tables keep no order).
 
     Anything kept from an Arrow batch keeps the whole batch alive, so of this scan nothing is kept but the
     freshly computed `changed`.
     """
+    if dialect(con) == "postgres":
+        return None
     columns = [*layout.key, *(layout.mirror if compare else [])]
     query = f"SELECT {', '.join(q(c) for c in columns)} FROM {q(layout.table)} LIMIT {frame.height}"
     changed: list[pl.Series] = []
@@ -189,6 +205,26 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
     if "status" in found.columns:
         found = found.with_columns(pl.col("status").cast(STATUS_TYPE))
     return _in_frame_order(found)
+
+
+def _structured(con: Any, layout: Layout, found: pl.DataFrame) -> pl.DataFrame:
+    """PostgreSQL keeps a structured answer as JSONB: give it the polars Struct the step's schema makes on DuckDB,
+    converted by DuckDB itself, so a frame comes back the same from either store."""
+    from .._request import RequestSpec
+    from .schema import current_version
+
+    current = current_version(con, layout.table, layout.step)
+    spec = RequestSpec.from_json(current[1]).output_spec() if current else None
+    if spec is None or column_types(con, layout.table).get(layout.step) != "JSONB":
+        return found
+    scratch = duckdb.connect()
+    try:
+        scratch.register("answers", found.select("output").to_arrow())
+        output = scratch.sql(f"SELECT try_cast(try_cast(output AS JSON) AS {spec.sql_type}) AS output "
+                             "FROM answers").pl()["output"]
+    finally:
+        scratch.close()
+    return found.with_columns(output)
 
 
 def _in_frame_order(found: pl.DataFrame) -> pl.DataFrame:

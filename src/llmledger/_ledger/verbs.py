@@ -1,6 +1,6 @@
 """The SQL behind the DuckDB ledger's verbs: claiming, committing, giving claims back, merging journals.
 
-Each function runs inside a transaction `duckdb_store.DuckDBLedger` opened; none opens the file itself.
+Each function runs inside a transaction `store.SQLLedger` opened; none opens the store itself.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..errors import PromptError
 from . import KnownAnswer, RunParams, Selection
 from .claims import is_abandoned, is_alive_here
 from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q
-from .connection import column_types, one, registered, table_exists
+from .connection import column_types, db_errors, dialect, one, registered, table_exists
 from .graph import StepGraph
 from .history import archive, redo_reason
 from .journal import pending as pending_journals
@@ -33,7 +33,7 @@ from .schema import (
     owned_columns,
     requests_by_version,
 )
-from .states import STATUSES, prior_status_sql
+from .states import CLAIMABLE, STATUSES, prior_status_sql
 from .survey import Layout, flag_sql
 
 BATCH = "llmledger_batch"
@@ -45,24 +45,59 @@ RESULTS = "llmledger_results"
 # -- the SQL of each verb --------------------------------------------------------------------------------
 
 def claim_rows(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataFrame, *, claimant: str,
-           now: datetime) -> pl.DataFrame:
+               now: datetime) -> pl.DataFrame:
+    """Claim the rows of `batch` (keys) that may be claimed now.
+
+    On PostgreSQL, where other processes claim at the same time, the rows are picked with
+    `FOR UPDATE SKIP LOCKED`: a row another process is claiming this instant is left to it, not waited for.
+    """
     layout = selection.layout
     flags = flag_sql(layout, None)
-    c = names(layout.step, "t")
     with registered(con, BATCH, batch):
-        inputs = "".join(f"t.{q(col)} AS {q('input.' + col)}, " for col in selection.inputs)
-        got = con.sql(
-            f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
-            f"{q(layout.step + '_claimed_from')} = {c['_status']}, {q(layout.step + '_custom_id')} = NULL, "
-            f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
-            f"FROM {BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']} "
-            f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {inputs}{c['_prompt']} AS prompt, "
-            f"{c['_request_fingerprint']}::VARCHAR AS fingerprint, {c['_version']} AS version, "
-            f"{c['_attempts']} AS attempts, "
-            f"{c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
-            params={**selection.params, "now": now, "claimant": claimant}).pl()
-    got = got.cast({k: selection.key_types[k] for k in layout.key})
+        pick = f"{BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']}"
+        if dialect(con) == "postgres":
+            keys = ", ".join(f"t.{q(k)}" for k in layout.key)
+            pick = (f"(SELECT {keys} FROM {q(layout.table)} AS t JOIN {pick.replace(' WHERE ', ' ON ', 1)} "
+                    f"FOR UPDATE OF t SKIP LOCKED) AS i WHERE {layout.key_join('t', 'i')}")
+        got = _claim(con, selection, pick, claimant=claimant, now=now)
     return batch.join(got, on=layout.key, how="inner", maintain_order="left")
+
+
+def claim_open(con: duckdb.DuckDBPyConnection, selection: Selection, n: int, *, claimant: str,
+               now: datetime) -> pl.DataFrame:
+    """PostgreSQL, open-ended: claim up to `n` of the step's current, eligible rows matching `where`, straight from
+    the table (`FOR UPDATE SKIP LOCKED`). The status filter in front lets the status index find them."""
+    layout = selection.layout
+    flags = flag_sql(layout, selection.where)
+    keys = ", ".join(f"t.{q(k)}" for k in layout.key)
+    statuses = ", ".join(f"'{s}'" for s in CLAIMABLE[selection.params["redo"]])
+    got = _claim(con, selection, f"(SELECT {keys} FROM {q(layout.table)} AS t WHERE {layout.col('_status', 't')} "
+                                 f"IN ({statuses}) AND {flags['current']} AND {flags['eligible']} AND "
+                                 f"{flags['in_where']} LIMIT {int(n)} FOR UPDATE OF t SKIP LOCKED) AS i "
+                                 f"WHERE {layout.key_join('t', 'i')}", claimant=claimant, now=now)
+    if selection.reuse and got.height:  # answers to identical requests, committed by anyone until now
+        fresh = got.select(pl.col("fingerprint").alias("fp")).unique()
+        selection.known.update(answers_to(con, layout, fresh.filter(~pl.col("fp").is_in(list(selection.known)))))
+    return got
+
+
+def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, pick: str, *, claimant: str,
+           now: datetime) -> pl.DataFrame:
+    """Mark the rows `pick` selects (SQL: a FROM item `i` and its join to the fact table `t`) RUNNING for
+    `claimant`, recording the status each had; return their keys, input columns and stored requests."""
+    layout = selection.layout
+    c = names(layout.step, "t")
+    inputs = "".join(f"t.{q(col)} AS {q('input.' + col)}, " for col in selection.inputs)
+    got = con.sql(
+        f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
+        f"{q(layout.step + '_claimed_from')} = {c['_status']}, {q(layout.step + '_custom_id')} = NULL, "
+        f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
+        f"FROM {pick} "
+        f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {inputs}{c['_prompt']} AS prompt, "
+        f"{c['_request_fingerprint']}::VARCHAR AS fingerprint, {c['_version']} AS version, "
+        f"{c['_attempts']} AS attempts, {c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
+        params={**selection.params, "now": now, "claimant": claimant}).pl()
+    return got.cast({k: selection.key_types[k] for k in layout.key})
 
 
 def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.DataFrame, *,
@@ -112,9 +147,9 @@ def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunPa
     dead = [h for h in holders if h is None or is_abandoned(h)]
     alive = [h for h in holders if h is not None and is_alive_here(h)]
     return give_back(con, layout, f"{c['_custom_id']} IS NULL AND ({c['_claimed_by']} IS NULL "
-                                   f"OR list_contains($dead, {c['_claimed_by']}) "
+                                   f"OR {c['_claimed_by']} IN (SELECT unnest(CAST($dead AS VARCHAR[]))) "
                                    f"OR ({c['_running_started_at']} < $stale_before "
-                                   f"AND NOT list_contains($alive, {c['_claimed_by']})))",
+                                   f"AND {c['_claimed_by']} NOT IN (SELECT unnest(CAST($alive AS VARCHAR[])))))",
                       {"dead": dead, "alive": alive, "stale_before": params.stale_before,
                        "max_attempts": params.max_attempts}).height
 
@@ -155,7 +190,13 @@ def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataF
     c = names(layout.step, "t")
     with registered(con, BATCH, work):
         wanted = con.sql(f"SELECT DISTINCT {c['_request_fingerprint']}::VARCHAR AS fp FROM {q(layout.table)} AS t "
-                         f"SEMI JOIN {BATCH} AS i ON {layout.key_join()} WHERE fp IS NOT NULL").pl()
+                         f"WHERE {c['_request_fingerprint']} IS NOT NULL AND EXISTS (SELECT 1 FROM {BATCH} AS i "
+                         f"WHERE {layout.key_join()})").pl()
+    return answers_to(con, layout, wanted)
+
+
+def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFrame) -> dict[str, KnownAnswer]:
+    """One stored DONE answer per fingerprint of `wanted` (column `fp`), this step's first, then the store's."""
     if not wanted.height:
         return {}
     sources = [(layout.table, layout.step)] + [(t, s) for t, s, _ in list_steps(con) if (t, s) !=
@@ -168,9 +209,9 @@ def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataF
                 continue
             o = names(step, "t")
             rows = con.execute(
-                f"SELECT {o['_fingerprint']}::VARCHAR, any_value({output_as_text(o[''], types[step])}), "
-                f"any_value({o['_stop_reason']}), any_value({o['_model']}) FROM {q(table)} AS t "
-                f"SEMI JOIN {WANTED} AS w ON {o['_fingerprint']} = w.fp::UUID WHERE {o['_status']} = 'DONE' "
+                f"SELECT {o['_fingerprint']}::VARCHAR, min({output_as_text(o[''], types[step])}), "
+                f"min({o['_stop_reason']}), min({o['_model']}) FROM {q(table)} AS t "
+                f"WHERE {o['_status']} = 'DONE' AND {o['_fingerprint']} IN (SELECT w.fp::UUID FROM {WANTED} AS w) "
                 f"GROUP BY {o['_fingerprint']}").fetchall()
             for r in rows:
                 found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
@@ -217,11 +258,11 @@ def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> p
         try:
             graph: StepGraph | None = StepGraph.load(con, tbl)
             ordered = [s for s in graph.order() if s in steps] + [s for s in steps if s not in graph.templates]
-        except (PromptError, duckdb.Error):  # an old store not upgraded yet, or a broken definition: no graph
+        except (PromptError, *db_errors()):  # an old store not upgraded yet, or a broken definition: no graph
             graph, ordered = None, steps
         for step in ordered:
             s = q(step + "_status")
-            counts = ", ".join(f"count(*) FILTER (WHERE {s} = '{st}')::BIGINT AS {st}" for st in STATUSES)
+            counts = ", ".join(f"count(*) FILTER (WHERE {s} = '{st}')::BIGINT AS {q(st)}" for st in STATUSES)
             extra = "NULL::BIGINT AS stale, NULL::BIGINT AS waiting"
             if graph is not None and step in graph.templates:
                 flags = flag_sql(fed_layout(Layout(tbl, step, [], []), graph), None)

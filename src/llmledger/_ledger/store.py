@@ -1,8 +1,10 @@
-"""The ledger in an embedded DuckDB file: the verbs of the `Ledger` interface.
+"""The verbs of the `Ledger` interface, on an embedded DuckDB file or a PostgreSQL database.
 
-Every verb is one transaction on a briefly opened file (`connection.py`):
-a row's output and its status land together, and the file is free for the
-duckdb CLI or another notebook between claims and commits.
+Every verb is one transaction (`connection.py` for DuckDB, `postgres.py` for
+PostgreSQL): a row's output and its status land together. A DuckDB file is
+opened only for that transaction, so it is free for the duckdb CLI or another
+notebook between claims and commits; PostgreSQL lets many processes claim and
+commit side by side.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from ..errors import InvalidInputError
 from . import RunParams, Selection, StepDefinition
 from .batches import BatchVerbs
 from .columns import names, q
-from .connection import Connection, check_store_path, column_types, one, remove_store, table_exists
+from .connection import Connection, column_types, dialect, one, table_exists
 from .graph import StepGraph
 from .history import archive, side_by_side
+from .postgres import PgConnection
 from .prepare import (
     establish_table,
     frame_columns,
@@ -48,6 +51,7 @@ from .schema import (
 from .states import Redo, Status
 from .survey import Layout, check_where, flag_sql, survey
 from .verbs import (
+    claim_open,
     claim_rows,
     commit_results,
     fed_layout,
@@ -65,13 +69,15 @@ from .verbs import (
 _PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
-class DuckDBLedger(BatchVerbs):
-    """A ledger in one DuckDB file."""
+class SQLLedger(BatchVerbs):
+    """A ledger in one DuckDB file (`Connection`) or one PostgreSQL database (`PgConnection`).
 
-    def __init__(self, path: str | Path, *, on_wait: Callable[[str], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> None:
-        self.conn = Connection(path, on_wait=on_wait, should_stop=should_stop)
-        self.path = self.conn.path
+    `path` is the DuckDB file, or for PostgreSQL where this machine journals answers before they commit.
+    """
+
+    def __init__(self, conn: Connection | PgConnection) -> None:
+        self.conn = conn
+        self.path = conn.path
 
     @property
     def on_wait(self) -> Callable[[str], None] | None:
@@ -92,8 +98,8 @@ class DuckDBLedger(BatchVerbs):
         each row's stored input columns too (for a `validate=` callable). With `look`, nothing is kept:
         the transaction is rolled back and `look(con, selection)`, run inside it, is returned (estimate).
         """
-        check_store_path(self.path)
-        existed = self.path.exists()
+        self.conn.check()
+        existed = self.conn.exists()
         merged: list[Path] = []
 
         def work(con: duckdb.DuckDBPyConnection) -> Selection:
@@ -130,14 +136,14 @@ class DuckDBLedger(BatchVerbs):
             return selection if look is None else look(con, selection)
 
         try:
-            selection = self.conn.transaction(work, commit=look is None)
+            selection = self.conn.transaction(work, commit=look is None, exclusive=True)
         except InvalidInputError:
             if not existed:
-                remove_store(self.path)
+                self.conn.remove()
             raise
         if look is not None:
             if not existed:  # a look leaves no file behind either
-                remove_store(self.path)
+                self.conn.remove()
             return selection
         for path in merged:
             path.unlink(missing_ok=True)
@@ -193,7 +199,7 @@ class DuckDBLedger(BatchVerbs):
     def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool,
                inputs: bool = False) -> Selection:
         """The work of a step that apply_llm prepared, selected from the store alone."""
-        check_store_path(self.path, must_exist=True)
+        self.conn.check(must_exist=True)
         merged: list[Path] = []
 
         def work(con: duckdb.DuckDBPyConnection) -> Selection:
@@ -217,10 +223,13 @@ class DuckDBLedger(BatchVerbs):
             merged[:] = merge_journals(con, layout, self.path, key_types)
             recover_claims(con, layout, params)
             flags = flag_sql(layout, params.where)
+            open_ended = dialect(con) == "postgres"  # claims take rows from the table: no list of keys to hold
             work = con.sql(f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
-                           f"AND {flags['eligible']} AND {flags['in_where']}", params=work_sql).pl()
-            stale, running, review, unprepared, waiting, submitted = one(con, (
-                f"SELECT count(*) FILTER (WHERE {flags['current']} AND {flags['stale']}), "
+                           f"AND {flags['eligible']} AND {flags['in_where']}{' LIMIT 0' if open_ended else ''}",
+                           params=work_sql).pl()
+            pending, stale, running, review, unprepared, waiting, submitted = one(con, (
+                f"SELECT count(*) FILTER (WHERE {flags['current']} AND {flags['eligible']}), "
+                f"count(*) FILTER (WHERE {flags['current']} AND {flags['stale']}), "
                 f"count(*) FILTER (WHERE {flags['status']} = 'RUNNING'), "
                 f"count(*) FILTER (WHERE {flags['status']} = 'NEEDS_REVIEW'), "
                 f"count(*) FILTER (WHERE NOT {flags['current']} AND {flags['eligible']}), "
@@ -233,9 +242,11 @@ class DuckDBLedger(BatchVerbs):
                 key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
                 waiting=int(waiting), in_batches=int(submitted),
-                known=known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {})
+                known=known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {},
+                open_ended=open_ended, pending=int(pending), where=params.where,
+                reuse=open_ended and dedupe and params.redo.reuses_answers)
 
-        selection = self.conn.transaction(work)
+        selection = self.conn.transaction(work, exclusive=True)
         for path in merged:
             path.unlink(missing_ok=True)
         return selection
@@ -249,6 +260,10 @@ class DuckDBLedger(BatchVerbs):
 
         def work(con: duckdb.DuckDBPyConnection) -> None:
             claimed.clear()
+            if selection.open_ended:
+                claimed.extend(claim_open(con, selection, n, claimant=claimant, now=now).iter_rows(named=True))
+                end[0] = start + len(claimed) if len(claimed) == n else max(selection.pending, start + len(claimed))
+                return
             cursor = start
             while len(claimed) < n and cursor < selection.work.height:
                 batch = selection.work.slice(cursor, n - len(claimed))
@@ -322,9 +337,8 @@ class DuckDBLedger(BatchVerbs):
             if key is None:
                 return []
             s, e = q(step + "_status"), q(step + "_error")
-            parts = ", ".join(f"{q(k)} := {q(k)}" for k in key)
             return [(r[0], r[1], r[2]) for r in con.execute(
-                f"SELECT to_json(struct_pack({parts}))::VARCHAR, {s}, {e} FROM {q(table)} "
+                f"SELECT {Layout(table, step, key, []).key_json()}, {s}, {e} FROM {q(table)} AS t "
                 f"WHERE {s} IN ('FAILED', 'NEEDS_REVIEW') ORDER BY {s}, {e} LIMIT {int(limit)}").fetchall()]
 
     def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame:
@@ -342,7 +356,7 @@ class DuckDBLedger(BatchVerbs):
                 f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) RETURNING 1",
                 {"reason": reason, "now": now, "by": by}).fetchall())
 
-        return self.conn.transaction(work, wait=60.0)
+        return self.conn.transaction(work, wait=60.0, exclusive=True)
 
     def reset(self, table: str, step: str, *, where: str, now: datetime) -> int:
         """Put the step of rows matching `where` back to NOT_STARTED; their answers go to the history first.
@@ -364,7 +378,7 @@ class DuckDBLedger(BatchVerbs):
                               *(f"{col} = NULL" for col in cleared)])
             return len(con.execute(f"UPDATE {q(table)} AS t SET {sets} WHERE {matching} RETURNING 1").fetchall())
 
-        return self.conn.transaction(work, wait=60.0)
+        return self.conn.transaction(work, wait=60.0, exclusive=True)
 
     def _layout(self, con: duckdb.DuckDBPyConnection, table: str, step: str) -> Layout:
         migrate(con, utcnow())

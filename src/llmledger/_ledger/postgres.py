@@ -1,0 +1,311 @@
+"""Opening a PostgreSQL ledger: the same verbs as on DuckDB, through a connection that speaks DuckDB's dialect.
+
+The ledger's SQL (`verbs.py`, `survey.py`, `prepare.py`, ...) is written once.
+`PgCon` gives a psycopg connection the few things that SQL expects of a
+DuckDB connection: `$name` and `?` parameters, `con.sql(q).pl()`, and polars
+frames registered under a name (here: a temporary table filled by COPY).
+Where the two engines truly differ (JSON, regular expressions, the claim's
+`FOR UPDATE SKIP LOCKED`), the SQL asks `dialect(con)`.
+
+Many processes share one PostgreSQL ledger. Claims and commits touch rows
+only, so they run side by side; preparing a step, migrating and the verbs
+people call (flag, reset) take one advisory lock, so they happen one at a
+time, as on a DuckDB file. A connection lost mid-transaction (a network cut,
+a server restart) is opened again and the transaction redone, waiting as a
+busy DuckDB file waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import polars as pl
+
+from ..errors import StoreBusy, StoreError, StoreNotFound
+from .connection import Patience
+
+T = TypeVar("T")
+URL_SCHEMES = ("postgresql://", "postgres://")
+_LOCK_ID = 0x6C6C6D6C  # "llml": the advisory lock of prepare, migrations, flag and reset
+
+# PostgreSQL type oid -> (DuckDB's name for the type, polars type): what column_types and .pl() report.
+_TYPES: dict[int, tuple[str, Any]] = {
+    16: ("BOOLEAN", pl.Boolean), 20: ("BIGINT", pl.Int64), 21: ("SMALLINT", pl.Int16), 23: ("INTEGER", pl.Int32),
+    25: ("VARCHAR", pl.String), 1043: ("VARCHAR", pl.String), 1042: ("VARCHAR", pl.String), 19: ("VARCHAR", pl.String),
+    700: ("FLOAT", pl.Float32), 701: ("DOUBLE", pl.Float64), 1700: ("DOUBLE", pl.Float64),
+    1114: ("TIMESTAMP", pl.Datetime("us")), 1184: ("TIMESTAMPTZ", pl.Datetime("us", "UTC")), 1082: ("DATE", pl.Date),
+    1083: ("TIME", pl.Time), 1186: ("INTERVAL", pl.Duration("us")), 2950: ("UUID", pl.String),
+    114: ("JSON", pl.String), 3802: ("JSONB", pl.String), 17: ("BYTEA", pl.Binary),
+    1009: ("VARCHAR[]", pl.List(pl.String)), 1015: ("VARCHAR[]", pl.List(pl.String)),
+    1016: ("BIGINT[]", pl.List(pl.Int64)), 1007: ("INTEGER[]", pl.List(pl.Int32)),
+}
+# PostgreSQL spellings of the DuckDB types the ledger's DDL names.
+_DDL_TYPES = {"DOUBLE": "DOUBLE PRECISION", "FLOAT": "REAL", "TIMESTAMPTZ": "TIMESTAMPTZ", "BLOB": "BYTEA"}
+_TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$([A-Za-z_]\w*)|\?|%|\bDOUBLE\b(?! PRECISION)")
+
+
+def is_url(store: object) -> bool:
+    return isinstance(store, str) and store.startswith(URL_SCHEMES)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages and journal folders."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (f"{parts.username}@" if parts.username else "") + host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def journal_base(url: str) -> Path:
+    """Where runs on this machine journal answers for this database before they commit (see journal.py)."""
+    digest = hashlib.md5(redacted(url).encode()).hexdigest()[:16]
+    return Path.home() / ".cache" / "llmledger" / f"postgresql-{digest}" / "ledger"
+
+
+_TRANSIENT = ("starting up", "shutting down", "in recovery", "connection slots", "too many connections")
+
+
+def _refused_for_good(message: str) -> str | None:
+    """The server's reason when it answered but refused the connection for good (no such database or role,
+    a wrong password); None when it may yet accept one (down, restarting, full)."""
+    fatal = message.split("FATAL:", 1)
+    if len(fatal) < 2 or any(word in fatal[1] for word in _TRANSIENT):
+        return None
+    return fatal[1].strip().splitlines()[0]
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise StoreError("a PostgreSQL store needs psycopg 3: pip install 'llmledger[postgresql]'") from None
+    return psycopg
+
+
+def translate(sql: str, params: Any) -> tuple[str, Any]:
+    """DuckDB's parameters (`$name`, `?`) as psycopg's (`%(name)s`, `%s`), and DuckDB type names as PostgreSQL's.
+
+    String literals and quoted names are left as they are; without parameters `%` stays as written.
+    """
+    def swap(m: re.Match[str]) -> str:
+        token = m.group(0)
+        if token[0] in "'\"":
+            return token
+        if m.group(1):
+            return f"%({m.group(1)})s" if params is not None else token
+        if token == "?":
+            return "%s" if params is not None else token
+        if token == "%":
+            return "%%" if params is not None else token
+        return _DDL_TYPES[token]
+
+    return _TOKENS.sub(swap, sql), params
+
+
+def _pg_type(dtype: pl.DataType) -> str:
+    """The column type a polars column is registered with."""
+    if dtype.is_integer():
+        return {pl.Int8: "SMALLINT", pl.Int16: "SMALLINT", pl.UInt8: "SMALLINT", pl.Int32: "INTEGER",
+                pl.UInt16: "INTEGER"}.get(dtype.base_type(), "BIGINT")  # type: ignore[call-overload]
+    if dtype == pl.Float32:
+        return "REAL"
+    if dtype.is_float():
+        return "DOUBLE PRECISION"
+    if dtype == pl.Boolean:
+        return "BOOLEAN"
+    if isinstance(dtype, pl.Datetime):
+        return "TIMESTAMPTZ" if dtype.time_zone else "TIMESTAMP"
+    simple = {pl.Date: "DATE", pl.Time: "TIME", pl.Binary: "BYTEA"}
+    if dtype.base_type() in simple:
+        return simple[dtype.base_type()]  # type: ignore[index]
+    if isinstance(dtype, pl.List) and dtype.inner is not None and not dtype.inner.is_nested():
+        return _pg_type(dtype.inner) + "[]"
+    if dtype.is_nested():
+        return "JSONB"
+    return "TEXT"  # strings, categoricals, enums, nulls
+
+
+class PgRelation:
+    """The result of `PgCon.sql`: rows, turned into polars on demand."""
+
+    def __init__(self, description: Any, rows: list[tuple[Any, ...]]) -> None:
+        self.description, self.rows = description, rows
+
+    def pl(self) -> pl.DataFrame:
+        schema: dict[str, Any] = {}
+        for d in self.description:  # PostgreSQL names unnamed columns alike ("sum", "sum"); polars needs them apart
+            name, n = d.name, 1
+            while name in schema:
+                name, n = f"{d.name}_{n}", n + 1
+            schema[name] = _TYPES.get(d.type_code, ("", pl.Object))[1]
+        return pl.DataFrame(self.rows, schema=schema, orient="row")
+
+
+class PgCon:
+    """A psycopg connection with the parts of DuckDB's connection API the ledger's SQL uses."""
+
+    dialect = "postgres"
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        cursor = self.raw.cursor()
+        cursor.execute(*translate(sql, params))
+        return cursor
+
+    def sql(self, sql: str, params: Any = None) -> PgRelation | None:
+        cursor = self.execute(sql, params)
+        if cursor.description is None:
+            return None
+        return PgRelation(cursor.description, cursor.fetchall())
+
+    def chunks(self, sql: str, rows: int) -> Iterator[pl.DataFrame]:
+        """A query's result as polars frames of at most `rows`, read through a server-side cursor."""
+        with self.raw.cursor(name="llmledger_chunks", withhold=True) as cursor:
+            cursor.execute(translate(sql, None)[0])
+            while batch := cursor.fetchmany(rows):
+                yield PgRelation(cursor.description, batch).pl()
+
+    def types(self, relation_sql: str) -> dict[str, str]:
+        """Column name -> DuckDB's name for its type, for the result of a query (nothing is read)."""
+        cursor = self.execute(f"SELECT * FROM ({relation_sql}) AS r LIMIT 0")
+        return {d.name: _TYPES.get(d.type_code, ("VARCHAR", None))[0] for d in cursor.description}
+
+    def register(self, name: str, frame: pl.DataFrame) -> None:
+        """`frame` as a temporary table `name` (until `unregister`), filled by COPY and analysed for the planner."""
+        psycopg = _psycopg()
+        types = {c: _pg_type(t) for c, t in frame.schema.items()}
+        cols = ", ".join(f'"{c}" {t}' for c, t in types.items())
+        self.raw.execute(f'DROP TABLE IF EXISTS "{name}"')
+        self.raw.execute(f'CREATE TEMP TABLE "{name}" ({cols})')
+        if frame.height:
+            nested = [c for c, t in types.items() if t == "JSONB"]
+            rows = frame.with_columns(pl.col(c).map_elements(json.dumps, return_dtype=pl.String)
+                                      for c in nested).iter_rows() if nested else frame.iter_rows()
+            names = ", ".join(f'"{c}"' for c in frame.columns)
+            with self.raw.cursor().copy(psycopg.sql.SQL(f'COPY "{name}" ({names}) FROM STDIN')) as copy:
+                for row in rows:
+                    copy.write_row(row)
+            self.raw.execute(f'ANALYZE "{name}"')
+
+    def unregister(self, name: str) -> None:
+        self.raw.execute(f'DROP TABLE IF EXISTS "{name}"')
+
+
+class PgConnection:
+    """One PostgreSQL database (a URL), through one connection kept open and opened again when lost."""
+
+    def __init__(self, url: str, *, on_wait: Callable[[str], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        self.url = url
+        self.name = redacted(url)
+        self.path = journal_base(url)
+        self.on_wait = on_wait
+        self.should_stop = should_stop
+        self._lock = threading.RLock()
+        self._raw: Any = None
+
+    def _connection(self, wait: float | None) -> Any:
+        """The open connection, or a new one, waiting while the server cannot be reached."""
+        psycopg = _psycopg()
+        if self._raw is not None and not self._raw.closed:
+            return self._raw
+        patience = Patience(wait, self.should_stop, self.on_wait, longest=1.0)
+        while True:
+            try:
+                raw = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+                break
+            except psycopg.OperationalError as exc:
+                refused = _refused_for_good(str(exc))
+                if refused:
+                    raise (StoreNotFound if "does not exist" in refused else StoreError)(
+                        f"cannot open the PostgreSQL store {self.name}: {refused}" + (
+                            " (create it first: createdb NAME)" if "database" in refused else "")) from None
+                reason = str(exc).strip().splitlines()[-1]
+                if not patience.again(f"waiting for PostgreSQL at {self.name}: {reason}"):
+                    raise StoreBusy(f"cannot reach the PostgreSQL store {self.name} (waited {patience.waited:.0f}s): "
+                                    f"{reason}") from exc
+        text = psycopg.types.string.TextLoader
+        for name in ("uuid", "json", "jsonb"):  # as text, like the DuckDB side returns them
+            raw.adapters.register_loader(name, text)
+        raw.adapters.register_loader("numeric", psycopg.types.numeric.FloatLoader)
+        self._raw = raw
+        return raw
+
+    def _drop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._raw.close()
+        self._raw = None
+
+    def exists(self) -> bool:
+        """Whether the database holds a ledger (llmledger's bookkeeping tables)."""
+        with self.open(wait=30.0) as con:
+            return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                                    "current_schema() AND table_name = 'llmledger_steps'").fetchall()[0][0])
+
+    def remove(self) -> None:
+        """Nothing to delete: the refused call's transaction was rolled back, so the database is as it was."""
+
+    def check(self, *, must_exist: bool = False) -> None:
+        if must_exist and not self.exists():
+            raise StoreNotFound(f"no ledger in the PostgreSQL store {self.name}; apply_llm(..., store=...) "
+                                "creates one")
+
+    @contextlib.contextmanager
+    def open(self, *, wait: float | None = None, read_only: bool = False) -> Iterator[PgCon]:
+        """The connection for statements outside a transaction (each one commits on its own)."""
+        psycopg = _psycopg()
+        with self._lock:
+            raw = self._connection(wait)
+            try:
+                yield PgCon(raw)
+            except psycopg.OperationalError as exc:
+                self._drop()
+                raise StoreError(f"lost the PostgreSQL store {self.name}: {str(exc).strip()}") from exc
+
+    def transaction(self, work: Callable[[PgCon], T], *, wait: float | None = None, commit: bool = True,
+                    exclusive: bool = False) -> T:
+        """Run `work` in one transaction, redoing it after a serialization failure, a deadlock or a lost
+        connection (`commit=False`: roll it back; `exclusive`: one such transaction at a time in the database)."""
+        psycopg = _psycopg()
+        retry = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+        start = time.monotonic()
+        for attempt in range(1000):
+            with self._lock:
+                raw = self._connection(None if wait is None else max(0.0, wait - (time.monotonic() - start)))
+                try:
+                    raw.execute("BEGIN")
+                    if exclusive:
+                        raw.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+                    result = work(PgCon(raw))
+                    raw.execute("COMMIT" if commit else "ROLLBACK")
+                    return result
+                except retry:
+                    raw.execute("ROLLBACK")
+                    if attempt >= 20:
+                        raise
+                    time.sleep(0.01 * (attempt + 1))
+                except psycopg.OperationalError:
+                    if not raw.broken:
+                        with contextlib.suppress(psycopg.Error):
+                            raw.execute("ROLLBACK")
+                        raise
+                    self._drop()  # the server went away: connect again and redo the transaction
+                    if wait is not None and time.monotonic() - start > wait:
+                        raise
+                    time.sleep(0.2)
+                except BaseException:
+                    with contextlib.suppress(psycopg.Error):
+                        raw.execute("ROLLBACK")
+                    raise
+        raise StoreError(f"PostgreSQL store {self.name}: gave up after repeated conflicts")
