@@ -102,7 +102,7 @@ def test_the_sql_fingerprint_equals_pythons_for_any_text(engine: str, request: p
     first = 1 if engine == "postgresql" else 0  # PostgreSQL's text cannot hold chr(0)
     alphabet = [chr(c) for c in range(first, 0x80)] + ["é", "€", "😀", "\u2028", "\ufeff", "\\u000B", '\\"']
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(2000)]
-    spec = llmledger._request.RequestSpec(model="m", max_tokens=9, system="s\x0b'\"",
+    spec = llmledger._request.RequestSpec(model="m", max_tokens=9, system="s\x0b'\" 100%",
                                           options={"stop_sequences": ["\x1f"]})
     prompts = pl.DataFrame({"p": texts}).with_row_index("i")
     if engine == "postgresql":

@@ -277,3 +277,55 @@ def test_export_reads_a_postgresql_store(pg_url: str, tmp_path: Path, client: an
     assert llmledger.progress(restored).equals(llmledger.progress(pg_url))
     with pytest.raises(llmledger.InvalidInputError, match="llmledger copy"):
         llmledger.restore(folder, pg_url)
+
+
+def test_input_columns_of_every_kind_are_stored_as_on_duckdb(pg_url: str, tmp_path: Path, sim: Simulator,
+                                                             client: anthropic.AsyncAnthropic) -> None:
+    import datetime as dt
+
+    df = pl.DataFrame({
+        "id": [1, 2, 3],
+        "text": ["", None, 'comma, "quote"\nnew line é'],
+        "score": [1.5, None, 1e-20],
+        "ok": [True, None, False],
+        "day": [dt.date(2026, 1, 2), None, dt.date(1999, 12, 31)],
+        "at": [dt.datetime(2026, 1, 2, 3, 4, 5, 678901), None, dt.datetime(2000, 1, 1)],
+        "tags": [["a", "b"], None, []],
+        "vec": [[0.5, -1.25], [1e-9], None],
+    })
+    stored = []
+    for store in (pg_url, tmp_path / "kinds.duckdb"):
+        sim.reset_stats()
+        for _ in range(2):
+            apply_llm(df, "summary", prompt="{text}|{score}|{ok}|{day} is 100% {text}", store=store, table="m",
+                      client=client, progress=False, system="Be 50% brief", where="text LIKE '%e%' OR true")
+        assert sim.stats()["paid"] == 3, "a % in a prompt, a system prompt or where= is just a character"
+        found = llmledger.sql(store, "SELECT id, text, score, ok, day, \"at\", tags, vec, summary_prompt, "
+                                     "CAST(summary_request_fingerprint AS VARCHAR) AS fp FROM m ORDER BY id")
+        assert found is not None
+        stored.append(found)
+    assert stored[0].equals(stored[1]), "the same values, prompts and fingerprints on either store"
+    assert stored[0]["text"].to_list() == df["text"].to_list(), "an empty string stays empty, a null stays null"
+
+
+def test_a_claim_skips_rows_another_worker_is_claiming_instead_of_waiting(pg_url: str,
+                                                                          client: anthropic.AsyncAnthropic) -> None:
+    from llmledger._ledger import RunParams, open_ledger
+    from llmledger._ledger.states import Redo
+    from llmledger._time import utcnow
+
+    _prepared(pg_url, client, 6)
+    now = utcnow()
+    ledger = open_ledger(pg_url)
+    selection = ledger.resume("m", "summary", RunParams(3, Redo.NONE, now, now), dedupe=True)
+    with psycopg.connect(pg_url) as other:  # another worker, mid-claim: rows 0-2 locked, not committed
+        other.execute("SELECT id FROM m WHERE id < 3 FOR UPDATE").fetchall()
+        started = time.monotonic()
+        claimed = ledger.claim(selection, 6, claimant="h/1/r", now=utcnow())
+        assert time.monotonic() - started < 5, "the claim did not wait for the other worker's locks"
+        assert sorted(r["id"] for r in claimed) == [3, 4, 5], "locked rows are skipped, the rest claimed"
+
+
+def test_a_worker_refuses_a_redo_it_would_repeat_forever(pg_url: str) -> None:
+    with pytest.raises(llmledger.InvalidInputError, match="resume"):
+        llmledger.work(pg_url, "m", "summary", redo=True)

@@ -103,10 +103,17 @@ def _output_type(scon: Any, dcon: Any, table: str, step: str, source_type: str) 
     return spec.sql_type if spec is not None else "VARCHAR"
 
 
+# DuckDB types PostgreSQL lacks, as the PostgreSQL type that holds their values.
+_TO_POSTGRES = {"TINYINT": "SMALLINT", "UTINYINT": "SMALLINT", "USMALLINT": "INTEGER", "UINTEGER": "BIGINT",
+                "UBIGINT": "NUMERIC", "HUGEINT": "NUMERIC", "UHUGEINT": "NUMERIC", "FLOAT": "REAL", "BLOB": "BYTEA"}
+
+
 def _portable(sql_type: str, dcon: Any) -> str:
     """An input column's type as the target's engine can hold it (nested values: JSONB, or JSON text on DuckDB)."""
     if _nested(sql_type):
         return JSONB if dialect(dcon) == "postgres" else "VARCHAR"
+    if dialect(dcon) == "postgres":
+        return "VARCHAR" if sql_type.startswith("ENUM") else _TO_POSTGRES.get(sql_type, sql_type)
     return sql_type
 
 

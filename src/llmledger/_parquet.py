@@ -169,6 +169,10 @@ def _copy(con: Any, query: str, path: Path) -> None:
             table = chunk.to_arrow()
             writer = writer or pq.ParquetWriter(str(path), table.schema)
             writer.write_table(table)
+        if writer is None:  # no rows: an empty file with the columns
+            empty = con.sql(f"SELECT * FROM ({query}) AS q LIMIT 0").pl().to_arrow()
+            writer = pq.ParquetWriter(str(path), empty.schema)
+            writer.write_table(empty)
     finally:
         if writer is not None:
             writer.close()

@@ -37,6 +37,10 @@ def work(store: str | Path, table: str, step: str, *, poll: float = 5.0,
 
     if isinstance(poll, bool) or not isinstance(poll, int | float) or poll <= 0:
         raise InvalidInputError(f"poll must be a positive number of seconds, got {poll!r}")
+    if options.get("redo", False) not in (False, "stale"):
+        raise InvalidInputError(f"work() takes redo=False or 'stale', not {options['redo']!r}: a worker sends rows "
+                                "until none are left, so redo=True or 'flagged' would send its own answers again on "
+                                "every pass. Run llmledger.resume(..., redo=...) once instead.")
     if options.get("background"):
         raise InvalidInputError("work() runs in the foreground; start it in a process of its own "
                                 "(llmledger worker STORE --table T --step S) or use apply_llm(..., background=True)")

@@ -47,9 +47,13 @@ _TYPES: dict[int, tuple[str, Any]] = {
     114: ("JSON", pl.String), 3802: ("JSONB", pl.String), 17: ("BYTEA", pl.Binary),
     1009: ("VARCHAR[]", pl.List(pl.String)), 1015: ("VARCHAR[]", pl.List(pl.String)),
     1016: ("BIGINT[]", pl.List(pl.Int64)), 1007: ("INTEGER[]", pl.List(pl.Int32)),
+    1005: ("SMALLINT[]", pl.List(pl.Int16)),
+    1000: ("BOOLEAN[]", pl.List(pl.Boolean)), 1021: ("REAL[]", pl.List(pl.Float32)),
+    1022: ("DOUBLE[]", pl.List(pl.Float64)), 1231: ("DOUBLE[]", pl.List(pl.Float64)),
+    1115: ("TIMESTAMP[]", pl.List(pl.Datetime("us"))), 1182: ("DATE[]", pl.List(pl.Date)),
 }
 # PostgreSQL spellings of the DuckDB types the ledger's DDL names.
-_DDL_TYPES = {"DOUBLE": "DOUBLE PRECISION", "FLOAT": "REAL", "TIMESTAMPTZ": "TIMESTAMPTZ", "BLOB": "BYTEA"}
+_DDL_TYPES = {"DOUBLE": "DOUBLE PRECISION"}
 _TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$([A-Za-z_]\w*)|\?|%|\bDOUBLE\b(?! PRECISION)")
 
 
@@ -94,18 +98,20 @@ def _psycopg() -> Any:
 def translate(sql: str, params: Any) -> tuple[str, Any]:
     """DuckDB's parameters (`$name`, `?`) as psycopg's (`%(name)s`, `%s`), and DuckDB type names as PostgreSQL's.
 
-    String literals and quoted names are left as they are; without parameters `%` stays as written.
+    `$name` is a parameter only with a dict of them, `?` only with a list (so PostgreSQL's own `?` operators
+    work in a query with named ones). String literals and quoted names keep their text; with parameters,
+    psycopg reads every `%`, so each is doubled (`LIKE 'a%'` stays what it says).
     """
+    named, positional = isinstance(params, dict), isinstance(params, list | tuple)
+
     def swap(m: re.Match[str]) -> str:
         token = m.group(0)
-        if token[0] in "'\"":
-            return token
+        if token[0] in "'\"" or token == "%":
+            return token.replace("%", "%%") if params is not None else token
         if m.group(1):
-            return f"%({m.group(1)})s" if params is not None else token
+            return f"%({m.group(1)})s" if named else token
         if token == "?":
-            return "%s" if params is not None else token
-        if token == "%":
-            return "%%" if params is not None else token
+            return "%s" if positional else token
         return _DDL_TYPES[token]
 
     return _TOKENS.sub(swap, sql), params
@@ -131,7 +137,20 @@ def _pg_type(dtype: pl.DataType) -> str:
         return _pg_type(dtype.inner) + "[]"
     if dtype.is_nested():
         return "JSONB"
-    return "TEXT"  # strings, categoricals, enums, nulls
+    return "VARCHAR"  # strings, categoricals, enums, nulls (VARCHAR as the ledger's DDL says, so arrays compare)
+
+
+_CSV_ROWS = 100_000
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def _as_csv(dtype: pl.DataType) -> bool:
+    """Whether polars writes this type as CSV text PostgreSQL reads back as the same value."""
+    return (dtype.is_numeric() and not dtype.is_decimal()) or dtype in (pl.Boolean, pl.Date, pl.Null) or \
+        isinstance(dtype, pl.String | pl.Categorical | pl.Enum | pl.Datetime)
 
 
 class PgRelation:
@@ -186,20 +205,27 @@ class PgCon:
         psycopg = _psycopg()
         types = {c: _pg_type(t) for c, t in frame.schema.items()}
         cols = ", ".join(f'"{c}" {t}' for c, t in types.items())
-        self.raw.execute(f'DROP TABLE IF EXISTS "{name}"')
+        self.raw.execute(f'DROP TABLE IF EXISTS pg_temp."{name}"')  # never a table of the user's
         self.raw.execute(f'CREATE TEMP TABLE "{name}" ({cols})')
         if frame.height:
-            nested = [c for c, t in types.items() if t == "JSONB"]
-            rows = frame.with_columns(pl.col(c).map_elements(json.dumps, return_dtype=pl.String)
-                                      for c in nested).iter_rows() if nested else frame.iter_rows()
             names = ", ".join(f'"{c}"' for c in frame.columns)
-            with self.raw.cursor().copy(psycopg.sql.SQL(f'COPY "{name}" ({names}) FROM STDIN')) as copy:
-                for row in rows:
-                    copy.write_row(row)
+            if all(_as_csv(t) for t in frame.schema.values()):  # polars writes the CSV, PostgreSQL parses it
+                # (both say NULL as an unquoted empty field and '' as a quoted one)
+                query = f'COPY "{name}" ({names}) FROM STDIN (FORMAT csv)'
+                with self.raw.cursor().copy(psycopg.sql.SQL(query)) as copy:
+                    for part in frame.iter_slices(_CSV_ROWS):
+                        copy.write(part.write_csv(include_header=False))
+            else:
+                nested = [c for c, t in types.items() if t == "JSONB"]
+                rows = frame.with_columns(pl.col(c).map_elements(_json_text, return_dtype=pl.String)
+                                          for c in nested).iter_rows() if nested else frame.iter_rows()
+                with self.raw.cursor().copy(psycopg.sql.SQL(f'COPY "{name}" ({names}) FROM STDIN')) as copy:
+                    for row in rows:
+                        copy.write_row(row)
             self.raw.execute(f'ANALYZE "{name}"')
 
     def unregister(self, name: str) -> None:
-        self.raw.execute(f'DROP TABLE IF EXISTS "{name}"')
+        self.raw.execute(f'DROP TABLE IF EXISTS pg_temp."{name}"')
 
 
 class PgConnection:
@@ -223,7 +249,8 @@ class PgConnection:
         patience = Patience(wait, self.should_stop, self.on_wait, longest=1.0)
         while True:
             try:
-                raw = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+                raw = psycopg.connect(self.url, autocommit=True, connect_timeout=10, keepalives=1,
+                                      keepalives_idle=30, keepalives_interval=10, keepalives_count=3)
                 break
             except psycopg.OperationalError as exc:
                 refused = _refused_for_good(str(exc))
@@ -283,11 +310,13 @@ class PgConnection:
         for attempt in range(1000):
             with self._lock:
                 raw = self._connection(None if wait is None else max(0.0, wait - (time.monotonic() - start)))
+                ending = False
                 try:
                     raw.execute("BEGIN")
                     if exclusive:
                         raw.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
                     result = work(PgCon(raw))
+                    ending = True
                     raw.execute("COMMIT" if commit else "ROLLBACK")
                     return result
                 except retry:
@@ -301,8 +330,13 @@ class PgConnection:
                             raw.execute("ROLLBACK")
                         raise
                     self._drop()  # the server went away: connect again and redo the transaction
+                    if ending and commit:  # it may have committed: redoing it could write twice
+                        raise StoreError(f"lost the PostgreSQL store {self.name} while committing; whether the "
+                                         "transaction landed is unknown. Answers are kept in this machine's "
+                                         "journal, and the next run merges what did not land.") from None
                     if wait is not None and time.monotonic() - start > wait:
-                        raise
+                        raise StoreBusy(f"cannot reach the PostgreSQL store {self.name} (waited "
+                                        f"{time.monotonic() - start:.0f}s)") from None
                     time.sleep(0.2)
                 except BaseException:
                     with contextlib.suppress(psycopg.Error):

@@ -59,7 +59,8 @@ class Layout:
 
     def key_json(self, alias: str = "t") -> str:
         """SQL: the row's key as compact JSON, `{"id":1}`, the same text on DuckDB and PostgreSQL."""
-        parts = " || ',' || ".join(f"{sql_literal(json.dumps(k) + ':')} || CAST(to_json({alias}.{q(k)}) AS VARCHAR)"
+        parts = " || ',' || ".join(f"{sql_literal(json.dumps(k, ensure_ascii=False) + ':')} || "
+                                   f"CAST(to_json({alias}.{q(k)}) AS VARCHAR)"
                                    for k in self.key)
         return f"('{{' || {parts} || '}}')"
 
