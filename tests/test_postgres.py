@@ -329,3 +329,16 @@ def test_a_claim_skips_rows_another_worker_is_claiming_instead_of_waiting(pg_url
 def test_a_worker_refuses_a_redo_it_would_repeat_forever(pg_url: str) -> None:
     with pytest.raises(llmledger.InvalidInputError, match="resume"):
         llmledger.work(pg_url, "m", "summary", redo=True)
+
+
+def test_background_runs_of_one_frame_from_two_kernels_share_the_work(pg_url: str, sim: Simulator) -> None:
+    rows = 120
+    sim.configure(latency=0.05)
+    runs = [apply_llm(frame(rows), "summary", prompt="Summarise: {text}", store=pg_url, table="m",
+                      client=anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key"), concurrency=4,
+                      chunk_size=8, progress=False, background=True) for _ in range(2)]
+    for run in runs:
+        run.wait(timeout=120)
+    assert _done(pg_url) == rows and sim.stats()["paid"] == rows, "each row paid once between the two runs"
+    calls = [run.report.calls for run in runs]
+    assert sum(calls) == rows and min(calls) > 0, f"both runs sent rows: {calls}"

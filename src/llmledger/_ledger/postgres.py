@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 import polars as pl
 
 from ..errors import StoreBusy, StoreError, StoreNotFound
+from .columns import q
 from .connection import Patience
 
 T = TypeVar("T")
@@ -204,11 +205,11 @@ class PgCon:
         """`frame` as a temporary table `name` (until `unregister`), filled by COPY and analysed for the planner."""
         psycopg = _psycopg()
         types = {c: _pg_type(t) for c, t in frame.schema.items()}
-        cols = ", ".join(f'"{c}" {t}' for c, t in types.items())
+        cols = ", ".join(f"{q(c)} {t}" for c, t in types.items())
         self.raw.execute(f'DROP TABLE IF EXISTS pg_temp."{name}"')  # never a table of the user's
         self.raw.execute(f'CREATE TEMP TABLE "{name}" ({cols})')
         if frame.height:
-            names = ", ".join(f'"{c}"' for c in frame.columns)
+            names = ", ".join(q(c) for c in frame.columns)
             if all(_as_csv(t) for t in frame.schema.values()):  # polars writes the CSV, PostgreSQL parses it
                 # (both say NULL as an unquoted empty field and '' as a quoted one)
                 query = f'COPY "{name}" ({names}) FROM STDIN (FORMAT csv)'
