@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,12 @@ def subprocess_env(base_url: str) -> dict[str, str]:
     env["LLMLEDGER_TEST_KEY"] = "test-key"
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def sigint_as_a_terminal_sends_it() -> None:
+    """preexec_fn for a child a test will Ctrl-C: a suite started as a background job (`nohup ... &`) ignores
+    SIGINT, and its children would inherit that; a user's terminal never does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def helper_cmd(*args: str) -> list[str]:

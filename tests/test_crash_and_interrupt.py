@@ -13,7 +13,7 @@ import pytest
 
 from llmledger import Simulator, apply_llm
 
-from .conftest import frame, helper_cmd, subprocess_env
+from .conftest import frame, helper_cmd, sigint_as_a_terminal_sends_it, subprocess_env
 
 CONSISTENT = """
 SELECT count(*) FILTER (WHERE summary_status = 'DONE' AND (summary IS NULL OR summary_input_tokens IS NULL
@@ -109,7 +109,7 @@ def test_ctrl_c_stops_quickly_commits_and_releases(store: Path) -> None:
     with Simulator(latency=0.3) as sim:
         proc = subprocess.Popen(helper_cmd(str(store), str(rows), "--concurrency", "8"),
                                 env=subprocess_env(sim.base_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, preexec_fn=sigint_as_a_terminal_sends_it)
         _wait_for_done(store, 16, proc)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)

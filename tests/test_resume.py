@@ -16,7 +16,7 @@ import llmledger
 from llmledger import InvalidInputError, Simulator, StoreNotFound, apply_llm, last_report
 from llmledger.simulator import default_reply
 
-from .conftest import frame, helper_cmd, sql, subprocess_env
+from .conftest import frame, helper_cmd, sigint_as_a_terminal_sends_it, sql, subprocess_env
 
 STEP_COLUMNS = ("summary", "summary_status", "summary_attempts", "summary_error", "summary_input_tokens",
                 "summary_output_tokens", "summary_cost_usd", "summary_stop_reason", "summary_model",
@@ -25,7 +25,7 @@ STEP_COLUMNS = ("summary", "summary_status", "summary_attempts", "summary_error"
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "llmledger", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_a_terminal_sends_it)
 
 
 def _rows(store: Path, columns: tuple[str, ...] = STEP_COLUMNS) -> pl.DataFrame:
