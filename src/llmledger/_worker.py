@@ -54,7 +54,7 @@ def work(store: str | Path, table: str, step: str, *, poll: float = 5.0,
             total.selected += report.selected
             total.outcome, total.message = report.outcome, report.message
             total.running_elsewhere = report.running_elsewhere
-        if report.outcome.stopped_early or report.outcome is not Outcome.COMPLETED:
+        if report.outcome is not Outcome.COMPLETED:  # interrupted, an outage, a budget...: stop like a run does
             return total
         if report.selected:  # rows may have come back meanwhile (a lapsed claim): look again at once
             continue
