@@ -11,27 +11,23 @@ source.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from ._ledger import locate, open_ledger
 from ._ledger.columns import JSONB, output_as_text, output_from_text, q, step_columns
-from ._ledger.connection import arrow_batches, column_types, dialect, registered, table_exists
+from ._ledger.connection import column_types, dialect, frames, registered, table_exists
 from ._ledger.prepare import create_fact_table
 from ._ledger.schema import (
     BATCHES_TABLE,
     HISTORY_TABLE,
     RUNS_TABLE,
     STEPS_TABLE,
-    current_version,
+    current_output_spec,
     ensure_step_columns,
     list_steps,
     migrate,
 )
-from ._request import RequestSpec
 from ._time import utcnow
 from .errors import InvalidInputError
 
@@ -98,8 +94,7 @@ def _output_type(scon: Any, dcon: Any, table: str, step: str, source_type: str) 
         return "VARCHAR"
     if dialect(dcon) == "postgres":
         return JSONB
-    found = current_version(scon, table, step)
-    spec = RequestSpec.from_json(found[1]).output_spec() if found else None
+    spec = current_output_spec(scon, table, step)
     return spec.sql_type if spec is not None else "VARCHAR"
 
 
@@ -125,7 +120,7 @@ def _copy_rows(scon: Any, dcon: Any, table: str, outputs: dict[str, tuple[str, s
     read = [f"{_as_text(scon, q(c), outputs[c][0] if c in outputs else source[c])} AS {q(c)}" for c in columns]
     write = [_from_text(f"i.{q(c)}", outputs[c][1] if c in outputs else target[c]) for c in columns]
     total = 0
-    for chunk in _chunks(scon, f"SELECT {', '.join(read)} FROM {q(table)}"):
+    for chunk in frames(scon, f"SELECT {', '.join(read)} FROM {q(table)}", CHUNK_ROWS):
         with registered(dcon, INCOMING, chunk):
             dcon.execute(f"INSERT INTO {q(table)} ({', '.join(q(c) for c in columns)}) "
                          f"SELECT {', '.join(write)} FROM {INCOMING} AS i")
@@ -150,13 +145,3 @@ def _from_text(expr: str, sql_type: str) -> str:
         return f"CAST({expr} AS UUID)"
     return output_from_text(expr, sql_type) if _nested(sql_type) else expr
 
-
-def _chunks(con: Any, query: str) -> Iterator[pl.DataFrame]:
-    """A query's rows as polars frames of at most CHUNK_ROWS, without holding the whole result."""
-    if dialect(con) == "duckdb":
-        for batch in arrow_batches(con.sql(query), CHUNK_ROWS):
-            frame = pl.from_arrow(batch)
-            assert isinstance(frame, pl.DataFrame)
-            yield frame
-        return
-    yield from con.chunks(query, CHUNK_ROWS)

@@ -24,9 +24,9 @@ from typing import Any
 
 import polars as pl
 
-from ._ledger import open_ledger
+from ._ledger import open_existing, open_ledger
 from ._ledger.columns import STEP_COLUMNS, q
-from ._ledger.connection import check_store_path, column_types, dialect, remove_store, table_exists
+from ._ledger.connection import check_store_path, column_types, dialect, frames, remove_store, table_exists
 from ._ledger.postgres import is_url
 from ._ledger.schema import (
     HISTORY_TABLE,
@@ -38,7 +38,6 @@ from ._ledger.schema import (
     owned_columns,
 )
 from ._prompt import template_fields
-from ._query import existing_store
 from ._request import sql_literal
 from ._time import utcnow
 from .errors import InvalidInputError
@@ -80,7 +79,7 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
 
     Returns the path written. See the module docstring for the layout.
     """
-    ledger = open_ledger(existing_store(store))
+    ledger = open_existing(store)
     ledger.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0)  # every column an export lists
     steps = {s: key for _, s, key in ledger.steps(table)}
     if not steps:
@@ -165,7 +164,7 @@ def _copy(con: Any, query: str, path: Path) -> None:
 
     writer = None
     try:
-        for chunk in con.chunks(query, 100_000):
+        for chunk in frames(con, query, 100_000):
             table = chunk.to_arrow()
             writer = writer or pq.ParquetWriter(str(path), table.schema)
             writer.write_table(table)

@@ -12,23 +12,19 @@ from typing import Any
 
 import polars as pl
 
-from ._ledger import Store, locate, open_ledger
+from ._ledger import open_existing
 from ._time import utcnow
 from .errors import InvalidInputError
 
 
-def existing_store(store: str | Path) -> Store:
-    return locate(store, must_exist=True)
-
-
 def sql(store: str | Path, query: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None:
     """Run `query` on the store and return the result as a polars frame (None for statements without rows)."""
-    return open_ledger(existing_store(store)).query(query, params, wait=wait)
+    return open_existing(store).query(query, params, wait=wait)
 
 
 def progress(store: str | Path, table: str | None = None) -> pl.DataFrame:
     """Rows per status for every (table, step) in the store."""
-    return open_ledger(existing_store(store)).counts(table)
+    return open_existing(store).counts(table)
 
 
 def history(store: str | Path, table: str, step: str, key: Any = None) -> pl.DataFrame:
@@ -39,7 +35,7 @@ def history(store: str | Path, table: str, step: str, key: Any = None) -> pl.Dat
     `old_input_tokens`, `old_output_tokens`, `old_cost_usd`, `old_finished_at`, then the row's
     current `output`, `status` and `finished_at`. `key=` narrows it to one row.
     """
-    return open_ledger(existing_store(store)).history(table, step, key)
+    return open_existing(store).history(table, step, key)
 
 
 def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, by: str | None = None) -> int:
@@ -52,7 +48,7 @@ def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, b
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("flag needs a reason= saying what is wrong, e.g. reason='company name is wrong'")
     _check_where(where)
-    return open_ledger(existing_store(store)).flag(table, step, where=where, reason=reason, by=by or _who(),
+    return open_existing(store).flag(table, step, where=where, reason=reason, by=by or _who(),
                                               now=utcnow())
 
 
@@ -63,7 +59,7 @@ def reset(store: str | Path, table: str, step: str, *, where: str) -> int:
     Rows in a Message Batch (SUBMITTED) are taken out of it: its answers to them are then not merged.
     """
     _check_where(where)
-    return open_ledger(existing_store(store)).reset(table, step, where=where, now=utcnow())
+    return open_existing(store).reset(table, step, where=where, now=utcnow())
 
 
 def _check_where(where: Any) -> None:

@@ -26,7 +26,7 @@ import time
 
 import polars as pl
 
-from ._ledger import locate, open_ledger
+from ._ledger import open_existing
 from ._ledger.connection import db_errors
 from .errors import LedgerError
 
@@ -36,7 +36,7 @@ _TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types":
 
 def status(store: str, table: str | None = None, *, show_failures: int = 5) -> str:
     """Counts per status for every table and step, then the first failed rows with their errors."""
-    ledger = open_ledger(locate(store, must_exist=True))
+    ledger = open_existing(store)
     counts = ledger.counts(table)
     if counts.is_empty():
         known = ledger.query("SELECT table_name AS name FROM information_schema.tables "

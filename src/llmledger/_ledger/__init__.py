@@ -191,6 +191,14 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
     return path
 
 
+def open_existing(store: str | Path) -> Ledger:
+    """The ledger in `store`, which must hold one (StoreNotFound otherwise), checked on the connection it is
+    then used through (a PostgreSQL store is not connected to twice)."""
+    ledger = open_ledger(locate(store))
+    ledger.conn.check(must_exist=True)  # type: ignore[attr-defined]
+    return ledger
+
+
 def known_steps(store: str | Path, table: str) -> list[str]:
     """The steps a store has on `table` (none when the store does not exist yet), without writing anything."""
     location = locate(store)
@@ -211,4 +219,4 @@ def open_ledger(store: str | Path, *, on_wait: Callable[[str], None] | None = No
 
 
 __all__ = ["KnownAnswer", "Layout", "Ledger", "RunParams", "Selection", "StepDefinition", "Store", "locate",
-           "open_ledger"]
+           "open_existing", "open_ledger"]

@@ -226,6 +226,18 @@ def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]
     yield from read(rows)
 
 
+def frames(con: Any, query: str, rows: int) -> Iterator[pl.DataFrame]:
+    """A query's rows as polars frames of at most `rows`, without holding the whole result (on PostgreSQL,
+    through a server-side cursor)."""
+    if dialect(con) == "postgres":
+        yield from con.chunks(query, rows)
+        return
+    for batch in arrow_batches(con.sql(query), rows):
+        frame = pl.from_arrow(batch)
+        assert isinstance(frame, pl.DataFrame)
+        yield frame
+
+
 @contextlib.contextmanager
 def registered(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> Iterator[None]:
     """`frame` queryable as `name` inside the block, without copying it.

@@ -172,17 +172,15 @@ def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, st
 
 def _jsonb_field_sql(con: duckdb.DuckDBPyConnection, table: str, parts: list[str], step: str) -> str:
     """PostgreSQL: a structured step is a JSONB column; its fields are checked against the step's output schema."""
-    from .._request import RequestSpec
-    from .schema import current_version
+    from .schema import current_output_spec
 
     root = "t." + q(parts[0])
-    if column_types(con, table).get(parts[0]) != "JSONB":
-        if len(parts) > 1:
-            raise PromptError(f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
-                              f"{'.'.join(parts[1:])!r} (its answers are text)")
+    if len(parts) == 1:  # a text answer, or a whole structured one as JSON
         return f"CAST({root} AS VARCHAR)"
-    found = current_version(con, table, parts[0])
-    spec = RequestSpec.from_json(found[1]).output_spec() if found else None
+    if column_types(con, table).get(parts[0]) != "JSONB":
+        raise PromptError(f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
+                          f"{'.'.join(parts[1:])!r} (its answers are text)")
+    spec = current_output_spec(con, table, parts[0])
     schema: dict = spec.schema if spec is not None else {}
     for depth, name in enumerate(parts[1:], start=1):
         ref = schema.get("$ref", "")
@@ -192,6 +190,4 @@ def _jsonb_field_sql(con: duckdb.DuckDBPyConnection, table: str, parts: list[str
         if schema is None:
             raise PromptError(f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
                               f"{'.'.join(parts[1:depth + 1])!r}")
-    if len(parts) == 1:
-        return f"CAST({root} AS VARCHAR)"
     return f"({root} #>> '{{{','.join(parts[1:])}}}')"

@@ -53,8 +53,6 @@ _TYPES: dict[int, tuple[str, Any]] = {
     1022: ("DOUBLE[]", pl.List(pl.Float64)), 1231: ("DOUBLE[]", pl.List(pl.Float64)),
     1115: ("TIMESTAMP[]", pl.List(pl.Datetime("us"))), 1182: ("DATE[]", pl.List(pl.Date)),
 }
-# PostgreSQL spellings of the DuckDB types the ledger's DDL names.
-_DDL_TYPES = {"DOUBLE": "DOUBLE PRECISION"}
 _TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$([A-Za-z_]\w*)|\?|%|\bDOUBLE\b(?! PRECISION)")
 
 
@@ -113,7 +111,7 @@ def translate(sql: str, params: Any) -> tuple[str, Any]:
             return f"%({m.group(1)})s" if named else token
         if token == "?":
             return "%s" if positional else token
-        return _DDL_TYPES[token]
+        return "DOUBLE PRECISION"  # the one type the ledger's DDL names that PostgreSQL spells otherwise
 
     return _TOKENS.sub(swap, sql), params
 

@@ -15,13 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from .._request import RequestSpec
 from ..errors import StoreError
 from .columns import STEP_COLUMNS, add_column_ddl, q
 from .connection import column_types, dialect, one, table_exists
+
+if TYPE_CHECKING:
+    from .._output import OutputSpec
 
 MIGRATIONS_TABLE = "llmledger_migrations"
 STEPS_TABLE = "llmledger_steps"
@@ -232,6 +236,12 @@ def current_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> tu
     rows = con.execute(f"SELECT version, request, key FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
                        "AND version IS NOT NULL ORDER BY last_prepared_at DESC LIMIT 1", [table, step]).fetchall()
     return (rows[0][0], rows[0][1], list(rows[0][2])) if rows else None
+
+
+def current_output_spec(con: duckdb.DuckDBPyConnection, table: str, step: str) -> OutputSpec | None:
+    """The structured output the step's current definition asks for; None for text answers (or no such step)."""
+    found = current_version(con, table, step)
+    return RequestSpec.from_json(found[1]).output_spec() if found else None
 
 
 def requests_by_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> dict[str, str]:

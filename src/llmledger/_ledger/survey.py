@@ -211,11 +211,9 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
 def _structured(con: Any, layout: Layout, found: pl.DataFrame) -> pl.DataFrame:
     """PostgreSQL keeps a structured answer as JSONB: give it the polars Struct the step's schema makes on DuckDB,
     converted by DuckDB itself, so a frame comes back the same from either store."""
-    from .._request import RequestSpec
-    from .schema import current_version
+    from .schema import current_output_spec
 
-    current = current_version(con, layout.table, layout.step)
-    spec = RequestSpec.from_json(current[1]).output_spec() if current else None
+    spec = current_output_spec(con, layout.table, layout.step)
     if spec is None or column_types(con, layout.table).get(layout.step) != "JSONB":
         return found
     scratch = duckdb.connect()
