@@ -83,7 +83,7 @@ def test_summary_is_text_outside_a_notebook(run, capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert out.startswith("messages.summary: 3 done · 0 failed")
     report = llmledger.last_report()
-    assert report is not None and "<table>" in report._repr_html_()
+    assert report is not None and "data-status='DONE' data-count='3'" in report._repr_html_()
 
 
 def test_sql_on_a_missing_store_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
-"""The dashboard in a real browser: JupyterLab on 127.0.0.1, headless Chromium, Run All Cells."""
+"""The notebooks as a person sees them: JupyterLab on 127.0.0.1, headless Chromium, Run All Cells, then the
+views measured from the DOM. Screenshots go to the test's tmp dir (and to $LLMLEDGER_SCREENSHOTS if set)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -9,16 +11,18 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.jupyter
-
+pytestmark = [pytest.mark.jupyter, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
+FAILED_RGB = "rgb(211, 47, 47)"  # _view.SEGMENTS["FAILED"].colour, #d32f2f, as the browser computes it
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 
 KERNEL_READY = """() => {
     const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
@@ -26,6 +30,21 @@ KERNEL_READY = """() => {
     return !!(ctx && ctx.isReady && ctx.session && ctx.session.kernel
               && ctx.session.kernel.connectionStatus === 'connected');
 }"""
+# How far Run All has got: code cells run, code cells in all, and the first error shown.
+PROGRESS = """() => {
+    const nb = window.jupyterapp.shell.currentWidget;
+    const cells = nb.content.widgets.filter(c => c.model.type === 'code');
+    const error = document.querySelector('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"] pre');
+    const busy = nb.sessionContext.session.kernel.status !== 'idle';
+    return {ran: cells.filter(c => c.model.executionCount !== null).length, cells: cells.length, busy,
+            error: error && error.innerText.includes('Traceback') ? error.innerText.slice(-1500) : null};
+}"""
+MEASURE = """bar => ({
+    width: bar.getBoundingClientRect().width, total: Number(bar.dataset.total),
+    segments: [...bar.children].map(s => ({status: s.dataset.status, count: Number(s.dataset.count),
+                                            width: s.getBoundingClientRect().width,
+                                            colour: getComputedStyle(s).backgroundColor}))
+})"""
 
 
 def _free_port() -> int:
@@ -34,71 +53,156 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_quickstart_dashboard_renders_in_jupyterlab(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """JupyterLab over a copy of notebooks/ and data/, and a headless Chromium page logged in to it."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian's chromium is not installed (`apt-get install chromium`; .ci/run does it)")
     from playwright.sync_api import sync_playwright
 
-    root = tmp_path / "lab"
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "lab"
     shutil.copytree(ROOT / "notebooks", root / "notebooks")
     shutil.copytree(ROOT / "data", root / "data")
     port, token = _free_port(), "llmledger-test"
-    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "LLMLEDGER_PROGRESS")}
-    env["LLMLEDGER_STORE"] = str(tmp_path / "ledger.duckdb")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ANTHROPIC_API_KEY", "LLMLEDGER_PROGRESS", "LLMLEDGER_STORE")}
     args = ["--no-browser", "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={root}", "--allow-root", "--LabApp.news_url=",
             "--LabApp.expose_app_in_browser=True"]
-    log = (tmp_path / "lab.log").open("w")
-    lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", *args], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    log_path = tmp / "lab.log"
+    log = log_path.open("w")
+    server = subprocess.Popen([sys.executable, "-m", "jupyterlab", *args], env=env, stdout=subprocess.DEVNULL,
+                              stderr=log)
+    base = f"http://127.0.0.1:{port}"
     try:
-        base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:
             try:
                 urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
                 break
             except OSError:
-                assert lab.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()[-2000:]
+                assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
                 time.sleep(0.3)
-
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
                 "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync"])
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{base}/lab/tree/notebooks/01_quickstart.ipynb?token={token}")
-            page.wait_for_selector(".jp-Notebook", timeout=60_000)
-            page.wait_for_function(KERNEL_READY, timeout=60_000)
-            # the same command as Run ▸ Run All Cells, asked of the app itself so a slow menu cannot miss it
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            # JupyterLab may first ask which kernel to start: take the notebook's own (Python 3)
-            select = page.locator(".jp-Dialog button.jp-mod-accept")
-            deadline = time.monotonic() + int(os.environ.get("LLMLEDGER_BROWSER_TIMEOUT", "180"))
-            while page.locator(".llmledger-summary").count() < 2:
-                if select.count():
-                    select.click()
-                if time.monotonic() > deadline:
-                    page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
-                    raise AssertionError(f"the notebook did not finish; see {tmp_path / 'failure.png'}")
-                time.sleep(0.25)
-            dashboards = page.locator(".llmledger-dashboard")
-            assert dashboards.count() >= 1, "the live dashboard widget rendered"
-            first = dashboards.first
-            done = int(first.locator("td[data-field='DONE']").inner_text().replace(",", ""))
-            assert done > 300
-            assert first.locator("[data-field='outcome']").inner_text() == "completed"
-            assert int(first.locator("td[data-field='FAILED']").inner_text()) == 0
-            summary = page.locator(".llmledger-summary").last
-            assert summary.locator("td[data-field='calls paid']").inner_text() == "0", "the rerun paid nothing"
-            first.scroll_into_view_if_needed()
-            page.screenshot(path=str(tmp_path / "quickstart.png"), full_page=False)
+            yield {"page": page, "base": base, "token": token, "tmp": tmp}
             browser.close()
-        assert (tmp_path / "quickstart.png").stat().st_size > 10_000
     finally:
-        lab.terminate()
+        server.terminate()
         try:
-            lab.wait(timeout=15)
+            server.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            lab.kill()
+            server.kill()
         log.close()
+
+
+def run_all(lab: dict[str, Any], name: str) -> Any:
+    """Open the notebook, Run All Cells, wait until every code cell has run; fail with the first traceback."""
+    page, base, token = lab["page"], lab["base"], lab["token"]
+    page.goto(f"{base}/lab/tree/notebooks/{name}?reset&token={token}")  # reset: only this notebook open
+    page.wait_for_selector(".jp-Notebook >> visible=true", timeout=60_000)
+    page.wait_for_function(KERNEL_READY, timeout=60_000)
+    # the same command as Run ▸ Run All Cells, asked of the app itself so a slow menu cannot miss it
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    accept = page.locator(".jp-Dialog button.jp-mod-accept")  # a kernel to pick: the notebook's own
+    deadline = time.monotonic() + int(os.environ.get("LLMLEDGER_BROWSER_TIMEOUT", "240"))
+    while True:
+        state = page.evaluate(PROGRESS)
+        assert state["error"] is None, f"{name} raised:\n{state['error']}"
+        if state["ran"] == state["cells"] and not state["busy"]:
+            return page
+        if accept.count():
+            accept.click()
+        if time.monotonic() > deadline:
+            page.screenshot(path=str(lab["tmp"] / f"{name}-stuck.png"))
+            raise AssertionError(f"{name} did not finish: {state}; see {lab['tmp'] / f'{name}-stuck.png'}")
+        time.sleep(0.25)
+
+
+def notebook(page: Any) -> Any:
+    """The notebook on screen (not one JupyterLab keeps open in the background)."""
+    return page.locator(".jp-NotebookPanel >> visible=true")
+
+
+def bars(page: Any) -> list[dict[str, Any]]:
+    """Every status bar of the notebook, scrolled into view and measured."""
+    out = []
+    for bar in notebook(page).locator(".llmledger-bar").all():
+        bar.scroll_into_view_if_needed()
+        out.append(bar.evaluate(MEASURE))
+    return out
+
+
+def screenshots(lab: dict[str, Any], page: Any, name: str) -> list[Path]:
+    """Each llmledger view of the notebook, as the reader sees it."""
+    keep = os.environ.get("LLMLEDGER_SCREENSHOTS")
+    shots = []
+    for i, view in enumerate(notebook(page).locator(".llmledger-view").all()):
+        view.scroll_into_view_if_needed()
+        path = lab["tmp"] / f"{name.removesuffix('.ipynb')}-{i}.png"
+        view.screenshot(path=str(path))
+        shots.append(path)
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, keep)
+    return shots
+
+
+def shut_down_kernels(lab: dict[str, Any]) -> None:
+    url = f"{lab['base']}/api/sessions?token={lab['token']}"
+    for session in json.load(urllib.request.urlopen(url, timeout=10)):
+        request = urllib.request.Request(f"{lab['base']}/api/sessions/{session['id']}?token={lab['token']}",
+                                         method="DELETE")
+        urllib.request.urlopen(request, timeout=10)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
+    try:
+        page = run_all(lab, name)
+        nb = notebook(page)
+        measured = bars(page)
+        assert measured, "every notebook draws at least one status bar (a run's view, or llmledger.show)"
+        for bar in measured:
+            counted = sum(s["count"] for s in bar["segments"])
+            assert counted == bar["total"] and bar["width"] > 300
+            slack = 2.0 * len(bar["segments"]) + 1  # a segment is at least 2 px wide, so a tiny one can be seen
+            for s in bar["segments"]:
+                expected = s["count"] / bar["total"] * bar["width"]
+                assert abs(s["width"] - expected) <= slack, (name, s, expected, bar)
+                assert (s["colour"] == FAILED_RGB) == (s["status"] == "FAILED"), (name, s)
+
+        # nothing twice: each cell shows at most one view, every live view became its summary, and no cell
+        # with a view also prints the summary as text
+        for cell in nb.locator(".jp-CodeCell").all():
+            views = cell.locator(".llmledger-view")
+            assert views.count() <= 1, f"{name}: a cell shows {views.count()} views"
+            if cell.locator(".llmledger-summary").count():
+                text = cell.locator(".jp-OutputArea").inner_text()
+                assert text.count("calls paid") == 1, f"{name}: the summary is shown twice:\n{text}"
+        assert nb.locator(".llmledger-status").count() == 0, "a live view that never became its summary"
+        assert nb.locator("[data-field='simulated']").count() == nb.locator(".llmledger-summary").count(), \
+            "every run's view says its answers are simulated"
+
+        if name.startswith("01"):
+            summaries = nb.locator(".llmledger-summary")
+            assert summaries.count() == 2, "two runs, one view each"
+            assert int(summaries.nth(0).locator("[data-field='calls paid']").inner_text()) > 300
+            assert summaries.nth(1).locator("[data-field='calls paid']").inner_text() == "0", "the rerun paid 0"
+            assert nb.locator(".llmledger-store .llmledger-bar").count() == 1, "llmledger.show draws the step"
+        if name.startswith("02"):
+            failed = [s for bar in measured for s in bar["segments"] if s["status"] == "FAILED"]
+            assert failed and all(s["count"] == 3 and s["colour"] == FAILED_RGB for s in failed), failed
+            assert nb.locator(".llmledger-error").first.inner_text().startswith("3 rows: 400 BadRequestError")
+        if name.startswith("04"):
+            stale = [s for bar in measured for s in bar["segments"] if s["status"] == "stale"]
+            assert [s["count"] for s in stale] == [5, 5], "llmledger.show: five stale rows in both later steps"
+        if name.startswith("05"):
+            assert nb.locator(".llmledger-batch").count() == 1, "the batch in progress is listed"
+        assert all(p.stat().st_size > 5_000 for p in screenshots(lab, page, name))
+    finally:
+        shut_down_kernels(lab)

@@ -17,24 +17,24 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                           timeout=120)
 
 
-def test_status_counts_each_status_and_shows_failed_rows(run, sim: Simulator, store: Path) -> None:
+def test_status_draws_each_step_with_its_counts_and_errors_by_kind(run, sim: Simulator, store: Path) -> None:
     sim.configure(poison="number 4")
     run(frame(9), "summary", prompt="Summarize: {text}")
     run(frame(12), "title", prompt="Title: {text}", where="id < 3")
-    result = _cli("status", str(store))
+    result = _cli("status", str(store))  # not a terminal: no colour
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    summary_row = next(line for line in lines if "summary" in line and "│" in line)
-    title_row = next(line for line in lines if "title" in line and "│" in line)
-    # columns: table, step, NOT_STARTED, RUNNING, SUBMITTED, DONE, FAILED, NEEDS_REVIEW, stale, waiting, total
-    assert _cells(summary_row) == ["messages", "summary", "3", "0", "0", "8", "1", "0", "0", "0", "12"]
-    assert _cells(title_row) == ["messages", "title", "9", "0", "0", "3", "0", "0", "0", "0", "12"]
-    assert "messages.summary: first 1 FAILED / NEEDS_REVIEW rows" in result.stdout
-    assert '{"id":4}  FAILED  400 BadRequestError' in result.stdout
+    assert "\x1b[" not in result.stdout and "messages (12 rows)" in lines
+    summary_row = next(line for line in lines if line.strip().startswith("summary"))
+    title_row = next(line for line in lines if line.strip().startswith("title"))
+    assert "DONE 8 · FAILED 1 · NOT_STARTED 3" in summary_row
+    assert "DONE 3 · NOT_STARTED 9" in title_row
+    bar = summary_row.split()[1]  # 30 characters: 8/12 DONE (20), 1/12 FAILED (2.5), 3/12 not started (7.5)
+    assert len(bar) == 30 and bar.count("#") == 20 and bar.count("x") in (2, 3) and bar.count(".") in (7, 8)
+    assert any('1 rows: 400 BadRequestError (invalid_request_error), e.g. {"id":4}: ' in line for line in lines)
 
-
-def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("│").split("┆")]
+    coloured = _cli("status", str(store), "--color", "always")
+    assert "\x1b[31m" in coloured.stdout and "DONE\x1b[0m 8" in coloured.stdout
 
 
 def test_status_of_a_missing_or_foreign_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,34 +1,97 @@
-"""The dashboard widget and the text bar, outside a notebook front end (the browser test covers JupyterLab)."""
+"""What a run draws: the live view that becomes its summary, errors by kind, the text bar (the browser test
+measures the same views in JupyterLab)."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 
-from llmledger._display import Bar, Dashboard, render_html
+import llmledger
+from llmledger import Simulator
+from llmledger._display import Bar, Dashboard, run_html
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
+from llmledger._view import FAILURE_COLOUR, Timeline, bar_text, parts
+
+from .conftest import frame
+
+SEGMENT = re.compile(r"data-status='(\w+)' data-count='(\d+)'[^>]*flex:([\d.]+) ")
 
 
 def _report() -> RunReport:
     report = RunReport(table="reviews", step="sentiment", rows=100, selected=40, done=25, failed=2, needs_review=1,
-                       calls=20, reused=5, retries=3, input_tokens=1234, output_tokens=56, cost_usd=0.0123)
+                       calls=20, reused=5, retries=3, input_tokens=1234, output_tokens=56, cost_usd=0.0123,
+                       done_before=50, stale=4, waiting=3, max_cost_usd=0.05)
     report.outcome = Outcome.RUNNING
-    report.errors.append("529 OverloadedError (overloaded_error): Overloaded <b>")
+    report.in_flight = 6
+    report.note_error("529 OverloadedError (overloaded_error): Overloaded <b>", example_key="id=7", retried=True)
     return report
 
 
-def test_the_dashboard_widget_shows_the_run_in_numbers() -> None:
+def segments(html: str) -> dict[str, tuple[int, float]]:
+    return {name: (int(n), float(flex)) for name, n, flex in SEGMENT.findall(html)}
+
+
+def test_the_live_view_draws_the_frame_as_a_bar_and_turns_into_the_summary() -> None:
     report = _report()
     dashboard = Dashboard(report)
     dashboard.start()
+    live = run_html(report, timeline=dashboard.timeline, live=True)
+    bar = segments(live)
+    # 50 DONE before + 25 now; 4 stale; 6 in flight; 2 FAILED; 1 NEEDS_REVIEW; 3 waiting; the rest not started
+    assert {k: n for k, (n, _) in bar.items()} == {"DONE": 75, "stale": 4, "RUNNING": 6, "FAILED": 2,
+                                                   "NEEDS_REVIEW": 1, "waiting": 3, "NOT_STARTED": 9}
+    assert all(flex == pytest.approx(n) for n, flex in bar.values()), "widths are shares of the frame's 100 rows"
+    assert "data-status='FAILED' data-count='2' title='FAILED: 2 rows (2.0%)" in live
+    assert f"background:{FAILURE_COLOUR}" in live.split("data-status='FAILED'")[1].split(">")[0]
+    assert "data-field='ETA'" in live and "data-field='estimated total'" in live and "data-field='budget'" in live
+    assert "1 retries: 529 OverloadedError (overloaded_error)" in live and "&lt;b&gt;" in live, "escaped"
+
     dashboard.note("waiting for ledger.duckdb")
     report.outcome = Outcome.COMPLETED
+    report.seconds = 12.0
     dashboard.close(report)
-    html = dashboard.widget.value
-    assert "llmledger-status" in html and "reviews.sentiment" in html
-    assert "data-field='DONE'>25<" in html and "data-field='to send'>12<" in html
-    assert "completed" in html
-    assert "&lt;b&gt;" in render_html(_report()), "errors are escaped, never rendered as HTML"
+    final = dashboard.widget.value
+    assert "llmledger-summary" in final and "llmledger-status" not in final, "the same widget is now the summary"
+    assert "data-field='outcome'" in final and ">completed<" in final
+    assert "waiting for ledger.duckdb" not in final and "data-field='ETA'" not in final
+    assert "data-field='calls paid'>20<" in final
+
+
+def test_errors_are_grouped_by_kind_with_a_row_example(client: Any, sim: Simulator, tmp_path: Any) -> None:
+    sim.configure(poison="number 3", fail_next=[429, 429, 529])
+    llmledger.apply_llm(frame(12), "summary", prompt="Summarize: {text}", client=client, store=tmp_path / "l.duckdb",
+                        progress=False, max_attempts=1, retry=llmledger.RetryPolicy(base_delay=0.01))
+    report = llmledger.last_report()
+    assert report is not None
+    lines = {(e.kind, e.retried): e for e in report.error_lines()}
+    failed = lines[("400 BadRequestError (invalid_request_error)", False)]
+    assert failed.count == 1 and failed.example_key == "id=3" and "poison" in failed.detail
+    assert lines[("429 RateLimitError (rate_limit_error)", True)].count == 2
+    assert lines[("529 OverloadedError (overloaded_error)", True)].count == 1
+    assert report.rate_limited == 2
+    html = report._repr_html_()
+    assert "1 rows: 400 BadRequestError (invalid_request_error)" in html and "<code>id=3</code>" in html
+    assert segments(html)["NEEDS_REVIEW"][0] == 1, "a row out of attempts shows in the bar"
+
+
+def test_the_text_bar_gives_every_status_with_rows_a_character() -> None:
+    bar = parts({"DONE": 1_000_000, "FAILED": 1, "NOT_STARTED": 500_000})
+    plain = bar_text(bar, 30)
+    assert len(plain) == 30 and plain.count("x") == 1 and plain.count("#") == 19 and plain.count(".") == 10
+    coloured = bar_text(bar, 30, colour=True)
+    assert "\x1b[31m█\x1b[0m" in coloured, "the failure in red"
+
+
+def test_the_sparkline_series_is_rows_per_second() -> None:
+    timeline = Timeline(window=60, points=30)
+    for second in range(121):  # 10 rows/s; 1 retry every 10 s
+        timeline.sample(second * 10, second // 10, now=float(second))
+    rates, retries, seconds = timeline.series()
+    assert seconds == 61 and len(rates) == 21, "the last 60 s (and the current second), 3 s a point"
+    assert rates == [10.0] * 21 and sum(retries) == 7
 
 
 def test_the_text_bar_counts_rows(capsys: pytest.CaptureFixture[str]) -> None:

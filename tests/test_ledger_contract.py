@@ -241,3 +241,16 @@ def test_a_found_batch_is_never_abandoned_nor_given_to_two_intents(ledger: Ledge
         ledger.merge_batch(record, held.layout, pl.DataFrame(schema={"id": pl.Int64} | RESULT_SCHEMA), counts={},
                            processing_status="ended", ended_at=utcnow(), now=utcnow(), expected_rows=3)
     assert ledger.counts("t").select("SUBMITTED").row(0) == (2,), "a merge against stale rows writes nothing"
+
+
+def test_overview_counts_claims_and_errors_by_kind(ledger: Ledger) -> None:
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
+    _commit(ledger, selection, [_result(rows[0], "DONE", "A"), _result(rows[1], "FAILED", error="400 bad: row 2"),
+                                _result(rows[2], "FAILED", error="400 bad: row 3")])
+    (step,) = ledger.overview("t").steps
+    assert (step.counts["DONE"], step.counts["FAILED"], step.counts["RUNNING"], step.counts["total"]) == (1, 2, 1, 4)
+    assert [(c.claimed_by, c.rows) for c in step.claims] == [("h/1/r", 1)]
+    assert [(e.kind, e.rows, e.example_key, e.example) for e in step.errors] == \
+        [("400 bad", 2, '{"id":2}', "400 bad: row 2")], "one line per kind, with the first row as its example"
+    assert ledger.overview("other").steps == []

@@ -50,7 +50,7 @@ def paid(text: str, what: str) -> int:
 def test_quickstart_twice_on_one_store_pays_nothing_the_second_time(tmp_path: Path, monkeypatch) -> None:
     store = tmp_path / "quickstart.duckdb"
     first = text_of(execute("01_quickstart.ipynb", store, monkeypatch))
-    assert "offline simulator" in first
+    assert "simulated answers" in first
     assert paid(first, "first run") > 300, "400 rows, a few of them duplicate texts"
     assert paid(first, "second run") == 0
     assert "sentiment_status" in first and "DONE" in first

@@ -19,6 +19,7 @@ from ._query import flag, history, progress, reset, sql
 from ._report import RunReport
 from ._request import fingerprint
 from ._run import Run, last_report
+from ._show import StoreView, show
 from ._worker import work
 from .errors import (
     AuthenticationFailed,
@@ -37,7 +38,7 @@ from .errors import (
     StoreNotFound,
     WhereClauseError,
 )
-from .simulator import Simulator
+from .simulator import Simulator, simulate
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -64,6 +65,7 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "StoreNotFound",
+    "StoreView",
     "UnknownPriceWarning",
     "WhereClauseError",
     "__version__",
@@ -83,6 +85,8 @@ __all__ = [
     "restore",
     "resume",
     "set_price",
+    "show",
+    "simulate",
     "sql",
     "work",
 ]

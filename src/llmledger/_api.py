@@ -17,7 +17,7 @@ from typing import Any, Literal
 import anthropic
 import polars as pl
 
-from ._exec.api import DEFAULT_MODEL
+from ._exec.api import DEFAULT_MODEL, simulated
 from ._exec.batch import MAX_REQUESTS
 from ._exec.online import RetryPolicy
 from ._exec.scheduler import RunConfig
@@ -271,11 +271,11 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
 
 def _check_credentials(client: anthropic.AsyncAnthropic | None) -> None:
     """A call that will send needs a key: say so before anything is written (estimate sends nothing)."""
-    if client is None and not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+    if client is None and not (simulated() or os.environ.get("ANTHROPIC_API_KEY")
+                               or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
         raise InvalidInputError("no API key: set ANTHROPIC_API_KEY (or pass client=anthropic.AsyncAnthropic("
-                                "api_key=...)). To try llmledger offline, pass a client for its simulator: "
-                                "sim = llmledger.Simulator().start(); client=anthropic.AsyncAnthropic("
-                                "base_url=sim.base_url, api_key='sim')")
+                                "api_key=...)). To try llmledger offline, call llmledger.simulate() first: "
+                                "apply_llm then answers from the bundled simulator (simulated answers, no cost)")
 
 
 def _cache_ttl(cache: Any, model: str, system: str | None) -> str | None:

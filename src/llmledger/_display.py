@@ -1,19 +1,35 @@
-"""What a run shows while it goes: a live ipywidgets dashboard in a notebook, else one tqdm.auto bar.
+"""What a run shows: a live view in a notebook that becomes its summary, else one tqdm.auto bar and a line.
 
-The dashboard is a single HTML widget re-rendered a few times a second from
-the run's report, so it never floods the cell output. A kernel without a
-widget front end (nbconvert, nbclient, a plain console) gets the tqdm bar.
+The live view is a single HTML widget redrawn a few times a second from the
+run's report (so it never floods the cell output): the step's rows as a
+stacked bar, pace, cost against budget and estimate, the rate limit that
+binds, a sparkline of throughput and retries, errors by kind. When the run
+ends the same widget shows the summary, and nothing else is printed. A kernel
+without a widget front end (nbconvert, nbclient) shows the summary view once
+at the end; a terminal gets the tqdm bar and the one-line summary.
 """
 
 from __future__ import annotations
 
-import html
 import os
 import sys
 import threading
 from typing import Any, Protocol
 
 from ._report import RunReport
+from ._view import (
+    FAILURE_COLOUR,
+    SEGMENTS,
+    Timeline,
+    badge,
+    bar_html,
+    errors_html,
+    esc,
+    figures_html,
+    legend_html,
+    panel_html,
+    sparkline_svg,
+)
 
 REFRESH_SECONDS = 0.25
 
@@ -39,6 +55,13 @@ def widget_frontend() -> bool:
     if forced in ("widget", "text"):
         return forced == "widget" and in_kernel()
     return in_kernel() and bool(os.environ.get("JPY_SESSION_NAME") or os.environ.get("VSCODE_PID"))
+
+
+def current_cell() -> int | None:
+    """The execution count of the cell running now (None outside IPython)."""
+    shell = sys.modules.get("IPython")
+    ip = shell.get_ipython() if shell is not None else None  # type: ignore[attr-defined]
+    return getattr(ip, "execution_count", None)
 
 
 class Display(Protocol):
@@ -97,27 +120,34 @@ class Bar:
 
 
 class Dashboard:
-    """A live HTML widget: counts by status, rows/s, tokens, dollars, elapsed, ETA, retries, last errors."""
+    """The live view of a run in a widget front end, redrawn in place; at the end it becomes the summary."""
 
     def __init__(self, report: RunReport) -> None:
         import ipywidgets
         from IPython.display import display
 
         self.report = report
-        self.widget = ipywidgets.HTML(value=render_html(report), layout=ipywidgets.Layout(width="100%"))
+        self.timeline = Timeline()
+        self.widget = ipywidgets.HTML(value=run_html(report, live=True), layout=ipywidgets.Layout(width="100%"))
         self.widget.add_class("llmledger-dashboard")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._notes: list[str] = []
         display(self.widget)
+        self.cell = current_cell()  # where it is shown
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._refresh, name="llmledger-dashboard", daemon=True)
         self._thread.start()
 
+    def _sample(self) -> None:
+        r = self.report
+        self.timeline.sample(r.done + r.failed + r.needs_review, r.retries)
+
     def _refresh(self) -> None:
         while not self._stop.wait(REFRESH_SECONDS):
-            self.widget.value = render_html(self.report, self._notes)
+            self._sample()
+            self.widget.value = run_html(self.report, timeline=self.timeline, notes=self._notes, live=True)
 
     def update(self, report: RunReport, n: int) -> None:
         pass  # the refresh thread redraws from the report
@@ -129,8 +159,9 @@ class Dashboard:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        self._sample()
         self._notes.clear()
-        self.widget.value = render_html(report)
+        self.widget.value = run_html(report, timeline=self.timeline, live=False)
 
 
 def make_display(enabled: bool, report: RunReport, *, background: bool = False) -> Display:
@@ -146,39 +177,79 @@ def make_display(enabled: bool, report: RunReport, *, background: bool = False) 
     return Silent() if background else Bar(report)
 
 
-def show_summary(report: RunReport) -> None:
-    """The end-of-run summary: an HTML table in a notebook, text elsewhere."""
+def show_summary(report: RunReport, shown: Display | None = None) -> None:
+    """The end of a run in words: nothing more where the live view became the summary; the summary view in a
+    notebook without widgets; the one-line summary (and what to do next) in a terminal."""
+    if isinstance(shown, Dashboard):
+        return
     if in_kernel():
         from IPython.display import display
 
         display(report)
-    else:
-        print(str(report))
+        return
+    print(str(report))
     for hint in report.hints():
         print("  " + hint)
 
 
-def render_html(report: RunReport, notes: list[str] | None = None) -> str:
-    """The dashboard: one step's counts and rates, and the last few errors."""
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m {secs:02d}s" if minutes < 60 else f"{minutes // 60}h {minutes % 60:02d}m"
+
+
+OUTCOME_COLOURS = {"preparing": "#757575", "running": SEGMENTS["RUNNING"].colour,
+                   "completed": SEGMENTS["DONE"].colour, "interrupted": "#757575", "cancelled": "#757575",
+                   "budget": SEGMENTS["NEEDS_REVIEW"].colour}
+
+
+def run_html(report: RunReport, *, timeline: Timeline | None = None, notes: list[str] | None = None,
+             live: bool = False) -> str:
+    """One run at a glance: its step's rows as a bar, its pace, cost and errors; live, or as the summary."""
     r = report
-    cost = "n/a" if r.cost_usd is None else f"${r.cost_usd:,.4f}"
-    eta = "—" if r.eta is None else f"{r.eta:,.0f}s"
-    cells = [
-        ("to send", f"{r.remaining:,}"), ("in flight", f"{r.in_flight:,}"), ("DONE", f"{r.done:,}"),
-        ("FAILED", f"{r.failed:,}"), ("NEEDS_REVIEW", f"{r.needs_review:,}"), ("skipped", f"{r.skipped:,}"),
-        ("stale", f"{r.stale:,}"), ("reused", f"{r.reused:,}"), ("rows/s", f"{r.rate:,.1f}"),
-        ("calls", f"{r.calls:,}"), ("tokens in/out", f"{r.input_tokens:,} / {r.output_tokens:,}"),
-        ("cost", cost), ("avoided", "n/a" if r.avoided_usd is None else f"${r.avoided_usd:,.4f}"),
-        ("retries", f"{r.retries:,}"), ("elapsed", f"{r.elapsed:,.1f}s"), ("ETA", eta),
-    ]
-    if r.submitted or r.in_batches:
-        cells[1:1] = [("in batches", f"{r.in_batches:,}")]
-    head = "".join(f"<th style='padding:2px 8px'>{html.escape(k)}</th>" for k, _ in cells)
-    body = "".join(f"<td style='padding:2px 8px;text-align:right' data-field='{html.escape(k)}'>{html.escape(v)}</td>"
-                   for k, v in cells)
-    errors = "".join(f"<li>{html.escape(e[:200])}</li>" for e in r.errors[-3:])
-    extra = "".join(f"<div>{html.escape(n)}</div>" for n in notes or [])
-    return (f"<div class='llmledger-status'><b>llmledger · {html.escape(r.table)}.{html.escape(r.step)}</b> "
-            f"<span data-field='outcome'>{html.escape(r.outcome)}</span>"
-            f"<table><tr>{head}</tr><tr>{body}</tr></table>{extra}"
-            + (f"<div>last errors:<ul>{errors}</ul></div>" if errors else "") + "</div>")
+    outcome = str(r.outcome)
+    head = (f"<b>llmledger · {esc(r.table)}.{esc(r.step)}</b>"
+            + badge(outcome, OUTCOME_COLOURS.get(outcome, FAILURE_COLOUR), field="outcome")
+            + (badge(r.mode, "#607d8b") if r.mode == "batch" else "")
+            + (badge("simulated answers", "#6d4c41", field="simulated") if r.simulated else ""))
+    sent = r.done + r.failed + r.needs_review - r.early_finished
+    figures = [("sent", f"{sent:,} of {r.selected:,}")]
+    if live:
+        figures += [("rows/s", f"{r.rate:,.1f}"), ("ETA", "—" if r.eta is None else _duration(r.eta)),
+                    ("elapsed", _duration(r.elapsed))]
+        if r.in_batches or r.batch_pending:
+            figures.append(("in batches", f"{r.in_batches + r.batch_pending:,}"))
+    else:
+        figures.append(("time", _duration(r.seconds)))
+    figures += [("calls paid", f"{r.calls:,}"), ("reused", f"{r.reused:,}")]
+    if r.retries:
+        figures.append(("retries", f"{r.retries:,}" + (f" ({r.rate_limited:,} × 429)" if r.rate_limited else "")))
+    cached = f" (cache: {r.cache_read_tokens:,} read)" if r.cache_read_tokens else ""
+    figures.append(("tokens in / out", f"{r.input_tokens:,} / {r.output_tokens:,}{cached}"))
+    figures.append(("cost", "n/a (no known price)" if r.cost_usd is None else f"${r.cost_usd:,.4f}"))
+    if r.max_cost_usd is not None:
+        figures.append(("budget", f"${r.max_cost_usd:,.4f}" + (
+            f" ({(r.cost_usd or 0) / r.max_cost_usd:.0%} used)" if r.max_cost_usd else "")))
+    projected = r.projected_usd
+    if live and projected is not None:
+        figures.append(("estimated total", f"${projected:,.4f}"))
+    if live and r.binding_limit:
+        figures.append(("rate limit", r.binding_limit))
+    avoided = r.avoided_usd
+    if not live and avoided:
+        figures.append(("avoided", f"${avoided:,.4f} ({r.avoided_reasons()})"))
+    bar = r.bar()
+    body = bar_html(bar) + legend_html(bar) + figures_html(figures)
+    if timeline is not None:
+        rates, retries, seconds = timeline.series()
+        body += f"<div>{sparkline_svg(rates, retries, seconds=seconds)}</div>"
+    body += "".join(f"<div style='color:#757575'>{esc(n)}</div>" for n in notes or [])
+    if r.message and not live:
+        body += f"<div style='color:{FAILURE_COLOUR}'>{esc(r.message)}</div>"
+    body += errors_html(r.error_lines())
+    if not live:
+        body += "".join(f"<div class='llmledger-hint' style='color:#555'>{esc(h)}</div>" for h in r.hints()
+                        if h != r.message)
+    return panel_html("llmledger-status" if live else "llmledger-summary", head, body)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import html
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import polars as pl
 
 from ._ledger.states import Outcome
+from ._view import ErrorLine, Parts, error_kind, parts
 
 
 @dataclass(repr=False)
@@ -52,6 +52,13 @@ class RunReport:
     outcome: Outcome = Outcome.COMPLETED
     message: str = ""
     errors: list[str] = field(default_factory=list)  # the last few
+    error_kinds: dict[str, ErrorLine] = field(default_factory=dict)  # every error so far, by kind (`error_kind`)
+    rate_limited: int = 0  # retries that were 429s
+    binding_limit: str = ""  # the announced rate limit that paces the run ("output tokens: 80,000/min")
+    done_before: int = 0  # DONE rows of the frame (fresh) this run left alone
+    review_before: int = 0  # NEEDS_REVIEW rows of the frame this run left alone
+    max_cost_usd: float | None = None  # the run's budget
+    simulated: bool = False  # answered by `llmledger.simulate()`'s simulator
     in_flight: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -64,6 +71,41 @@ class RunReport:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.cost_usd = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
         self.errors[:] = (self.errors + other.errors)[-5:]
+        for kind, line in other.error_kinds.items():
+            mine = self.error_kinds.get(kind)
+            self.error_kinds[kind] = line if mine is None else replace(line, count=mine.count + line.count)
+
+    def note_error(self, message: str, *, example_key: str = "", retried: bool = False) -> None:
+        """Count an error by its kind, keeping the last one (and its row) as the kind's example."""
+        self.errors.append(message)
+        del self.errors[:-5]
+        kind = error_kind(message)
+        group = kind + (" (retried)" if retried else "")
+        count = self.error_kinds[group].count if group in self.error_kinds else 0
+        self.error_kinds[group] = ErrorLine(kind, count + 1, example_key, message, retried)
+        if retried and message.startswith("429"):
+            self.rate_limited += 1
+
+    def error_lines(self, limit: int = 5) -> list[ErrorLine]:
+        """The commonest kinds of error, rows' failures before the API's retried ones."""
+        return sorted(self.error_kinds.values(), key=lambda e: (e.retried, -e.count))[:limit]
+
+    def bar(self) -> Parts:
+        """The frame's rows as bar segments: what this run found, plus what it has done so far."""
+        counts = {"DONE": self.done_before + self.stale + self.done, "RUNNING": self.in_flight + self.running_elsewhere,
+                  "SUBMITTED": self.in_batches + self.batch_pending, "FAILED": self.failed,
+                  "NEEDS_REVIEW": self.review_before + self.needs_review}
+        # as in the store's counts: stale rows are among the DONE ones, waiting rows among the NOT_STARTED
+        counts["NOT_STARTED"] = max(0, self.rows - sum(counts.values()))
+        return parts({**counts, "stale": self.stale, "waiting": self.waiting})
+
+    @property
+    def projected_usd(self) -> float | None:
+        """What the run will have cost when every selected row is answered, at its average so far."""
+        finished = self.done + self.failed + self.needs_review
+        if self.cost_usd is None or not finished:
+            return None
+        return self.cost_usd + self.cost_usd / finished * (self.remaining + self.batch_pending)
 
     @property
     def remaining(self) -> int:
@@ -123,23 +165,9 @@ class RunReport:
         return str(self)
 
     def _repr_html_(self) -> str:
-        cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:,.4f}"
-        cells = [("done", f"{self.done:,}"), ("failed", f"{self.failed:,}"),
-                 ("needs review", f"{self.needs_review:,}"), ("stale", f"{self.stale:,}"),
-                 ("skipped", f"{self.skipped:,}"), ("reused", f"{self.reused:,}"), ("calls paid", f"{self.calls:,}"),
-                 ("tokens in / out", f"{self.input_tokens:,} / {self.output_tokens:,}"), ("cost", cost)]
-        avoided = self.avoided_usd
-        if avoided:
-            cells.append(("avoided", f"${avoided:,.4f} ({self.avoided_reasons()})"))
-        if self.submitted or self.in_batches:
-            cells[3:3] = [("sent in batches", f"{self.submitted:,}"), ("in batches", f"{self.in_batches:,}")]
-        cells.append(("time", f"{self.seconds:,.1f}s"))
-        if self.outcome != "completed":
-            cells.insert(0, ("not sent", f"{self.remaining:,}"))
-        head = "".join(f"<th>{html.escape(k)}</th>" for k, _ in cells)
-        body = "".join(f"<td data-field='{html.escape(k)}'>{html.escape(v)}</td>" for k, v in cells)
-        return (f"<div class='llmledger-summary'><b>{html.escape(self.table)}.{html.escape(self.step)}</b> "
-                f"{html.escape(self.outcome)}<table><tr>{head}</tr><tr>{body}</tr></table></div>")
+        from ._display import run_html
+
+        return run_html(self)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "outcome": str(self.outcome)}

@@ -21,8 +21,8 @@ from typing import Any
 import anthropic
 import polars as pl
 
-from ._display import make_display, show_summary
-from ._exec.api import bounded_timeout, default_client
+from ._display import current_cell, make_display, show_summary
+from ._exec.api import bounded_timeout, default_client, simulated
 from ._exec.batch import AUTO_BATCH_ROWS, MAX_REQUESTS, BatchSender
 from ._exec.collect import BatchCollector
 from ._exec.scheduler import RunConfig, Scheduler
@@ -90,7 +90,8 @@ class Run:
         self.plan = plan
         self.stop_flag = threading.Event()
         rows = plan.frame.height if plan.frame is not None else 0
-        self.report = RunReport(table=plan.table, step=plan.step, rows=rows)
+        self.report = RunReport(table=plan.table, step=plan.step, rows=rows, max_cost_usd=plan.cfg.max_cost_usd,
+                                simulated=plan.client is None and simulated())
         self.report.outcome = Outcome.PREPARING
         self._done = threading.Event()
         self._result: Any = None
@@ -134,6 +135,8 @@ class Run:
         from IPython.display import display
 
         widget = self.dashboard()
+        if widget is not None and self._display.cell == current_cell():
+            return  # the run's view is right above, in this very cell: not twice
         if widget is not None and not self.done:
             display(widget)
         else:
@@ -191,6 +194,7 @@ class Run:
             average = _average_paid(ledger, plan.table, plan.step) \
                 if done_before > 0 or plan.cfg.max_cost_usd is not None else 0.0
             report.done_saved_usd = max(done_before, 0) * average
+            report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
             batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
             report.mode = "batch" if batch else "online"
             if plan.cfg.max_cost_usd is not None:
@@ -226,7 +230,7 @@ class Run:
                 self._record(ledger, selection, claimant, started)
             outputs = self._outputs(ledger, selection)
         if plan.progress or interrupted:  # after Ctrl-C the summary is the only word on what happened
-            show_summary(report)
+            show_summary(report, self._display)
         if interrupted:
             raise KeyboardInterrupt(str(report))
         stopped = _STOPPED.get(report.outcome)  # type: ignore[call-overload]

@@ -1,6 +1,7 @@
 """The command line: each verb is a thin twin of a Python function.
 
-    llmledger status STORE [--table T]          llmledger.progress() and the first failed rows
+    llmledger status STORE [--table T]          llmledger.show(): every step as a bar of rows by status
+                  [--color auto|always|never] [--every N]
     llmledger run STORE --table T --step S      llmledger.resume(): finish a step from the store alone
                   [--mode batch [--no-wait]]    (and collect its Message Batches)
     llmledger worker STORE --table T --step S   llmledger.work(): drain a step with any number of other workers
@@ -26,31 +27,29 @@ import time
 
 import polars as pl
 
-from ._ledger import open_existing
 from ._ledger.connection import db_errors
+from ._show import show, use_colour
 from .errors import LedgerError
 
 _TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100, "tbl_cols": -1,
                  "fmt_str_lengths": 80, "tbl_width_chars": 200}
 
 
-def status(store: str, table: str | None = None, *, show_failures: int = 5) -> str:
-    """Counts per status for every table and step, then the first failed rows with their errors."""
-    ledger = open_existing(store)
-    counts = ledger.counts(table)
-    if counts.is_empty():
-        known = ledger.query("SELECT table_name AS name FROM information_schema.tables "
-                             "WHERE table_schema = current_schema() ORDER BY table_name")
-        tables = known["name"].to_list() if known is not None else []
-        return f"{store}: no llmledger steps" + (f" for table {table!r}" if table else "") + f" (tables: {tables})"
-    with pl.Config(**_TABLE_FORMAT):
-        lines = [str(counts)]
-    for tbl, step, _ in ledger.steps(table):
-        bad = ledger.failures(tbl, step, limit=show_failures)
-        if bad:
-            lines.append(f"\n{tbl}.{step}: first {len(bad)} FAILED / NEEDS_REVIEW rows")
-            lines.extend(f"  {k}  {s}  {e}" for k, s, e in bad)
-    return "\n".join(lines)
+def status(store: str, table: str | None = None, *, colour: bool = False) -> str:
+    """The text twin of `llmledger.show`: per step a bar of rows by status, cost, claims, errors by kind."""
+    return show(store, table=table).text(colour=colour)
+
+
+def _watch(store: str, table: str | None, colour: bool, every: float) -> None:
+    """`status --every N`: redraw in place until Ctrl-C."""
+    view = show(store, table=table)
+    try:
+        while True:
+            print("\x1b[H\x1b[2J" + view.text(colour=colour), flush=True)
+            time.sleep(every)
+            view.refresh()
+    except KeyboardInterrupt:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,9 +57,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p_status = sub.add_parser("status", help="row counts per status, and failed rows with their errors")
+    p_status = sub.add_parser("status", help="every step as a bar of rows by status, its cost, claims and errors")
     p_status.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_status.add_argument("--table", default=None, help="only this table")
+    p_status.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                          help="colour the bars (auto: when the terminal shows colour and NO_COLOR is unset)")
+    p_status.add_argument("--every", type=float, default=None, help="redraw every N seconds until Ctrl-C")
 
     p_run = sub.add_parser("run", help="finish a step that apply_llm started, from the store alone")
     p_run.add_argument("store", help="the DuckDB file or postgresql:// URL")
@@ -138,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "status":
-            print(status(args.store, args.table))
+            colour = {"always": True, "never": False}.get(args.color, use_colour())
+            if args.every:
+                _watch(args.store, args.table, colour, args.every)
+            else:
+                print(status(args.store, args.table, colour=colour))
         elif args.command == "run":
             from ._api import resume
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
+from ._exec.api import use_session_simulator
 from ._sim_api import (
     ERRORS,
     ErrorSpec,
@@ -50,7 +51,7 @@ from ._sim_limits import Bucket, PromptCache, TokenLimits
 
 Responder = Callable[[str, str | None], str]
 
-__all__ = ["ERRORS", "ErrorSpec", "Simulator", "count_tokens", "default_reply"]
+__all__ = ["ERRORS", "ErrorSpec", "Simulator", "count_tokens", "default_reply", "simulate"]
 
 
 class Simulator:
@@ -58,6 +59,10 @@ class Simulator:
 
     def __init__(self, *, port: int = 0, responder: Responder | None = None, **faults: Any) -> None:
         self.responder = responder or default_reply
+        unknown = set(faults) - {f.name for f in fields(Faults)}
+        if unknown:
+            raise ValueError(f"unknown simulator setting(s) {sorted(unknown)}; known: "
+                             f"{sorted(f.name for f in fields(Faults))}")
         self.faults = Faults(**faults)
         self._lock = threading.Lock()
         self._rng = random.Random(self.faults.seed)
@@ -90,8 +95,16 @@ class Simulator:
         self._server.serve_forever()
 
     def stop(self) -> None:
+        if _session[0] is self:  # apply_llm goes back to the environment's API
+            _session[0] = None
+            use_session_simulator(None)
         self._server.shutdown()
         self._server.server_close()
+
+    def __repr__(self) -> str:
+        which = " (this session's: apply_llm answers from it)" if _session[0] is self else ""
+        return (f"<llmledger Simulator at {self.base_url}{which}: simulated answers, not Claude's; "
+                "nothing is paid>")
 
     def __enter__(self) -> Simulator:
         return self.start()
@@ -275,3 +288,24 @@ class Simulator:
                       "cache_creation": {"ephemeral_5m_input_tokens": write_5m,
                                          "ephemeral_1h_input_tokens": write_1h}},
         }
+
+
+_session: list[Simulator | None] = [None]  # the simulator simulate() started for this session
+
+
+def simulate(**faults: Any) -> Simulator:
+    """Start the bundled simulator and make every `apply_llm` (and `resume`, `work`, `estimate`) of this
+    session use it when no `client=` is passed: no API key, no set-up, nothing paid; answers are simulated.
+
+        llmledger.simulate(latency=0.02)            # the notebook's first cell; delete it for the real API
+
+    `faults` are the Simulator's (latency, rate_limit, error_rate, poison, ...). Calling it again replaces
+    the session's simulator; `.stop()` on the one returned sends apply_llm back to ANTHROPIC_API_KEY's API.
+    """
+    previous = _session[0]
+    simulator = Simulator(**faults).start()  # a bad fault raises before the session's simulator changes
+    if previous is not None:
+        previous.stop()
+    _session[0] = simulator
+    use_session_simulator(simulator.base_url)
+    return simulator

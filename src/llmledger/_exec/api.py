@@ -170,9 +170,27 @@ def bounded_timeout(timeout: Any, *, max_tokens: int) -> anthropic.Timeout:
     return anthropic.Timeout(read, connect=10.0, write=30.0, pool=10.0)
 
 
+# The base URL of the simulator `llmledger.simulate()` started for this session (None: the environment's API).
+_session_base_url: str | None = None
+
+
+def use_session_simulator(base_url: str | None) -> None:
+    """Send this session's default requests to `base_url` (a simulator), or back to the environment's API."""
+    global _session_base_url
+    _session_base_url = base_url
+
+
+def simulated() -> bool:
+    """Whether this session's default client answers from `llmledger.simulate()`'s simulator."""
+    return _session_base_url is not None
+
+
 def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
-    """The real SDK, configured from the environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL)."""
+    """The real SDK, configured from the environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or pointed at
+    the simulator `llmledger.simulate()` started (no key needed, nothing paid)."""
     kwargs: dict[str, Any] = {"max_retries": 0}
     if timeout is not None:
         kwargs["timeout"] = timeout
+    if _session_base_url is not None:
+        kwargs.update(base_url=_session_base_url, api_key="simulated")
     return anthropic.AsyncAnthropic(**kwargs)

@@ -151,8 +151,8 @@ class BatchSender:
         sent = await asyncio.to_thread(self.ledger.confirm_batch, layout.table, layout.step, intent=intent,
                                        batch_id=batch_id, now=utcnow(), adopted=found)
         if sent is None:  # another run gave the intent up meanwhile (only after stale_after): say so
-            self.report.errors.append(f"batch {batch_id} was created after its intent {intent} was given up; its "
-                                      "rows were sent again, so its answers are not used")
+            self.report.note_error(f"batch {batch_id} was created after its intent {intent} was given up; its "
+                                   "rows were sent again, so its answers are not used")
             return None
         self.report.batches += 1
         self.report.batch_requests += len(requests)

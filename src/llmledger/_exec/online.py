@@ -68,7 +68,7 @@ class Sink(Protocol):
 
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None: ...
     def stop(self, outcome: Outcome, message: str) -> None: ...
-    def note_retry(self, message: str) -> None: ...
+    def note_retry(self, message: str, row: dict[str, Any]) -> None: ...
     def set_in_flight(self, delta: int) -> None: ...
     def may_spend(self) -> bool: ...
     def bill(self, reply: Reply) -> None: ...
@@ -163,7 +163,7 @@ class OnlineSender:
                     if failure.reply is not None:  # refused, but billed: the run's report and budget count it
                         self.sink.bill(failure.reply)
                     return None, str(failure)
-                self._transient(failure)
+                self._transient(failure, row)
                 wait_at_least = failure.retry_after
             finally:
                 self.sink.set_in_flight(-1)
@@ -175,10 +175,10 @@ class OnlineSender:
             tries += 1
         return None
 
-    def _transient(self, failure: CallFailed) -> None:
+    def _transient(self, failure: CallFailed, row: dict[str, Any]) -> None:
         log.info("transient failure, will retry: %s", failure)
         self.transient_streak += 1
-        self.sink.note_retry(str(failure))
+        self.sink.note_retry(str(failure), row)
         quiet_for = time.monotonic() - self.last_success
         if self.transient_streak >= self.retry.outage_failures and quiet_for >= self.retry.outage_after:
             self.sink.stop(Outcome.OUTAGE, f"the API kept failing ({self.transient_streak} transient errors in a "

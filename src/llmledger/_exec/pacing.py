@@ -57,6 +57,7 @@ class Pacer:
         self._avg_out = 0.0
         self._answers = 0
         self._first: asyncio.Future[None] | None = None  # done once the first request has ended
+        self.binding = ""  # the limit that sets the pace, as a person reads it ("requests: 50/min")
 
     async def wait(self) -> None:
         """Wait for this request's turn. Until the first answer says what the limits are, one request
@@ -95,7 +96,7 @@ class Pacer:
                                             ("output-tokens", self._avg_out, self.TOKENS)):
             limit = _number(headers.get(f"anthropic-ratelimit-{family}-limit"))
             if limit and per_request:
-                rates.append(limit / 60.0 / per_request * safety)
+                rates.append((limit / 60.0 / per_request * safety, f"{family.replace('-', ' ')}: {limit:,.0f}/min"))
             remaining = _number(headers.get(f"anthropic-ratelimit-{family}-remaining"))
             reset = headers.get(f"anthropic-ratelimit-{family}-reset")
             need = max(per_request, 1.0)
@@ -108,7 +109,8 @@ class Pacer:
                 if wait:
                     self.pause(min(wait, 60.0))
         if rates:
-            self.interval = 1.0 / min(rates)
+            rate, self.binding = min(rates)
+            self.interval = 1.0 / rate
 
     def state(self) -> tuple[float, float, float]:
         return self.interval, self._next, self._paused_until

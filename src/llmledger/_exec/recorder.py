@@ -73,7 +73,7 @@ class Recorder:
                 result.update(status=Status.DONE.value, output=reply.text, raw=None)
             else:  # paid for, but a person should look at it: refused by validate= (a valid answer, kept as
                 rep.needs_review += 1  # the output) or not matching the output schema (kept as raw text)
-                self.note_error(error)
+                self.note_error(error, row)
                 result.update(status=Status.NEEDS_REVIEW.value,
                               output=reply.text if refused_by_validate else None,
                               raw=None if refused_by_validate else reply.text)
@@ -87,7 +87,7 @@ class Recorder:
                 rep.failed += 1
             else:
                 rep.needs_review += 1
-            self.note_error(error or "")
+            self.note_error(error or "", row)
             result.update(status=status.value, output=None, raw=None, attempts=attempts, error=error,
                           input_tokens=None, output_tokens=None, cache_write_tokens=None, cache_read_tokens=None,
                           cost_usd=None, stop_reason=None,
@@ -108,7 +108,7 @@ class Recorder:
             return None
         return str(verdict) if isinstance(verdict, str) else f"validate= returned {verdict!r} (not None or a str)"
 
-    def note_error(self, message: str) -> None:
-        errors = self.report.errors
-        errors.append(message)
-        del errors[:-5]
+    def note_error(self, message: str, row: dict[str, Any] | None = None, *, retried: bool = False) -> None:
+        """Count the error by kind in the report, with the row it happened to as its example."""
+        key = "" if row is None else ", ".join(f"{k}={row.get(k)!r}" for k in self.selection.layout.key)
+        self.report.note_error(message, example_key=key, retried=retried)

@@ -95,13 +95,14 @@ class Scheduler:
             self.report.message = message
         self._wake.set()
 
-    def note_retry(self, message: str) -> None:
+    def note_retry(self, message: str, row: dict[str, Any]) -> None:
         self.report.retries += 1
-        self._note_error(message)
+        self.recorder.note_error(message, row, retried=True)
 
     def set_in_flight(self, delta: int) -> None:
         self.in_flight += delta
         self.report.in_flight = self.in_flight
+        self.report.binding_limit = self.sender.pacer.binding
 
     def bill(self, reply: Reply) -> float | None:
         return self.recorder.bill(reply)
@@ -145,9 +146,6 @@ class Scheduler:
             self._wake.set()
         if self.on_progress:
             self.on_progress(self.report, 1)
-
-    def _note_error(self, message: str) -> None:
-        self.recorder.note_error(message)
 
     # -- running ------------------------------------------------------------------------------------------
     async def run(self) -> RunReport:

@@ -90,8 +90,8 @@ class StepGraph:
                     exprs[path] = upstream_field_sql(con, table, path, step)
         return StepGraph(self.templates, self.upstream, exprs, self.dialect)
 
-    def order(self) -> list[str]:
-        """Steps with every step after the steps it reads."""
+    def order(self, preferred: list[str] | None = None) -> list[str]:
+        """Steps with every step after the steps it reads; otherwise in the `preferred` order (then by name)."""
         done: list[str] = []
 
         def visit(step: str, path: tuple[str, ...]) -> None:
@@ -103,7 +103,7 @@ class StepGraph:
                 visit(up, (*path, step))
             done.append(step)
 
-        for step in sorted(self.templates):
+        for step in [*(s for s in preferred or [] if s in self.templates), *sorted(self.templates)]:
             visit(step, ())
         return done
 

@@ -27,6 +27,7 @@ from .columns import names, q
 from .connection import Connection, column_types, dialect, one, table_exists
 from .graph import StepGraph
 from .history import archive, side_by_side
+from .overview import Overview, read_overview
 from .postgres import PgConnection
 from .prepare import (
     establish_table,
@@ -330,6 +331,10 @@ class SQLLedger(BatchVerbs):
     def counts(self, table: str | None = None) -> pl.DataFrame:
         with self.conn.open(wait=60.0) as con:
             return status_counts(con, table)
+
+    def overview(self, table: str | None = None) -> Overview:
+        with self.conn.open(wait=60.0) as con:
+            return read_overview(con, table)
 
     def failures(self, table: str, step: str, limit: int = 5) -> list[tuple[str, str, str]]:
         with self.conn.open(wait=60.0) as con:

@@ -257,7 +257,7 @@ def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> p
     for tbl, steps in by_table.items():
         try:
             graph: StepGraph | None = StepGraph.load(con, tbl)
-            ordered = [s for s in graph.order() if s in steps] + [s for s in steps if s not in graph.templates]
+            ordered = [s for s in graph.order(steps) if s in steps] + [s for s in steps if s not in graph.templates]
         except (PromptError, *db_errors()):  # an old store not upgraded yet, or a broken definition: no graph
             graph, ordered = None, steps
         for step in ordered:

@@ -1,0 +1,122 @@
+"""The whole store at a glance, read in one go: every step's rows by status, what it cost, who holds its
+claims, its errors by kind, and the Message Batches still processing (`llmledger.show`, `llmledger status`).
+
+Plain SQL that DuckDB and PostgreSQL both run. An error's kind is the text before its first colon
+("429 RateLimitError (rate_limit_error)", "refusal", "the answer does not match the output schema"), the
+same rule the live view of a run groups by (`_view.error_kind`), so both show one line per kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import duckdb
+
+from .columns import q
+from .connection import table_exists
+from .schema import BATCHES_TABLE, list_steps
+from .survey import Layout
+from .verbs import status_counts
+
+ERROR_KINDS = 5  # kinds shown per step, the commonest first
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    kind: str
+    rows: int
+    example_key: str  # the key of one row with this kind of error, as JSON
+    example: str  # that row's whole error
+
+
+@dataclass(frozen=True)
+class Claims:
+    """Rows one process holds (RUNNING), by its claim id (host/pid/run)."""
+
+    claimed_by: str
+    rows: int
+    since: datetime | None  # the oldest claim (or lease renewal) among them
+
+
+@dataclass
+class StepOverview:
+    table: str
+    step: str
+    counts: dict[str, int]  # by status, plus "stale", "waiting" (None-free) and "total"
+    cost_usd: float = 0.0
+    paid_rows: int = 0  # rows whose answer was paid for (reused answers cost 0)
+    claims: list[Claims] = field(default_factory=list)
+    errors: list[ErrorKind] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BatchOverview:
+    batch_id: str | None  # None while only the intent is recorded (being created)
+    table: str
+    step: str
+    rows: int
+    requests: int
+    state: str
+    processing_status: str | None
+    submitted_at: datetime | None
+
+
+@dataclass
+class Overview:
+    steps: list[StepOverview]
+    batches: list[BatchOverview]
+    tables: list[str]  # every table in the store (to name when it has no steps)
+
+
+def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> Overview:
+    """Everything `show` draws, read on one connection."""
+    counts = status_counts(con, table)
+    steps = []
+    for row in counts.iter_rows(named=True):
+        tbl, step = row["table"], row["step"]
+        numbers = {k: int(v or 0) for k, v in row.items() if k not in ("table", "step")}
+        overview = StepOverview(tbl, step, numbers)
+        _usage(con, overview)
+        steps.append(overview)
+    batches = _batches(con, table) if table_exists(con, BATCHES_TABLE) else []
+    known = con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+                        "ORDER BY table_name").fetchall()
+    return Overview(steps, batches, [r[0] for r in known])
+
+
+def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview) -> None:
+    """Cost and paid rows; the processes holding claims; FAILED / NEEDS_REVIEW rows by kind of error."""
+    t, status = q(s.table), q(s.step + "_status")
+    cost = q(s.step + "_cost_usd")
+    spent, paid = con.execute(f"SELECT coalesce(sum({cost}), 0)::DOUBLE, count(*) FILTER (WHERE {cost} > 0) "
+                              f"FROM {t}").fetchone() or (0.0, 0)
+    s.cost_usd, s.paid_rows = float(spent), int(paid)
+    if s.counts.get("RUNNING"):
+        by = q(s.step + "_claimed_by")
+        s.claims = [Claims(str(r[0]), int(r[1]), r[2]) for r in con.execute(
+            f"SELECT coalesce({by}, '?'), count(*), min({q(s.step + '_running_started_at')}) FROM {t} "
+            f"WHERE {status} = 'RUNNING' GROUP BY 1 ORDER BY 2 DESC, 1").fetchall()]
+    if s.counts.get("FAILED") or s.counts.get("NEEDS_REVIEW"):
+        key = _key(con, s.table, s.step)
+        message = f"coalesce({q(s.step + '_error')}, 'no error recorded')"
+        s.errors = [ErrorKind(str(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in con.execute(
+            f"SELECT kind, n, k, e FROM (SELECT kind, k, e, count(*) OVER (PARTITION BY kind) AS n, "
+            f"row_number() OVER (PARTITION BY kind ORDER BY k) AS nth FROM (SELECT {key} AS k, {message} AS e, "
+            f"split_part({message}, ':', 1) AS kind FROM {t} AS t WHERE {status} IN ('FAILED', 'NEEDS_REVIEW')"
+            f") AS bad) AS ranked WHERE nth = 1 ORDER BY n DESC, kind LIMIT {ERROR_KINDS}").fetchall()]
+
+
+def _key(con: duckdb.DuckDBPyConnection, table: str, step: str) -> str:
+    key = next(k for t, s, k in list_steps(con, table) if s == step)
+    return Layout(table, step, key, []).key_json()
+
+
+def _batches(con: duckdb.DuckDBPyConnection, table: str | None) -> list[BatchOverview]:
+    where, params = ("AND table_name = ?", [table]) if table else ("", [])
+    rows: list[Any] = con.execute(
+        f"SELECT batch_id, table_name, step, coalesce(rows_sent, 0), coalesce(requests, 0), state, "
+        f"processing_status, submitted_at FROM {BATCHES_TABLE} WHERE state IN ('submitting', 'submitted') {where} "
+        "ORDER BY created_at", params).fetchall()
+    return [BatchOverview(*r) for r in rows]

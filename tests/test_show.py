@@ -1,0 +1,92 @@
+"""`llmledger.show(store)` and its text twin `llmledger status`: every step of a store at a glance, on DuckDB
+and on PostgreSQL, with a batch still processing, rows another process holds, and failed rows."""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+import llmledger
+from llmledger import Simulator
+from llmledger._ledger import RunParams, open_ledger
+from llmledger._ledger.states import Redo
+from llmledger._time import utcnow
+from llmledger._view import FAILURE_COLOUR
+
+from .conftest import frame, subprocess_env
+
+SEGMENT = re.compile(r"data-status='(\w+)' data-count='(\d+)'[^>]*background:(#\w+)")
+
+
+@pytest.fixture(params=["duckdb", "postgresql"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return request.getfixturevalue("pg_url") if request.param == "postgresql" else str(tmp_path / "show.duckdb")
+
+
+def bars(html: str) -> dict[str, dict[str, int]]:
+    """Each step's segments as drawn: {step: {status: rows}}; asserts each segment's colour is its status's."""
+    out = {}
+    for body in html.split("<div class='llmledger-step' ")[1:]:
+        step = re.match(r"data-table='\w+' data-step='(\w+)'", body).group(1)  # type: ignore[union-attr]
+        segments = SEGMENT.findall(body)
+        assert all(colour == FAILURE_COLOUR for status, _, colour in segments if status == "FAILED")
+        out[step] = {status: int(n) for status, n, _ in segments}
+    return out
+
+
+def test_show_draws_three_steps_a_batch_in_progress_claims_and_failures(
+        where: str, client: anthropic.AsyncAnthropic, sim: Simulator) -> None:
+    sim.configure(poison="number 4", batch_delay=3600)
+    apply = functools.partial(llmledger.apply_llm, frame(12), client=client, store=where, table="messages",
+                              progress=False)
+    apply("summary", prompt="Summarize: {text}")  # row 4 FAILED
+    apply("title", prompt="Title for: {summary}", mode="batch", wait=False)  # 11 in a batch; row 4 waits
+    apply("lang", prompt="Language of: {text}", where="id < 6")  # row 4 FAILED, rows 6-11 not sent
+    ledger = open_ledger(where)  # another process claims three rows of "lang"
+    now = utcnow()
+    params = RunParams(max_attempts=3, redo=Redo.NONE, run_started=now, stale_before=now - timedelta(minutes=30),
+                       where="id >= 6")
+    selection = ledger.resume("messages", "lang", params, dedupe=False)
+    claimed = ledger.claim(selection, 3, claimant="worker-7/4242/r1", now=now)
+    assert len(claimed) == 3
+
+    view = llmledger.show(where)
+    html = view._repr_html_()
+    assert bars(html) == {"summary": {"DONE": 11, "FAILED": 1},
+                          "title": {"SUBMITTED": 11, "waiting": 1},
+                          "lang": {"DONE": 5, "RUNNING": 3, "FAILED": 1, "NOT_STARTED": 3}}
+    assert list(bars(html)) == ["summary", "title", "lang"], "a step comes after the step it reads"
+    assert html.count("1 rows: 400 BadRequestError (invalid_request_error)") == 2
+    assert "<code>{&quot;id&quot;:4}</code>" in html, "each kind of error with a row that has it"
+    assert "held by worker-7/4242/r1: 3 rows" in html
+    (batch_id,) = llmledger.sql(where, "SELECT batch_id FROM llmledger_batches")["batch_id"]
+    assert re.search(rf"{batch_id}  messages.title: 11 rows in 11 requests, in_progress", html)
+
+    text = str(view)
+    assert "SUBMITTED 11 · waiting 1" in text and "held by worker-7/4242/r1: 3 rows" in text
+    cli = subprocess.run([sys.executable, "-m", "llmledger", "status", where, "--color", "always"],
+                         env=subprocess_env(sim.base_url), capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert "\x1b[35mSUBMITTED\x1b[0m 11" in cli.stdout and "\x1b[31m1 rows: 400 BadRequestError" in cli.stdout
+
+    ledger.release(selection, claimant="worker-7/4242/r1")  # the other process is done; the rest gets sent
+    apply("lang", prompt="Language of: {text}")
+    assert bars(view.refresh()._repr_html_())["lang"] == {"DONE": 11, "FAILED": 1}, "refresh reads the store again"
+    assert "held by" not in str(view)
+
+
+def test_show_of_a_store_without_steps_or_with_a_bad_argument(tmp_path: Path, client: Any) -> None:
+    with pytest.raises(llmledger.StoreNotFound, match="no store at"):
+        llmledger.show(tmp_path / "nope.duckdb")
+    llmledger.apply_llm(frame(2), "s", prompt="{text}", client=client, store=tmp_path / "one.duckdb", progress=False)
+    with pytest.raises(llmledger.InvalidInputError, match="every= is the seconds between redraws"):
+        llmledger.show(tmp_path / "one.duckdb", every=0)
+    assert "no llmledger steps for table 'other'" in str(llmledger.show(tmp_path / "one.duckdb", table="other"))
