@@ -124,6 +124,6 @@ def test_a_where_with_more_statements_and_a_retyped_column_are_refused(run, sim:
 def test_no_api_key_is_a_clear_error_before_anything_is_written(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
-    with pytest.raises(InvalidInputError, match=r"no API key: set ANTHROPIC_API_KEY .* llmledger\.Simulator\(\)"):
+    with pytest.raises(InvalidInputError, match=r"no API key: set ANTHROPIC_API_KEY .* llmledger\.simulate\(\) first"):
         apply_llm(frame(3), "summary", prompt="Summarize: {text}", store=store, progress=False)
     assert not store.exists()

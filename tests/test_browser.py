@@ -1,10 +1,12 @@
 """The notebooks as a person sees them: JupyterLab on 127.0.0.1, headless Chromium, Run All Cells, then the
-views measured from the DOM. Screenshots go to the test's tmp dir (and to $LLMLEDGER_SCREENSHOTS if set)."""
+views measured from the DOM and what the cells printed checked. Screenshots go to the test's tmp dir (and to
+$LLMLEDGER_SCREENSHOTS if set). `test_notebooks.py` runs two of them in a kernel without widgets."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -152,6 +154,12 @@ def screenshots(lab: dict[str, Any], page: Any, name: str) -> list[Path]:
     return shots
 
 
+def paid(text: str, what: str) -> int:
+    match = re.search(rf"{what} paid (\d+) calls", text)
+    assert match, f"no '{what} paid N calls' in the output"
+    return int(match.group(1))
+
+
 def shut_down_kernels(lab: dict[str, Any]) -> None:
     url = f"{lab['base']}/api/sessions?token={lab['token']}"
     for session in json.load(urllib.request.urlopen(url, timeout=10)):
@@ -188,21 +196,37 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
         assert nb.locator("[data-field='simulated']").count() == nb.locator(".llmledger-summary").count(), \
             "every run's view says its answers are simulated"
 
+        text = "\n".join(out.text_content() for out in nb.locator(".jp-OutputArea").all())
+        assert "simulated answers, not Claude's" in text, "the setup cell says the answers are simulated"
         if name.startswith("01"):
             summaries = nb.locator(".llmledger-summary")
             assert summaries.count() == 2, "two runs, one view each"
             assert int(summaries.nth(0).locator("[data-field='calls paid']").inner_text()) > 300
             assert summaries.nth(1).locator("[data-field='calls paid']").inner_text() == "0", "the rerun paid 0"
+            assert paid(text, "first run") > 300 and paid(text, "second run") == 0
             assert nb.locator(".llmledger-store .llmledger-bar").count() == 1, "llmledger.show draws the step"
         if name.startswith("02"):
             failed = [s for bar in measured for s in bar["segments"] if s["status"] == "FAILED"]
             assert failed and all(s["count"] == 3 and s["colour"] == FAILED_RGB for s in failed), failed
             assert nb.locator(".llmledger-error").first.inner_text().startswith("3 rows: 400 BadRequestError")
+            assert paid(text, "rerun of the failed rows") == 3 and paid(text, "redo of the flagged rows") == 2
+            assert "flagged: looks wrong" in text, "the replaced answers are kept, with why"
         if name.startswith("04"):
+            assert paid(text, "the pipeline") > 600, "300 rows, three steps (a few duplicate reviews share answers)"
+            assert paid(text, "the rerun") == 0 and paid(text, "a plain rerun") == 0, "stale rows are not re-paid"
+            assert "struct[3]" in text, "the extract step is a typed column"
+            assert paid(text, "the redo of the flagged rows") == 5 and paid(text, "the redo of the stale rows") == 10
             stale = [s for bar in measured for s in bar["segments"] if s["status"] == "stale"]
             assert [s["count"] for s in stale] == [5, 5], "llmledger.show: five stale rows in both later steps"
+            assert "flagged: vague product" in text
         if name.startswith("05"):
             assert nb.locator(".llmledger-batch").count() == 1, "the batch in progress is listed"
+            assert re.search(r"9\d\d done · .* · 9\d\d of them from batches", text), "a later cell collected it"
+            estimated, billed = map(float, re.search(r"estimated for the batch: \$([\d.]+); billed: \$([\d.]+)",
+                                                     text).groups())  # type: ignore[union-attr]
+            assert billed > 0 and abs(estimated - billed) <= 0.25 * billed
+            assert re.search(r"batch prices \$0\.0[1-9]", text), "the batch discount is counted as avoided"
+            assert re.search(r"the rerun paid 0 calls and avoided \$0\.0[1-9]", text)
         assert all(p.stat().st_size > 5_000 for p in screenshots(lab, page, name))
     finally:
         shut_down_kernels(lab)
