@@ -193,6 +193,8 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
                 text = cell.locator(".jp-OutputArea").inner_text()
                 assert text.count("calls paid") == 1, f"{name}: the summary is shown twice:\n{text}"
         assert nb.locator(".llmledger-status").count() == 0, "a live view that never became its summary"
+        assert nb.locator(".jp-RenderedHTML .llmledger-summary").count() == nb.locator(".llmledger-summary").count(), \
+            "every summary is plain HTML, which the saved notebook keeps"
         assert nb.locator("[data-field='simulated']").count() == nb.locator(".llmledger-summary").count(), \
             "every run's view says its answers are simulated"
 

@@ -4,13 +4,15 @@ The live view is a single HTML widget redrawn a few times a second from the
 run's report (so it never floods the cell output): the step's rows as a
 stacked bar, pace, cost against budget and estimate, the rate limit that
 binds, a sparkline of throughput and retries, errors by kind. When the run
-ends the same widget shows the summary, and nothing else is printed. A kernel
-without a widget front end (nbconvert, nbclient) shows the summary view once
-at the end; a terminal gets the tqdm bar and the one-line summary.
+ends the same output shows the summary, as plain HTML a saved notebook keeps,
+and nothing else is printed. A kernel without a widget front end (nbconvert,
+nbclient) shows a tqdm bar, then the summary view once; a terminal gets the
+tqdm bar and the one-line summary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -120,7 +122,8 @@ class Bar:
 
 
 class Dashboard:
-    """The live view of a run in a widget front end, redrawn in place; at the end it becomes the summary."""
+    """The live view of a run in a widget front end, redrawn in place; at the end it becomes the summary,
+    as plain HTML in the same output (a widget's state is not saved with the notebook; HTML is)."""
 
     def __init__(self, report: RunReport) -> None:
         import ipywidgets
@@ -133,7 +136,7 @@ class Dashboard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._notes: list[str] = []
-        display(self.widget)
+        self._handle = display(self.widget, display_id=True)  # None outside IPython
         self.cell = current_cell()  # where it is shown
 
     def start(self) -> None:
@@ -161,7 +164,13 @@ class Dashboard:
             self._thread.join(timeout=2)
         self._sample()
         self._notes.clear()
-        self.widget.value = run_html(report, timeline=self.timeline, live=False)
+        final = run_html(report, timeline=self.timeline, live=False)
+        self.widget.value = final
+        if self._handle is not None:  # the output becomes plain HTML: a saved notebook keeps the summary
+            from IPython.display import HTML
+
+            with contextlib.suppress(Exception):
+                self._handle.update(HTML(final))
 
 
 def make_display(enabled: bool, report: RunReport, *, background: bool = False) -> Display:
@@ -214,13 +223,12 @@ def run_html(report: RunReport, *, timeline: Timeline | None = None, notes: list
             + badge(outcome, OUTCOME_COLOURS.get(outcome, FAILURE_COLOUR), field="outcome")
             + (badge(r.mode, "#607d8b") if r.mode == "batch" else "")
             + (badge("simulated answers", "#6d4c41", field="simulated") if r.simulated else ""))
-    sent = r.done + r.failed + r.needs_review - r.early_finished
-    figures = [("sent", f"{sent:,} of {r.selected:,}")]
+    figures = [("sent", f"{r.sent:,} of {r.selected:,}")]
     if live:
         figures += [("rows/s", f"{r.rate:,.1f}"), ("ETA", "—" if r.eta is None else _duration(r.eta)),
                     ("elapsed", _duration(r.elapsed))]
         if r.in_batches or r.batch_pending:
-            figures.append(("in batches", f"{r.in_batches + r.batch_pending:,}"))
+            figures.append(("in batches", f"{max(r.in_batches, r.batch_pending):,}"))
     else:
         figures.append(("time", _duration(r.seconds)))
     figures += [("calls paid", f"{r.calls:,}"), ("reused", f"{r.reused:,}")]
@@ -230,8 +238,10 @@ def run_html(report: RunReport, *, timeline: Timeline | None = None, notes: list
     figures.append(("tokens in / out", f"{r.input_tokens:,} / {r.output_tokens:,}{cached}"))
     figures.append(("cost", "n/a (no known price)" if r.cost_usd is None else f"${r.cost_usd:,.4f}"))
     if r.max_cost_usd is not None:
-        figures.append(("budget", f"${r.max_cost_usd:,.4f}" + (
-            f" ({(r.cost_usd or 0) / r.max_cost_usd:.0%} used)" if r.max_cost_usd else "")))
+        spent = r.spent_before_usd + (r.cost_usd or 0.0)
+        figures.append(("budget", f"${r.max_cost_usd:,.4f}" + (f" ({spent / r.max_cost_usd:.0%} used"
+                        + (", with earlier runs of the step" if r.spent_before_usd else "") + ")"
+                        if r.max_cost_usd else "")))
     projected = r.projected_usd
     if live and projected is not None:
         figures.append(("estimated total", f"${projected:,.4f}"))

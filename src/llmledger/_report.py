@@ -58,6 +58,7 @@ class RunReport:
     done_before: int = 0  # DONE rows of the frame (fresh) this run left alone
     review_before: int = 0  # NEEDS_REVIEW rows of the frame this run left alone
     max_cost_usd: float | None = None  # the run's budget
+    spent_before_usd: float = 0.0  # what earlier runs of the step spent, when the budget is the step's
     simulated: bool = False  # answered by `llmledger.simulate()`'s simulator
     in_flight: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -91,13 +92,30 @@ class RunReport:
         return sorted(self.error_kinds.values(), key=lambda e: (e.retried, -e.count))[:limit]
 
     def bar(self) -> Parts:
-        """The frame's rows as bar segments: what this run found, plus what it has done so far."""
-        counts = {"DONE": self.done_before + self.stale + self.done, "RUNNING": self.in_flight + self.running_elsewhere,
-                  "SUBMITTED": self.in_batches + self.batch_pending, "FAILED": self.failed,
-                  "NEEDS_REVIEW": self.review_before + self.needs_review}
+        """The frame's rows as bar segments: what this run found, plus what it has done so far.
+
+        The counts found before sending (stale, NEEDS_REVIEW and DONE rows) include rows a redo re-sends;
+        what would take the bar past the frame's rows comes off them, so each row is drawn once.
+        """
+        before = {"stale": self.stale, "NEEDS_REVIEW": self.review_before, "DONE": self.done_before}
+        now = {"DONE": self.done, "RUNNING": self.in_flight + self.running_elsewhere,
+               "SUBMITTED": max(self.in_batches, self.batch_pending), "FAILED": self.failed,
+               "NEEDS_REVIEW": self.needs_review}
+        over = sum(before.values()) + sum(now.values()) - self.rows
+        for name in before:
+            cut = min(max(over, 0), before[name])
+            before[name] -= cut
+            over -= cut
+        counts = {**now, "DONE": now["DONE"] + before["DONE"] + before["stale"],
+                  "NEEDS_REVIEW": now["NEEDS_REVIEW"] + before["NEEDS_REVIEW"]}
         # as in the store's counts: stale rows are among the DONE ones, waiting rows among the NOT_STARTED
         counts["NOT_STARTED"] = max(0, self.rows - sum(counts.values()))
-        return parts({**counts, "stale": self.stale, "waiting": self.waiting})
+        return parts({**counts, "stale": before["stale"], "waiting": self.waiting})
+
+    @property
+    def sent(self) -> int:
+        """Selected rows this run has finished or handed to a Message Batch."""
+        return self.done + self.failed + self.needs_review - self.early_finished + self.batch_pending
 
     @property
     def projected_usd(self) -> float | None:

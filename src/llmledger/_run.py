@@ -164,6 +164,10 @@ class Run:
             return self._result
         except BaseException as exc:
             self._error = exc
+            if self.report.outcome is Outcome.PREPARING and self._display is not None:  # it never started
+                self.report.outcome, self.report.message = Outcome.ERROR, f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):
+                    self._display.close(self.report)
             raise
         finally:
             self._done.set()
@@ -201,6 +205,7 @@ class Run:
                 plan.cfg = dataclasses.replace(
                     plan.cfg, average_before_usd=average,
                     spent_before_usd=ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0)
+                report.spent_before_usd = plan.cfg.spent_before_usd
             if selection.to_send or (batch and plan.wait):
                 selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
             report.outcome = Outcome.RUNNING
@@ -224,6 +229,10 @@ class Run:
                     report.mode = "batch"  # all it paid for came from batches sent earlier
                 if report.outcome == Outcome.INTERRUPTED and not foreground:
                     report.outcome = Outcome.CANCELLED
+            except BaseException:
+                if report.outcome in (Outcome.PREPARING, Outcome.RUNNING):  # the view must not say "running"
+                    report.outcome = Outcome.ERROR
+                raise
             finally:
                 report.seconds = time.monotonic() - report.started
                 self._display.close(report)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ def show(store: str | Path = DEFAULT_STORE, *, table: str | None = None, every: 
         llmledger.show("ledger.duckdb")              # the last expression of a cell: drawn below it
         view = llmledger.show(url, every=5)          # redrawn every 5 s while workers run; view.stop()
 
-    `table=` narrows it to one table. `str(view)` is the text `llmledger status` prints.
+    `table=` narrows it to one table. `every=` needs a widget front end (JupyterLab, Notebook, VS Code);
+    elsewhere call `view.refresh()`. `str(view)` is the text `llmledger status` prints.
     """
     if every is not None and not every > 0:
         from .errors import InvalidInputError
@@ -62,6 +64,7 @@ class StoreView:
         self.read_at: datetime = utcnow()
         self._widget: Any = None
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def refresh(self) -> StoreView:
         self.overview = self._ledger.overview(self.table)
@@ -71,7 +74,7 @@ class StoreView:
         return self
 
     def stop(self) -> None:
-        """Stop redrawing every `every` seconds."""
+        """Stop redrawing every `every` seconds (the view stays as last drawn)."""
         self._stop.set()
 
     # -- drawing --------------------------------------------------------------------------------------
@@ -101,17 +104,23 @@ class StoreView:
         button = ipywidgets.Button(description="Refresh", icon="refresh", layout=ipywidgets.Layout(width="110px"))
         button.on_click(lambda _: self.refresh())
         display(ipywidgets.VBox([self._widget, button]))
-        if self.every is not None:
-            threading.Thread(target=self._redraw, name="llmledger-show", daemon=True).start()
+        if self.every is not None and self._thread is None:  # one redrawing thread per view, however often shown
+            self._thread = threading.Thread(target=self._redraw, name="llmledger-show", daemon=True)
+            self._thread.start()
 
     def _redraw(self) -> None:
+        """Every `every` seconds, or as long as the last read took if that was longer: a slow store (a
+        very large table, a distant server) is not read back to back."""
         assert self.every is not None
-        while not self._stop.wait(self.every):
+        pause = self.every
+        while not self._stop.wait(pause):
+            started = time.monotonic()
             try:
                 self.refresh()
             except Exception as exc:  # the store went away, the server is down: say so, keep the last view
                 if self._widget is not None:
                     self._widget.value = self._repr_html_() + f"<div style='color:#d32f2f'>{esc(exc)}</div>"
+            pause = max(self.every, time.monotonic() - started)
 
 
 def use_colour(stream: Any = None) -> bool:
@@ -180,6 +189,12 @@ def store_html(overview: Overview, *, name: str, read_at: datetime, table: str |
 
 
 # -- text --------------------------------------------------------------------------------------------------
+def _plain(value: object, limit: int = 160) -> str:
+    """One line of printable text: model output and error messages may hold newlines or terminal escapes."""
+    text = " ".join("".join(c if c.isprintable() else " " for c in str(value)).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def store_text(overview: Overview, *, name: str, read_at: datetime, table: str | None = None,
                colour: bool = False) -> str:
     now = utcnow()
@@ -196,11 +211,11 @@ def store_text(overview: Overview, *, name: str, read_at: datetime, table: str |
         bar = parts(step.counts)
         lines.append(f"  {step.step:<{width}}  {bar_text(bar, 30, colour=colour)}  {legend_text(bar, colour=colour)}"
                      f"  ({_cost(step)})")
-        lines.extend(pad + c for c in _claims(step.claims, now))
+        lines.extend(pad + _plain(c) for c in _claims(step.claims, now))
         red = ("\x1b[31m", "\x1b[0m") if colour else ("", "")
-        lines.extend(f"{pad}{red[0]}{e.count:,} rows: {e.kind}{red[1]}, e.g. {e.example_key}: {e.detail[:160]}"
-                     for e in _errors(step))
+        lines.extend(f"{pad}{red[0]}{e.count:,} rows: {_plain(e.kind, 80)}{red[1]}, e.g. {_plain(e.example_key, 60)}: "
+                     f"{_plain(e.detail)}" for e in _errors(step))
     if overview.batches:
         lines.append("Message Batches in progress")
-        lines.extend("  " + _batch(b, now) for b in overview.batches)
+        lines.extend("  " + _plain(_batch(b, now), 200) for b in overview.batches)
     return "\n".join(lines)

@@ -217,14 +217,15 @@ class Timeline:
 
     def series(self) -> tuple[list[float], list[int], float]:
         """(rows/s per point, retries per point, seconds covered), over the last `window` seconds at most."""
-        if not self._bins:
+        bins = list(self._bins)[:-1] if len(self._bins) > 2 else list(self._bins)  # the current second is partial
+        if not bins:
             return [], [], 0.0
-        first, last = self._bins[0][0], self._bins[-1][0]
+        first, last = bins[0][0], bins[-1][0]
         span = last - first + 1
         width = max(1, math.ceil(span / self.points))
         count = math.ceil(span / width)
         rows, tries = [0.0] * count, [0] * count
-        for second, r, t in self._bins:
+        for second, r, t in bins:
             i = int((second - first) // width)
             rows[i] += r
             tries[i] += int(t)

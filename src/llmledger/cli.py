@@ -29,7 +29,7 @@ import polars as pl
 
 from ._ledger.connection import db_errors
 from ._show import show, use_colour
-from .errors import LedgerError
+from .errors import InvalidInputError, LedgerError
 
 _TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100, "tbl_cols": -1,
                  "fmt_str_lengths": 80, "tbl_width_chars": 200}
@@ -42,6 +42,8 @@ def status(store: str, table: str | None = None, *, colour: bool = False) -> str
 
 def _watch(store: str, table: str | None, colour: bool, every: float) -> None:
     """`status --every N`: redraw in place until Ctrl-C."""
+    if not every > 0:
+        raise InvalidInputError(f"--every is the seconds between redraws (a number > 0), got {every}")
     view = show(store, table=table)
     try:
         while True:
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             colour = {"always": True, "never": False}.get(args.color, use_colour())
-            if args.every:
+            if args.every is not None:
                 _watch(args.store, args.table, colour, args.every)
             else:
                 print(status(args.store, args.table, colour=colour))

@@ -86,6 +86,8 @@ class Simulator:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Simulator:
+        if self._thread is not None:  # started already (e.g. `with llmledger.simulate() as sim:`)
+            return self
         self._thread = threading.Thread(target=self._server.serve_forever, name="llmledger-simulator",
                                         daemon=True)
         self._thread.start()
@@ -294,18 +296,19 @@ _session: list[Simulator | None] = [None]  # the simulator simulate() started fo
 
 
 def simulate(**faults: Any) -> Simulator:
-    """Start the bundled simulator and make every `apply_llm` (and `resume`, `work`, `estimate`) of this
+    """Start the bundled simulator and make every `apply_llm` (and `resume`, `work`, `pipeline`) of this
     session use it when no `client=` is passed: no API key, no set-up, nothing paid; answers are simulated.
 
         llmledger.simulate(latency=0.02)            # the notebook's first cell; delete it for the real API
 
-    `faults` are the Simulator's (latency, rate_limit, error_rate, poison, ...). Calling it again replaces
-    the session's simulator; `.stop()` on the one returned sends apply_llm back to ANTHROPIC_API_KEY's API.
+    `faults` are the Simulator's (latency, rate_limit, error_rate, poison, ...). Calling it again (running
+    the cell again) starts another for the runs that follow; a run already going keeps the one it started
+    with. `.stop()` on the session's simulator sends apply_llm back to ANTHROPIC_API_KEY's API.
+
+    Simulated answers are stored like real ones: a store that holds them never asks Claude for those rows
+    (they are DONE). Use another store, or `redo=True`, for real answers.
     """
-    previous = _session[0]
     simulator = Simulator(**faults).start()  # a bad fault raises before the session's simulator changes
-    if previous is not None:
-        previous.stop()
     _session[0] = simulator
     use_session_simulator(simulator.base_url)
     return simulator

@@ -1,9 +1,10 @@
 """The whole store at a glance, read in one go: every step's rows by status, what it cost, who holds its
 claims, its errors by kind, and the Message Batches still processing (`llmledger.show`, `llmledger status`).
 
-Plain SQL that DuckDB and PostgreSQL both run. An error's kind is the text before its first colon
-("429 RateLimitError (rate_limit_error)", "refusal", "the answer does not match the output schema"), the
-same rule the live view of a run groups by (`_view.error_kind`), so both show one line per kind.
+Plain SQL that DuckDB and PostgreSQL both run, one scan per question, none of them sorting every row. An
+error's kind is the text before its first colon ("429 RateLimitError (rate_limit_error)", "refusal", "the
+answer does not match the output schema"), the rule the live view of a run groups by (`_view.error_kind`),
+so both show one line per kind.
 """
 
 from __future__ import annotations
@@ -100,12 +101,14 @@ def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview) -> None:
             f"WHERE {status} = 'RUNNING' GROUP BY 1 ORDER BY 2 DESC, 1").fetchall()]
     if s.counts.get("FAILED") or s.counts.get("NEEDS_REVIEW"):
         key = _key(con, s.table, s.step)
-        message = f"coalesce({q(s.step + '_error')}, 'no error recorded')"
-        s.errors = [ErrorKind(str(r[0]), int(r[1]), str(r[2]), str(r[3])) for r in con.execute(
-            f"SELECT kind, n, k, e FROM (SELECT kind, k, e, count(*) OVER (PARTITION BY kind) AS n, "
-            f"row_number() OVER (PARTITION BY kind ORDER BY k) AS nth FROM (SELECT {key} AS k, {message} AS e, "
-            f"split_part({message}, ':', 1) AS kind FROM {t} AS t WHERE {status} IN ('FAILED', 'NEEDS_REVIEW')"
-            f") AS bad) AS ranked WHERE nth = 1 ORDER BY n DESC, kind LIMIT {ERROR_KINDS}").fetchall()]
+        message = f"coalesce({q(s.step + '_error')}, '')"
+        kind = f"coalesce(nullif(trim(split_part({message}, ':', 1)), ''), 'no error recorded')"
+        bad = f"FROM {t} AS t WHERE {status} IN ('FAILED', 'NEEDS_REVIEW')"
+        kinds = con.execute(f"SELECT {kind} AS kind, count(*) AS n {bad} GROUP BY 1 ORDER BY 2 DESC, 1 "
+                            f"LIMIT {ERROR_KINDS}").fetchall()
+        for name, rows in kinds:  # one example each: the first row found, not a sort of every failed row
+            example = con.execute(f"SELECT {key}, {message} {bad} AND {kind} = ? LIMIT 1", [name]).fetchone()
+            s.errors.append(ErrorKind(str(name), int(rows), *(str(v) for v in example or ("", ""))))
 
 
 def _key(con: duckdb.DuckDBPyConnection, table: str, step: str) -> str:

@@ -336,16 +336,6 @@ class SQLLedger(BatchVerbs):
         with self.conn.open(wait=60.0) as con:
             return read_overview(con, table)
 
-    def failures(self, table: str, step: str, limit: int = 5) -> list[tuple[str, str, str]]:
-        with self.conn.open(wait=60.0) as con:
-            key = next((k for t, s, k in list_steps(con, table) if s == step), None)
-            if key is None:
-                return []
-            s, e = q(step + "_status"), q(step + "_error")
-            return [(r[0], r[1], r[2]) for r in con.execute(
-                f"SELECT {Layout(table, step, key, []).key_json()}, {s}, {e} FROM {q(table)} AS t "
-                f"WHERE {s} IN ('FAILED', 'NEEDS_REVIEW') ORDER BY {s}, {e} LIMIT {int(limit)}").fetchall()]
-
     def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame:
         return self.conn.transaction(lambda con: side_by_side(con, self._layout(con, table, step), key), wait=60.0)
 
