@@ -22,6 +22,7 @@ from pydantic import BaseModel, field_validator
 
 import llmledger
 from llmledger import InvalidInputError, Redo, Simulator
+from llmledger._exec import collect
 from llmledger._ledger import RunParams, open_ledger
 
 from .conftest import frame, helper_cmd, sql, subprocess_env
@@ -87,9 +88,11 @@ def test_wait_false_returns_at_once_and_a_later_call_collects(run: Any, sim: Sim
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("die_before", [None, "confirm", "create"])
 def test_a_killed_process_loses_no_batch_and_pays_each_row_once(sim: Simulator, store: Path, run: Any,
-                                                                die_before: str | None) -> None:
+                                                                die_before: str | None,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Killed while waiting, killed after the API took the batch but before the ledger knew its id, or
     killed before sending it: the next run merges every result exactly once (or sends the batch it never sent)."""
+    monkeypatch.setattr(collect, "ABANDON_AFTER", timedelta(seconds=3))  # not 20 s: the test's process is long dead
     rows = 30
     sim.configure(batch_delay=2.0)
     args = ["--mode", "batch", *(["--die-before", die_before] if die_before else [])]
@@ -251,11 +254,12 @@ def test_a_create_whose_answer_is_lost_is_found_not_sent_twice(run: Any, sim: Si
     assert sim.stats()["batches"] == 1 and sim.stats()["batch_paid"] == 8
 
 
-def test_another_stores_batch_of_the_same_size_is_never_taken_for_ours(sim: Simulator, store: Path,
-                                                                        run: Any) -> None:
+def test_another_stores_batch_of_the_same_size_is_never_taken_for_ours(sim: Simulator, store: Path, run: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A run dies before sending its batch; meanwhile someone else (another store, another app on the same
     workspace) sends a batch with as many requests. Reconciliation may guess it is ours, but its results
     show other custom ids: the guess is rejected, nothing of it is written, and our rows are sent."""
+    monkeypatch.setattr(collect, "ABANDON_AFTER", timedelta(seconds=3))
     rows = 6
     proc = subprocess.run(helper_cmd(str(store), str(rows), "--mode", "batch", "--die-before", "create"),
                           env=subprocess_env(sim.base_url), capture_output=True, text=True, timeout=60)

@@ -43,6 +43,7 @@ def test_an_estimate_sends_and_writes_nothing(run, sim: Simulator, store: Path, 
 def test_after_a_small_first_run_the_estimate_is_what_the_rest_costs(run, sim: Simulator, store: Path,
                                                                      reviews: pl.DataFrame) -> None:
     options = {"prompt": PROMPT, "key": "review_id", "max_tokens": 5}
+    reviews = reviews.head(1_200)
     run(reviews, "sentiment", **options, where="review_id <= 50")
     figures = llmledger.estimate(reviews, "sentiment", **options, store=store, table="messages").row(0, named=True)
     assert figures["output_basis"] == "the step's 50 answers so far" and figures["done"] == 50
