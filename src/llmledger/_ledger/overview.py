@@ -1,4 +1,4 @@
-"""The whole store at a glance, read in one go: every step's rows by status, what it cost, who holds its
+"""The whole store at a glance, read on one connection: every step's rows by status, what it cost, who holds its
 claims, its errors by kind, and the Message Batches still processing (`llmledger.show`, `llmledger status`).
 
 Plain SQL that DuckDB and PostgreSQL both run, one scan per question, none of them sorting every row. An
