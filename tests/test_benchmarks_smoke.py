@@ -42,3 +42,11 @@ def test_postgres_workers_and_claims_benchmark_runs(pg_server: Any) -> None:
     assert scaling["done"] == scaling["paid"] == 40, scaling
     overhead = bench_postgres.claim_commit(pg_server, 3_000, sample=400)
     assert overhead["rows_claimed_and_committed"] == 400, overhead
+
+
+def test_show_benchmark_runs(tmp_path: Path) -> None:
+    from .benchmarks import bench_show
+
+    result = bench_show.show_overhead(3_000, tmp_path)
+    assert result["failed_per_step"] == 30 and result["show_s"] > 0
+    assert bench_show.live_view_ms()["live_view_ms"] > 0

@@ -107,3 +107,19 @@ def test_a_prompt_reading_another_steps_output_goes_stale_when_that_output_chang
     run(redone, "title", prompt="Title for: {summary}", redo="stale")
     assert sorted(p for p in sim.paid_prompts() if p.startswith("Title for: new")) == [
         "Title for: new: Summarize: hello message number 0", "Title for: new: Summarize: hello message number 1"]
+
+
+def test_a_new_step_on_a_table_larger_than_the_scan_memory_limit(run, store: Path, monkeypatch) -> None:
+    """A new step renders a request for every row in its transaction: changes DuckDB cannot evict. Lowering
+    the memory limit below them for the read that follows failed (and aborted the transaction); at 3,000,000
+    rows that was every new step. Here the limits are made small instead of the table large."""
+    from llmledger._ledger import survey
+
+    monkeypatch.setattr(survey, "SCAN_MEMORY_LIMIT", 64_000_000)
+    monkeypatch.setattr(survey, "JOIN_MEMORY_LIMIT", 64_000_000)
+    df = frame(600_000)
+    run(df, "summary", prompt="Summarize: {text}", where="false")
+    out = run(df, "title", prompt="Title: {text}", where="id < 3")
+    assert out["title_status"].value_counts().sort("title_status").rows() == [("NOT_STARTED", 599_997), ("DONE", 3)]
+    assert run(df.sample(fraction=1.0, shuffle=True, seed=1), "title", prompt="Title: {text}",
+               where="id < 3")["title_status"].null_count() == 0, "the rerun (and its join fallback) reads it back"

@@ -32,8 +32,8 @@ MEMORY_LIMIT = os.environ.get("LLMLEDGER_DUCKDB_MEMORY")
 # DuckDB keeps every page it reads cached until the connection closes. A sequential scan needs almost no
 # working memory, and a hash join spills what does not fit, so reading a whole fact table for a frame runs
 # under these limits and leaves a notebook its memory.
-SCAN_MEMORY_LIMIT = "256MB"
-JOIN_MEMORY_LIMIT = "512MB"
+SCAN_MEMORY_LIMIT = 256_000_000  # bytes
+JOIN_MEMORY_LIMIT = 512_000_000  # bytes
 
 
 def check_store_path(path: Path, *, must_exist: bool = False) -> None:
@@ -201,14 +201,16 @@ def column_types(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str
 
 
 @contextlib.contextmanager
-def memory_limited(con: duckdb.DuckDBPyConnection, limit: str) -> Iterator[None]:
-    """Run a full-table read under `limit` (the pages it evicts are clean: reading them back is cheap).
-    PostgreSQL manages its own memory."""
-    if dialect(con) == "postgres":
+def memory_limited(con: duckdb.DuckDBPyConnection, limit: int) -> Iterator[None]:
+    """Run a full-table read under `limit` bytes (the pages it evicts are clean: reading them back is cheap).
+    A `limit` of 0 is none: for a transaction that has written rows, whose changes cannot be evicted (a limit
+    below them fails, which aborts the transaction, or leaves the read no room). PostgreSQL manages its own
+    memory."""
+    if dialect(con) == "postgres" or not limit:
         yield
         return
     before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-    con.execute(f"SET memory_limit = '{limit}'")
+    con.execute(f"SET memory_limit = '{limit // 1_000_000}MB'")
     try:
         yield
     finally:  # after a failed statement the transaction is aborted; its rollback resets the setting anyway

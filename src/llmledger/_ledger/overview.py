@@ -92,7 +92,7 @@ def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview) -> None:
     t, status = q(s.table), q(s.step + "_status")
     cost = q(s.step + "_cost_usd")
     spent, paid = con.execute(f"SELECT coalesce(sum({cost}), 0)::DOUBLE, count(*) FILTER (WHERE {cost} > 0) "
-                              f"FROM {t}").fetchone() or (0.0, 0)
+                              f"FROM {t}").fetchall()[0]
     s.cost_usd, s.paid_rows = float(spent), int(paid)
     if s.counts.get("RUNNING"):
         by = q(s.step + "_claimed_by")
@@ -107,8 +107,8 @@ def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview) -> None:
         kinds = con.execute(f"SELECT {kind} AS kind, count(*) AS n {bad} GROUP BY 1 ORDER BY 2 DESC, 1 "
                             f"LIMIT {ERROR_KINDS}").fetchall()
         for name, rows in kinds:  # one example each: the first row found, not a sort of every failed row
-            example = con.execute(f"SELECT {key}, {message} {bad} AND {kind} = ? LIMIT 1", [name]).fetchone()
-            s.errors.append(ErrorKind(str(name), int(rows), *(str(v) for v in example or ("", ""))))
+            example = con.execute(f"SELECT {key}, {message} {bad} AND {kind} = ? LIMIT 1", [name]).fetchall()
+            s.errors.append(ErrorKind(str(name), int(rows), *(str(v) for v in (example or [("", "")])[0])))
 
 
 def _key(con: duckdb.DuckDBPyConnection, table: str, step: str) -> str:

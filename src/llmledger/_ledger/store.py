@@ -109,6 +109,7 @@ class SQLLedger(BatchVerbs):
             layout = Layout(definition.table, definition.step, definition.key,
                             frame_columns(frame, definition.key, owned_columns(con, definition.table,
                                                                                definition.step)))
+            columns_before = column_types(con, layout.table) if table_exists(con, layout.table) else {}
             establish_table(con, layout, frame)
             key_types = {k: frame.schema[k] for k in layout.key}
             if layout.step in column_types(con, layout.table):  # a dead run's answers go in under their own type
@@ -126,12 +127,14 @@ class SQLLedger(BatchVerbs):
             check_where(con, layout.table, params.where)
             recover_claims(con, layout, params)
             sql_params = params.sql(definition.version)
-            found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where)
+            altered = column_types(con, layout.table).keys() != columns_before.keys()  # a new table version to hold
+            found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
+                           wrote=altered)
             wrote = self._write_frame(con, layout, definition, frame, found,
                                       frame if source is None else source, graph)
             if wrote:
                 found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
-                               compare=False)
+                               compare=False, wrote=True)
             selection = self._selection(con, layout, definition.version, frame.select(layout.key), found,
                                         sql_params, key_types, params, dedupe, inputs)
             return selection if look is None else look(con, selection)

@@ -101,17 +101,20 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
 
 
 def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, *, fields: Sequence[str],
-           params: dict[str, Any], where: str | None = None, compare: bool = True) -> pl.DataFrame:
-    """`fields` of `flag_sql`, plus `exists` (and, with `compare`, `changed`), for every frame row in frame order."""
+           params: dict[str, Any], where: str | None = None, compare: bool = True,
+           wrote: bool = False) -> pl.DataFrame:
+    """`fields` of `flag_sql`, plus `exists` (and, with `compare`, `changed`), for every frame row in frame order.
+
+    Read under a small memory limit, unless the transaction `wrote` rows (see `memory_limited`)."""
     flags = flag_sql(layout, where)
     exprs = {name: flags[name] for name in fields}
-    with memory_limited(con, SCAN_MEMORY_LIMIT):
+    with memory_limited(con, 0 if wrote else SCAN_MEMORY_LIMIT):
         aligned = _aligned_rows(con, layout, frame, compare)
         if aligned is not None:
             query = f"SELECT {_select_list(exprs)} FROM {q(layout.table)} AS t LIMIT {aligned[0]}"
             parts = [_facts(b) for b in arrow_batches(con.sql(query, params=_used(params, query)), BATCH_ROWS)]
     if aligned is None:
-        found = _joined(con, layout, frame, exprs, params, compare)
+        found = _joined(con, layout, frame, exprs, params, compare, 0 if wrote else JOIN_MEMORY_LIMIT)
         return _structured(con, layout, found) if dialect(con) == "postgres" and "output" in exprs else found
     present, changed = aligned
     found = pl.concat(parts, rechunk=False) if parts else _absent(0, exprs)
@@ -187,7 +190,7 @@ def _select_list(exprs: dict[str, str]) -> str:
 
 
 def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, exprs: dict[str, str],
-            params: dict[str, Any], compare: bool) -> pl.DataFrame:
+            params: dict[str, Any], compare: bool, limit: int) -> pl.DataFrame:
     """The survey by one hash join, for frames whose order is not the table's."""
     mirror = layout.mirror if compare else []
     with registered(con, FRAME, frame.select([*layout.key, *mirror]).with_row_index("__row")):
@@ -198,7 +201,7 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
                  + (f", coalesce(({changed}), false) AS changed" if compare else "")
                  + f" FROM {FRAME} AS i LEFT JOIN (SELECT {inner}, true AS __exists, {_select_list(exprs)} "
                  f"FROM {q(layout.table)} AS t) AS t ON {layout.key_join('t', 'i')}")
-        with memory_limited(con, JOIN_MEMORY_LIMIT):
+        with memory_limited(con, limit):
             relation = con.sql(query, params=_used(params, query))
             batches = [pl.from_arrow(b) for b in arrow_batches(relation, BATCH_ROWS)]
     found = pl.concat(batches, rechunk=False)  # type: ignore[arg-type]
