@@ -36,16 +36,18 @@ from ._view import (
 REFRESH_SECONDS = 0.25
 
 
+def _shell() -> Any:
+    """The running IPython shell, if IPython is imported and running (never imports it)."""
+    module = sys.modules.get("IPython")
+    try:
+        return module.get_ipython() if module is not None else None  # type: ignore[attr-defined]
+    except AttributeError:
+        return None
+
+
 def in_kernel() -> bool:
     """True inside a Jupyter kernel (not a terminal IPython, not plain Python)."""
-    shell = sys.modules.get("IPython")
-    if shell is None:
-        return False
-    try:
-        ip = shell.get_ipython()  # type: ignore[attr-defined]
-    except AttributeError:
-        return False
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+    return type(_shell()).__name__ == "ZMQInteractiveShell"
 
 
 def widget_frontend() -> bool:
@@ -61,9 +63,7 @@ def widget_frontend() -> bool:
 
 def current_cell() -> int | None:
     """The execution count of the cell running now (None outside IPython)."""
-    shell = sys.modules.get("IPython")
-    ip = shell.get_ipython() if shell is not None else None  # type: ignore[attr-defined]
-    return getattr(ip, "execution_count", None)
+    return getattr(_shell(), "execution_count", None)
 
 
 class Display(Protocol):

@@ -74,12 +74,13 @@ class Overview:
 def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> Overview:
     """Everything `show` draws, read on one connection."""
     counts = status_counts(con, table)
+    keys = {(t, s): k for t, s, k in list_steps(con, table)}
     steps = []
     for row in counts.iter_rows(named=True):
         tbl, step = row["table"], row["step"]
         numbers = {k: int(v or 0) for k, v in row.items() if k not in ("table", "step")}
         overview = StepOverview(tbl, step, numbers)
-        _usage(con, overview)
+        _usage(con, overview, keys[tbl, step])
         steps.append(overview)
     batches = _batches(con, table) if table_exists(con, BATCHES_TABLE) else []
     known = con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
@@ -87,7 +88,7 @@ def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> O
     return Overview(steps, batches, [r[0] for r in known])
 
 
-def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview) -> None:
+def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview, key_columns: list[str]) -> None:
     """Cost and paid rows; the processes holding claims; FAILED / NEEDS_REVIEW rows by kind of error."""
     t, status = q(s.table), q(s.step + "_status")
     cost = q(s.step + "_cost_usd")
@@ -100,7 +101,7 @@ def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview) -> None:
             f"SELECT coalesce({by}, '?'), count(*), min({q(s.step + '_running_started_at')}) FROM {t} "
             f"WHERE {status} = 'RUNNING' GROUP BY 1 ORDER BY 2 DESC, 1").fetchall()]
     if s.counts.get("FAILED") or s.counts.get("NEEDS_REVIEW"):
-        key = _key(con, s.table, s.step)
+        key = Layout(s.table, s.step, key_columns, []).key_json()
         message = f"coalesce({q(s.step + '_error')}, '')"
         kind = f"coalesce(nullif(trim(split_part({message}, ':', 1)), ''), 'no error recorded')"
         bad = f"FROM {t} AS t WHERE {status} IN ('FAILED', 'NEEDS_REVIEW')"
@@ -109,11 +110,6 @@ def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview) -> None:
         for name, rows in kinds:  # one example each: the first row found, not a sort of every failed row
             example = con.execute(f"SELECT {key}, {message} {bad} AND {kind} = ? LIMIT 1", [name]).fetchall()
             s.errors.append(ErrorKind(str(name), int(rows), *(str(v) for v in (example or [("", "")])[0])))
-
-
-def _key(con: duckdb.DuckDBPyConnection, table: str, step: str) -> str:
-    key = next(k for t, s, k in list_steps(con, table) if s == step)
-    return Layout(table, step, key, []).key_json()
 
 
 def _batches(con: duckdb.DuckDBPyConnection, table: str | None) -> list[BatchOverview]:
