@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from ._exec.api import use_session_simulator
+from ._exec.api import SIMULATOR_PATH, use_session_simulator
 from ._sim_api import (
     ERRORS,
     ErrorSpec,
@@ -83,7 +83,9 @@ class Simulator:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """Where to point a client. Its path marks the answers as the simulator's wherever the client runs
+        (`{step}_source` = "simulator"); `http://127.0.0.1:{port}` serves the same routes."""
+        return f"http://127.0.0.1:{self.port}{SIMULATOR_PATH}"
 
     def start(self) -> Simulator:
         if self._thread is not None:  # started already (e.g. `with llmledger.simulate() as sim:`)
