@@ -71,13 +71,13 @@ def test_answer_sources_say_simulator_or_the_endpoint_without_credentials(sim: S
 def test_a_real_run_asks_for_real_what_the_simulator_answered(any_store: Any, sim: Simulator, client,
                                                               real) -> None:
     simulated = _run(any_store, client)
-    assert _rows(any_store, "SELECT DISTINCT summary_source FROM messages") == [("simulator",)]
     sim.responder = lambda prompt, system: "real: " + prompt
 
     out = _run(any_store, real)
     report = last_report()
-    assert report is not None and (report.calls, report.unsimulated) == (4, 4), \
+    assert report is not None and report.calls == 4, \
         "rows the simulator answered are not done for a run against a real endpoint"
+    assert report.unsimulated == 4
     assert "4 re-asked: their answer was simulated" in str(report)
     assert any("simulated" in hint for hint in report.hints())
     assert out["summary"].to_list() == [f"real: Summarize: hello message number {i}" for i in range(4)]

@@ -13,6 +13,7 @@ import gzip
 import shutil
 from pathlib import Path
 
+import anthropic
 import duckdb
 import pytest
 
@@ -122,3 +123,22 @@ def test_a_0_2_0_store_upgrades_and_its_crashed_claim_goes_back_to_what_it_was(t
     assert out["summary_status"].to_list() == ["DONE"] * 8
     assert sql(store, answered) == before
     assert sql(store, "SELECT max(version) FROM llmledger_migrations") == [(LATEST,)]
+
+
+def test_old_answers_have_no_source_and_count_as_real(old_store: Path, sim: Simulator) -> None:
+    """Migration 7 adds `{step}_source` (and the history's `source`): answers written before it are NULL there,
+    and count as real: a run against a real endpoint neither asks them again nor refuses to reuse them."""
+    real = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{sim.port}", api_key="test-key")
+    apply_llm(frame(12), "summary", store=old_store, table="messages", client=real, progress=False, **SUMMARY)
+    report = last_report()
+    assert report is not None and (report.calls, report.unsimulated) == (2, 0)
+    assert sql(old_store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE' AND summary_source IS NULL") \
+        == [(9,)]
+    assert sql(old_store, "SELECT id, summary_source FROM messages WHERE id >= 10 ORDER BY id") == [
+        (10, f"http://127.0.0.1:{sim.port}"), (11, f"http://127.0.0.1:{sim.port}")]
+    assert sql(old_store, "SELECT count(*), count(source) FROM llmledger_history") == [(1, 0)]
+    assert sql(old_store, "SELECT count(*) FROM messages WHERE title_source IS NOT NULL") == [(0,)], \
+        "every step of every table gets the column"
+    apply_llm(frame(12), "summary", store=old_store, table="copy", client=real, progress=False, **SUMMARY)
+    assert last_report().reused == 11, \
+        "old answers (9) and the 2 new ones serve identical requests of a real run"  # type: ignore[union-attr]
