@@ -307,8 +307,8 @@ def simulate(**faults: Any) -> Simulator:
     the cell again) starts another for the runs that follow; a run already going keeps the one it started
     with. `.stop()` on the session's simulator sends apply_llm back to ANTHROPIC_API_KEY's API.
 
-    Simulated answers are stored like real ones: a store that holds them never asks Claude for those rows
-    (they are DONE). Use another store, or `redo=True`, for real answers.
+    Simulated answers are stored marked as such (`{step}_source = 'simulator'`): a later run against the
+    real API asks for those rows again, and never reuses a simulated answer.
     """
     simulator = Simulator(**faults).start()  # a bad fault raises before the session's simulator changes
     _session[0] = simulator
