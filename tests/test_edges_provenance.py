@@ -78,7 +78,7 @@ def test_a_real_run_asks_for_real_what_the_simulator_answered(any_store: Any, si
     assert report is not None and report.calls == 4, \
         "rows the simulator answered are not done for a run against a real endpoint"
     assert report.unsimulated == 4
-    assert "4 re-asked: their answer was simulated" in str(report)
+    assert "4 simulated answers set aside to ask for real" in str(report)
     assert any("simulated" in hint for hint in report.hints())
     assert out["summary"].to_list() == [f"real: Summarize: hello message number {i}" for i in range(4)]
     assert _rows(any_store, "SELECT DISTINCT summary_source FROM messages") == [(f"http://127.0.0.1:{sim.port}",)]

@@ -197,7 +197,7 @@ class RunReport:
                  f"{self.needs_review:,} needs review", f"{self.skipped:,} skipped"]
         batches = (f"sent in {self.batches:,} new batch{'es' if self.batches != 1 else ''} of "
                    f"{self.batch_requests:,} request{'s' if self.batch_requests != 1 else ''}")
-        counts = [(self.unsimulated, "re-asked: their answer was simulated"), (self.stale, "stale"),
+        counts = [(self.unsimulated, "simulated answers set aside to ask for real"), (self.stale, "stale"),
                   (self.waiting, "waiting"), (self.running_elsewhere, "running elsewhere"),
                   (self.unprepared, "not prepared"), (self.remaining if self.outcome != "completed" else 0, "not sent"),
                   (self.reused, "reused"), (self.collected, "of them from batches"), (self.submitted, batches),
@@ -222,9 +222,10 @@ class RunReport:
                        "model, system, prompt, options or the row's input); they were not re-sent. Pass "
                        "redo='stale' to re-send exactly those.")
         if self.unsimulated:
-            out.append(f"{self.unsimulated:,} rows held answers made by the simulator; a run against the real API "
-                       "never counts those as done: they were set back to NOT_STARTED (the simulated answers are "
-                       "kept in llmledger_history, reason 'simulated answer') and asked for real.")
+            out.append(f"{self.unsimulated:,} rows of the step held answers made by the simulator; a run against "
+                       "the real API never counts those as done: they were set back to NOT_STARTED (the simulated "
+                       "answers are kept in llmledger_history, reason 'simulated answer'), and every run asks "
+                       "for the ones it selects for real.")
         if self.outcome == "budget":
             out.append(self.message)
         out.extend(self.notes)

@@ -120,9 +120,12 @@ def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
 
 def _v7_sources(con: duckdb.DuckDBPyConnection) -> None:
     """Per step, where each answer came from (the simulator or an API endpoint); the history keeps it, and
-    the stop reason, with each replaced answer (so an answer found there can be reused like a current one)."""
+    the stop reason, with each replaced answer (so an answer found there can be reused like a current one).
+    On PostgreSQL the history gets an index on the fingerprint: each claim of a worker looks answers up there."""
     for name in ("source", "stop_reason"):
         con.execute(f"ALTER TABLE {HISTORY_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
+    if dialect(con) == "postgres":
+        con.execute(f"CREATE INDEX IF NOT EXISTS llmledger_history__fingerprint ON {HISTORY_TABLE} (fingerprint)")
     _add_step_columns(con, {"_source": "VARCHAR"})
 
 

@@ -258,7 +258,7 @@ def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFr
             f"SELECT h.fingerprint, h.output, h.stop_reason, h.model FROM {HISTORY_TABLE} AS h "
             f"WHERE h.fingerprint IN (SELECT w.fp FROM {WANTED} AS w) AND h.status = 'DONE' AND h.output IS NOT NULL "
             f"AND h.raw IS NULL AND h.reason IN ({reasons}) AND {same_source_sql('h.source', source)} "
-            "ORDER BY h.finished_at DESC, h.replaced_at DESC").fetchall()
+            "ORDER BY h.finished_at DESC NULLS LAST, h.replaced_at DESC").fetchall()
         for r in rows:
             found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
     return found
