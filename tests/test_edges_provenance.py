@@ -162,3 +162,15 @@ def test_history_answers_are_reused_only_from_the_same_source(any_store: Any, si
     assert report is not None and (report.calls, report.reused) == (4, 0), \
         "the simulated answers to A in the history do not stand in for a real run's"
     assert out["summary"].str.starts_with("real: ").all()
+
+
+def test_batch_answers_record_their_source_and_a_real_batch_run_re_asks_simulated_rows(
+        tmp_path: Path, sim: Simulator, client, real) -> None:
+    store = tmp_path / "b.duckdb"
+    _run(store, client, mode="batch")
+    assert _rows(store, "SELECT DISTINCT summary_source FROM messages") == [("simulator",)]
+    sim.responder = lambda prompt, system: "real: " + prompt
+    out = _run(store, real, mode="batch")
+    assert last_report().unsimulated == 4  # type: ignore[union-attr]
+    assert out["summary"].str.starts_with("real: ").all()
+    assert _rows(store, "SELECT DISTINCT summary_source FROM messages") == [(f"http://127.0.0.1:{sim.port}",)]
