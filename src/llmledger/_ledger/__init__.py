@@ -73,8 +73,9 @@ class RunParams:
     run_started: datetime
     stale_before: datetime
     where: str | None = None
-    # Where this run's answers come from (`answer_source`): "simulator" or an endpoint's base URL; None (a
-    # caller that does not say) counts as a real endpoint. Simulated answers never stand in for a real run's.
+    # Where this run's answers come from (`answer_source`): "simulator" or an endpoint's base URL. Simulated
+    # answers never stand in for a real run's. None (a caller that does not say; runs always say): reuses real
+    # answers only, and sets no simulated answer aside.
     source: str | None = None
 
     def sql(self, version: str) -> dict[str, Any]:

@@ -155,8 +155,9 @@ def start_over(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, *
 def set_aside_simulated(con: duckdb.DuckDBPyConnection, layout: Layout, source: str | None, now: datetime) -> int:
     """For a run against a real endpoint: rows of the step whose answer the simulator made start over (their
     answers kept in the history as "simulated answer"), so they are asked for real and a simulated answer is
-    never shown as a real one. A simulated run leaves every answer alone. Returns how many rows."""
-    if source == SIMULATOR:
+    never shown as a real one. A simulated run, or a caller that does not say (`source` None), leaves every
+    answer alone. Returns how many rows."""
+    if source is None or source == SIMULATOR:
         return 0
     c = names(layout.step, "t")
     return start_over(con, layout, f"{c['_source']} = '{SIMULATOR}' AND {c['_status']} IN ('DONE', 'NEEDS_REVIEW', "
