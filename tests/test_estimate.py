@@ -40,13 +40,17 @@ def test_an_estimate_sends_and_writes_nothing(run, sim: Simulator, store: Path, 
         llmledger.estimate(reviews, "sentiment", prompt=PROMPT, no_such_option=1)
 
 
-def test_after_a_small_first_run_the_estimate_is_what_the_rest_costs(run, sim: Simulator, store: Path,
+def test_after_a_small_first_run_the_estimate_is_what_the_rest_costs(run, sim: Simulator, store: Path, client,
                                                                      reviews: pl.DataFrame) -> None:
     options = {"prompt": PROMPT, "key": "review_id", "max_tokens": 5}
     reviews = reviews.head(1_200)
     run(reviews, "sentiment", **options, where="review_id <= 50")
-    figures = llmledger.estimate(reviews, "sentiment", **options, store=store, table="messages").row(0, named=True)
+    figures = llmledger.estimate(reviews, "sentiment", **options, store=store, table="messages",
+                                 client=client).row(0, named=True)  # the simulator's: its answers are done for it
     assert figures["output_basis"] == "the step's 50 answers so far" and figures["done"] == 50
+    for_real = llmledger.estimate(reviews, "sentiment", **options, store=store, table="messages").row(0, named=True)
+    assert (for_real["done"], for_real["calls"]) == (0, figures["calls"] + 50), \
+        "for the real API (no client=), the simulated answers are to be asked again"
     run(reviews, "sentiment", **options)
     report = last_report()
     assert report is not None and report.calls == figures["calls"]

@@ -13,12 +13,13 @@ import gzip
 import shutil
 from pathlib import Path
 
+import anthropic
 import duckdb
 import pytest
 
 import llmledger
 from llmledger import Simulator, StoreError, apply_llm, last_report
-from llmledger._ledger.schema import LATEST
+from llmledger._ledger.schema import LATEST, MIGRATIONS
 from llmledger.simulator import default_reply
 
 from .conftest import frame, sql
@@ -67,7 +68,7 @@ def test_an_old_store_upgrades_and_pays_only_for_what_it_never_had(old_store: Pa
     assert after["history"] == before["history"], "the history of replaced answers is kept"
     assert after["runs"][: len(before["runs"])] == before["runs"]
     assert sql(old_store, "SELECT version, llmledger FROM llmledger_migrations ORDER BY version") == [
-        (1, "0.1.0"), *((v, llmledger.__version__) for v in range(2, LATEST + 1))]
+        (1, "0.1.0"), *((m.version, llmledger.__version__) for m in MIGRATIONS[1:])]
     assert sql(old_store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE' "
                           "AND summary_fingerprint IS DISTINCT FROM summary_request_fingerprint") == [(0,)]
 
@@ -122,3 +123,22 @@ def test_a_0_2_0_store_upgrades_and_its_crashed_claim_goes_back_to_what_it_was(t
     assert out["summary_status"].to_list() == ["DONE"] * 8
     assert sql(store, answered) == before
     assert sql(store, "SELECT max(version) FROM llmledger_migrations") == [(LATEST,)]
+
+
+def test_old_answers_have_no_source_and_count_as_real(old_store: Path, sim: Simulator) -> None:
+    """Migration 7 adds `{step}_source` (and the history's `source`): answers written before it are NULL there,
+    and count as real: a run against a real endpoint neither asks them again nor refuses to reuse them."""
+    real = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{sim.port}", api_key="test-key")
+    apply_llm(frame(12), "summary", store=old_store, table="messages", client=real, progress=False, **SUMMARY)
+    report = last_report()
+    assert report is not None and (report.calls, report.unsimulated) == (2, 0)
+    assert sql(old_store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE' AND summary_source IS NULL") \
+        == [(9,)]
+    assert sql(old_store, "SELECT id, summary_source FROM messages WHERE id >= 10 ORDER BY id") == [
+        (10, f"http://127.0.0.1:{sim.port}"), (11, f"http://127.0.0.1:{sim.port}")]
+    assert sql(old_store, "SELECT count(*), count(source) FROM llmledger_history") == [(1, 0)]
+    assert sql(old_store, "SELECT count(*) FROM messages WHERE title_source IS NOT NULL") == [(0,)], \
+        "every step of every table gets the column"
+    apply_llm(frame(12), "summary", store=old_store, table="copy", client=real, progress=False, **SUMMARY)
+    assert last_report().reused == 11, \
+        "old answers (9) and the 2 new ones serve identical requests of a real run"  # type: ignore[union-attr]

@@ -21,6 +21,7 @@ import duckdb
 import polars as pl
 
 from ._api import apply_llm, checked_plan
+from ._exec.api import answer_source
 from ._ledger import RunParams, Selection, open_ledger
 from ._ledger.columns import names, q
 from ._ledger.connection import one, registered
@@ -50,7 +51,8 @@ def estimate(df: Any, step: str, **options: Any) -> pl.DataFrame:
     plan = checked_plan(arguments)
     started = utcnow()
     params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
-                       stale_before=started - timedelta(days=36500), where=plan.where)
+                       stale_before=started - timedelta(days=36500), where=plan.where,
+                       source=answer_source(plan.client))
     assert plan.definition is not None and plan.frame is not None
     figures = open_ledger(plan.store).prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe,
                                               source=plan.user_frame, look=lambda con, sel: _look(con, sel, plan))

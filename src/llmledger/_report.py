@@ -59,7 +59,8 @@ class RunReport:
     review_before: int = 0  # NEEDS_REVIEW rows of the frame this run left alone
     max_cost_usd: float | None = None  # the run's budget
     spent_before_usd: float = 0.0  # what earlier runs of the step spent, when the budget is the step's
-    simulated: bool = False  # answered by `llmledger.simulate()`'s simulator
+    simulated: bool = False  # answered by the bundled simulator (`llmledger.simulate()`, or a client pointed at one)
+    unsimulated: int = 0  # rows whose simulated answer this run (against a real endpoint) set aside to ask for real
     in_flight: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -196,7 +197,8 @@ class RunReport:
                  f"{self.needs_review:,} needs review", f"{self.skipped:,} skipped"]
         batches = (f"sent in {self.batches:,} new batch{'es' if self.batches != 1 else ''} of "
                    f"{self.batch_requests:,} request{'s' if self.batch_requests != 1 else ''}")
-        counts = [(self.stale, "stale"), (self.waiting, "waiting"), (self.running_elsewhere, "running elsewhere"),
+        counts = [(self.unsimulated, "simulated answers set aside to ask for real"), (self.stale, "stale"),
+                  (self.waiting, "waiting"), (self.running_elsewhere, "running elsewhere"),
                   (self.unprepared, "not prepared"), (self.remaining if self.outcome != "completed" else 0, "not sent"),
                   (self.reused, "reused"), (self.collected, "of them from batches"), (self.submitted, batches),
                   (self.in_batches, "in batches still processing")]
@@ -219,6 +221,11 @@ class RunReport:
             out.append(f"{self.stale:,} DONE rows are stale (their request changed since they were answered: "
                        "model, system, prompt, options or the row's input); they were not re-sent. Pass "
                        "redo='stale' to re-send exactly those.")
+        if self.unsimulated:
+            out.append(f"{self.unsimulated:,} rows of the step held answers made by the simulator; a run against "
+                       "the real API never counts those as done: they were set back to NOT_STARTED (the simulated "
+                       "answers are kept in llmledger_history, reason 'simulated answer'), and every run asks "
+                       "for the ones it selects for real.")
         if self.outcome == "budget":
             out.append(self.message)
         out.extend(self.notes)

@@ -22,7 +22,7 @@ import anthropic
 import polars as pl
 
 from ._display import current_cell, make_display, show_summary
-from ._exec.api import bounded_timeout, default_client, simulated
+from ._exec.api import SIMULATOR, answer_source, bounded_timeout, default_client
 from ._exec.batch import AUTO_BATCH_ROWS, MAX_REQUESTS, BatchSender
 from ._exec.collect import BatchCollector
 from ._exec.scheduler import RunConfig, Scheduler
@@ -90,8 +90,10 @@ class Run:
         self.plan = plan
         self.stop_flag = threading.Event()
         rows = plan.frame.height if plan.frame is not None else 0
+        # where this run's answers come from, fixed now: a later llmledger.simulate() does not change it
+        plan.cfg = dataclasses.replace(plan.cfg, source=answer_source(plan.client))
         self.report = RunReport(table=plan.table, step=plan.step, rows=rows, max_cost_usd=plan.cfg.max_cost_usd,
-                                simulated=plan.client is None and simulated())
+                                simulated=plan.cfg.source == SIMULATOR)
         self.report.outcome = Outcome.PREPARING
         self._done = threading.Event()
         self._result: Any = None
@@ -183,7 +185,7 @@ class Run:
         with Claimant.new() as claimant:
             started = utcnow()
             params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
-                               stale_before=started - plan.stale, where=plan.where)
+                               stale_before=started - plan.stale, where=plan.where, source=plan.cfg.source)
             if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
                 interrupted = self._run_async(lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag,
                                                                self._display, wait=False), foreground=foreground)
@@ -259,6 +261,7 @@ class Run:
         report = self.report
         report.selected = selection.to_send
         report.stale = selection.stale
+        report.unsimulated = selection.unsimulated
         report.waiting = selection.waiting
         report.running_elsewhere = selection.running_elsewhere
         report.unprepared = selection.unprepared

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from ._exec.api import SIMULATOR_PATH
 from ._sim_api import ERRORS, ErrorSpec, request_tokens, user_text, validate
 from ._sim_batches import _Refused
 
@@ -39,6 +40,13 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
+
+        def parse_request(self) -> bool:
+            """Serve the same routes with or without the path a Simulator's base_url ends in."""
+            ok = super().parse_request()
+            if ok and self.path.startswith(SIMULATOR_PATH + "/"):
+                self.path = self.path[len(SIMULATOR_PATH):]
+            return ok
 
         def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None,
                   request_id: str | None = None) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from ._exec.api import use_session_simulator
+from ._exec.api import SIMULATOR_PATH, use_session_simulator
 from ._sim_api import (
     ERRORS,
     ErrorSpec,
@@ -83,7 +83,9 @@ class Simulator:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """Where to point a client. Its path marks the answers as the simulator's wherever the client runs
+        (`{step}_source` = "simulator"); `http://127.0.0.1:{port}` serves the same routes."""
+        return f"http://127.0.0.1:{self.port}{SIMULATOR_PATH}"
 
     def start(self) -> Simulator:
         if self._thread is not None:  # started already (e.g. `with llmledger.simulate() as sim:`)
@@ -305,8 +307,8 @@ def simulate(**faults: Any) -> Simulator:
     the cell again) starts another for the runs that follow; a run already going keeps the one it started
     with. `.stop()` on the session's simulator sends apply_llm back to ANTHROPIC_API_KEY's API.
 
-    Simulated answers are stored like real ones: a store that holds them never asks Claude for those rows
-    (they are DONE). Use another store, or `redo=True`, for real answers.
+    Simulated answers are stored marked as such (`{step}_source = 'simulator'`): a later run against the
+    real API asks for those rows again, and never reuses a simulated answer.
     """
     simulator = Simulator(**faults).start()  # a bad fault raises before the session's simulator changes
     _session[0] = simulator

@@ -10,14 +10,17 @@ installed SDK's signature, the body sent is exactly the one fingerprinted.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anthropic
 
 from .._ledger import KnownAnswer
+from .._ledger.columns import SIMULATOR
 from .._ledger.states import Outcome
 from .pacing import Pacer, retry_after
 
@@ -183,6 +186,36 @@ def use_session_simulator(base_url: str | None) -> None:
 def simulated() -> bool:
     """Whether this session's default client answers from `llmledger.simulate()`'s simulator."""
     return _session_base_url is not None
+
+
+SIMULATOR_PATH = "/llmledger-simulator"  # the path a Simulator's base_url ends in, so any client pointed at one
+# (in this process, a subprocess, a kernel) is recognised as simulated
+ANTHROPIC_API = "https://api.anthropic.com"  # the SDK's default base URL
+
+
+def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
+    """Where a run's answers come from, as stored in `{step}_source`: "simulator", or the endpoint's base URL.
+
+    The simulator is recognised by the path its base URL ends in (`Simulator.base_url`), or by
+    `llmledger.simulate()` when no client is passed. A real endpoint is recorded as its base URL without
+    credentials, query or trailing slash ("https://api.anthropic.com"): enough to tell which endpoint
+    answered, nothing secret in the store.
+    """
+    if client is None:
+        if simulated():
+            return SIMULATOR
+        url = os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_API  # what the SDK itself reads
+    else:
+        url = str(getattr(client, "base_url", "") or ANTHROPIC_API)
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if path.endswith(SIMULATOR_PATH):
+        return SIMULATOR
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, path, "", "")) or url
 
 
 def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:

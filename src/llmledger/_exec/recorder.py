@@ -80,7 +80,8 @@ class Recorder:
             result.update(attempts=attempts, error=error, input_tokens=reply.input_tokens,
                           output_tokens=reply.output_tokens, cache_write_tokens=reply.cache_write_tokens,
                           cache_read_tokens=reply.cache_read_tokens, cost_usd=cost, stop_reason=reply.stop_reason,
-                          model=reply.model, fingerprint=row["fingerprint"], finished_at=now)
+                          model=reply.model, fingerprint=row["fingerprint"], finished_at=now,
+                          source=self.cfg.source)
         else:
             status = status_after_failure(attempts, self.cfg.max_attempts)
             if status is Status.FAILED:
@@ -91,7 +92,8 @@ class Recorder:
             result.update(status=status.value, output=None, raw=None, attempts=attempts, error=error,
                           input_tokens=None, output_tokens=None, cache_write_tokens=None, cache_read_tokens=None,
                           cost_usd=None, stop_reason=None,
-                          model=self.selection.requests[row["version"]].model, fingerprint=None, finished_at=now)
+                          model=self.selection.requests[row["version"]].model, fingerprint=None, finished_at=now,
+                          source=None)
         return result
 
     def _validate(self, row: dict[str, Any], text: str) -> str | None:

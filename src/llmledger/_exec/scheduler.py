@@ -58,6 +58,7 @@ class RunConfig:
     # run's first answer says)
     output_model: Any = field(default=None, compare=False)  # the pydantic model of output= (apply_llm only)
     stale_after: float = 1800.0  # seconds after which another run may take back a claim that stopped beating
+    source: str | None = None  # where the run's answers come from (`answer_source`), stored with each answer
 
     @property
     def renew_every(self) -> float:

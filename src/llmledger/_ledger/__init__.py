@@ -73,6 +73,10 @@ class RunParams:
     run_started: datetime
     stale_before: datetime
     where: str | None = None
+    # Where this run's answers come from (`answer_source`): "simulator" or an endpoint's base URL. Simulated
+    # answers never stand in for a real run's. None (a caller that does not say; runs always say): reuses real
+    # answers only, and sets no simulated answer aside.
+    source: str | None = None
 
     def sql(self, version: str) -> dict[str, Any]:
         return {"max_attempts": self.max_attempts, "redo": self.redo.value, "run_started": self.run_started,
@@ -115,6 +119,8 @@ class Selection:
     pending: int = 0
     where: str | None = None
     reuse: bool = False
+    source: str | None = None  # the run's (RunParams.source)
+    unsimulated: int = 0  # rows whose simulated answer this real run set aside, so they are asked for real
 
     @property
     def to_send(self) -> int:

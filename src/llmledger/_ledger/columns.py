@@ -18,6 +18,18 @@ def q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+SIMULATOR = "simulator"  # `{step}_source` of an answer the bundled simulator made
+
+
+def same_source_sql(column: str, source: str | None) -> str:
+    """SQL: an answer whose source is `column` may stand in for one from `source` (a run's).
+
+    Simulated answers only for a simulated run, real ones (any endpoint, or NULL: written before sources were
+    recorded, by llmledger 0.6 or older, which are real) only for a real run.
+    """
+    return f"{column} = '{SIMULATOR}'" if source == SIMULATOR else f"{column} IS DISTINCT FROM '{SIMULATOR}'"
+
+
 # How a commit writes a column. `i` is the results chunk, `t` the fact table.
 KEEP_UNLESS_ANSWERED = "keep"  # the new value when the result holds an answer, the old one otherwise
 # (a failed redo keeps the previous answer). A result holds an answer when its fingerprint is set: DONE rows,
@@ -64,6 +76,9 @@ STEP_COLUMNS: tuple[Column, ...] = (
            doc="an answer that did not match the step's output schema, as the model wrote it"),
     Column("_stop_reason", "VARCHAR", FROM_RESULT, "stop_reason", pl.String(), doc="end_turn, max_tokens, ..."),
     Column("_model", "VARCHAR", FROM_RESULT, "model", pl.String(), doc="the model that answered"),
+    Column("_source", "VARCHAR", KEEP_UNLESS_ANSWERED, "source", pl.String(),
+           doc='where the answer came from: "simulator", or the API endpoint\'s base URL; NULL for answers '
+               "written before llmledger recorded it (real ones)"),
     Column("_fingerprint", "UUID", KEEP_UNLESS_ANSWERED, "fingerprint", pl.String(),
            doc="fingerprint of the request that produced the answer"),
     Column("_batch_id", "VARCHAR", FROM_RESULT, "batch_id", pl.String(),

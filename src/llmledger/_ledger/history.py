@@ -21,7 +21,7 @@ from .schema import HISTORY_TABLE
 from .survey import Layout
 
 _COLUMNS = ("table_name, step, row_key, output, model, fingerprint, input_tokens, output_tokens, cost_usd, "
-            "finished_at, replaced_at, reason, status, raw")
+            "finished_at, replaced_at, reason, status, raw, source, stop_reason")
 
 
 def archive(con: duckdb.DuckDBPyConnection, layout: Layout, *, now: datetime, reason: str, condition: str,
@@ -36,15 +36,27 @@ def archive(con: duckdb.DuckDBPyConnection, layout: Layout, *, now: datetime, re
         f"INSERT INTO {HISTORY_TABLE} ({_COLUMNS}) SELECT $table, $step, {layout.key_json()}, "
         f"{output_as_text(c[''], output_type)}, {c['_model']}, {c['_fingerprint']}::VARCHAR, {c['_input_tokens']}, "
         f"{c['_output_tokens']}, {c['_cost_usd']}, {c['_finished_at']}, $now, {reason}, "
-        f"coalesce({c['_claimed_from']}, {c['_status']}), {c['_raw']} FROM {q(layout.table)} AS t {join} "
+        f"coalesce({c['_claimed_from']}, {c['_status']}), {c['_raw']}, {c['_source']}, {c['_stop_reason']} "
+        f"FROM {q(layout.table)} AS t {join} "
         f"WHERE ({c['']} IS NOT NULL OR {c['_raw']} IS NOT NULL) AND ({condition})",
         {**(params or {}), "table": layout.table, "step": layout.step, "now": now})
 
 
+# Why an answer went to the history, when it may stand in for an identical request later (`answers_to`): it
+# was replaced because its request changed (`redo="stale"`) or the output column's type did. Not an answer a
+# person rejected (flagged, reset), nor one replaced by a redo of the same request (`redo=True`: the user
+# wanted another answer), nor a simulated one a real run set aside (its source says so too).
+STALE = "stale"
+REUSABLE_REASONS = (STALE, "output type changed")
+SIMULATED = "simulated answer"
+
+
 def redo_reason(layout: Layout) -> str:
-    """SQL: why a commit replaces a row's answer."""
-    flag = layout.col("_flag", "t")
-    return f"CASE WHEN {flag} IS NOT NULL THEN 'flagged: ' || {flag} ELSE 'redo' END"
+    """SQL: why a commit replaces a row's answer: a person's flag; `stale` when the answer was made for another
+    request than the one answered now; `redo` otherwise (the same request asked again)."""
+    flag, answered, asked = (layout.col(s, "t") for s in ("_flag", "_fingerprint", "_request_fingerprint"))
+    return (f"CASE WHEN {flag} IS NOT NULL THEN 'flagged: ' || {flag} "
+            f"WHEN {answered} IS DISTINCT FROM {asked} THEN '{STALE}' ELSE 'redo' END")
 
 
 def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None) -> pl.DataFrame:

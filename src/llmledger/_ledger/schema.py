@@ -118,6 +118,17 @@ def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
     _add_step_columns(con, {"_batch_id": "VARCHAR", "_custom_id": "VARCHAR"})
 
 
+def _v7_sources(con: duckdb.DuckDBPyConnection) -> None:
+    """Per step, where each answer came from (the simulator or an API endpoint); the history keeps it, and
+    the stop reason, with each replaced answer (so an answer found there can be reused like a current one).
+    On PostgreSQL the history gets an index on the fingerprint: each claim of a worker looks answers up there."""
+    for name in ("source", "stop_reason"):
+        con.execute(f"ALTER TABLE {HISTORY_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
+    if dialect(con) == "postgres":
+        con.execute(f"CREATE INDEX IF NOT EXISTS llmledger_history__fingerprint ON {HISTORY_TABLE} (fingerprint)")
+    _add_step_columns(con, {"_source": "VARCHAR"})
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
@@ -125,6 +136,8 @@ MIGRATIONS = (
               _v3_pipelines),
     Migration(4, "prompt caching: cache write and read tokens per row", _v4_cache),
     Migration(5, "Message Batches: batch intents and ids, per-row batch and custom ids, run modes", _v5_batches),
+    Migration(7, "answer sources: the simulator or the API endpoint per answer, kept in the history too",
+              _v7_sources),
 )
 LATEST = MIGRATIONS[-1].version
 

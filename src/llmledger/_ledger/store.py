@@ -26,7 +26,7 @@ from .batches import BatchVerbs
 from .columns import names, q
 from .connection import Connection, column_types, dialect, one, table_exists
 from .graph import StepGraph
-from .history import archive, side_by_side
+from .history import side_by_side
 from .overview import Overview, read_overview
 from .postgres import PgConnection
 from .prepare import (
@@ -64,6 +64,8 @@ from .verbs import (
     named_outputs,
     recover_claims,
     requests_of,
+    set_aside_simulated,
+    start_over,
     status_counts,
 )
 
@@ -102,6 +104,7 @@ class SQLLedger(BatchVerbs):
         self.conn.check()
         existed = self.conn.exists()
         merged: list[Path] = []
+        unsimulated = [0]
 
         def work(con: duckdb.DuckDBPyConnection) -> Selection:
             now = params.run_started
@@ -126,6 +129,7 @@ class SQLLedger(BatchVerbs):
             layout = fed_layout(layout, graph)
             check_where(con, layout.table, params.where)
             recover_claims(con, layout, params)
+            unsimulated[0] = set_aside_simulated(con, layout, params.source, now)
             sql_params = params.sql(definition.version)
             altered = column_types(con, layout.table).keys() != columns_before.keys()  # a new table version to hold
             found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
@@ -137,6 +141,7 @@ class SQLLedger(BatchVerbs):
                                compare=False, wrote=True)
             selection = self._selection(con, layout, definition.version, frame.select(layout.key), found,
                                         sql_params, key_types, params, dedupe, inputs)
+            selection.unsimulated = unsimulated[0]
             return selection if look is None else look(con, selection)
 
         try:
@@ -197,8 +202,8 @@ class SQLLedger(BatchVerbs):
             waiting=int((found["waiting"] & found["in_where"]).sum()),
             in_batches=int((status == Status.SUBMITTED).sum()),
             done_skipped=int(((status == Status.DONE) & ~(found["eligible"] & found["in_where"])).sum()),
-            known=known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {},
-            survey=found.select("status", "output"))
+            known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers else {},
+            survey=found.select("status", "output"), source=params.source)
 
     def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool,
                inputs: bool = False) -> Selection:
@@ -226,6 +231,7 @@ class SQLLedger(BatchVerbs):
             key_types = dict(con.sql(f"SELECT {key_list} FROM {q(table)} LIMIT 0").pl().schema)
             merged[:] = merge_journals(con, layout, self.path, key_types)
             recover_claims(con, layout, params)
+            unsimulated = set_aside_simulated(con, layout, params.source, params.run_started)
             flags = flag_sql(layout, params.where)
             open_ended = dialect(con) == "postgres"  # claims take rows from the table: no list of keys to hold
             work = con.sql(f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
@@ -246,9 +252,10 @@ class SQLLedger(BatchVerbs):
                 key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
                 waiting=int(waiting), in_batches=int(submitted),
-                known=known_answers(con, layout, work) if dedupe and params.redo.reuses_answers else {},
-                open_ended=open_ended, pending=int(pending), where=params.where,
-                reuse=open_ended and dedupe and params.redo.reuses_answers)
+                known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers
+                else {}, open_ended=open_ended, pending=int(pending), where=params.where,
+                reuse=open_ended and dedupe and params.redo.reuses_answers, source=params.source,
+                unsimulated=unsimulated)
 
         selection = self.conn.transaction(work, exclusive=True)
         for path in merged:
@@ -366,15 +373,7 @@ class SQLLedger(BatchVerbs):
             layout = self._layout(con, table, step)
             check_where(con, table, where)
             matching = f"coalesce(({where}), false) AND {layout.col('_status')} <> 'RUNNING'"
-            archive(con, layout, now=now, reason="'reset'", condition=matching)
-            c = names(step)
-            cleared = [c[s] for s in ("", "_error", "_finished_at", "_input_tokens", "_output_tokens",
-                                      "_cache_write_tokens", "_cache_read_tokens", "_cost_usd",
-                                      "_stop_reason", "_model", "_fingerprint", "_raw", "_flag", "_flagged_at",
-                                      "_flagged_by", "_batch_id", "_custom_id", "_claimed_from")]
-            sets = ", ".join([f"{c['_status']} = 'NOT_STARTED'", f"{c['_attempts']} = 0",
-                              *(f"{col} = NULL" for col in cleared)])
-            return len(con.execute(f"UPDATE {q(table)} AS t SET {sets} WHERE {matching} RETURNING 1").fetchall())
+            return start_over(con, layout, matching, reason="'reset'", now=now)
 
         return self.conn.transaction(work, wait=60.0, exclusive=True)
 

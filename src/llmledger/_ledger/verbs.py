@@ -20,13 +20,14 @@ from .._time import utcnow
 from ..errors import PromptError
 from . import KnownAnswer, RunParams, Selection
 from .claims import is_abandoned, is_alive_here
-from .columns import ANSWERED, RESULT_SCHEMA, commit_assignments, names, output_as_text, q
+from .columns import ANSWERED, RESULT_SCHEMA, SIMULATOR, commit_assignments, names, output_as_text, q, same_source_sql
 from .connection import column_types, db_errors, dialect, one, registered, table_exists
 from .graph import StepGraph
-from .history import archive, redo_reason
+from .history import REUSABLE_REASONS, SIMULATED, archive, redo_reason
 from .journal import pending as pending_journals
 from .journal import read as read_journal
 from .schema import (
+    HISTORY_TABLE,
     LEGACY_FINGERPRINT_PREFIX,
     MIGRATIONS_TABLE,
     list_steps,
@@ -77,7 +78,8 @@ def claim_open(con: duckdb.DuckDBPyConnection, selection: Selection, n: int, *, 
                                  f"WHERE {layout.key_join('t', 'i')}", claimant=claimant, now=now)
     if selection.reuse and got.height:  # answers to identical requests, committed by anyone until now
         fresh = got.select(pl.col("fingerprint").alias("fp")).unique()
-        selection.known.update(answers_to(con, layout, fresh.filter(~pl.col("fp").is_in(list(selection.known)))))
+        selection.known.update(answers_to(con, layout, fresh.filter(~pl.col("fp").is_in(list(selection.known))),
+                                          selection.source))
     return got
 
 
@@ -133,6 +135,35 @@ def give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, pa
         f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING {keys}", params=params).pl()
 
 
+# What starting a row over clears: its answer and everything about it (the attempts go back to 0).
+_ANSWER_SUFFIXES = ("", "_error", "_finished_at", "_input_tokens", "_output_tokens", "_cache_write_tokens",
+                    "_cache_read_tokens", "_cost_usd", "_stop_reason", "_model", "_source", "_fingerprint", "_raw",
+                    "_flag", "_flagged_at", "_flagged_by", "_batch_id", "_custom_id", "_claimed_from")
+
+
+def start_over(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, *, reason: str,
+               now: datetime) -> int:
+    """Put the step of rows matching `condition` back to NOT_STARTED, their answers copied to the history first
+    with `reason` (SQL). Returns how many rows."""
+    archive(con, layout, now=now, reason=reason, condition=condition)
+    c = names(layout.step)
+    sets = ", ".join([f"{c['_status']} = 'NOT_STARTED'", f"{c['_attempts']} = 0",
+                      *(f"{c[s]} = NULL" for s in _ANSWER_SUFFIXES)])
+    return len(con.execute(f"UPDATE {q(layout.table)} AS t SET {sets} WHERE {condition} RETURNING 1").fetchall())
+
+
+def set_aside_simulated(con: duckdb.DuckDBPyConnection, layout: Layout, source: str | None, now: datetime) -> int:
+    """For a run against a real endpoint: rows of the step whose answer the simulator made start over (their
+    answers kept in the history as "simulated answer"), so they are asked for real and a simulated answer is
+    never shown as a real one. A simulated run, or a caller that does not say (`source` None), leaves every
+    answer alone. Returns how many rows."""
+    if source is None or source == SIMULATOR:
+        return 0
+    c = names(layout.step, "t")
+    return start_over(con, layout, f"{c['_source']} = '{SIMULATOR}' AND {c['_status']} IN ('DONE', 'NEEDS_REVIEW', "
+                                   "'FAILED')", reason=f"'{SIMULATED}'", now=now)
+
+
 def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) -> int:
     """Give back claims whose holder is gone (this host) or that are older than `stale_before`.
 
@@ -179,11 +210,14 @@ def upgrade_fingerprint(value: str | None) -> str | None:
     return str(uuid.UUID(hashlib.md5((LEGACY_FINGERPRINT_PREFIX + value).encode()).hexdigest()))
 
 
-def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame) -> dict[str, KnownAnswer]:
-    """One stored DONE answer per request fingerprint the work asks for, from any step of any table in the store.
+def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame,
+                  source: str | None) -> dict[str, KnownAnswer]:
+    """One stored DONE answer per request fingerprint the work asks for, from any step of any table in the store,
+    or from the answers it replaced (the history), made by a source like the run's `source` (`same_source_sql`).
 
     A fingerprint covers the whole request, so another step's (or table's) answer to an identical
-    request is an answer to this one: it costs nothing and is recorded as reused.
+    request is an answer to this one: it costs nothing and is recorded as reused. So is an answer a
+    change of definition replaced: going back to an earlier definition pays nothing for what it had.
     """
     if not work.height:
         return {}
@@ -192,11 +226,13 @@ def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataF
         wanted = con.sql(f"SELECT DISTINCT {c['_request_fingerprint']}::VARCHAR AS fp FROM {q(layout.table)} AS t "
                          f"WHERE {c['_request_fingerprint']} IS NOT NULL AND EXISTS (SELECT 1 FROM {BATCH} AS i "
                          f"WHERE {layout.key_join()})").pl()
-    return answers_to(con, layout, wanted)
+    return answers_to(con, layout, wanted, source)
 
 
-def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFrame) -> dict[str, KnownAnswer]:
-    """One stored DONE answer per fingerprint of `wanted` (column `fp`), this step's first, then the store's."""
+def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFrame,
+               source: str | None) -> dict[str, KnownAnswer]:
+    """One stored DONE answer per fingerprint of `wanted` (column `fp`) from a source like `source`: this step's
+    first, then the store's, then the history's (`history.REUSABLE_REASONS` only, the latest first)."""
     if not wanted.height:
         return {}
     sources = [(layout.table, layout.step)] + [(t, s) for t, s, _ in list_steps(con) if (t, s) !=
@@ -212,11 +248,20 @@ def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFr
                 f"SELECT {o['_fingerprint']}::VARCHAR, min({output_as_text(o[''], types[step])}), "
                 f"min({o['_stop_reason']}), min({o['_model']}) FROM {q(table)} AS t "
                 f"WHERE {o['_status']} = 'DONE' AND {o['_fingerprint']} IN (SELECT w.fp::UUID FROM {WANTED} AS w) "
+                f"AND {same_source_sql(o['_source'], source)} "
                 f"GROUP BY {o['_fingerprint']}").fetchall()
             for r in rows:
                 found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
             if len(found) == wanted.height:
-                break
+                return found
+        reasons = ", ".join(f"'{r}'" for r in REUSABLE_REASONS)
+        rows = con.execute(
+            f"SELECT h.fingerprint, h.output, h.stop_reason, h.model FROM {HISTORY_TABLE} AS h "
+            f"WHERE h.fingerprint IN (SELECT w.fp FROM {WANTED} AS w) AND h.status = 'DONE' AND h.output IS NOT NULL "
+            f"AND h.raw IS NULL AND h.reason IN ({reasons}) AND {same_source_sql('h.source', source)} "
+            "ORDER BY h.finished_at DESC NULLS LAST, h.replaced_at DESC").fetchall()
+        for r in rows:
+            found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
     return found
 
 
