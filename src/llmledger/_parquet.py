@@ -26,7 +26,15 @@ import polars as pl
 
 from ._ledger import open_existing, open_ledger
 from ._ledger.columns import STEP_COLUMNS, q
-from ._ledger.connection import check_store_path, column_types, dialect, frames, remove_store, table_exists
+from ._ledger.connection import (
+    check_store_path,
+    column_types,
+    dialect,
+    frames,
+    make_folders,
+    remove_store,
+    table_exists,
+)
 from ._ledger.postgres import is_url
 from ._ledger.schema import (
     HISTORY_TABLE,
@@ -80,12 +88,12 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
     Returns the path written. See the module docstring for the layout.
     """
     ledger = open_existing(store)
-    ledger.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0)  # every column an export lists
+    ledger.migrated()  # every column an export lists
     steps = {s: key for _, s, key in ledger.steps(table)}
     if not steps:
         raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
     out = Path(path).expanduser()
-    with ledger.conn.open(wait=60.0) as con:
+    with ledger.conn.open(wait=60.0, read_only=True) as con:
         if step is not None:
             if step not in steps:
                 raise InvalidInputError(f"table {table!r} has no step {step!r}; it has {sorted(steps)}")
@@ -123,7 +131,7 @@ def restore(path: str | Path, store: str | Path) -> str:
                                 "into a new .duckdb file, then: llmledger copy FILE postgresql://...")
     target = Path(store).expanduser()
     check_store_path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    made = make_folders(target)
     ledger = open_ledger(target)
     existed = target.exists()
 
@@ -149,7 +157,7 @@ def restore(path: str | Path, store: str | Path) -> str:
         ledger.conn.transaction(work, wait=60.0)
     except InvalidInputError:
         if not existed:
-            remove_store(target)
+            remove_store(target, made)
         raise
     return table
 

@@ -300,9 +300,10 @@ class PgConnection:
                 raise StoreError(f"lost the PostgreSQL store {self.name}: {str(exc).strip()}") from exc
 
     def transaction(self, work: Callable[[PgCon], T], *, wait: float | None = None, commit: bool = True,
-                    exclusive: bool = False) -> T:
+                    exclusive: bool = False, read_only: bool = False) -> T:
         """Run `work` in one transaction, redoing it after a serialization failure, a deadlock or a lost
-        connection (`commit=False`: roll it back; `exclusive`: one such transaction at a time in the database)."""
+        connection (`commit=False`: roll it back; `exclusive`: one such transaction at a time in the database;
+        `read_only` is for a DuckDB file: the server decides what this role may do)."""
         psycopg = _psycopg()
         retry = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
         start = time.monotonic()
