@@ -224,3 +224,48 @@ def test_a_pipeline_refused_in_a_later_step_writes_nothing_on_postgresql(pg_url:
     with psycopg.connect(pg_url) as con:
         assert con.execute("SELECT table_name FROM information_schema.tables "
                            "WHERE table_schema = current_schema()").fetchall() == []
+
+
+# -- 4. export to a .parquet path ------------------------------------------------------------------------------------
+def _read_everywhere(path: Path) -> list[pl.DataFrame]:
+    """The file as polars, pyarrow and DuckDB read it (each as a polars frame sorted by id)."""
+    import pyarrow.parquet as pq
+
+    assert path.is_file(), f"{path} is not one file"
+    with duckdb.connect() as con:
+        by_duckdb = con.sql(f"SELECT * FROM read_parquet('{path}')").pl()
+    by_arrow = pl.from_arrow(pq.read_table(path))
+    assert isinstance(by_arrow, pl.DataFrame)
+    return [f.sort("id") for f in (pl.read_parquet(path), by_arrow, by_duckdb)]
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
+def test_export_to_a_parquet_path_writes_one_file_every_reader_opens(engine: str, request: pytest.FixtureRequest,
+                                                                     client, sim: Simulator, tmp_path: Path) -> None:
+    store: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else tmp_path / "ledger.duckdb"
+    common = {"store": store, "table": "messages", "client": client, "progress": False}
+    apply_llm(frame(4), "summary", prompt="Summarize: {text}", **common)
+    apply_llm(frame(4), "extract", prompt="Extract from: {text}", output={"company": str, "year": int}, **common)
+    stored = llmledger.sql(store, "SELECT * FROM messages ORDER BY id")
+    assert stored is not None
+
+    out = tmp_path / "out.parquet"
+    assert llmledger.export(store, "messages", out) == out
+    for read in _read_everywhere(out):
+        assert read.columns == stored.columns
+        assert read["id"].to_list() == [0, 1, 2, 3]
+        assert read["summary"].to_list() == stored["summary"].to_list()
+        assert read["summary_status"].to_list() == ["DONE"] * 4 == read["extract_status"].to_list()
+    if engine == "duckdb":
+        assert pl.read_parquet(out).schema["extract"] == pl.Struct({"company": pl.String, "year": pl.Int64})
+
+    nested = tmp_path / "new" / "deeper.parquet"
+    done = _cli("export", str(store), "--table", "messages", str(nested))
+    assert done.returncode == 0, done.stderr
+    assert pl.read_parquet(nested).sort("id")["summary"].to_list() == stored["summary"].to_list()
+    folder = tmp_path / "folder"  # a folder path still gets the folder restore reads
+    llmledger.export(store, "messages", folder)
+    assert (folder / "messages.parquet").is_file() and (folder / "llmledger_steps.parquet").is_file()
+    (tmp_path / "taken.parquet").mkdir()
+    with pytest.raises(llmledger.InvalidInputError, match="is a folder"):
+        llmledger.export(store, "messages", tmp_path / "taken.parquet")

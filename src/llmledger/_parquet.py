@@ -10,8 +10,9 @@ Parquet file each (as DuckDB's `EXPORT DATABASE` does):
 
 `restore(folder, store)` rebuilds that table in a store (new, or one without
 that table) with statuses, outputs, usage, flags and history as they were, so
-a rerun of the same cell pays nothing. `export(..., step=S)` writes one file
-instead: one step's view (key, inputs, output, status, error, usage, cost).
+a rerun of the same cell pays nothing. A path ending in `.parquet` is one file
+instead, which any Parquet reader opens: the fact table (every step's columns),
+or with `step=S` one step's view (key, inputs, output, status, error, usage, cost).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def read_parquet_input(path: str | Path, *, key: str | Sequence[str] | None, pro
 
 
 def export(store: str | Path, table: str, path: str | Path, *, step: str | None = None) -> Path:
-    """Write `table` (with its steps' bookkeeping) to the folder `path`, or one step's view to the file `path`.
+    """Write `table` (with its steps' bookkeeping) to the folder `path`; to a `path` ending in `.parquet`, the
+    table alone as one file (or with `step=`, one step's view).
 
     Returns the path written. See the module docstring for the layout.
     """
@@ -103,9 +105,16 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
             out.parent.mkdir(parents=True, exist_ok=True)
             _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
             return out
+        if out.suffix.lower() == ".parquet":  # one file a Parquet reader opens (a folder there holds mixed schemas)
+            if out.is_dir():
+                raise InvalidInputError(f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
+                                        "a folder path (not ending in .parquet) for the table with its bookkeeping")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _copy(con, f"SELECT * FROM {q(table)}", out)
+            return out
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise InvalidInputError(f"{str(out)!r} exists and is not an empty folder; export writes a folder of "
-                                    "Parquet files (pass step= for a single file)")
+                                    "Parquet files (a path ending in .parquet gets a single file)")
         out.mkdir(parents=True, exist_ok=True)
         _copy(con, f"SELECT * FROM {q(table)}", out / f"{table}.parquet")
         for name in _BOOKKEEPING:
