@@ -269,3 +269,79 @@ def test_export_to_a_parquet_path_writes_one_file_every_reader_opens(engine: str
     (tmp_path / "taken.parquet").mkdir()
     with pytest.raises(llmledger.InvalidInputError, match="is a folder"):
         llmledger.export(store, "messages", tmp_path / "taken.parquet")
+
+
+# -- 5. input types on PostgreSQL ----------------------------------------------------------------------------------
+_KINDS = {"i8": (pl.Int8, "smallint"), "u8": (pl.UInt8, "smallint"), "i16": (pl.Int16, "smallint"),
+          "u16": (pl.UInt16, "integer"), "i32": (pl.Int32, "integer"), "u32": (pl.UInt32, "bigint"),
+          "u64": (pl.UInt64, "bigint"), "f32": (pl.Float32, "real"), "f64": (pl.Float64, "double precision")}
+
+
+def _kinds_frame() -> pl.DataFrame:
+    values = {"i8": [-128, 127, None], "u8": [0, 255, None], "i16": [-32768, 32767, None], "u16": [0, 65535, None],
+              "i32": [-(2**31), 2**31 - 1, None], "u32": [0, 2**32 - 1, None], "u64": [0, 2**63 - 1, None],
+              "f32": [0.1, -3.4e38, None], "f64": [0.1, 1e-300, None]}
+    return frame(3).with_columns(pl.Series(c, values[c], dtype=dtype) for c, (dtype, _) in _KINDS.items())
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
+def test_small_ints_and_float32_keep_their_types_and_a_rerun_rewrites_nothing(
+        engine: str, request: pytest.FixtureRequest, client, sim: Simulator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmledger._ledger import store as ledger_store
+
+    store: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else tmp_path / "ledger.duckdb"
+    df = _kinds_frame()
+    common = {"store": store, "table": "kinds", "client": client, "progress": False}
+    out = apply_llm(df, "summary", prompt="{text} {f32} {u8}", **common)
+    assert out.select(df.columns).equals(df), "the frame comes back with its own types and values"
+    refreshed: list[int] = []
+    real_refresh = ledger_store.refresh_rows
+    monkeypatch.setattr(ledger_store, "refresh_rows", lambda con, layout, rows: (refreshed.append(rows.height),
+                                                                                 real_refresh(con, layout, rows)))
+    again = apply_llm(df, "summary", prompt="{text} {f32} {u8}", **common)
+    assert again.equals(out) and sim.stats()["paid"] == 3 and refreshed == [], "a rerun pays and rewrites nothing"
+    stored = llmledger.sql(store, f"SELECT {', '.join(_KINDS)} FROM kinds ORDER BY id")
+    assert stored is not None
+    for column, (dtype, pg_type) in _KINDS.items():
+        assert stored[column].cast(dtype).equals(df[column]), column
+        if engine == "postgresql":
+            assert stored.schema[column] != pl.Float64 or dtype == pl.Float64, column
+            found = llmledger.sql(store, "SELECT data_type FROM information_schema.columns WHERE table_name = 'kinds' "
+                                         f"AND column_name = '{column}'")
+            assert found is not None and found["data_type"].to_list() == [pg_type], column
+
+    keyed = df.select(pl.col("f32").fill_null(1e-7).alias("score"), "text")
+    for _ in range(2):
+        result = apply_llm(keyed, "summary", prompt="{text}", key="score", **{**common, "table": "by_score"})
+        assert result["summary_status"].to_list() == ["DONE"] * 3
+    assert sim.stats()["paid"] == 6, "a Float32 key finds its rows again"
+
+
+def test_a_uint64_beyond_bigint_is_refused_on_postgresql_before_anything_is_written(pg_url: str, client,
+                                                                                     sim: Simulator) -> None:
+    import psycopg
+
+    df = frame(2).with_columns(pl.Series("big", [1, 2**63 + 5], dtype=pl.UInt64))
+    with pytest.raises(llmledger.InvalidInputError, match=r"column 'big' holds 9223372036854775813.*cast"):
+        apply_llm(df, "summary", prompt="{text}", store=pg_url, table="m", client=client, progress=False)
+    assert sim.stats()["requests"] == 0
+    with psycopg.connect(pg_url) as con:
+        assert con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'm'").fetchone() == (0,)
+
+
+def test_a_float32_column_fits_a_double_column_a_postgresql_table_already_has(pg_url: str, client,
+                                                                             sim: Simulator) -> None:
+    import psycopg
+
+    common = {"store": pg_url, "table": "m", "client": client, "progress": False}
+    apply_llm(frame(3), "summary", prompt="{text}", **common)
+    with psycopg.connect(pg_url, autocommit=True) as con:  # as 0.6.0 added a Float32 column to a table
+        con.execute("ALTER TABLE m ADD COLUMN score DOUBLE PRECISION")
+    df = frame(3).with_columns(pl.Series("score", [0.5, 0.1, None], dtype=pl.Float32))
+    for _ in range(2):
+        out = apply_llm(df, "summary", prompt="{text}", **common)
+        assert out["summary_status"].to_list() == ["DONE"] * 3
+    stored = llmledger.sql(pg_url, "SELECT score FROM m ORDER BY id")
+    assert stored is not None and stored["score"].cast(pl.Float32).equals(df["score"])
+    assert sim.stats()["paid"] == 3
