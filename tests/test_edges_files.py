@@ -177,6 +177,10 @@ def test_sql_still_writes_when_asked_and_readers_wait_for_a_process_holding_the_
     finally:
         holder.kill()
         holder.wait()
+    with duckdb.connect(str(store)) as own:  # this process holds it read-write itself: readers read through that
+        assert own.execute("SELECT count(*) FROM messages").fetchall() == [(3,)]
+        assert llmledger.progress(store)["DONE"].to_list() == [3]
+        assert llmledger.history(store, "messages", "summary").height == 0
 
 
 # -- 2. no file behind ---------------------------------------------------------------------------------------------

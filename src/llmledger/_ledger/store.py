@@ -42,14 +42,13 @@ from .prepare import (
 from .schema import (
     BATCHES_TABLE,
     HISTORY_TABLE,
-    LATEST,
     RUNS_TABLE,
     current_version,
     list_steps,
     migrate,
+    migrate_for_readers,
     owned_columns,
     record_step,
-    schema_version,
 )
 from .states import Redo, Status
 from .survey import Layout, check_where, flag_sql, survey
@@ -348,12 +347,7 @@ class SQLLedger(BatchVerbs):
                                      read_only=True)
 
     def migrated(self) -> None:
-        """Bring an older store to the current schema before a reader opens it read-only (a current store,
-        the usual case, is only read)."""
-        with self.conn.open(wait=60.0, read_only=True) as con:
-            if schema_version(con) >= LATEST:
-                return
-        self.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)
+        migrate_for_readers(self.conn)
 
     # -- what people do to rows ----------------------------------------------------------------------------
     def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
@@ -401,8 +395,7 @@ class SQLLedger(BatchVerbs):
         return Layout(table, step, found[0], [])
 
     def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None:
-        """Run `sql`: read-only first (a store that cannot be written can still be queried), and again on the
-        file opened read-write when it turns out to write (DuckDB refuses such a statement before running it)."""
+        """Run `sql` read-only (a store that cannot be written can be queried), or read-write if it writes."""
         for read_only in (True, False):
             with self.conn.open(wait=wait, read_only=read_only) as con:
                 try:
