@@ -349,3 +349,22 @@ def test_a_float32_column_fits_a_double_column_a_postgresql_table_already_has(pg
     stored = llmledger.sql(pg_url, "SELECT score FROM m ORDER BY id")
     assert stored is not None and stored["score"].cast(pl.Float32).equals(df["score"])
     assert sim.stats()["paid"] == 3
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
+def test_an_export_that_cannot_be_written_says_where(engine: str, request: pytest.FixtureRequest, client,
+                                                     sim: Simulator, tmp_path: Path) -> None:
+    store: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else tmp_path / "ledger.duckdb"
+    apply_llm(frame(2), "summary", prompt="{text}", store=store, table="m", client=client, progress=False)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    for target, step in ((a_file / "out.parquet", None), (a_file / "folder", None), (a_file / "s.parquet", "summary")):
+        with pytest.raises(llmledger.InvalidInputError, match="cannot write the export to"):
+            llmledger.export(store, "m", target, step=step)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with read_only(locked):
+        for target, step in ((locked / "out.parquet", None), (locked / "s.parquet", "summary")):
+            with pytest.raises(llmledger.InvalidInputError, match=f"cannot write the export to '{target}'"):
+                llmledger.export(store, "m", target, step=step)
+    assert a_file.read_text() == "not a folder" and list(locked.iterdir()) == []

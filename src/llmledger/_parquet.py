@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import polars as pl
 
 from ._ledger import open_existing, open_ledger
@@ -49,7 +50,7 @@ from ._ledger.schema import (
 from ._prompt import template_fields
 from ._request import sql_literal
 from ._time import utcnow
-from .errors import InvalidInputError
+from .errors import InvalidInputError, LedgerError
 
 _BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE)
 _STEP_VIEW = ("", "_status", "_error", "_attempts", "_input_tokens", "_output_tokens", "_cost_usd", "_model",
@@ -102,20 +103,20 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
             owned = owned_columns(con, table, step)
             inputs = [c for c in column_types(con, table) if c not in owned]
             cols = [*inputs, *(step + suffix for suffix in _STEP_VIEW)]
-            out.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(out.parent, out)
             _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
             return out
         if out.suffix.lower() == ".parquet":  # one file a Parquet reader opens (a folder there holds mixed schemas)
             if out.is_dir():
                 raise InvalidInputError(f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
                                         "a folder path (not ending in .parquet) for the table with its bookkeeping")
-            out.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(out.parent, out)
             _copy(con, f"SELECT * FROM {q(table)}", out)
             return out
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise InvalidInputError(f"{str(out)!r} exists and is not an empty folder; export writes a folder of "
                                     "Parquet files (a path ending in .parquet gets a single file)")
-        out.mkdir(parents=True, exist_ok=True)
+        _make_folder(out, out)
         _copy(con, f"SELECT * FROM {q(table)}", out / f"{table}.parquet")
         for name in _BOOKKEEPING:
             if table_exists(con, name):
@@ -171,9 +172,26 @@ def restore(path: str | Path, store: str | Path) -> str:
     return table
 
 
+def _make_folder(folder: Path, out: Path) -> None:
+    """Create the folder an export writes into: a path that cannot be written is the call's mistake."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write the export to {str(out)!r}: {exc}") from None
+
+
 def _copy(con: Any, query: str, path: Path) -> None:
-    """Write a query's rows to a Parquet file: by DuckDB itself, or from PostgreSQL chunk by chunk (structured
-    answers, JSONB there, are written as JSON text)."""
+    """Write a query's rows to a Parquet file; failing to write it (not to read the store) is the path's fault."""
+    try:
+        _write(con, query, path)
+    except (OSError, duckdb.IOException) as exc:
+        if isinstance(exc, LedgerError) or path.name not in str(exc):
+            raise
+        raise InvalidInputError(f"cannot write the export to {str(path)!r}: {exc}") from None
+
+
+def _write(con: Any, query: str, path: Path) -> None:
+    """By DuckDB itself, or from PostgreSQL chunk by chunk (structured answers, JSONB there, as JSON text)."""
     if dialect(con) == "duckdb":
         con.execute(f"COPY ({query}) TO {sql_literal(str(path))} (FORMAT parquet)")
         return
