@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -126,7 +127,9 @@ class Patience:
 
 
 def _is_lock_error(exc: Exception) -> bool:
-    return "lock" in str(exc).lower()
+    """Another process holds the file ("Could not set lock on file ..."); a word, not a substring: a damaged
+    file's "checksum ... in block at location" (an IOException too on DuckDB 1.2) is no lock to wait for."""
+    return re.search(r"\block\b", str(exc).lower()) is not None
 
 
 def _is_other_configuration(exc: Exception) -> bool:
