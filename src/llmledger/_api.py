@@ -115,7 +115,8 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
     keys = _resolve_key(frame, key, step)
-    steps = [s for s in known_steps(store, table) if s != step]
+    # `earlier_steps`: a pipeline's checks before its first step runs name the steps that will exist by then
+    steps = [s for s in dict.fromkeys([*known_steps(store, table), *o.get("earlier_steps", ())]) if s != step]
     check_prompt(prompt, frame.columns, steps)
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")

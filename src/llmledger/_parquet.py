@@ -10,8 +10,9 @@ Parquet file each (as DuckDB's `EXPORT DATABASE` does):
 
 `restore(folder, store)` rebuilds that table in a store (new, or one without
 that table) with statuses, outputs, usage, flags and history as they were, so
-a rerun of the same cell pays nothing. `export(..., step=S)` writes one file
-instead: one step's view (key, inputs, output, status, error, usage, cost).
+a rerun of the same cell pays nothing. A path ending in `.parquet` is one file
+instead, which any Parquet reader opens: the fact table (every step's columns),
+or with `step=S` one step's view (key, inputs, output, status, error, usage, cost).
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import polars as pl
 
 from ._ledger import open_existing, open_ledger
 from ._ledger.columns import STEP_COLUMNS, q
-from ._ledger.connection import check_store_path, column_types, dialect, frames, remove_store, table_exists
+from ._ledger.connection import (
+    check_store_path,
+    column_types,
+    dialect,
+    frames,
+    make_folders,
+    remove_store,
+    table_exists,
+)
 from ._ledger.postgres import is_url
 from ._ledger.schema import (
     HISTORY_TABLE,
@@ -40,7 +50,7 @@ from ._ledger.schema import (
 from ._prompt import template_fields
 from ._request import sql_literal
 from ._time import utcnow
-from .errors import InvalidInputError
+from .errors import InvalidInputError, LedgerError
 
 _BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE)
 _STEP_VIEW = ("", "_status", "_error", "_attempts", "_input_tokens", "_output_tokens", "_cost_usd", "_model",
@@ -75,30 +85,38 @@ def read_parquet_input(path: str | Path, *, key: str | Sequence[str] | None, pro
 
 
 def export(store: str | Path, table: str, path: str | Path, *, step: str | None = None) -> Path:
-    """Write `table` (with its steps' bookkeeping) to the folder `path`, or one step's view to the file `path`.
+    """Write `table` (with its steps' bookkeeping) to the folder `path`; to a `path` ending in `.parquet`, the
+    table alone as one file (or with `step=`, one step's view).
 
     Returns the path written. See the module docstring for the layout.
     """
     ledger = open_existing(store)
-    ledger.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0)  # every column an export lists
+    ledger.migrated()  # every column an export lists
     steps = {s: key for _, s, key in ledger.steps(table)}
     if not steps:
         raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
     out = Path(path).expanduser()
-    with ledger.conn.open(wait=60.0) as con:
+    with ledger.conn.open(wait=60.0, read_only=True) as con:
         if step is not None:
             if step not in steps:
                 raise InvalidInputError(f"table {table!r} has no step {step!r}; it has {sorted(steps)}")
             owned = owned_columns(con, table, step)
             inputs = [c for c in column_types(con, table) if c not in owned]
             cols = [*inputs, *(step + suffix for suffix in _STEP_VIEW)]
-            out.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(out.parent, out)
             _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
+            return out
+        if out.suffix.lower() == ".parquet":  # one file a Parquet reader opens (a folder there holds mixed schemas)
+            if out.is_dir():
+                raise InvalidInputError(f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
+                                        "a folder path (not ending in .parquet) for the table with its bookkeeping")
+            _make_folder(out.parent, out)
+            _copy(con, f"SELECT * FROM {q(table)}", out)
             return out
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise InvalidInputError(f"{str(out)!r} exists and is not an empty folder; export writes a folder of "
-                                    "Parquet files (pass step= for a single file)")
-        out.mkdir(parents=True, exist_ok=True)
+                                    "Parquet files (a path ending in .parquet gets a single file)")
+        _make_folder(out, out)
         _copy(con, f"SELECT * FROM {q(table)}", out / f"{table}.parquet")
         for name in _BOOKKEEPING:
             if table_exists(con, name):
@@ -123,7 +141,7 @@ def restore(path: str | Path, store: str | Path) -> str:
                                 "into a new .duckdb file, then: llmledger copy FILE postgresql://...")
     target = Path(store).expanduser()
     check_store_path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    made = make_folders(target)
     ledger = open_ledger(target)
     existed = target.exists()
 
@@ -149,14 +167,31 @@ def restore(path: str | Path, store: str | Path) -> str:
         ledger.conn.transaction(work, wait=60.0)
     except InvalidInputError:
         if not existed:
-            remove_store(target)
+            remove_store(target, made)
         raise
     return table
 
 
+def _make_folder(folder: Path, out: Path) -> None:
+    """Create the folder an export writes into: a path that cannot be written is the call's mistake."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write the export to {str(out)!r}: {exc}") from None
+
+
 def _copy(con: Any, query: str, path: Path) -> None:
-    """Write a query's rows to a Parquet file: by DuckDB itself, or from PostgreSQL chunk by chunk (structured
-    answers, JSONB there, are written as JSON text)."""
+    """Write a query's rows to a Parquet file; failing to write it (not to read the store) is the path's fault."""
+    try:
+        _write(con, query, path)
+    except (OSError, duckdb.IOException) as exc:
+        if isinstance(exc, LedgerError) or path.name not in str(exc):
+            raise
+        raise InvalidInputError(f"cannot write the export to {str(path)!r}: {exc}") from None
+
+
+def _write(con: Any, query: str, path: Path) -> None:
+    """By DuckDB itself, or from PostgreSQL chunk by chunk (structured answers, JSONB there, as JSON text)."""
     if dialect(con) == "duckdb":
         con.execute(f"COPY ({query}) TO {sql_literal(str(path))} (FORMAT parquet)")
         return

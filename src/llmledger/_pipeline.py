@@ -7,12 +7,13 @@ affected rows stale downstream (see `_ledger/graph.py`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
 
-from ._api import apply_llm
+from ._api import apply_llm, checked_plan
 from ._prompt import template_fields
 from .errors import InvalidInputError
 
@@ -45,6 +46,7 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
         if later:
             raise InvalidInputError(f"step {name!r} reads {later}, which run at or after it; order the steps "
                                     "so that each comes after the steps it reads")
+    _check_every_step(df, steps, common)
     outputs = []
     frame = None
     for name, options in steps.items():
@@ -59,3 +61,18 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
     for name, f in outputs[:-1]:
         out[name], out[f"{name}_status"] = f[name].to_list(), f[f"{name}_status"].to_list()
     return out[[c for c in out.columns if c not in step_columns] + step_columns]
+
+
+def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[str, Any]) -> None:
+    """Check every step's call as apply_llm would, before the first one runs: a mistake in a later step must
+    not leave a store behind with earlier steps paid for. (A `where=` is checked against the table when its
+    step runs: a new table does not exist until then.)"""
+    earlier: list[str] = []
+    for name, options in steps.items():
+        try:
+            bound = inspect.signature(apply_llm).bind(df, name, **{**common, **options})
+        except TypeError as exc:
+            raise InvalidInputError(f"step {name!r}: {exc}") from None
+        bound.apply_defaults()
+        checked_plan({**bound.arguments, "earlier_steps": list(earlier)})
+        earlier.append(name)

@@ -116,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     p_flag.add_argument("--by", default=None, help="who flags them (default: the login name)")
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
-    p_export = sub.add_parser("export", help="write a table (folder of Parquet files) or one step (a file)")
+    p_export = sub.add_parser("export", help="write a table (a folder of Parquet files, or one .parquet file) or "
+                                             "one step (a file)")
     p_export.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_export.add_argument("--table", required=True)
-    p_export.add_argument("path", help="a new folder (or, with --step, a .parquet file)")
+    p_export.add_argument("path", help="a new folder (the table and its bookkeeping, for restore), or a file "
+                                       "ending in .parquet (the table alone, or with --step one step's view)")
     p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
     p_restore = sub.add_parser("restore", help="rebuild a table in a store from llmledger export's folder")
     p_restore.add_argument("path", help="the folder export wrote")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,10 +52,52 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
                              "pass a new path (it will be created) or an existing .duckdb ledger.")
 
 
-def remove_store(path: Path) -> None:
-    """Delete a store file (and its WAL) that a refused call created: a bad call leaves no file behind."""
+def remove_store(path: Path, folders: Sequence[Path] = ()) -> None:
+    """Delete a store file (and its WAL) that a refused call created, and the `folders` made for it (deepest
+    first, each only while empty): a bad call leaves no file behind."""
     for leftover in (path, path.with_name(path.name + ".wal")):
         leftover.unlink(missing_ok=True)
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty: someone else put something there meanwhile
+            folder.rmdir()
+
+
+def make_folders(path: Path) -> list[Path]:
+    """Create the missing folders above `path`; return those created, deepest first (for `remove_store`)."""
+    missing = []
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+# What DuckDB says about a file it cannot read (cut short, overwritten, not a database) or cannot write. Only
+# `_CORRUPT` never names the file; the others count only when they name the store (or its .wal), so that a
+# user's own query reading some other file keeps its error.
+_CORRUPT = ("corrupt database file", "not a valid duckdb database file")
+_CUT_SHORT = ("could not read enough bytes",)
+_UNWRITABLE = ("permission denied", "operation not permitted", "read-only file system")
+
+
+def store_error(path: Path, exc: BaseException) -> StoreError | None:
+    """The llmledger error for a DuckDB error that means the file itself is damaged or cannot be written
+    (None for any other error): DuckDB's own words hide which file and what to do."""
+    text = str(exc)
+    lower = text.lower()
+    about_store = str(path) in text
+    if any(word in lower for word in _CORRUPT) or (about_store and any(word in lower for word in _CUT_SHORT)):
+        return StoreError(f"store {str(path)!r} is damaged (cut short or overwritten): {text}. Restore it from a "
+                          "backup or from an llmledger.export folder (llmledger.restore), or pass a new store= "
+                          "path to start a new ledger.")
+    if about_store and any(word in lower for word in _UNWRITABLE):
+        return StoreError(f"store {str(path)!r} cannot be written: {text}. DuckDB writes the file and a "
+                          f"{path.name}.wal beside it, so both the file and its folder {str(path.parent)!r} "
+                          "must be writable by this user; fix the permissions or copy the store to a writable "
+                          "folder. Reading it works as it is: llmledger.sql, progress, show, history and "
+                          "export (and llmledger status) open it read-only.")
+    return None
 
 
 class Patience:
@@ -84,7 +127,19 @@ class Patience:
 
 
 def _is_lock_error(exc: Exception) -> bool:
-    return "lock" in str(exc).lower()
+    """Another process holds the file ("Could not set lock on file ..."); a word, not a substring: a damaged
+    file's "checksum ... in block at location" (an IOException too on DuckDB 1.2) is no lock to wait for."""
+    return re.search(r"\block\b", str(exc).lower()) is not None
+
+
+def _is_other_configuration(exc: Exception) -> bool:
+    """DuckDB refuses a read-only connection to a file this process has open read-write (and the reverse)."""
+    return "different configuration" in str(exc).lower()
+
+
+def writes_refused(exc: Exception) -> bool:
+    """A statement that writes, run on a connection opened read-only."""
+    return "read-only mode" in str(exc).lower()
 
 
 class Connection:
@@ -95,6 +150,7 @@ class Connection:
         self.path = Path(path).expanduser().resolve()
         self.on_wait = on_wait
         self.should_stop = should_stop
+        self.made: list[Path] = []  # folders this object created for the file (removed with it on a refusal)
         with _locks_guard:
             self._lock = _locks.setdefault(self.path, threading.Lock())
 
@@ -103,18 +159,27 @@ class Connection:
         """Open the file, waiting while another process holds it.
 
         `wait` bounds the wait in seconds (None: until `should_stop` says so, or forever);
-        past it, `StoreBusy` is raised so that callers can keep their data.
+        past it, `StoreBusy` is raised so that callers can keep their data. `read_only` is for readers: a
+        store on a read-only medium, or another user's, can be read; another process holding the file
+        read-write makes it wait as a writer would.
+
+        A DuckDB error that means the file is damaged or cannot be written becomes a `StoreError` naming it.
         """
         with self._lock:
             con = self._connect(wait, read_only)
             try:
                 yield con
+            except duckdb.Error as exc:
+                error = store_error(self.path, exc)
+                if error is None:
+                    raise
+                raise error from exc
             finally:
                 con.close()
 
     def _connect(self, wait: float | None, read_only: bool) -> duckdb.DuckDBPyConnection:
-        if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not read_only and not self.path.parent.exists():
+            self.made = make_folders(self.path)
         patience = Patience(wait, self.should_stop, self.on_wait, longest=0.5)
         while True:
             try:
@@ -122,9 +187,14 @@ class Connection:
                 if MEMORY_LIMIT:
                     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
                 return con
-            except duckdb.IOException as exc:
-                if not _is_lock_error(exc):
-                    raise StoreError(f"cannot open store {str(self.path)!r}: {exc}") from exc
+            except duckdb.ConnectionException as exc:
+                if not (read_only and _is_other_configuration(exc)):
+                    raise
+                read_only = False  # this process holds it read-write (its own duckdb.connect): read through that
+            except duckdb.Error as exc:
+                if not isinstance(exc, duckdb.IOException) or not _is_lock_error(exc):
+                    raise store_error(self.path, exc) or StoreError(
+                        f"cannot open store {str(self.path)!r}: {exc}") from exc
                 if not patience.again(f"waiting for {self.path.name}: {str(exc).split(':', 1)[-1].strip()}"):
                     raise StoreBusy(f"store {str(self.path)!r} is held by another process "
                                     f"(waited {patience.waited:.0f}s): {exc}") from exc
@@ -136,26 +206,30 @@ class Connection:
         check_store_path(self.path, must_exist=must_exist)
 
     def remove(self) -> None:
-        remove_store(self.path)
+        """Delete the file a refused call created, and the folders created for it."""
+        remove_store(self.path, self.made)
+        self.made = []
 
     def transaction(self, work: Callable[[duckdb.DuckDBPyConnection], T], *, wait: float | None = None,
-                    commit: bool = True, exclusive: bool = False) -> T:
+                    commit: bool = True, exclusive: bool = False, read_only: bool = False) -> T:
         """Run `work` in one transaction, retrying on a write conflict (`commit=False`: roll it back).
 
         `exclusive` is for PostgreSQL (one such transaction at a time); a DuckDB file has one writer anyway.
+        `read_only`: `work` only reads (the file is opened read-only, see `open`).
 
         DuckDB reports a conflict on the statement, and a COMMIT after it would
         silently roll back, so the conflict is caught here and the work redone.
         """
         for attempt in range(20):
-            with self.open(wait=wait) as con:
+            with self.open(wait=wait, read_only=read_only) as con:
                 con.execute("BEGIN TRANSACTION")
                 try:
                     result = work(con)
                     con.execute("COMMIT" if commit else "ROLLBACK")
                     return result
                 except duckdb.TransactionException as exc:
-                    con.execute("ROLLBACK")
+                    with contextlib.suppress(duckdb.Error):  # a failed COMMIT ended it: keep its reason
+                        con.execute("ROLLBACK")
                     if "conflict" not in str(exc).lower():
                         raise
                     time.sleep(0.01 * (attempt + 1))

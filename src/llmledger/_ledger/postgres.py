@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import polars as pl
 
-from ..errors import StoreBusy, StoreError, StoreNotFound
+from ..errors import InvalidInputError, StoreBusy, StoreError, StoreNotFound
 from .columns import q
 from .connection import Patience
 
@@ -42,7 +42,7 @@ _LOCK_ID = 0x6C6C6D6C  # "llml": the advisory lock of prepare, migrations, flag 
 _TYPES: dict[int, tuple[str, Any]] = {
     16: ("BOOLEAN", pl.Boolean), 20: ("BIGINT", pl.Int64), 21: ("SMALLINT", pl.Int16), 23: ("INTEGER", pl.Int32),
     25: ("VARCHAR", pl.String), 1043: ("VARCHAR", pl.String), 1042: ("VARCHAR", pl.String), 19: ("VARCHAR", pl.String),
-    700: ("FLOAT", pl.Float32), 701: ("DOUBLE", pl.Float64), 1700: ("DOUBLE", pl.Float64),
+    700: ("REAL", pl.Float32), 701: ("DOUBLE", pl.Float64), 1700: ("DOUBLE", pl.Float64),
     1114: ("TIMESTAMP", pl.Datetime("us")), 1184: ("TIMESTAMPTZ", pl.Datetime("us", "UTC")), 1082: ("DATE", pl.Date),
     1083: ("TIME", pl.Time), 1186: ("INTERVAL", pl.Duration("us")), 2950: ("UUID", pl.String),
     114: ("JSON", pl.String), 3802: ("JSONB", pl.String), 17: ("BYTEA", pl.Binary),
@@ -53,6 +53,8 @@ _TYPES: dict[int, tuple[str, Any]] = {
     1022: ("DOUBLE[]", pl.List(pl.Float64)), 1231: ("DOUBLE[]", pl.List(pl.Float64)),
     1115: ("TIMESTAMP[]", pl.List(pl.Datetime("us"))), 1182: ("DATE[]", pl.List(pl.Date)),
 }
+# REAL, not DuckDB's other name FLOAT for it: a table created from these names would get PostgreSQL's FLOAT, which
+# is double precision, and a Float32 column would then no longer match its own table.
 _TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\$([A-Za-z_]\w*)|\?|%|\bDOUBLE\b(?! PRECISION)")
 
 
@@ -140,6 +142,19 @@ def _pg_type(dtype: pl.DataType) -> str:
 
 
 _CSV_ROWS = 100_000
+_BIGINT_MAX = 2**63 - 1
+
+
+def _check_fits(frame: pl.DataFrame) -> None:
+    """A UInt64 value above BIGINT's range, PostgreSQL's largest integer, refused with what to do (not psycopg's
+    "out of range" from the middle of a COPY)."""
+    for column, dtype in frame.schema.items():
+        if dtype == pl.UInt64 and frame.height:
+            largest = frame[column].max()
+            if isinstance(largest, int) and largest > _BIGINT_MAX:
+                raise InvalidInputError(f"column {column!r} holds {largest}, above {_BIGINT_MAX:,}, the largest "
+                                        "integer PostgreSQL stores (BIGINT); cast it, e.g. "
+                                        f"pl.col({column!r}).cast(pl.String), or use a DuckDB store")
 
 
 def _json_text(value: Any) -> str:
@@ -202,6 +217,7 @@ class PgCon:
     def register(self, name: str, frame: pl.DataFrame) -> None:
         """`frame` as a temporary table `name` (until `unregister`), filled by COPY and analysed for the planner."""
         psycopg = _psycopg()
+        _check_fits(frame)
         types = {c: _pg_type(t) for c, t in frame.schema.items()}
         cols = ", ".join(f"{q(c)} {t}" for c, t in types.items())
         self.raw.execute(f'DROP TABLE IF EXISTS pg_temp."{name}"')  # never a table of the user's
@@ -300,9 +316,10 @@ class PgConnection:
                 raise StoreError(f"lost the PostgreSQL store {self.name}: {str(exc).strip()}") from exc
 
     def transaction(self, work: Callable[[PgCon], T], *, wait: float | None = None, commit: bool = True,
-                    exclusive: bool = False) -> T:
+                    exclusive: bool = False, read_only: bool = False) -> T:
         """Run `work` in one transaction, redoing it after a serialization failure, a deadlock or a lost
-        connection (`commit=False`: roll it back; `exclusive`: one such transaction at a time in the database)."""
+        connection (`commit=False`: roll it back; `exclusive`: one such transaction at a time in the database;
+        `read_only` is for a DuckDB file: the server decides what this role may do)."""
         psycopg = _psycopg()
         retry = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
         start = time.monotonic()

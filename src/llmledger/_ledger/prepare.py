@@ -33,6 +33,15 @@ if TYPE_CHECKING:
 INCOMING = "llmledger_incoming"
 _NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
             "UHUGEINT"}
+_SINGLE = {"FLOAT", "REAL"}  # DuckDB's two names for a 4-byte float (PostgreSQL's REAL)
+
+
+def _fits(stored: str, incoming: str) -> bool:
+    """Whether a frame column of type `incoming` can be stored in (and compared with) a column of type `stored`:
+    the same type, any two integers, or a 4-byte float in a double (as 0.6.0 created Float32 columns added to a
+    PostgreSQL table)."""
+    return stored == incoming or (stored in _NUMERIC and incoming in _NUMERIC) or \
+        (incoming in _SINGLE and stored in (*_SINGLE, "DOUBLE"))
 
 
 def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame) -> None:
@@ -47,13 +56,13 @@ def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Da
             raise KeyColumnError(f"table {layout.table!r} has no column {k!r}, so it cannot be keyed by it; "
                                  f"its columns are {list(existing)}. Pass the key it was built with, or a "
                                  "new table=.")
-        if existing[k] != incoming[k] and not (existing[k] in _NUMERIC and incoming[k] in _NUMERIC):
+        if not _fits(existing[k], incoming[k]):
             raise KeyColumnError(f"key column {k!r} is {existing[k]} in table {layout.table!r} but "
                                  f"{incoming[k]} in the frame; cast it (e.g. pl.col({k!r}).cast(...)).")
     for c in layout.mirror:
         if c not in existing:
             con.execute(f"ALTER TABLE {q(layout.table)} ADD COLUMN {q(c)} {incoming[c]}")
-        elif existing[c] != incoming[c] and not (existing[c] in _NUMERIC and incoming[c] in _NUMERIC):
+        elif not _fits(existing[c], incoming[c]):
             raise InvalidInputError(f"column {c!r} is {existing[c]} in table {layout.table!r} but {incoming[c]} in "
                                     f"the frame; cast it (e.g. pl.col({c!r}).cast(...)) or rename it.")
 

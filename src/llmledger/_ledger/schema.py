@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 from .._request import RequestSpec
+from .._time import utcnow
 from ..errors import StoreError
 from .columns import STEP_COLUMNS, add_column_ddl, q
 from .connection import column_types, dialect, one, table_exists
@@ -178,6 +179,15 @@ def migrate(con: duckdb.DuckDBPyConnection, now: datetime) -> int:
                         [migration.version, migration.name, now, __version__])
             ran += 1
     return ran
+
+
+def migrate_for_readers(conn: Any) -> None:
+    """Bring an older store to the current schema before a reader opens it read-only (`conn`: a `Connection` or
+    `PgConnection`). A current store, the usual case, is only read, so one that cannot be written can be."""
+    with conn.open(wait=60.0, read_only=True) as con:
+        if schema_version(con) >= LATEST:
+            return
+    conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)
 
 
 # -- steps ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from ..errors import InvalidInputError
 from . import RunParams, Selection, StepDefinition
 from .batches import BatchVerbs
 from .columns import names, q
-from .connection import Connection, column_types, dialect, one, table_exists
+from .connection import Connection, column_types, dialect, one, table_exists, writes_refused
 from .graph import StepGraph
 from .history import side_by_side
 from .overview import Overview, read_overview
@@ -46,6 +46,7 @@ from .schema import (
     current_version,
     list_steps,
     migrate,
+    migrate_for_readers,
     owned_columns,
     record_step,
 )
@@ -338,16 +339,22 @@ class SQLLedger(BatchVerbs):
         return float(now) + float(before) + float(unused)
 
     # -- what people look at -----------------------------------------------------------------------------
+    # Readers open a DuckDB file read-only, so a store on a read-only medium or another user's can be read.
     def counts(self, table: str | None = None) -> pl.DataFrame:
-        with self.conn.open(wait=60.0) as con:
+        with self.conn.open(wait=60.0, read_only=True) as con:
             return status_counts(con, table)
 
     def overview(self, table: str | None = None) -> Overview:
-        with self.conn.open(wait=60.0) as con:
+        with self.conn.open(wait=60.0, read_only=True) as con:
             return read_overview(con, table)
 
     def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame:
-        return self.conn.transaction(lambda con: side_by_side(con, self._layout(con, table, step), key), wait=60.0)
+        self.migrated()
+        return self.conn.transaction(lambda con: side_by_side(con, self._layout(con, table, step), key), wait=60.0,
+                                     read_only=True)
+
+    def migrated(self) -> None:
+        migrate_for_readers(self.conn)
 
     # -- what people do to rows ----------------------------------------------------------------------------
     def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
@@ -387,10 +394,18 @@ class SQLLedger(BatchVerbs):
         return Layout(table, step, found[0], [])
 
     def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None:
-        with self.conn.open(wait=wait) as con:
-            relation = con.sql(sql, params=params)
-            return None if relation is None else relation.pl()
+        """Run `sql` read-only (a store that cannot be written can be queried), or read-write if it writes."""
+        for read_only in (True, False):
+            with self.conn.open(wait=wait, read_only=read_only) as con:
+                try:
+                    relation = con.sql(sql, params=params)
+                except duckdb.Error as exc:
+                    if read_only and writes_refused(exc):
+                        continue
+                    raise
+                return None if relation is None else relation.pl()
+        return None
 
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]:
-        with self.conn.open(wait=60.0) as con:
+        with self.conn.open(wait=60.0, read_only=True) as con:
             return list_steps(con, table)
