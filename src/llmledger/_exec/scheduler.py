@@ -38,7 +38,13 @@ from .recorder import Recorder
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 RENEW_EVERY = 60.0  # at most this many seconds between heartbeats on a run's claims (a quarter of stale_after if less)
-BUDGET_GRACE = 600.0  # seconds a run that reached its budget waits for the answers already in flight
+BUDGET_GRACE = 600.0  # seconds a stopped run waits for the answers already in flight
+# Stops that wait for every request in flight: its answer is billed whatever stopped the run (the budget, the
+# account's spend cap, `x-should-retry: false`, an outage, credentials or a missing model), and an answer not
+# kept would be paid again by the next run. Ctrl-C waits `grace` only (the user wants out); a bug or a store
+# error stops at once (nothing could be committed).
+DRAINING = frozenset({Outcome.BUDGET, Outcome.SPEND_LIMIT, Outcome.RETRY_REFUSED, Outcome.OUTAGE, Outcome.AUTH,
+                      Outcome.NO_MODEL})
 
 
 @dataclass(frozen=True)
@@ -168,13 +174,14 @@ class Scheduler:
                         self.stop(Outcome.ERROR, f"{type(failure).__name__}: {failure}")
                 if store_task.done():
                     break
-            if pending and self.stopping is Outcome.BUDGET:  # requests in flight are paid for: take their answers
+            if pending and self.stopping in DRAINING:  # requests in flight are paid for: take their answers
                 deadline = time.monotonic() + BUDGET_GRACE
-                while self.in_flight and time.monotonic() < deadline:
+                while self.in_flight and time.monotonic() < deadline and not self.stop_flag.is_set():
                     await asyncio.sleep(0.02)
                 await asyncio.sleep(0)
             if pending:
-                grace = self.cfg.grace if self.stopping is Outcome.INTERRUPTED else 0.0
+                interrupted = self.stopping is Outcome.INTERRUPTED or self.stop_flag.is_set()
+                grace = self.cfg.grace if interrupted else 0.0
                 if grace:
                     _, pending = await asyncio.wait(pending, timeout=grace)
                 for task in pending:
