@@ -8,6 +8,8 @@ complete (and are billed), and compare what the simulator billed with what the l
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ from pydantic import BaseModel
 import llmledger
 from llmledger import RetryPolicy, RunStopped, Simulator, apply_llm, last_report
 
-from .conftest import frame
+from .conftest import HELPERS, frame, subprocess_env
 
 ROWS, CONCURRENCY = 60, 16
 FAST = RetryPolicy(base_delay=0.01, max_delay=0.02, outage_after=0.01, outage_failures=3)
@@ -132,3 +134,40 @@ def test_a_structured_row_owed_its_follow_up_is_released_when_the_run_stops(
     sim.configure(latency=0.0, jitter=0.0)
     out = apply_llm(df, "summary", prompt="Summarize: {text}", **options)
     assert out["summary_status"].to_list() == ["DONE"] * 40
+
+
+# -- a step budget shared by concurrent runs -------------------------------------------------------------
+
+RACE_MODEL, RACE_PRICE = "claude-budget-race", 1000.0  # $ per million tokens, in and out (budget_run.py's)
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
+def test_two_concurrent_runs_of_a_step_share_one_budget(engine: str, request: pytest.FixtureRequest,
+                                                        store: Path, sim: Simulator) -> None:
+    """Two processes run one step with max_cost_usd=X and budget_scope="step" at the same time.
+
+    The bound: what the API billed is at most X plus, per run, one request of unknown cost (its first, sent
+    before any answer of the step said what a request costs) and what answers cost above the average they
+    were reserved at (about nothing here: every row's request is the same size give or take a digit). So
+    billed <= X + 2 * (the dearest answer), for two runs. Before reservations each run had the whole budget
+    to itself, and the two spent nearly 2X.
+    """
+    target = str(request.getfixturevalue("pg_url")) if engine == "postgresql" else str(store)
+    budget, rows = 0.2, 120
+    sim.configure(latency=0.25, jitter=0.1)
+    procs = [subprocess.Popen([sys.executable, str(HELPERS / "budget_run.py"), target, str(rows), str(budget),
+                               "--concurrency", "3"], env=subprocess_env(sim.base_url), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [proc.communicate(timeout=180)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    assert all("outcome budget" in out for out in outputs), outputs
+    stats = _settled(sim)
+    billed = (stats["input_tokens"] + stats["output_tokens"]) * RACE_PRICE / 1e6
+    ledger = llmledger.sql(target, "SELECT sum(summary_cost_usd) AS spent, max(summary_cost_usd) AS dearest, "
+                                   "count(summary_cost_usd) AS paid FROM messages")
+    spent, dearest, paid = ledger.row(0)
+    assert paid == stats["paid"] and spent == pytest.approx(billed), "every billed answer is in the ledger"
+    assert billed <= budget + 2 * dearest, f"billed ${billed:.4f} on a budget of ${budget} (2 runs)"
+    assert billed >= budget - 8 * dearest, "the budget is used, less at most what the runs held reserved"
+    assert llmledger.sql(target, "SELECT count(*) AS n FROM llmledger_budget_reservations").item() == 0, \
+        "each run dropped its reservation when it ended"
