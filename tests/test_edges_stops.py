@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from pydantic import BaseModel
 
 import llmledger
 from llmledger import RetryPolicy, RunStopped, Simulator, apply_llm, last_report
+from llmledger._ledger.claims import host_name
+from llmledger._time import utcnow
 
 from .conftest import HELPERS, frame, subprocess_env
 
@@ -171,3 +174,35 @@ def test_two_concurrent_runs_of_a_step_share_one_budget(engine: str, request: py
     assert billed >= budget - 8 * dearest, "the budget is used, less at most what the runs held reserved"
     assert llmledger.sql(target, "SELECT count(*) AS n FROM llmledger_budget_reservations").item() == 0, \
         "each run dropped its reservation when it ended"
+
+
+def test_a_reservation_counts_while_its_holder_lives_and_not_after(run, sim: Simulator, store: Path) -> None:
+    """Another host's fresh reservation takes the budget; a dead process's, or a stale one, is ignored."""
+    import duckdb
+
+    llmledger.set_price(RACE_MODEL, input=RACE_PRICE, output=RACE_PRICE)
+    options: dict[str, Any] = dict(model=RACE_MODEL, max_cost_usd=0.05, budget_scope="step")
+    run(frame(2), "summary", prompt="Summarize: {text}", **options)
+    paid = sim.stats()["paid"]
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead = f"{host_name()}/{finished.stdout.strip()}/deadrun"
+
+    def hold(claimant: str, age_seconds: float) -> None:
+        with duckdb.connect(str(store)) as con:
+            con.execute("DELETE FROM llmledger_budget_reservations")
+            con.execute("INSERT INTO llmledger_budget_reservations VALUES ('messages', 'summary', ?, 1.0, ?)",
+                        [claimant, utcnow() - timedelta(seconds=age_seconds)])
+
+    hold("another-host/123/liverun", 5)
+    run(frame(20), "summary", prompt="Summarize: {text}", **options)
+    report = last_report()
+    assert report is not None and report.outcome == "budget" and "reserved by other runs" in str(report.message)
+    assert sim.stats()["paid"] == paid, "another host's live run holds the whole budget"
+
+    for claimant, age in ((dead, 5), ("another-host/123/liverun", 3 * 3600)):
+        hold(claimant, age)
+        run(frame(20), "summary", prompt="Summarize: {text}", **{**options, "max_cost_usd": 0.05 + sim.stats()[
+            "paid"] * 0.02})
+        assert sim.stats()["paid"] > paid, f"{claimant}'s reservation is ignored (dead or stale)"
+        paid = sim.stats()["paid"]
