@@ -27,12 +27,11 @@ import duckdb
 
 from .claims import is_abandoned, is_alive_here
 from .columns import q
-from .connection import Connection, dialect, table_exists
+from .connection import Connection, dialect, one, table_exists
 from .postgres import PgConnection
+from .schema import BATCHES_TABLE, HISTORY_TABLE
 
 RESERVATIONS_TABLE = "llmledger_budget_reservations"
-BATCHES_TABLE = "llmledger_batches"
-HISTORY_TABLE = "llmledger_history"
 _PG_LOCK_CLASS = 0x6C6C6D62  # "llmb": advisory locks on a step's budget (the second key is the step's crc32)
 _duckdb_lock = threading.Lock()
 
@@ -111,9 +110,16 @@ def touch(con: Any, claimant: str, now: datetime) -> None:
 
 
 class BudgetVerbs:
-    """The budget verb of a ledger (mixed into SQLLedger)."""
+    """The budget verbs of a ledger (mixed into SQLLedger)."""
 
     conn: Connection | PgConnection
+
+    def spent(self, table: str, step: str) -> float:
+        """Dollars paid for the step's answers: those in the table, those replaced since (the history), and
+        batch answers to rows taken out of their batch (reset) before it ended."""
+        with self.conn.open(wait=60.0) as con:
+            sql = _spent_sql(table, step, table_exists(con, BATCHES_TABLE))
+            return float(one(con, f"SELECT CAST({sql} AS DOUBLE)", {"table": table, "step": step})[0] or 0.0)
 
     def reserve_budget(self, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
                        budget_usd: float, now: datetime, stale_before: datetime) -> BudgetLook:

@@ -41,8 +41,6 @@ from .prepare import (
     set_output_type,
 )
 from .schema import (
-    BATCHES_TABLE,
-    HISTORY_TABLE,
     RUNS_TABLE,
     current_version,
     list_steps,
@@ -337,17 +335,6 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                         list(row.values()))
 
         self.conn.transaction(work, wait=30.0)
-
-    def spent(self, table: str, step: str) -> float:
-        """Dollars paid for the step's answers: those in the table, those replaced since (the history), and
-        batch answers to rows taken out of their batch (reset) before it ended."""
-        with self.conn.open(wait=60.0) as con:
-            now = one(con, f"SELECT coalesce(sum({q(step + '_cost_usd')}), 0) FROM {q(table)}")[0]
-            before = one(con, f"SELECT coalesce(sum(cost_usd), 0) FROM {HISTORY_TABLE} WHERE table_name = ? "
-                              "AND step = ?", [table, step])[0]
-            unused = one(con, f"SELECT coalesce(sum(unused_cost_usd), 0) FROM {BATCHES_TABLE} WHERE table_name = ? "
-                              "AND step = ?", [table, step])[0] if table_exists(con, BATCHES_TABLE) else 0.0
-        return float(now) + float(before) + float(unused)
 
     # -- what people look at -----------------------------------------------------------------------------
     def counts(self, table: str | None = None) -> pl.DataFrame:
