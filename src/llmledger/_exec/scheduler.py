@@ -173,13 +173,14 @@ class Scheduler:
         return False
 
     async def _reserve(self) -> None:
-        """Reserve in the ledger what the senders wait for (and room for every worker's request), or stop the
+        """Reserve in the ledger what the senders wait for (and room for every worker's next request), or stop the
         run at the budget when even the next request does not fit (one short transaction, in a worker thread)."""
         budget, rep, layout = self.cfg.max_cost_usd, self.report, self.selection.layout
         assert budget is not None and rep.cost_usd is not None
         average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd
         need = self._budget_need(rep.cost_usd, average)
-        want = need + average * max(self.cfg.concurrency - self.in_flight - 1, 0)
+        want = need + average * max(self.cfg.concurrency - self.in_flight, 1)  # every worker's next, and a spare:
+        # answers dearer than the average then need no new reservation for a while
         now = utcnow()
         try:
             look = await asyncio.to_thread(
