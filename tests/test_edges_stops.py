@@ -113,21 +113,31 @@ class Tone(BaseModel):
     year: int
 
 
+@pytest.mark.parametrize("stop", ["budget", "spend_cap"])
 @pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
 def test_a_structured_row_owed_its_follow_up_is_released_when_the_run_stops(
-        engine: str, request: pytest.FixtureRequest, store: Path, sim: Simulator,
+        engine: str, stop: str, request: pytest.FixtureRequest, store: Path, sim: Simulator,
         client: anthropic.AsyncAnthropic) -> None:
-    """Every first answer is bad JSON; the run stops at its budget while first answers are in flight: those
-    rows go back as they were (not NEEDS_REVIEW "not retried: the run stopped"), and a rerun answers them."""
+    """Every first answer is bad JSON; the run stops (its budget, or the account's spend cap, which also
+    refuses the follow-ups) while first answers are in flight: those rows go back as they were (not
+    NEEDS_REVIEW "not retried: the run stopped"), and a rerun answers them."""
     target: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else store
     llmledger.set_price("claude-stops-test", input=1000.0, output=1000.0)
     sim.configure(latency=0.2, jitter=0.6, bad_json_once="hello")
     df = frame(40)
     options: dict[str, Any] = dict(store=target, table="messages", client=client, progress=False, concurrency=8,
                                    model="claude-stops-test", output=Tone)
-    out = apply_llm(df, "summary", prompt="Summarize: {text}", max_cost_usd=0.5, **options)
-    report = last_report()
-    assert report is not None and report.outcome == "budget"
+    if stop == "budget":
+        out = apply_llm(df, "summary", prompt="Summarize: {text}", max_cost_usd=0.5, **options)
+        report = last_report()
+        assert report is not None and report.outcome == "budget"
+    else:
+        watcher = _fault_once_all_in_flight(sim, STOPS["spend_cap"][0], in_flight=8)
+        with pytest.raises(llmledger.SpendLimitReached):
+            apply_llm(df, "summary", prompt="Summarize: {text}", **options)
+        watcher.join()
+        sim.configure(error_rate=0.0)
+        out = llmledger.sql(target, "SELECT summary_status FROM messages")
     statuses = set(out["summary_status"].to_list())
     assert "NEEDS_REVIEW" not in statuses, llmledger.sql(target, "SELECT summary_error FROM messages WHERE "
                                                                  "summary_status = 'NEEDS_REVIEW'")
