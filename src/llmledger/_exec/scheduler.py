@@ -4,8 +4,11 @@ One asyncio task owns the ledger (claims and commits, each in a worker thread
 so requests keep flowing meanwhile); `concurrency` worker tasks take claimed
 rows off the queue and hand them to the sender. Every answer is journaled the
 moment it arrives and committed with its chunk. Stopping (Ctrl-C, cancel,
-outage, a fatal API answer) always ends the same way: commit what finished,
-give back the claims of what did not.
+outage, a fatal API answer, the budget) always ends the same way: start no
+request, take the answers already on their way (they are billed; Ctrl-C gives
+them `grace`), commit what finished, give back the claims of what did not.
+A step budget is shared with the step's other runs through reservations in
+the ledger (`_ledger/budget.py`), made by the task that owns the ledger.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class RunConfig:
     grace: float = 1.0  # seconds in-flight requests get to finish after an interrupt
     validate: Callable[[dict[str, Any], Any], str | None] | None = None  # apply_llm's validate=
     max_cost_usd: float | None = None  # stop starting requests once this much is spent
-    budget_scope: str = "run"  # "step": the budget also counts what earlier runs of the step spent
+    budget_scope: str = "run"  # "step": the budget also counts what earlier runs of the step spent, and
+    # what its concurrent runs reserved
     spent_before_usd: float = 0.0  # that, as the ledger holds it when the run starts
     average_before_usd: float = 0.0  # the step's average paid answer so far (what a request costs, before this
     # run's first answer says)
