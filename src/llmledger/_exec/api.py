@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -109,9 +110,20 @@ def classify(exc: BaseException) -> CallFailed:
     return CallFailed(Kind.PERMANENT, f"{type(exc).__name__}: {exc}")
 
 
-async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, Any]) -> Reply:
-    """One request with exactly `body`. Raises CallFailed with its kind on any failure."""
+class NotSent(Exception):
+    """The run stopped while the request waited for its turn: it was never sent."""
+
+
+async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, Any],
+               go: Callable[[], bool] | None = None) -> Reply:
+    """One request with exactly `body`. Raises CallFailed with its kind on any failure.
+
+    `go`, asked once the pacer lets the request start: False raises NotSent, so a run that stopped while
+    its requests waited for their turn (a retry-after pause) starts none of them.
+    """
     await pacer.wait()
+    if go is not None and not go():
+        raise NotSent
     required = {name: body[name] for name in ("model", "max_tokens", "messages")}
     extra = {name: value for name, value in body.items() if name not in required}
     try:

@@ -23,7 +23,7 @@ from .._ledger import KnownAnswer
 from .._ledger.states import Outcome
 from .._output import OutputError, OutputSpec
 from .._request import RequestSpec
-from .api import CallFailed, Kind, Reply, known_reply, send
+from .api import CallFailed, Kind, NotSent, Reply, known_reply, send
 from .pacing import Pacer, backoff
 
 log = logging.getLogger("llmledger")
@@ -129,9 +129,11 @@ class OnlineSender:
                                           {"role": "assistant", "content": first.text or "(no answer)"},
                                           {"role": "user", "content": FEEDBACK.format(problem=problem)}]}
         second = await self._send(follow_up, row)
-        if second is None or second[0] is None:  # stopped, or the retry was refused: keep what was paid for
-            why = "the run stopped" if second is None else second[1]
-            return first, f"the answer does not match the output schema: {problem} (not retried: {why})"
+        if second is None:  # the run stopped before the row's one follow-up: the row goes back as it was (its
+            self.sink.bill(first)  # first answer is counted as paid), and the next run asks it afresh
+            return None
+        if second[0] is None:  # the follow-up was refused: keep what was paid for
+            return first, f"the answer does not match the output schema: {problem} (not retried: {second[1]})"
         both = first.plus(second[0])
         try:
             return dataclasses.replace(both, text=self.output.check(both.text)), None
@@ -150,10 +152,12 @@ class OnlineSender:
             wait_at_least: float | None = None
             self._doing(f"sending {row['fingerprint'][:8]} (try {tries})")
             try:
-                reply = await send(self.client, self.pacer, body)
+                reply = await send(self.client, self.pacer, body, go=lambda: self.sink.stopping is None)
                 self.transient_streak = 0
                 self.last_success = time.monotonic()
                 return reply, None
+            except NotSent:  # the run stopped while this request waited for its turn
+                return None
             except CallFailed as failure:
                 if failure.kind is Kind.FATAL:
                     outcome = failure.stop or Outcome.ERROR

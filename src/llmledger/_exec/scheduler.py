@@ -4,8 +4,11 @@ One asyncio task owns the ledger (claims and commits, each in a worker thread
 so requests keep flowing meanwhile); `concurrency` worker tasks take claimed
 rows off the queue and hand them to the sender. Every answer is journaled the
 moment it arrives and committed with its chunk. Stopping (Ctrl-C, cancel,
-outage, a fatal API answer) always ends the same way: commit what finished,
-give back the claims of what did not.
+outage, a fatal API answer, the budget) always ends the same way: start no
+request, take the answers already on their way (they are billed; Ctrl-C gives
+them `grace`), commit what finished, give back the claims of what did not.
+A step budget is shared with the step's other runs through reservations in
+the ledger (`_ledger/budget.py`), made by the task that owns the ledger.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,13 @@ from .recorder import Recorder
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 RENEW_EVERY = 60.0  # at most this many seconds between heartbeats on a run's claims (a quarter of stale_after if less)
-BUDGET_GRACE = 600.0  # seconds a run that reached its budget waits for the answers already in flight
+BUDGET_GRACE = 600.0  # seconds a stopped run waits for the answers already in flight
+# Stops that wait for every request in flight: its answer is billed whatever stopped the run (the budget, the
+# account's spend cap, `x-should-retry: false`, an outage, credentials or a missing model), and an answer not
+# kept would be paid again by the next run. Ctrl-C waits `grace` only (the user wants out); a bug or a store
+# error stops at once (nothing could be committed).
+DRAINING = frozenset({Outcome.BUDGET, Outcome.SPEND_LIMIT, Outcome.RETRY_REFUSED, Outcome.OUTAGE, Outcome.AUTH,
+                      Outcome.NO_MODEL})
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,8 @@ class RunConfig:
     grace: float = 1.0  # seconds in-flight requests get to finish after an interrupt
     validate: Callable[[dict[str, Any], Any], str | None] | None = None  # apply_llm's validate=
     max_cost_usd: float | None = None  # stop starting requests once this much is spent
-    budget_scope: str = "run"  # "step": the budget also counts what earlier runs of the step spent
+    budget_scope: str = "run"  # "step": the budget also counts what earlier runs of the step spent, and
+    # what its concurrent runs reserved
     spent_before_usd: float = 0.0  # that, as the ledger holds it when the run starts
     average_before_usd: float = 0.0  # the step's average paid answer so far (what a request costs, before this
     # run's first answer says)
@@ -86,6 +97,12 @@ class Scheduler:
         self.stopping: Outcome | None = None
         self.in_flight = 0
         self.workers_done = False
+        # A step's budget is shared with the step's other runs through reservations in the ledger (budget.py):
+        # `held` is what the ledger holds reserved for this run; `committed` what of this run's spending the
+        # fact table holds; `ask` a reservation the senders wait for; `first_ok` one request of unknown cost.
+        self.shared_budget = cfg.max_cost_usd is not None and cfg.budget_scope == "step"
+        self.budget_held = self.budget_committed = 0.0
+        self.budget_ask = self.budget_first_ok = False
         ACTIVE.add(self)
 
     # -- the Sink the sender reports to -------------------------------------------------------------------
@@ -123,8 +140,10 @@ class Scheduler:
             self.stop(Outcome.BUDGET, "max_cost_usd cannot be kept: the model has no known price (see "
                                       "llmledger.set_price); stopped")
             return False
-        spent = self.cfg.spent_before_usd + rep.cost_usd
         average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd
+        if self.shared_budget:
+            return self._within_reservation(rep.cost_usd, average)
+        spent = self.cfg.spent_before_usd + rep.cost_usd
         if not average and spent < budget:  # no answer of the step says what one costs yet: one at a time
             return self.in_flight == 0
         if spent + average * (self.in_flight + 1) <= budget:  # the requests in flight, and this one
@@ -135,6 +154,55 @@ class Scheduler:
                                   f"another request (about ${average:.4f}) would go over it. Rows not sent stay as "
                                   "they were; raise max_cost_usd to go on.")
         return False
+
+    def _budget_need(self, cost: float, average: float) -> float:
+        """Dollars this run has paid or is paying for that the fact table does not hold yet, with one more
+        request: answers billed but not committed, the requests in flight and the next one at the average."""
+        return cost - self.budget_committed + average * (self.in_flight + 1)
+
+    def _within_reservation(self, cost: float, average: float) -> bool:
+        """A step budget: start a request only within what the ledger holds reserved for this run. When that
+        is not enough, the store loop reserves more (or stops the run at the budget); meanwhile, wait. Until an
+        answer of the step says what one costs, one request at a time, each after a look at the room left."""
+        if not average:
+            if self.in_flight:
+                return False
+            if self.budget_first_ok:
+                self.budget_first_ok = False
+                return True
+        elif self._budget_need(cost, average) <= self.budget_held:
+            return True
+        if not self.budget_ask:
+            self.budget_ask = True
+            self._wake.set()
+        return False
+
+    async def _reserve(self) -> None:
+        """Reserve in the ledger what the senders wait for (and room for every worker's next request), or stop the
+        run at the budget when even the next request does not fit (one short transaction, in a worker thread)."""
+        budget, rep, layout = self.cfg.max_cost_usd, self.report, self.selection.layout
+        assert budget is not None and rep.cost_usd is not None
+        average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd
+        need = self._budget_need(rep.cost_usd, average)
+        want = need + average * max(self.cfg.concurrency - self.in_flight, 1)  # every worker's next, and a spare:
+        # answers dearer than the average then need no new reservation for a while
+        now = utcnow()
+        try:
+            look = await asyncio.to_thread(
+                self.ledger.reserve_budget, layout.table, layout.step, claimant=str(self.claimant), need_usd=need,
+                want_usd=want, budget_usd=budget, now=now, stale_before=now - timedelta(seconds=self.cfg.stale_after))
+        except StoreBusy:  # the store stayed locked: the senders keep waiting, and ask again
+            self.budget_ask = False
+            return
+        self.budget_held = look.held_usd
+        self.budget_ask = False
+        if look.fits and (average or look.spent_usd + look.others_usd + need < budget):
+            self.budget_first_ok = not average
+            return
+        others = f", ${look.others_usd:.4f} reserved by other runs of this step in flight" if look.others_usd else ""
+        self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${look.spent_usd:.4f} spent on the "
+                                  f"step{others}, and another request (about ${average:.4f}) would go over it. "
+                                  "Rows not sent stay as they were; raise max_cost_usd to go on.")
 
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
         """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""
@@ -169,13 +237,14 @@ class Scheduler:
                         self.stop(Outcome.ERROR, f"{type(failure).__name__}: {failure}")
                 if store_task.done():
                     break
-            if pending and self.stopping is Outcome.BUDGET:  # requests in flight are paid for: take their answers
+            if pending and self.stopping in DRAINING:  # requests in flight are paid for: take their answers
                 deadline = time.monotonic() + BUDGET_GRACE
-                while self.in_flight and time.monotonic() < deadline:
+                while self.in_flight and time.monotonic() < deadline and not self.stop_flag.is_set():
                     await asyncio.sleep(0.02)
                 await asyncio.sleep(0)
             if pending:
-                grace = self.cfg.grace if self.stopping is Outcome.INTERRUPTED else 0.0
+                interrupted = self.stopping is Outcome.INTERRUPTED or self.stop_flag.is_set()
+                grace = self.cfg.grace if interrupted else 0.0
                 if grace:
                     _, pending = await asyncio.wait(pending, timeout=grace)
                 for task in pending:
@@ -238,8 +307,13 @@ class Scheduler:
             want = 0
             if not exhausted and self.stopping is None and self.queue.qsize() < low_water:
                 want = max(self.cfg.chunk_size, 2 * self.cfg.concurrency)
+            reserve = self.budget_ask and self.stopping is None
+            if reserve:
+                await self._reserve()
             if flush:
-                await asyncio.to_thread(self._commit, *self._take_buffer())
+                settled = await asyncio.to_thread(self._commit, *self._take_buffer())
+                self.budget_committed += settled  # in the fact table now, and out of the reservation
+                self.budget_held = max(0.0, self.budget_held - settled)
             if want:
                 for row in await asyncio.to_thread(self._claim, want):
                     self.queue.put_nowait(row)
@@ -247,7 +321,7 @@ class Scheduler:
                     exhausted = True
                     for _ in range(self.cfg.concurrency):
                         self.queue.put_nowait(None)
-            if flush or want:
+            if flush or want or reserve:
                 continue
             if finishing and not self.buffer:
                 break
@@ -260,18 +334,22 @@ class Scheduler:
         batch, self.buffer, self.oldest = self.buffer, [], None
         return batch, self.journal.rotate()
 
-    def _commit(self, batch: list[dict[str, Any]], journal: Path | None) -> None:
-        """One chunk in one transaction; its journal file goes once the commit is in."""
+    def _commit(self, batch: list[dict[str, Any]], journal: Path | None) -> float:
+        """One chunk in one transaction; its journal file goes once the commit is in. Returns what its answers
+        cost when that left this run's budget reservation with them (0 otherwise)."""
         schema = {k: self.selection.key_types[k] for k in self.selection.layout.key} | RESULT_SCHEMA
         results = pl.from_dicts(batch, schema=schema)
+        cost = sum(r["cost_usd"] or 0.0 for r in batch) if self.shared_budget else 0.0
         try:
-            self.ledger.commit(self.selection, results, now=utcnow(), wait=None if self.stopping is None else 30.0)
+            self.ledger.commit(self.selection, results, now=utcnow(), wait=None if self.stopping is None else 30.0,
+                               settled=(str(self.claimant), cost) if self.shared_budget else None)
         except StoreBusy:
             self.report.message += (f" The store stayed locked; {len(batch)} answers are kept in {journal} "
                                     "and the next run merges them.")
-            return
+            return 0.0
         if journal is not None:
             journal.unlink(missing_ok=True)
+        return cost
 
     def _claim(self, n: int) -> list[dict[str, Any]]:
         try:

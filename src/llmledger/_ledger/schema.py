@@ -130,6 +130,12 @@ def _v7_sources(con: duckdb.DuckDBPyConnection) -> None:
     _add_step_columns(con, {"_source": "VARCHAR"})
 
 
+def _v8_budget_reservations(con: duckdb.DuckDBPyConnection) -> None:
+    """A step's budget shared by its concurrent runs: what each live run has reserved (budget.py)."""
+    con.execute("CREATE TABLE IF NOT EXISTS llmledger_budget_reservations (table_name VARCHAR, step VARCHAR, "
+                "claimant VARCHAR, reserved_usd DOUBLE, reserved_at TIMESTAMP)")
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
@@ -139,6 +145,7 @@ MIGRATIONS = (
     Migration(5, "Message Batches: batch intents and ids, per-row batch and custom ids, run modes", _v5_batches),
     Migration(7, "answer sources: the simulator or the API endpoint per answer, kept in the history too",
               _v7_sources),
+    Migration(8, "budget reservations: a step's budget shared by its concurrent runs", _v8_budget_reservations),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -23,6 +23,7 @@ from .._time import utcnow
 from ..errors import InvalidInputError
 from . import RunParams, Selection, StepDefinition
 from .batches import BatchVerbs
+from .budget import BudgetVerbs, drop, settle, touch
 from .columns import names, q
 from .connection import Connection, column_types, dialect, one, table_exists, writes_refused
 from .graph import StepGraph
@@ -40,8 +41,6 @@ from .prepare import (
     set_output_type,
 )
 from .schema import (
-    BATCHES_TABLE,
-    HISTORY_TABLE,
     RUNS_TABLE,
     current_version,
     list_steps,
@@ -73,7 +72,7 @@ from .verbs import (
 _PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
-class SQLLedger(BatchVerbs):
+class SQLLedger(BatchVerbs, BudgetVerbs):
     """A ledger in one DuckDB file (`Connection`) or one PostgreSQL database (`PgConnection`).
 
     `path` is the DuckDB file, or for PostgreSQL where this machine journals answers before they commit.
@@ -288,24 +287,42 @@ class SQLLedger(BatchVerbs):
         return claimed
 
     def commit(self, selection: Selection, results: pl.DataFrame, *, now: datetime,
-               wait: float | None = None) -> None:
-        self.conn.transaction(lambda con: commit_results(con, selection.layout, results, now=now), wait=wait)
+               wait: float | None = None, settled: tuple[str, float] | None = None) -> None:
+        """One chunk of results. `settled` (claimant, dollars): those answers' cost leaves the claimant's budget
+        reservation in the same transaction, as it enters the fact table."""
+        layout = selection.layout
+
+        def work(con: duckdb.DuckDBPyConnection) -> None:
+            commit_results(con, layout, results, now=now)
+            if settled is not None:
+                settle(con, layout.table, layout.step, claimant=settled[0], committed_usd=settled[1], now=now)
+
+        self.conn.transaction(work, wait=wait)
 
     def release(self, selection: Selection, *, claimant: str) -> int:
+        """Give back the run's unfinished claims, and drop its budget reservation (its answers are committed)."""
         layout = selection.layout
-        return self.conn.transaction(
-            lambda con: give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant "
-                                               f"AND {layout.col('_custom_id')} IS NULL",
-                                   {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}).height,
-            wait=30.0)
+
+        def work(con: duckdb.DuckDBPyConnection) -> int:
+            drop(con, claimant)
+            return give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant "
+                                          f"AND {layout.col('_custom_id')} IS NULL",
+                             {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}).height
+
+        return self.conn.transaction(work, wait=30.0)
 
     def renew(self, selection: Selection, *, claimant: str, now: datetime) -> int:
         """Mark the claims this run still holds as alive now (so no other run takes them back by age)."""
         layout = selection.layout
-        return self.conn.transaction(lambda con: len(con.execute(
-            f"UPDATE {q(layout.table)} SET {layout.col('_running_started_at')} = $now "
-            f"WHERE {layout.col('_claimed_by')} = $claimant AND {layout.col('_status')} = 'RUNNING' RETURNING 1",
-            {"now": now, "claimant": claimant}).fetchall()), wait=30.0)
+
+        def work(con: duckdb.DuckDBPyConnection) -> int:
+            touch(con, claimant, now)  # and its budget reservation
+            return len(con.execute(
+                f"UPDATE {q(layout.table)} SET {layout.col('_running_started_at')} = $now WHERE "
+                f"{layout.col('_claimed_by')} = $claimant AND {layout.col('_status')} = 'RUNNING' RETURNING 1",
+                {"now": now, "claimant": claimant}).fetchall())
+
+        return self.conn.transaction(work, wait=30.0)
 
     def recover(self, table: str, step: str, params: RunParams) -> int:
         """Give back claims of runs that died on this host, and claims older than `params.stale_before`."""
@@ -326,17 +343,6 @@ class SQLLedger(BatchVerbs):
                         list(row.values()))
 
         self.conn.transaction(work, wait=30.0)
-
-    def spent(self, table: str, step: str) -> float:
-        """Dollars paid for the step's answers: those in the table, those replaced since (the history), and
-        batch answers to rows taken out of their batch (reset) before it ended."""
-        with self.conn.open(wait=60.0) as con:
-            now = one(con, f"SELECT coalesce(sum({q(step + '_cost_usd')}), 0) FROM {q(table)}")[0]
-            before = one(con, f"SELECT coalesce(sum(cost_usd), 0) FROM {HISTORY_TABLE} WHERE table_name = ? "
-                              "AND step = ?", [table, step])[0]
-            unused = one(con, f"SELECT coalesce(sum(unused_cost_usd), 0) FROM {BATCHES_TABLE} WHERE table_name = ? "
-                              "AND step = ?", [table, step])[0] if table_exists(con, BATCHES_TABLE) else 0.0
-        return float(now) + float(before) + float(unused)
 
     # -- what people look at -----------------------------------------------------------------------------
     # Readers open a DuckDB file read-only, so a store on a read-only medium or another user's can be read.

@@ -1,0 +1,137 @@
+"""A step's budget is one budget: every run of the step reserves in the ledger what it is about to spend.
+
+`max_cost_usd` with `budget_scope="step"` used to be checked by each run against what the ledger held when
+it started, so two runs of one step spent twice the budget (N workers, N times). Now a run holds a row in
+`llmledger_budget_reservations`: dollars it has paid or is paying for that are not in the fact table yet
+(answers in flight at the step's average, answers billed but not committed). Before it starts requests
+it reserves, in one short transaction, against what the step has spent (the fact table, the history,
+unused batch answers) plus every other live run's reservation; a commit moves an answer's cost from the
+run's reservation into the fact table in the same transaction, so no other run ever sees it twice or not
+at all; the run's end deletes its row. A row whose holder is gone (a dead process on this host; on
+another host, not touched for `stale_after`) is ignored and deleted.
+
+Reserving is serialised per step: a PostgreSQL advisory lock on the step, and on DuckDB (one writing
+process per file) a lock in this process, because two transactions of one process could both read the
+same room under MVCC and both take it.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import duckdb
+
+from .claims import is_abandoned, is_alive_here
+from .columns import q
+from .connection import Connection, dialect, one, table_exists
+from .postgres import PgConnection
+from .schema import BATCHES_TABLE, HISTORY_TABLE
+
+RESERVATIONS_TABLE = "llmledger_budget_reservations"
+_PG_LOCK_CLASS = 0x6C6C6D62  # "llmb": advisory locks on a step's budget (the second key is the step's crc32)
+_duckdb_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class BudgetLook:
+    """What one reservation found and left: dollars the step has spent (in the ledger), reserved by other
+    live runs, and now reserved by this run; `fits`: whether what the run needed could be reserved."""
+
+    spent_usd: float
+    others_usd: float
+    held_usd: float
+    fits: bool
+
+
+def _spent_sql(table: str, step: str, with_batches: bool) -> str:
+    """The step's spending as one scalar query (the `spent` verb's sums, read in the same snapshot)."""
+    unused = (f" + (SELECT coalesce(sum(unused_cost_usd), 0) FROM {BATCHES_TABLE} WHERE table_name = $table "
+              "AND step = $step)") if with_batches else ""
+    return (f"(SELECT coalesce(sum({q(step + '_cost_usd')}), 0) FROM {q(table)}) + "
+            f"(SELECT coalesce(sum(cost_usd), 0) FROM {HISTORY_TABLE} WHERE table_name = $table AND step = $step)"
+            + unused)
+
+
+def reserve(con: Any, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
+            budget_usd: float, now: datetime, stale_before: datetime) -> BudgetLook:
+    """Reserve for `claimant` at least `need_usd` and up to `want_usd`, within `budget_usd`; if even
+    `need_usd` does not fit, leave its reservation as it is (it covers what it has in flight)."""
+    params = {"table": table, "step": step}
+    with_batches = table_exists(con, BATCHES_TABLE)
+    rows = con.execute(f"SELECT NULL, CAST({_spent_sql(table, step, with_batches)} AS DOUBLE), NULL "
+                       f"UNION ALL SELECT claimant, reserved_usd, reserved_at FROM {RESERVATIONS_TABLE} "
+                       "WHERE table_name = $table AND step = $step", params).fetchall()
+    spent = float(next(r[1] for r in rows if r[0] is None) or 0.0)
+    others, held, gone = 0.0, 0.0, []
+    for holder, reserved, at in rows:
+        if holder is None:
+            continue
+        if holder == claimant:
+            held = float(reserved or 0.0)
+        elif is_abandoned(holder) or (not is_alive_here(holder) and at is not None and at < stale_before):
+            gone.append(holder)
+        else:
+            others += float(reserved or 0.0)
+    for holder in gone:
+        con.execute(f"DELETE FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step "
+                    "AND claimant = $claimant", {**params, "claimant": holder})
+    room = budget_usd - spent - others
+    fits = need_usd <= room
+    if fits:
+        held = max(need_usd, min(want_usd, room))
+        con.execute(f"DELETE FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step "
+                    "AND claimant = $claimant", {**params, "claimant": claimant})
+        con.execute(f"INSERT INTO {RESERVATIONS_TABLE} VALUES ($table, $step, $claimant, $held, $now)",
+                    {**params, "claimant": claimant, "held": held, "now": now})
+    return BudgetLook(spent, others, held, fits)
+
+
+def settle(con: Any, table: str, step: str, *, claimant: str, committed_usd: float, now: datetime) -> None:
+    """In a commit's transaction: the committed answers' cost is in the fact table now, not reserved."""
+    con.execute(f"UPDATE {RESERVATIONS_TABLE} SET reserved_usd = greatest(reserved_usd - $cost, 0), reserved_at = $now "
+                "WHERE table_name = $table AND step = $step AND claimant = $claimant",
+                {"table": table, "step": step, "claimant": claimant, "cost": committed_usd, "now": now})
+
+
+def drop(con: Any, claimant: str) -> None:
+    """A run's end: what it reserved is committed or was never spent."""
+    if table_exists(con, RESERVATIONS_TABLE):
+        con.execute(f"DELETE FROM {RESERVATIONS_TABLE} WHERE claimant = ?", [claimant])
+
+
+def touch(con: Any, claimant: str, now: datetime) -> None:
+    """A heartbeat: the run holding these reservations is alive."""
+    if table_exists(con, RESERVATIONS_TABLE):
+        con.execute(f"UPDATE {RESERVATIONS_TABLE} SET reserved_at = ? WHERE claimant = ?", [now, claimant])
+
+
+class BudgetVerbs:
+    """The budget verbs of a ledger (mixed into SQLLedger)."""
+
+    conn: Connection | PgConnection
+
+    def spent(self, table: str, step: str) -> float:
+        """Dollars paid for the step's answers: those in the table, those replaced since (the history), and
+        batch answers to rows taken out of their batch (reset) before it ended."""
+        with self.conn.open(wait=60.0) as con:
+            sql = _spent_sql(table, step, table_exists(con, BATCHES_TABLE))
+            return float(one(con, f"SELECT CAST({sql} AS DOUBLE)", {"table": table, "step": step})[0] or 0.0)
+
+    def reserve_budget(self, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
+                       budget_usd: float, now: datetime, stale_before: datetime) -> BudgetLook:
+        """One short transaction: see what the step has spent and others reserved; reserve what fits."""
+        def work(con: duckdb.DuckDBPyConnection) -> BudgetLook:
+            if dialect(con) == "postgres":
+                con.execute("SELECT pg_advisory_xact_lock(CAST(? AS INTEGER), CAST(? AS INTEGER))",
+                            [_PG_LOCK_CLASS, zlib.crc32(f"{table}\x00{step}".encode()) - 2 ** 31])
+            return reserve(con, table, step, claimant=claimant, need_usd=need_usd, want_usd=want_usd,
+                           budget_usd=budget_usd, now=now, stale_before=stale_before)
+
+        if isinstance(self.conn, PgConnection):
+            return self.conn.transaction(work, wait=60.0)
+        with _duckdb_lock:
+            return self.conn.transaction(work, wait=60.0)
