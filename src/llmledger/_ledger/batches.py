@@ -194,6 +194,16 @@ class BatchVerbs:
 
     def open_batches(self, table: str, step: str) -> list[BatchRecord]:
         """The step's batches not merged yet (none in a store that has never sent one)."""
+        return self._records(f"table_name = ? AND step = ? AND state IN {OPEN_STATES}", [table, step])
+
+    def unsettled_batches(self) -> list[BatchRecord]:
+        """Every batch of the store, of any step, whose API batch is not known for sure: intents still waiting
+        for theirs, and batches adopted on a guess not yet checked against their custom ids. A batch found by
+        looking may be any of theirs, so none is matched while another could claim it."""
+        return self._records("(state = 'submitting' AND batch_id IS NULL) "
+                             "OR (state = 'submitted' AND coalesce(adopted, false))", [])
+
+    def _records(self, where: str, params: list[str]) -> list[BatchRecord]:
         if not self.conn.exists():
             return []
         with self.conn.open(wait=60.0) as con:
@@ -202,8 +212,7 @@ class BatchVerbs:
             rows = con.execute(
                 f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, "
                 "version, coalesce(validated, false), coalesce(adopted, false), rejected "
-                f"FROM {BATCHES_TABLE} WHERE table_name = ? AND step = ? AND state IN {OPEN_STATES} "
-                "ORDER BY created_at", [table, step]).fetchall()
+                f"FROM {BATCHES_TABLE} WHERE {where} ORDER BY created_at", params).fetchall()
         return [BatchRecord(*r[:-1], list(r[-1] or [])) for r in rows]
 
     def known_batch_ids(self) -> set[str]:
