@@ -9,6 +9,8 @@ row its own answer, on DuckDB and on PostgreSQL.
 
 from __future__ import annotations
 
+import functools
+import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -30,16 +32,21 @@ from llmledger._time import utcnow
 from .conftest import frame
 
 PROMPT = "Summarize: {text}"
+SEEDS = int(os.environ.get("LLMLEDGER_TEST_SEEDS", "6"))  # scenarios of the randomised test (each ~3-7 s)
 
 
 class Died(Exception):
     """Stands for a process that died around `batches.create`: the run stops there and writes nothing more."""
 
 
+def answering_simulator() -> Simulator:
+    """A simulator whose answer quotes the whole prompt: a row holding another row's answer shows."""
+    return Simulator(responder=lambda prompt, system: f"answer to [{prompt}]")
+
+
 @pytest.fixture
 def sim() -> Iterator[Simulator]:
-    """A simulator whose answer quotes the whole prompt: a row holding another row's answer shows."""
-    with Simulator(responder=lambda prompt, system: f"answer to [{prompt}]") as s:
+    with answering_simulator() as s:
         yield s
 
 
@@ -53,8 +60,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def run(client: anthropic.AsyncAnthropic, store: str) -> Callable[..., pl.DataFrame]:
     def apply(df: pl.DataFrame, *, table: str = "messages", **options: Any) -> pl.DataFrame:
-        return apply_llm(df, "summary", prompt=PROMPT, store=store, table=table, client=client, progress=False,
-                         mode="batch", **options)
+        options.setdefault("client", client)
+        return apply_llm(df, "summary", prompt=PROMPT, store=store, table=table, progress=False, mode="batch",
+                         **options)
     return apply
 
 
@@ -81,12 +89,11 @@ def dead_run(run: Callable[..., pl.DataFrame], sim: Simulator, df: pl.DataFrame,
             run(df, **options)
 
 
-def paid_once_each(sim: Simulator, df: pl.DataFrame, *, only: bool = True) -> None:
+def paid_once_each(sim: Simulator, df: pl.DataFrame) -> None:
     paid = sim.paid_prompts()
     prompts = [PROMPT.format(text=t) for t in df["text"]]
     assert {p: paid[p] for p in prompts} == dict.fromkeys(prompts, 1), "every row paid exactly once"
-    if only:
-        assert sum(paid.values()) == len(prompts), "nothing else paid"
+    assert sum(paid.values()) == len(prompts), "nothing else paid"
 
 
 def own_answers(out: pl.DataFrame) -> None:
@@ -141,36 +148,50 @@ def test_a_batch_adopted_on_a_wrong_guess_is_handed_to_the_intent_it_belongs_to(
     assert by_intent[wrong.intent]["state"] == "abandoned" and list(by_intent[wrong.intent]["rejected"]) == [made.id]
 
 
+FATES = ("never sent", "answer lost", "lost, run lives", "processing")  # how each earlier run ended
+
+
 @pytest.mark.timeout(180)
 def test_random_dead_intents_lost_creates_and_collection_orders_pay_each_row_once(
-        run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded scenarios: a few runs of random sizes (often equal) die before their create left or after it
-    was made with its answer lost, or leave a batch processing; later calls of random frames, waiting or
-    not, some losing their own create's answer, collect in random order. Every row ends DONE with its own
-    answer, paid exactly once."""
+    was made with its answer lost, lose its answer and live on, or leave a batch processing; later calls of
+    random frames, waiting or not, some losing their own create's answer, collect in random order. Every
+    row ends DONE with its own answer, paid exactly once."""
     monkeypatch.setattr(batch, "LOOKS", (0.05, 0.1, 0.2))  # a collecting run's own lost answer: looked for at once
-    for seed in range(6):
-        rng = random.Random(seed)
-        table = f"m{seed}"
-        sim.configure(batch_delay=rng.choice([0.0, 0.4, 1.0]))
-        frames, start = [], 1000 * seed
-        for _ in range(rng.randint(2, 4)):
-            df = frame(rng.choice([2, 3]), start=start)
-            start += df.height
-            frames.append(df)
-            fate = rng.choice(["never sent", "answer lost", "answer lost", "processing"])
-            if fate == "processing":
-                run(df, table=table, wait=False)
-            else:
-                dead_run(run, sim, df, monkeypatch, reaches_api=fate == "answer lost", table=table)
-        everything = pl.concat(frames)
-        for df in rng.sample(frames, len(frames)):
-            sim.configure(batch_lose_response=int(rng.random() < 0.4))
-            run(df, table=table, wait=rng.random() < 0.5)
-        sim.configure(batch_lose_response=0)
-        out = run(everything, table=table)
-        context = f"seed {seed}: {llmledger.sql(store, 'SELECT * FROM llmledger_batches')}"
-        assert out["summary_status"].to_list() == ["DONE"] * out.height, context
-        own_answers(out)
-        paid_once_each(sim, everything, only=False)
-    assert sum(sim.paid_prompts().values()) == sum(1 for prompt in sim.paid_prompts()), "no row paid twice"
+    for seed in range(SEEDS):
+        with answering_simulator() as fresh:  # no batch of an earlier scenario to be taken for one of this one's
+            client = anthropic.AsyncAnthropic(base_url=fresh.base_url, api_key="test-key")
+            apply = functools.partial(run, client=client)
+            everything, out = random_scenario(random.Random(seed), f"m{seed}", apply, fresh, monkeypatch)
+            assert out["summary_status"].to_list() == ["DONE"] * out.height, f"seed {seed}"
+            own_answers(out)
+            paid_once_each(fresh, everything)
+
+
+def random_scenario(rng: random.Random, table: str, run: Callable[..., pl.DataFrame], sim: Simulator,
+                    monkeypatch: pytest.MonkeyPatch) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Earlier runs on frames of their own, then calls collecting them: (every row, what the last call returned)."""
+    sim.configure(batch_delay=rng.choice([0.0, 0.3, 0.6]))
+    # the runs die one after the other, none giving up an earlier one's intent (it may still be being made)
+    monkeypatch.setattr(collect, "ABANDON_AFTER", timedelta(hours=1))
+    frames, start = [], 1000 * int(table[1:])
+    runs = rng.randint(3, 5)
+    for n in range(runs):
+        df = frame(rng.choice([3, 3, 3, 2]), start=start)  # equal sizes, mostly
+        start += df.height
+        frames.append(df)  # the last run to die had reached the API: its batch is the one to tell apart
+        fate = "answer lost" if n == runs - 1 else rng.choices(FATES, weights=(4, 4, 1, 1))[0]
+        if fate in ("lost, run lives", "processing"):  # the run looks for its batch itself, or just sends it
+            sim.configure(batch_lose_response=int(fate == "lost, run lives"))
+            run(df, table=table, wait=False)
+        else:
+            dead_run(run, sim, df, monkeypatch, reaches_api=fate == "answer lost", table=table)
+    # later, every unfound intent may be given up at once (its run died long ago), or soon after it was made
+    monkeypatch.setattr(collect, "ABANDON_AFTER", timedelta(seconds=rng.choice([0.0, 0.0, 0.5])))
+    for df in rng.sample(frames, len(frames)):
+        sim.configure(batch_lose_response=int(rng.random() < 0.4))
+        run(df, table=table, wait=rng.random() < 0.5)
+    sim.configure(batch_lose_response=0)
+    everything = pl.concat(frames)
+    return everything, run(everything, table=table)
