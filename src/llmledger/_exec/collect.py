@@ -129,6 +129,9 @@ class BatchCollector:
             return
         await self._hand_over(reading.own, unsettled)
         for intent in lost:
+            if intent.intent in reading.held:  # a batch that could be its own is processing: wait for its results
+                log.info("intent %s waits for batch(es) %s to end to tell whose they are", intent.intent,
+                         ", ".join(reading.held[intent.intent]))
             if intent.intent in reading.own or intent.intent in reading.held:
                 continue  # confirmed just now, or waiting for a batch that could be its own to end
             batch_id = reading.guessed.get(intent.intent)
@@ -150,9 +153,9 @@ class BatchCollector:
         API's error when it cannot be told, and `Undecided` while a batch that could be its own is processing
         and could as well be another intent's (the collector settles it once its custom ids show)."""
         mine = [b for b in await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
-                if b.intent == intent and b.batch_id is None]
-        if not mine:
-            return None
+                if b.intent == intent]
+        if not mine or mine[0].batch_id is not None:  # another run found it meanwhile, by its custom ids
+            return mine[0].batch_id if mine else None
         reading, unsettled = await self._read(mine)
         if intent in reading.own:
             await self._hand_over({intent: reading.own[intent]}, unsettled, confirm=False)

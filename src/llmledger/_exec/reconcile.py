@@ -9,9 +9,10 @@ same size, the rightful intent was given up and its rows were paid twice. So her
 - an ended batch is read: the intent its custom ids name owns it, even when another intent adopted it on a
   guess (it is handed over); a batch naming no intent of the store is someone else's, never adopted;
 - a batch still processing is only a candidate for the intents that could have made it (as many requests,
-  made after them, never rejected by them): they are held, neither given up nor matched, until it ends and
-  says whose it is, except when it is the only batch one intent could own and that intent the only one
-  (of the whole store) that could own it: then it is adopted at once and checked when it ends;
+  made after them and not hours later, never rejected by them): they are held, neither given up nor
+  matched, until it ends and says whose it is, except when it is the only batch one intent could own and
+  that intent the only one (of the whole store) that could own it: then it is adopted at once and checked
+  when it ends;
 - an intent is given up only when no batch that could be its own is unaccounted for.
 """
 
@@ -26,6 +27,8 @@ import anthropic
 from .._ledger.batches import BatchRecord
 
 CLOCK_SLACK = timedelta(minutes=10)  # how far this machine's clock may be from the API's
+CREATE_WINDOW = timedelta(hours=3)  # an intent's create (retries, timeouts, looks) is over well within this: a
+# batch made later is not its own, so a stream of others' batches of its size cannot hold it forever
 
 
 class Undecided(Exception):
@@ -59,8 +62,8 @@ def tag_of(custom_id: str) -> str:
 
 def could_own(intent: BatchRecord, batch: ApiBatch) -> bool:
     """Whether `batch` may be the one `intent` meant to create, from what `batches.list` shows."""
-    return (batch.requests == intent.requests and batch.created >= intent.created_at - CLOCK_SLACK
-            and batch.id not in intent.rejected)
+    return (batch.requests == intent.requests and batch.id not in intent.rejected
+            and intent.created_at - CLOCK_SLACK <= batch.created <= intent.created_at + CREATE_WINDOW + CLOCK_SLACK)
 
 
 def total_requests(counts: Any) -> int:

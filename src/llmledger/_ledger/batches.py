@@ -111,13 +111,18 @@ class BatchVerbs:
         """The API has the batch: its rows become SUBMITTED with its id, in the same transaction as the record.
 
         None (nothing written) when the intent is no longer waiting for its batch (another run settled it).
+        When another run confirmed it with this very batch (it read the batch's custom ids), its rows.
         """
         def work(con: duckdb.DuckDBPyConnection) -> int | None:
-            if _state(con, intent)[0] != "submitting":
+            c = names(step)
+            state, current = _state(con, intent)
+            if state == "submitted" and current == batch_id:
+                return one(con, f"SELECT count(*) FROM {q(table)} WHERE {c['_status']} = 'SUBMITTED' "
+                                f"AND {c['_batch_id']} = ?", [batch_id])[0]
+            if state != "submitting":
                 return None
             if one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ?", [batch_id])[0]:
                 return None  # another intent has that batch already
-            c = names(step)
             rows = len(con.execute(
                 f"UPDATE {q(table)} SET {c['_status']} = 'SUBMITTED', {c['_batch_id']} = $batch_id "
                 f"WHERE {c['_status']} = 'RUNNING' AND {_of_intent(c)} RETURNING 1",
