@@ -148,6 +148,42 @@ def test_a_batch_adopted_on_a_wrong_guess_is_handed_to_the_intent_it_belongs_to(
     assert by_intent[wrong.intent]["state"] == "abandoned" and list(by_intent[wrong.intent]["rejected"]) == [made.id]
 
 
+@pytest.mark.timeout(120)
+def test_an_ended_batch_of_the_same_size_naming_no_intent_of_ours_is_never_adopted(
+        run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Someone else's batch of the intent's size, already ended: its results are read, they name no intent of
+    the store, so it is never adopted (not even for a while); the intent is given up and its rows sent."""
+    dead_run(run, sim, frame(4), monkeypatch, reaches_api=False)
+    with anthropic.Anthropic(base_url=sim.base_url, api_key="k") as other:
+        other.messages.batches.create(requests=[  # type: ignore[arg-type]
+            {"custom_id": f"bffffffffffff-{i}", "params": {"model": "claude-haiku-4-5", "max_tokens": 20,
+                                                           "messages": [{"role": "user", "content": f"not ours {i}"}]}}
+            for i in range(4)])
+    time.sleep(1.1)
+    out = run(frame(4))
+    own_answers(out)
+    states = llmledger.sql(store, "SELECT state, rejected, adopted FROM llmledger_batches ORDER BY created_at")
+    assert states is not None and [(r[0], list(r[1] or []), r[2]) for r in states.rows()] == \
+        [("abandoned", [], False), ("merged", [], False)], "the foreign batch was never taken for ours"
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_loses_its_create_answer_beside_a_dead_intent_of_its_size_creates_no_second_batch(
+        run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead run's intent and this run's lost create, same size: the batch found could be either's while it
+    processes, so the run neither adopts it on a guess nor creates another; its custom ids settle it."""
+    monkeypatch.setattr(batch, "LOOKS", (0.05, 0.1, 0.2))
+    first, second = frame(4), frame(4, start=4)
+    dead_run(run, sim, first, monkeypatch, reaches_api=False)
+    sim.configure(batch_delay=1.0, batch_lose_response=1)
+    out = run(pl.concat([first, second]))
+    own_answers(out)
+    paid_once_each(sim, pl.concat([first, second]))
+    assert sim.stats()["batches"] == 2, "the lost create's batch, then the dead run's rows: nothing twice"
+    states = llmledger.sql(store, "SELECT state, count(*) AS n FROM llmledger_batches GROUP BY state ORDER BY state")
+    assert states is not None and states.rows() == [("abandoned", 1), ("merged", 2)]
+
+
 FATES = ("never sent", "answer lost", "lost, run lives", "processing")  # how each earlier run ended
 
 
