@@ -116,8 +116,8 @@ class Reconciler:
             mine = [b for b in in_doubt if could_own(intent, b)]
             if not mine:
                 continue
-            claimants = [i for i in waiting.values() if i.intent not in reading.own and could_own(i, mine[0])]
-            if len(mine) == 1 and mine[0].id not in guessed and claimants == [intent]:
+            claimants = [i.intent for i in waiting.values() if i.intent not in reading.own and could_own(i, mine[0])]
+            if len(mine) == 1 and mine[0].id not in guessed and claimants == [intent.intent]:
                 reading.guessed[intent.intent] = mine[0].id
             else:  # more than one intent could own it, or it more than one batch: wait for the custom ids
                 reading.held[intent.intent] = [b.id for b in mine]
