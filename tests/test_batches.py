@@ -272,6 +272,7 @@ def test_another_stores_batch_of_the_same_size_is_never_taken_for_ours(sim: Simu
                                                         "messages": [{"role": "user", "content": f"not ours {i}"}]}}
                 for i in range(rows)])
 
+    sim.configure(batch_delay=1.0)  # still processing when looked for (an ended one is read, never adopted)
     asyncio.run(someone_else())
     out = run(frame(rows), "summary", prompt="Summarize: {text}", mode="batch")
     assert out["summary_status"].to_list() == ["DONE"] * rows

@@ -31,6 +31,7 @@ from .._report import RunReport
 from .._time import utcnow
 from .api import CallFailed, Kind, classify, known_reply
 from .pacing import backoff
+from .reconcile import Undecided
 from .recorder import Recorder
 from .scheduler import RunConfig
 
@@ -172,7 +173,9 @@ class BatchSender:
 
         A failure that may have come after the API created the batch (a dropped connection, a gateway's
         5xx) is followed by looking for it. The batch is created again only when every look succeeded and
-        found nothing; a batch found is checked against its custom ids when it ends (`collect.py`).
+        found nothing that could be it; a batch found is checked against its custom ids when it ends
+        (`collect.py`). While a batch that could be it (or another intent's) is processing, the intent is
+        left as it is, its rows RUNNING: the collector matches it once the custom ids show.
         """
         failure: CallFailed | None = None
         for tries in range(CREATE_TRIES):
@@ -190,6 +193,9 @@ class BatchSender:
                     await asyncio.sleep(delay)
                     try:
                         found = await self.find(intent)
+                    except Undecided as exc:  # a batch that may be this one is processing: never a second one
+                        log.info("%s", exc)  # the intent stays; the collector matches it by its custom ids
+                        return None
                     except anthropic.APIError as exc:  # cannot tell: never risk a second batch
                         self._stop(Outcome.OUTAGE, f"could not tell whether the API took batch {intent} "
                                                    f"({failure}; then {exc}); the next call of the step looks "

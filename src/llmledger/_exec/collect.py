@@ -4,10 +4,12 @@
 an intent never confirmed (its process died around `batches.create`) is
 looked for with `batches.list` and confirmed, or given up when the API never
 got it; a batch that has ended has its results merged, matched by custom id.
-`wait` does that until nothing is processing. A batch found by looking is
-only taken as the intent's once its results carry the intent's custom ids;
-otherwise it is rejected and looked for again, so another store's batch of
-the same size can never be mistaken for ours.
+`wait` does that until nothing is processing. Which batch is whose is told by
+the custom ids in its results (`reconcile.py`): a batch adopted on a guess
+while processing is only taken as the intent's once its results carry the
+intent's custom ids; otherwise it is rejected (and handed to the intent they
+name, if any), so neither another intent's batch nor another store's of the
+same size is ever mistaken for ours.
 
 A result becomes a result row exactly like an online answer (`Recorder`),
 priced at the batch rate: `errored` items the row caused (an invalid
@@ -42,13 +44,13 @@ from .._report import RunReport
 from .._time import utcnow
 from .api import REFUSAL, Reply, reply_from
 from .batch import fingerprint_of, result_frame
+from .reconcile import Reading, Reconciler, Undecided, tag_of
 from .recorder import Recorder
 from .scheduler import RunConfig
 
 log = logging.getLogger("llmledger")
 
 POLL_FIRST, POLL_MAX = 2.0, 60.0  # seconds between looks at a processing batch: growing to a minute
-CLOCK_SLACK = timedelta(minutes=10)  # how far this machine's clock may be from the API's
 ABANDON_AFTER = timedelta(seconds=20)  # an intent not found is given up only this long after it was made: a
 # create the dead process had sent may still be being made
 GIVE_UP_AFTER = 5  # failed looks in a row after which waiting for a batch stops (it says why, and what to do)
@@ -68,6 +70,7 @@ class BatchCollector:
         self.stuck: set[str] = set()  # batches no amount of waiting will merge (the API lost them; held)
         self.failures: Counter[str] = Counter()  # failed looks in a row, per intent
         self.due: float | None = None  # seconds until the next unfound intent may be given up
+        self.reconciler = Reconciler(client)
 
     @property
     def stopped(self) -> bool:
@@ -112,59 +115,74 @@ class BatchCollector:
 
     # -- intents ------------------------------------------------------------------------------------
     async def _settle(self, intents: list[BatchRecord]) -> None:
+        """Match each intent whose run is gone to its API batch (`reconcile.py`); give up one only when no batch
+        that could be its own is unaccounted for, and not before ABANDON_AFTER (its create may be under way)."""
         now = utcnow()
         lost = [b for b in intents if b.intent in self.mine or is_abandoned(b.claimant) or
                 (not is_alive_here(b.claimant) and now - b.created_at > self.stale_after)]
         if not lost:
             return
         try:
-            found = await self._look(lost)
+            reading, unsettled = await self._read(lost)
         except anthropic.APIError as exc:  # try again next time; the rows wait
             self._failed(lost, f"could not list batches to settle {len(lost)} unconfirmed one(s): {exc}")
             return
+        await self._hand_over(reading.own, unsettled)
         for intent in lost:
-            batch_id = found.get(intent.intent)
-            if batch_id is None and now - intent.created_at < ABANDON_AFTER:  # it may still be being made
+            if intent.intent in reading.held:  # a batch that could be its own is processing: wait for its results
+                log.info("intent %s waits for batch(es) %s to end to tell whose they are", intent.intent,
+                         ", ".join(reading.held[intent.intent]))
+            if intent.intent in reading.own or intent.intent in reading.held:
+                continue  # confirmed just now, or waiting for a batch that could be its own to end
+            batch_id = reading.guessed.get(intent.intent)
+            if batch_id is not None:
+                await asyncio.to_thread(self.ledger.confirm_batch, self.table, self.step, intent=intent.intent,
+                                        batch_id=batch_id, now=utcnow(), adopted=True)
+            elif now - intent.created_at < ABANDON_AFTER:  # it may still be being made
                 left = (ABANDON_AFTER - (now - intent.created_at)).total_seconds()
                 self.due = left if self.due is None else min(self.due, left)
-                continue
-            if batch_id is None:
+            else:
                 back = await asyncio.to_thread(self.ledger.abandon_batch, self.table, self.step, intent=intent.intent,
                                                note="the API has no batch for this intent: the run stopped before "
                                                     "sending it", now=utcnow())
                 if back.height:
                     self.returned.append(back)
-            else:
-                await asyncio.to_thread(self.ledger.confirm_batch, self.table, self.step, intent=intent.intent,
-                                        batch_id=batch_id, now=utcnow(), adopted=True)
 
     async def find(self, intent: str) -> str | None:
-        """The API batch an intent of this run became, if the API has it (after an ambiguous create).
-        Raises the API's error when it cannot be told."""
-        records = await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
-        mine = [b for b in records if b.intent == intent]
-        return (await self._look(mine)).get(intent) if mine else None
+        """The API batch an intent of this run became, if the API has it (after an ambiguous create). Raises the
+        API's error when it cannot be told, and `Undecided` while a batch that could be its own is processing
+        and could as well be another intent's (the collector settles it once its custom ids show)."""
+        mine = [b for b in await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
+                if b.intent == intent]
+        if not mine or mine[0].batch_id is not None:  # another run found it meanwhile, by its custom ids
+            return mine[0].batch_id if mine else None
+        reading, unsettled = await self._read(mine)
+        if intent in reading.own:
+            await self._hand_over({intent: reading.own[intent]}, unsettled, confirm=False)
+            return reading.own[intent]
+        if intent in reading.held:
+            raise Undecided(f"batch {intent}: its create may have gone through, and {len(reading.held[intent])} "
+                            "batch(es) still processing could be it or another's; it is matched by its custom "
+                            "ids once they end")
+        return reading.guessed.get(intent)
 
-    async def _look(self, intents: list[BatchRecord]) -> dict[str, str | None]:
-        """For each intent, the unknown API batch created closest to it with its number of requests (or None)."""
+    async def _read(self, lost: list[BatchRecord]) -> tuple[Reading, list[BatchRecord]]:
+        unsettled = await asyncio.to_thread(self.ledger.unsettled_batches)
         known = await asyncio.to_thread(self.ledger.known_batch_ids)
-        since = min(b.created_at for b in intents) - CLOCK_SLACK
-        candidates = []
-        async for batch in self.client.messages.batches.list(limit=100):
-            created = batch.created_at.astimezone(UTC).replace(tzinfo=None)
-            if created < since:
-                break
-            if batch.id not in known:
-                candidates.append((created, batch))
-        found: dict[str, str | None] = {}
-        for intent in sorted(intents, key=lambda b: b.created_at):
-            fits = [(abs((created - intent.created_at).total_seconds()), b) for created, b in candidates
-                    if created >= intent.created_at - CLOCK_SLACK and b.id not in intent.rejected
-                    and _total(b.request_counts) == intent.requests]
-            match = min(fits, key=lambda f: f[0])[1] if fits else None
-            found[intent.intent] = None if match is None else str(match.id)
-            candidates = [c for c in candidates if c[1] is not match]
-        return found
+        return await self.reconciler.read(lost, unsettled, known), unsettled
+
+    async def _hand_over(self, own: dict[str, str], unsettled: list[BatchRecord], *, confirm: bool = True) -> None:
+        """Each intent gets the batch its custom ids show is its own (any step's: its collector merges it),
+        taken from an intent that adopted it on a guess."""
+        waiting = {b.intent: b for b in unsettled if b.batch_id is None}
+        for intent, batch_id in own.items():
+            for holder in [b for b in unsettled if b.batch_id == batch_id and b.intent != intent]:
+                await asyncio.to_thread(self.ledger.reject_batch, holder,
+                                        note=f"{batch_id} holds the custom ids of intent {intent}: handed to it")
+            record = waiting.get(intent)
+            if confirm and record is not None:
+                await asyncio.to_thread(self.ledger.confirm_batch, record.table, record.step, intent=intent,
+                                        batch_id=batch_id, now=utcnow(), adopted=True)
 
     # -- merging ------------------------------------------------------------------------------------
     async def _merge_if_ended(self, record: BatchRecord) -> bool:
@@ -195,14 +213,18 @@ class BatchCollector:
             return False
         counted = RunReport(table=self.table, step=self.step)  # into the run's report once merged
         try:
-            results, counts, ours, unused = await self._results(record, rows, counted)
+            results, counts, tags, unused = await self._results(record, rows, counted)
         except Exception as exc:  # a download cut short: the results stay with the API, try next time
             self._failed([record], f"batch {record.batch_id}: downloading its results failed "
                                    f"({type(exc).__name__}: {exc})")
             return False
-        if record.adopted and not ours and sum(counts.values()):
+        if record.adopted and record.intent not in tags and sum(counts.values()):  # a wrong guess: not ours
+            self.reconciler.tags[record.batch_id] = frozenset(tags)
             await asyncio.to_thread(self.ledger.reject_batch, record,
                                     note=f"{record.batch_id} holds no custom id of this intent")
+            unsettled = await asyncio.to_thread(self.ledger.unsettled_batches)
+            await self._hand_over({r.intent: record.batch_id for r in unsettled
+                                   if r.batch_id is None and r.intent in tags}, unsettled)
             return False
         ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
         try:
@@ -227,9 +249,9 @@ class BatchCollector:
         return True
 
     async def _results(self, record: BatchRecord, rows: BatchRows, report: RunReport
-                       ) -> tuple[list[dict[str, Any]], Counter[str], bool, tuple[int, float]]:
-        """Result rows for the rows the batch answered or refused for their own reasons; its counts; whether
-        any result carried this intent's custom ids; and the answers no row holds any more, with their cost."""
+                       ) -> tuple[list[dict[str, Any]], Counter[str], set[str], tuple[int, float]]:
+        """Result rows for the rows the batch answered or refused for their own reasons; its counts; the intents
+        its custom ids name (`reconcile.tag_of`); and the answers no row holds any more, with their cost."""
         by_custom: dict[str, list[dict[str, Any]]] = {}
         for row in rows.rows.iter_rows(named=True):
             by_custom.setdefault(row["custom_id"], []).append(
@@ -242,10 +264,11 @@ class BatchCollector:
         recorder = Recorder(selection=selection, cfg=self.cfg, report=report, output=output)
         results: list[dict[str, Any]] = []
         counts: Counter[str] = Counter()
-        ours, unused, unused_usd = False, 0, 0.0
+        tags: set[str] = set()
+        unused, unused_usd = 0, 0.0
         async for item in await self.client.messages.batches.results(record.batch_id):  # type: ignore[arg-type]
             counts[item.result.type] += 1
-            ours = ours or item.custom_id.startswith(record.intent + "-")
+            tags.add(tag_of(item.custom_id))
             mine = by_custom.pop(item.custom_id, None)
             if not mine:  # no row holds this request any more (reset meanwhile): paid all the same
                 if item.result.type == "succeeded" and item.custom_id.startswith(record.intent + "-"):
@@ -258,7 +281,7 @@ class BatchCollector:
                 continue  # expired, canceled, or the API's error: the row goes back to be sent again
             for n, row in enumerate(mine):
                 results.append(recorder.result(row, reply, error, reused=n > 0))
-        return results, counts, ours, (unused, unused_usd)
+        return results, counts, tags, (unused, unused_usd)
 
     @staticmethod
     def _answer(result: Any, model: str, output: OutputSpec | None,
@@ -302,9 +325,4 @@ class BatchCollector:
         log.info(message)
         if message not in self.report.notes:
             self.report.notes.append(message)
-
-
-def _total(counts: Any) -> int:
-    return sum(int(getattr(counts, name, 0) or 0) for name in ("processing", "succeeded", "errored", "canceled",
-                                                               "expired"))
 

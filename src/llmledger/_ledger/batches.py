@@ -111,13 +111,18 @@ class BatchVerbs:
         """The API has the batch: its rows become SUBMITTED with its id, in the same transaction as the record.
 
         None (nothing written) when the intent is no longer waiting for its batch (another run settled it).
+        When another run confirmed it with this very batch (it read the batch's custom ids), its rows.
         """
         def work(con: duckdb.DuckDBPyConnection) -> int | None:
-            if _state(con, intent)[0] != "submitting":
+            c = names(step)
+            state, current = _state(con, intent)
+            if state == "submitted" and current == batch_id:
+                return one(con, f"SELECT count(*) FROM {q(table)} WHERE {c['_status']} = 'SUBMITTED' "
+                                f"AND {c['_batch_id']} = ?", [batch_id])[0]
+            if state != "submitting":
                 return None
             if one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ?", [batch_id])[0]:
                 return None  # another intent has that batch already
-            c = names(step)
             rows = len(con.execute(
                 f"UPDATE {q(table)} SET {c['_status']} = 'SUBMITTED', {c['_batch_id']} = $batch_id "
                 f"WHERE {c['_status']} = 'RUNNING' AND {_of_intent(c)} RETURNING 1",
@@ -194,6 +199,16 @@ class BatchVerbs:
 
     def open_batches(self, table: str, step: str) -> list[BatchRecord]:
         """The step's batches not merged yet (none in a store that has never sent one)."""
+        return self._records(f"table_name = ? AND step = ? AND state IN {OPEN_STATES}", [table, step])
+
+    def unsettled_batches(self) -> list[BatchRecord]:
+        """Every batch of the store, of any step, whose API batch is not known for sure: intents still waiting
+        for theirs, and batches adopted on a guess not yet checked against their custom ids. A batch found by
+        looking may be any of theirs, so none is matched while another could claim it."""
+        return self._records("(state = 'submitting' AND batch_id IS NULL) "
+                             "OR (state = 'submitted' AND coalesce(adopted, false))", [])
+
+    def _records(self, where: str, params: list[str]) -> list[BatchRecord]:
         if not self.conn.exists():
             return []
         with self.conn.open(wait=60.0) as con:
@@ -202,8 +217,7 @@ class BatchVerbs:
             rows = con.execute(
                 f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, "
                 "version, coalesce(validated, false), coalesce(adopted, false), rejected "
-                f"FROM {BATCHES_TABLE} WHERE table_name = ? AND step = ? AND state IN {OPEN_STATES} "
-                "ORDER BY created_at", [table, step]).fetchall()
+                f"FROM {BATCHES_TABLE} WHERE {where} ORDER BY created_at", params).fetchall()
         return [BatchRecord(*r[:-1], list(r[-1] or [])) for r in rows]
 
     def known_batch_ids(self) -> set[str]:
