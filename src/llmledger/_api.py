@@ -21,9 +21,10 @@ from ._exec.api import DEFAULT_MODEL, simulated
 from ._exec.batch import MAX_REQUESTS
 from ._exec.online import RetryPolicy
 from ._exec.scheduler import RunConfig
-from ._ledger import StepDefinition, known_steps, locate
-from ._ledger.columns import step_columns
+from ._ledger import StepDefinition, known_table, locate
+from ._ledger.columns import check_step_name, step_columns
 from ._ledger.states import Redo
+from ._ledger.where import check_where_shape
 from ._output import output_spec
 from ._parquet import is_parquet_path, read_parquet_input
 from ._prices import estimate_tokens, min_cacheable_tokens
@@ -116,7 +117,10 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
     keys = _resolve_key(frame, key, step)
     # `earlier_steps`: a pipeline's checks before its first step runs name the steps that will exist by then
-    steps = [s for s in dict.fromkeys([*known_steps(store, table), *o.get("earlier_steps", ())]) if s != step]
+    stored_steps, stored_columns = known_table(store, table)
+    steps = [s for s in dict.fromkeys([*stored_steps, *o.get("earlier_steps", ())]) if s != step]
+    check_step_name(step, table=table, other_steps=steps, is_new=step not in stored_steps,
+                    table_columns=stored_columns, frame_columns=frame.columns)
     check_prompt(prompt, frame.columns, steps)
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
@@ -229,6 +233,7 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
         raise InvalidInputError(f"redo must be False, True, 'stale' or 'flagged', got {redo!r}")
     if where is not None and (not isinstance(where, str) or not where.strip()):
         raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
+    check_where_shape(where)
     if isinstance(commit_every, bool) or not isinstance(commit_every, int | float) or commit_every <= 0:
         raise InvalidInputError(f"commit_every must be a positive number of seconds, got {commit_every!r}")
     if max_cost_usd is not None and (isinstance(max_cost_usd, bool) or not isinstance(max_cost_usd, int | float)

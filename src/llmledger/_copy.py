@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._ledger import locate, open_ledger
+from ._ledger import locate, open_ledger, shown
 from ._ledger.columns import JSONB, output_as_text, output_from_text, q, step_columns
 from ._ledger.connection import column_types, dialect, frames, registered, table_exists
 from ._ledger.prepare import create_fact_table
@@ -44,7 +44,7 @@ def copy(source: str | Path, target: str | Path) -> dict[str, int]:
     """
     src_at, dst_at = locate(source, must_exist=True), locate(target)
     if str(src_at) == str(dst_at):
-        raise InvalidInputError(f"source and target are the same store ({source}); name another target")
+        raise InvalidInputError(f"source and target are the same store ({shown(source)}); name another target")
     src, dst = open_ledger(src_at), open_ledger(dst_at)
     src.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)  # type: ignore[attr-defined]
     existed = dst.conn.exists()  # type: ignore[attr-defined]
@@ -52,8 +52,8 @@ def copy(source: str | Path, target: str | Path) -> dict[str, int]:
 
     def work(dcon: Any) -> None:
         if list_steps(dcon):
-            raise InvalidInputError(f"the target {target} already holds a ledger; copy into a new DuckDB file or an "
-                                    "empty PostgreSQL database")
+            raise InvalidInputError(f"the target {shown(target)} already holds a ledger; copy into a new DuckDB file "
+                                    "or an empty PostgreSQL database")
         migrate(dcon, utcnow())
         with src.conn.open(wait=60.0) as scon:  # type: ignore[attr-defined]
             for table in BOOKKEEPING:

@@ -81,7 +81,8 @@ class Silent:
         pass
 
     def note(self, message: str) -> None:
-        print(message, file=sys.stderr)
+        """progress=False (or --quiet) asked for silence: a passing note ("waiting for ledger.duckdb") is not news
+        worth breaking it for; what the run ends with is in its report and its errors."""
 
     def close(self, report: RunReport) -> None:
         pass

@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from ._ledger import open_existing
+from ._ledger.where import check_where_shape
 from ._time import utcnow
 from .errors import InvalidInputError
 
@@ -66,6 +67,7 @@ def _check_where(where: Any) -> None:
     if not isinstance(where, str) or not where.strip():
         raise InvalidInputError(f"where= must be a SQL predicate over the fact table such as \"id IN (3, 7)\" "
                                 f"(use \"true\" for every row), got {where!r}")
+    check_where_shape(where)
 
 
 def _who() -> str:

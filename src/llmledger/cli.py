@@ -27,6 +27,7 @@ import time
 
 import polars as pl
 
+from ._ledger import shown
 from ._ledger.connection import db_errors
 from ._show import show, use_colour
 from .errors import InvalidInputError, LedgerError
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             from ._copy import copy
 
             copied = copy(args.source, args.target)
-            print(f"copied {', '.join(f'{table} ({n:,} rows)' for table, n in copied.items())} into {args.target}")
+            tables = ", ".join(f"{table} ({n:,} rows)" for table, n in copied.items())
+            print(f"copied {tables} into {shown(args.target)}")
         elif args.command == "sql":
             from ._query import sql
 
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "restore":
             from ._parquet import restore
 
-            print(f"restored table {restore(args.path, args.store)!r} into {args.store}")
+            print(f"restored table {restore(args.path, args.store)!r} into {shown(args.store)}")
         elif args.command == "demo":
             from ._demo import run_demo
 

@@ -40,7 +40,7 @@ class KeyColumnError(InvalidInputError):
 
 
 class StepNameError(InvalidInputError):
-    """The step name is not a usable SQL identifier."""
+    """The step name is not a usable SQL identifier, or its columns would be another step's or an input's."""
 
 
 class PromptError(InvalidInputError):

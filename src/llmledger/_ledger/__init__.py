@@ -212,12 +212,32 @@ def open_existing(store: str | Path) -> Ledger:
     return ledger
 
 
+def shown(store: str | Path) -> str:
+    """A store as messages name it: a PostgreSQL URL without its password, a path as it is."""
+    from .postgres import is_url, redacted
+
+    return redacted(str(store)) if is_url(store) else str(store)
+
+
 def known_steps(store: str | Path, table: str) -> list[str]:
     """The steps a store has on `table` (none when the store does not exist yet), without writing anything."""
+    return known_table(store, table)[0]
+
+
+def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
+    """The steps and the columns a store's `table` has (none when the store or table does not exist yet),
+    read without writing anything: what a new step's name is checked against before a call writes."""
+    from .connection import column_types, table_exists
+    from .schema import list_steps
+
     location = locate(store)
     if isinstance(location, Path) and not location.exists():
-        return []
-    return [step for _, step, _ in open_ledger(location).steps(table)]
+        return [], []
+    ledger = open_ledger(location)
+    with ledger.conn.open(wait=60.0, read_only=True) as con:  # type: ignore[attr-defined]
+        steps = [step for _, step, _ in list_steps(con, table)]
+        columns = list(column_types(con, table)) if table_exists(con, table) else []
+    return steps, columns
 
 
 def open_ledger(store: str | Path, *, on_wait: Callable[[str], None] | None = None,
@@ -231,5 +251,16 @@ def open_ledger(store: str | Path, *, on_wait: Callable[[str], None] | None = No
     return SQLLedger(Connection(store, on_wait=on_wait, should_stop=should_stop))
 
 
-__all__ = ["KnownAnswer", "Layout", "Ledger", "RunParams", "Selection", "StepDefinition", "Store", "locate",
-           "open_existing", "open_ledger"]
+__all__ = [
+    "KnownAnswer",
+    "Layout",
+    "Ledger",
+    "RunParams",
+    "Selection",
+    "StepDefinition",
+    "Store",
+    "known_table",
+    "locate",
+    "open_existing",
+    "open_ledger",
+]

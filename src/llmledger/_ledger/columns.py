@@ -8,6 +8,7 @@ per-step column adds it here too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import polars as pl
@@ -102,6 +103,41 @@ RESULT_SCHEMA: dict[str, pl.DataType] = {c.result: c.result_type for c in STEP_C
 
 def step_columns(step: str) -> list[str]:
     return [step + c.suffix for c in STEP_COLUMNS]
+
+
+def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new: bool,
+                    table_columns: Sequence[str], frame_columns: Sequence[str]) -> None:
+    """Refuse a step whose columns would be another's: every column a step owns is `step` + a suffix of
+    STEP_COLUMNS, so beside a step `s` a step named `s_prompt` would write its answers into s's stored requests,
+    `s_status` into s's statuses, and a step named like an input column (`text`) over the stored input.
+
+    Names are compared without case (DuckDB's identifiers ignore it). The frame's own columns count only for a
+    new step: a frame passed back in after a run of the step carries the step's own output columns.
+    """
+    from ..errors import StepNameError
+
+    mine = {c.lower(): c for c in step_columns(step)}
+    suggestion = f"choose another name, e.g. {step.rstrip('_') + '_v2'!r}" if not step.endswith("_v2") else \
+        "choose another name"
+    for other in other_steps:
+        shared = sorted(mine[c.lower()] for c in step_columns(other) if c.lower() in mine)
+        if shared:
+            raise StepNameError(
+                f"step name {step!r} clashes with step {other!r} of table {table!r}: both would own column "
+                f"{shared[0]!r} (a step owns its name and its name + _status, _prompt, _flag, ...); {suggestion}. "
+                "Nothing was written.")
+    theirs = {c.lower() for s in other_steps for c in step_columns(s)}
+    mine_in_table = {c.lower() for c in table_columns} - theirs
+    if not is_new:  # the step's own columns are in the table already
+        mine_in_table -= set(mine)
+    taken = [mine[c] for c in mine if c in mine_in_table]
+    if is_new:
+        taken += [mine[c.lower()] for c in frame_columns if c.lower() in mine and mine[c.lower()] not in taken]
+    if taken:
+        raise StepNameError(
+            f"step name {step!r} would write its column {taken[0]!r} over the input column {taken[0]!r} of table "
+            f"{table!r} (a step owns its name and its name + _status, _prompt, _flag, ...); {suggestion}, or "
+            "rename the input column. Nothing was written.")
 
 
 def names(step: str, alias: str = "") -> dict[str, str]:

@@ -76,7 +76,9 @@ def journal_base(url: str) -> Path:
     return Path.home() / ".cache" / "llmledger" / f"postgresql-{digest}" / "ledger"
 
 
-_TRANSIENT = ("starting up", "shutting down", "in recovery", "connection slots", "too many connections")
+# "not yet accepting connections": crash recovery (PostgreSQL 14+), as after a crash or `pg_ctl stop -m immediate`
+_TRANSIENT = ("starting up", "shutting down", "in recovery", "not yet accepting connections",
+              "not accepting connections", "connection slots", "too many connections")
 
 
 def _refused_for_good(message: str) -> str | None:

@@ -33,6 +33,7 @@ from .connection import (
     registered,
 )
 from .states import STATUSES, eligible_sql, stale_sql
+from .where import check_where_shape
 
 BATCH_ROWS = 250_000
 STATUS_TYPE = pl.Enum(STATUSES)
@@ -81,11 +82,16 @@ def flag_sql(layout: Layout, where: str | None) -> dict[str, str]:
 
 
 def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -> None:
-    """Bind `where` against the fact table without reading it, so a bad predicate fails before anything runs."""
+    """Bind `where` against the fact table without reading it, so a bad predicate fails before anything runs.
+
+    Its shape is checked first (`where.py`): only one self-contained expression reaches the engine, and it is
+    bound through a query with a parameter, which PostgreSQL (extended protocol) runs as one statement at most.
+    """
     if not where:
         return
+    check_where_shape(where)
     columns = list(column_types(con, table))  # before the query: a failed one aborts the transaction
-    try:  # (PostgreSQL refuses a second statement in a query with parameters by itself)
+    try:
         statements = len(con.extract_statements(f"SELECT 1 WHERE ({where})")) if dialect(con) == "duckdb" else 1
     except duckdb.Error:  # not even parseable: the query below says why, in the user's terms
         statements = 1
@@ -93,7 +99,7 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
         raise WhereClauseError(f"where={where!r} is more than one SQL statement; pass one predicate such as "
                                "\"label = 'spam'\"")
     try:
-        con.execute(f"SELECT 1 FROM {q(table)} WHERE ({where}) LIMIT 0", {}).fetchall()
+        con.execute(f"SELECT $one FROM {q(table)} WHERE ({where}) LIMIT 0", {"one": 1}).fetchall()
     except db_errors() as exc:
         raise WhereClauseError(f"where={where!r} does not work on table {table!r}: "
                                f"{str(exc).splitlines()[0]}. It is SQL over the fact table's columns: "
