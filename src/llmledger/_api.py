@@ -137,7 +137,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     _check_validator(validate)
     request = RequestSpec(model=model, max_tokens=max_tokens, system=system, options=options,
                           cache_ttl=_cache_ttl(o["cache"], model, system))
-    stored = _storable(frame)
+    stored = _storable(exact_keys(frame, keys))
     definition = StepDefinition(table=table, step=step, key=keys, request=request,
                                 prompt=plan_prompt(prompt, frame, steps))
     plan = _plan(store=store, table=table, step=step, chunk_size=o["chunk_size"], concurrency=o["concurrency"],
@@ -315,6 +315,38 @@ def _storable(frame: pl.DataFrame) -> pl.DataFrame:
     out = frame.select(keep)
     nulls = [c for c, t in out.schema.items() if t == pl.Null]
     return out.with_columns(pl.col(nulls).cast(pl.String)) if nulls else out
+
+
+# Key types that go through every path exactly (claim, commit, journal, history, export, copy; DuckDB and
+# PostgreSQL). Others are refused before anything is written rather than half-working.
+_KEY_TYPES = (pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64, pl.Float32,
+              pl.Float64, pl.Boolean, pl.String, pl.Categorical, pl.Enum, pl.Date, pl.Datetime, pl.Time)
+
+
+def exact_keys(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
+    """`frame` with key columns of a type the ledger keeps exactly; KeyColumnError for any other.
+
+    `Datetime("ns")` (what `pl.from_pandas` gives) is kept in microseconds, as PostgreSQL and Python's datetime
+    hold it, when no value has digits below the microsecond; otherwise two rows could become one key.
+    """
+    for k in keys:
+        dtype = frame.schema[k]
+        if isinstance(dtype, pl.Datetime) and dtype.time_unit == "ns":
+            column = frame[k]
+            lossy = column.dt.nanosecond() % 1000 != 0
+            if lossy.any():
+                example = column.filter(lossy).cast(pl.String)[0]
+                raise KeyColumnError(
+                    f"key column {k!r} is Datetime('ns') and holds {example} (digits below the microsecond), which "
+                    "the ledger cannot keep exactly (PostgreSQL and Python keep microseconds). Use another key, or "
+                    f"make it text: df.with_columns(pl.col({k!r}).cast(pl.String)).")
+            frame = frame.with_columns(column.dt.cast_time_unit("us"))
+        elif dtype.base_type() not in _KEY_TYPES:
+            raise KeyColumnError(
+                f"key column {k!r} is {dtype}, which the ledger cannot keep exactly as a key. Keys may be integers, "
+                "floats, booleans, text, categoricals, dates, datetimes or times; cast it, e.g. "
+                f"df.with_columns(pl.col({k!r}).cast(pl.String)), or key on another column.")
+    return frame
 
 
 def _check_identifier(name: Any, what: str, error: type[InvalidInputError], example: str) -> None:

@@ -11,6 +11,8 @@ that had to stop while another process held the store.
 from __future__ import annotations
 
 import json
+import warnings
+from collections.abc import Sequence
 from datetime import date, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -74,15 +76,60 @@ def pending(store_path: Path, table: str, step: str) -> list[tuple[Path, str]]:
     return out
 
 
-def read(path: Path, schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """A journal file as a results frame (a torn last line from a crash is skipped)."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+class DamagedJournalWarning(UserWarning):
+    """A journal file held lines that are not whole answers: they were set aside, named by path and line."""
+
+
+def read(path: Path, schema: dict[str, pl.DataType], *, key: Sequence[str] = ()) -> pl.DataFrame:
+    """A journal file as a results frame: every line that is a whole answer (all of `key`, a known status, values
+    of the right types). A torn last line (a crash mid-write) is skipped silently; any other line that is not a
+    whole answer is never merged (a key alone would set the row's status to NULL): the file is copied beside
+    itself as `<name>.bad` and a DamagedJournalWarning names it and the lines."""
+    from .states import STATUSES
+
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    torn = len(lines) - 1 if lines and lines[-1] else None  # the last line, unless the file ends with a newline
     loose = {k: (pl.String if v.is_temporal() else v) for k, v in schema.items()}
-    frame = pl.from_dicts(rows, schema=loose) if rows else pl.DataFrame(schema=loose)
     temporal = {k: v for k, v in schema.items() if v.is_temporal()}
-    return frame.with_columns(pl.col(k).str.strptime(v) for k, v in temporal.items())
+
+    def whole(rows: list[Any]) -> pl.DataFrame:
+        frame = pl.from_dicts(rows, schema=loose) if rows else pl.DataFrame(schema=loose)
+        return frame.with_columns(pl.col(k).str.strptime(v) for k, v in temporal.items())
+
+    good: list[tuple[int, dict[str, Any]]] = []  # (line number, row)
+    bad: list[int] = []
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number != torn:
+                bad.append(number + 1)
+            continue
+        if not (isinstance(row, dict) and row.get("status") in STATUSES
+                and all(row.get(k) is not None for k in key)):
+            bad.append(number + 1)
+            continue
+        good.append((number + 1, row))
+    try:
+        frame = whole([row for _, row in good])
+    except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError):
+        keep = []  # one line at a time, to find the ones whose values do not fit
+        for number, row in good:
+            try:
+                whole([row])
+            except (pl.exceptions.PolarsError, TypeError, ValueError, OverflowError):
+                bad.append(number)
+            else:
+                keep.append(row)
+        frame = whole(keep)
+    if bad:
+        aside = path.with_name(path.name + ".bad")
+        aside.write_text(text, encoding="utf-8")
+        shown = ", ".join(map(str, sorted(bad)[:10])) + (" ..." if len(bad) > 10 else "")
+        warnings.warn(f"the journal {path} has {len(bad)} damaged line(s) (line {shown}): they were not merged; "
+                      f"its {frame.height} whole answer(s) were. A copy of the file is kept as {aside}; the rows "
+                      "of the damaged lines are asked again.", DamagedJournalWarning, stacklevel=2)
+    return frame

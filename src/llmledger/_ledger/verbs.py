@@ -194,7 +194,7 @@ def merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: P
     merged = []
     for path, holder in pending_journals(store_path, layout.table, layout.step):
         if is_abandoned(holder):
-            results = read_journal(path, key_types | RESULT_SCHEMA)
+            results = read_journal(path, key_types | RESULT_SCHEMA, key=list(key_types))
             if results.height:
                 results = results.with_columns(pl.col("fingerprint").map_elements(upgrade_fingerprint,
                                                                                   return_dtype=pl.String))
