@@ -99,11 +99,17 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
         raise WhereClauseError(f"where={where!r} is more than one SQL statement; pass one predicate such as "
                                "\"label = 'spam'\"")
     try:
-        con.execute(f"SELECT $one FROM {q(table)} WHERE ({where}) LIMIT 0", {"one": 1}).fetchall()
+        con.execute(f"SELECT $one FROM {q(table)} WHERE coalesce(({where}), false) LIMIT 0", {"one": 1}).fetchall()
     except db_errors() as exc:
         raise WhereClauseError(f"where={where!r} does not work on table {table!r}: "
                                f"{str(exc).splitlines()[0]}. It is SQL over the fact table's columns: "
                                f"{columns}") from None
+    probe = f"SELECT ({where}) AS llmledger_where FROM {q(table)}"  # one expression now (checked above)
+    kind = (con.types(probe)["llmledger_where"] if dialect(con) == "postgres"  # type: ignore[attr-defined]
+            else con.execute(f"DESCRIBE {probe}").fetchall()[0][1])
+    if kind not in ("BOOLEAN", '"NULL"'):
+        raise WhereClauseError(f"where={where!r} is not a condition: its value is {kind}, not true or false "
+                               "(e.g. \"label = 'spam'\" rather than \"label\")")
 
 
 def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, *, fields: Sequence[str],
