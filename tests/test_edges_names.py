@@ -214,3 +214,22 @@ def test_a_run_waits_through_a_postgresql_crash_and_its_recovery(pg_server: Any,
     out = llmledger.sql(url, "SELECT s_status, count(*) AS n FROM t GROUP BY 1")
     assert out.rows() == [("DONE", 60)]
     assert max(sim.paid_prompts().values()) == 1
+
+
+# -- values no call should take ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("options", "message"), [({"max_tokens": 10**12}, r"max_tokens=1,000,000,000,000 is more"),
+                                                  ({"concurrency": 10**6}, r"concurrency=1,000,000 is more")])
+def test_absurd_options_are_refused_before_anything_is_written(options: dict[str, Any], message: str, store: Path,
+                                                               run: Any, sim: Simulator) -> None:
+    with pytest.raises(llmledger.InvalidInputError, match=message):
+        run(frame(3), "s", prompt="A: {text}", **options)
+    assert not store.exists() and sim.stats()["requests"] == 0
+
+
+def test_a_nul_character_is_refused_on_postgresql_before_anything_is_written(pg_url: str,
+                                                                             client: anthropic.AsyncAnthropic,
+                                                                             sim: Simulator) -> None:
+    df = frame(3).with_columns(pl.Series("text", ["fine", "a\x00b", "fine too"]))
+    with pytest.raises(llmledger.InvalidInputError, match=r"column 'text' holds a NUL character .* 1 row"):
+        apply_llm(df, "s", prompt="A: {text}", store=pg_url, table="t", client=client, progress=False)
+    assert llmledger._ledger.open_ledger(pg_url).steps() == [] and sim.stats()["requests"] == 0

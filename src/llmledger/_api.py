@@ -220,6 +220,9 @@ def resume(
 
 # -- input checks ---------------------------------------------------------------------------------
 
+MAX_CONCURRENCY = 1_000  # the SDK's connection pool holds 1,000; more would only queue inside it
+
+
 def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurrency: Any, where: Any, redo: Any,
           max_attempts: Any, stale_after: Any, client: Any, progress: bool, retry: RetryPolicy | None,
           commit_every: Any, dedupe: bool, validate: Validator | None = None, output_model: Any = None,
@@ -229,6 +232,10 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
                         ("batch_size", MAX_REQUESTS if batch_size is None else batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+    if concurrency > MAX_CONCURRENCY:
+        raise InvalidInputError(f"concurrency={concurrency:,} is more requests at once than one process can keep "
+                                f"going (each is a connection); pass at most {MAX_CONCURRENCY:,}, or run several "
+                                "workers (llmledger worker) on a PostgreSQL store")
     if redo not in (False, True, "stale", "flagged"):
         raise InvalidInputError(f"redo must be False, True, 'stale' or 'flagged', got {redo!r}")
     if where is not None and (not isinstance(where, str) or not where.strip()):

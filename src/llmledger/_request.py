@@ -154,6 +154,12 @@ def json_string_sql(expr: str) -> str:
             f"THEN '\"' || {manual} || '\"' ELSE to_json({expr})::VARCHAR END)")
 
 
+MAX_TOKENS_BOUND = 1_000_000  # above every model's output limit; also what the ledger's INTEGER column holds
+
+
 def check_max_tokens(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or math.isinf(value):
         raise InvalidInputError(f"max_tokens must be a positive integer, got {value!r}")
+    if value > MAX_TOKENS_BOUND:
+        raise InvalidInputError(f"max_tokens={value:,} is more than any model writes in one answer; pass at most "
+                                f"{MAX_TOKENS_BOUND:,} (the model's own limit, e.g. 64,000, is checked by the API)")

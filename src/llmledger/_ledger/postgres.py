@@ -148,8 +148,8 @@ _BIGINT_MAX = 2**63 - 1
 
 
 def _check_fits(frame: pl.DataFrame) -> None:
-    """A UInt64 value above BIGINT's range, PostgreSQL's largest integer, refused with what to do (not psycopg's
-    "out of range" from the middle of a COPY)."""
+    """A UInt64 value above BIGINT's range, PostgreSQL's largest integer, or a NUL character, which its text cannot
+    hold, refused with what to do (not psycopg's error from the middle of a COPY)."""
     for column, dtype in frame.schema.items():
         if dtype == pl.UInt64 and frame.height:
             largest = frame[column].max()
@@ -157,6 +157,13 @@ def _check_fits(frame: pl.DataFrame) -> None:
                 raise InvalidInputError(f"column {column!r} holds {largest}, above {_BIGINT_MAX:,}, the largest "
                                         "integer PostgreSQL stores (BIGINT); cast it, e.g. "
                                         f"pl.col({column!r}).cast(pl.String), or use a DuckDB store")
+        elif dtype == pl.String and frame.height:
+            nul = frame[column].str.contains("\x00", literal=True)
+            if nul.any():
+                raise InvalidInputError(
+                    f"column {column!r} holds a NUL character (\\x00) in {int(nul.sum()):,} row(s), e.g. "
+                    f"{frame[column].filter(nul)[0][:60]!r}; PostgreSQL text cannot hold one. Remove it, "
+                    f"e.g. pl.col({column!r}).str.replace_all('\\x00', ''), or use a DuckDB store")
 
 
 def _json_text(value: Any) -> str:
