@@ -7,6 +7,7 @@ between claims and commits, so these wait at most a moment.
 from __future__ import annotations
 
 import getpass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +54,24 @@ def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, b
                                               now=utcnow())
 
 
-def reset(store: str | Path, table: str, step: str, *, where: str) -> int:
+def reset(store: str | Path, table: str, step: str, *, where: str, running: bool = False,
+          stale_after: timedelta = timedelta(minutes=30)) -> int:
     """Put `step` back to NOT_STARTED on rows matching `where` (not rows being sent); return how many.
 
     Their answers, usage and errors are cleared from the fact table after being copied to the history.
     Rows in a Message Batch (SUBMITTED) are taken out of it: its answers to them are then not merged.
+    With `running=True`, RUNNING rows are taken back too when their holder is gone: a process on this host that
+    no longer runs (by PID and start time), or a claim elsewhere not renewed for `stale_after`. Rows of a holder
+    that still runs are never taken (its answers would be paid twice).
     """
     _check_where(where)
-    return open_existing(store).reset(table, step, where=where, now=utcnow())
+    if not isinstance(running, bool):
+        raise InvalidInputError(f"running must be True or False, got {running!r}")
+    if not isinstance(stale_after, timedelta) or stale_after <= timedelta(0):
+        raise InvalidInputError(f"stale_after must be a positive timedelta, got {stale_after!r}")
+    now = utcnow()
+    return open_existing(store).reset(table, step, where=where, now=now,
+                                      running_before=now - stale_after if running else None)
 
 
 def _check_where(where: Any) -> None:

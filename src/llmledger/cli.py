@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from datetime import timedelta
 
 import polars as pl
 
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--where", required=True, help="SQL predicate over the fact table, e.g. \"id IN (3, 7)\"")
     p_flag.add_argument("--reason", required=True, help="what is wrong with these answers")
     p_flag.add_argument("--by", default=None, help="who flags them (default: the login name)")
+    p_reset.add_argument("--running", action="store_true",
+                         help="also take back RUNNING rows whose holder is gone (a dead process on this host, or a "
+                              "claim elsewhere not renewed for --stale-after seconds)")
+    p_reset.add_argument("--stale-after", type=float, default=1800.0, help="seconds (with --running; default 1800)")
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
     p_export = sub.add_parser("export", help="write a table (a folder of Parquet files, or one .parquet file) or "
@@ -191,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "flag":
                 n = flag(args.store, args.table, args.step, where=args.where, reason=args.reason, by=args.by)
             else:
-                n = reset(args.store, args.table, args.step, where=args.where)
+                n = reset(args.store, args.table, args.step, where=args.where, running=args.running,
+                          stale_after=timedelta(seconds=args.stale_after))
             print(f"{args.command}: {n:,} rows of {args.table}.{args.step}")
         elif args.command == "history":
             from ._query import history

@@ -18,7 +18,7 @@ import duckdb
 import polars as pl
 
 from .._prompt import stored_template
-from .._request import RequestSpec, canonical_json
+from .._request import RequestSpec, canonical_json, sql_literal
 from .._time import utcnow
 from ..errors import InvalidInputError
 from . import RunParams, Selection, StepDefinition
@@ -58,6 +58,7 @@ from .verbs import (
     fed_layout,
     from_legacy,
     give_back,
+    gone_holders,
     input_columns,
     known_answers,
     merge_journals,
@@ -376,16 +377,21 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
 
         return self.conn.transaction(work, wait=60.0, exclusive=True)
 
-    def reset(self, table: str, step: str, *, where: str, now: datetime) -> int:
+    def reset(self, table: str, step: str, *, where: str, now: datetime,
+              running_before: datetime | None = None) -> int:
         """Put the step of rows matching `where` back to NOT_STARTED; their answers go to the history first.
 
         Rows in a Message Batch (SUBMITTED) are taken out of it: the batch's answers to them are then not
-        merged (the escape for a batch the API has lost).
+        merged (the escape for a batch the API has lost). With `running_before`, RUNNING rows whose holder is
+        gone (`gone_holders`) are taken too.
         """
         def work(con: duckdb.DuckDBPyConnection) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
-            matching = f"coalesce(({where}), false) AND {layout.col('_status')} <> 'RUNNING'"
+            gone = gone_holders(con, layout, running_before) if running_before is not None else []
+            matching = (f"coalesce(({where}), false) AND ({layout.col('_status')} <> 'RUNNING' "
+                        f"OR ({layout.col('_custom_id')} IS NULL AND {layout.col('_claimed_by')} IN "
+                        f"({', '.join(sql_literal(h) for h in gone) or 'NULL'})))")
             return start_over(con, layout, matching, reason="'reset'", now=now)
 
         return self.conn.transaction(work, wait=60.0, exclusive=True)

@@ -185,6 +185,17 @@ def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunPa
                        "max_attempts": params.max_attempts}).height
 
 
+def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, claimed_before: datetime) -> list[str]:
+    """Holders of the step's RUNNING rows that certainly no longer run: a process of this host that is gone
+    (`is_abandoned`: by PID and start time), or a holder elsewhere whose claims were not renewed since
+    `claimed_before`. A holder alive on this host is never among them, however old its claims."""
+    c = names(layout.step)
+    rows = con.execute(f"SELECT {c['_claimed_by']}, max({c['_running_started_at']}) FROM {q(layout.table)} "
+                       f"WHERE {c['_status']} = 'RUNNING' GROUP BY 1").fetchall()
+    return [holder for holder, latest in rows if holder is not None and (
+        is_abandoned(holder) or (not is_alive_here(holder) and latest is not None and latest < claimed_before))]
+
+
 def merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path,
                     key_types: dict[str, pl.DataType]) -> list[Path]:
     """Commit the answers that runs which died on this host journaled but did not commit.
