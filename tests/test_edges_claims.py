@@ -1,16 +1,20 @@
 """Who holds a claim, at the edges: a dead run whose PID the system gave to another process is seen as dead (its
-rows are taken back, its journal merged), and `reset(running=True)` takes back the rows of a holder that is gone,
-never those of one that runs. Each case failed on 0.6.0."""
+rows are taken back, its journal merged), `reset(running=True)` takes back the rows of a holder that is gone,
+never those of one that runs, and a claim is judged by its own lease in the database's clock, not by the
+taker's clock and stale_after. Each case failed on 0.6.0."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import polars as pl
 import pytest
 
 import llmledger
@@ -112,3 +116,48 @@ def test_reset_running_takes_back_rows_of_a_holder_that_is_gone_and_only_those(
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "reset: 5 rows" in done.stdout, done.stdout + done.stderr
     assert dict(llmledger.sql(target, "SELECT id, s_status FROM t ORDER BY id").rows())[4] == "NOT_STARTED"
+
+
+# -- leases --------------------------------------------------------------------------------------------------------
+def _ledger_params(**changes: Any) -> Any:
+    from llmledger._ledger import RunParams
+    from llmledger._ledger.states import Redo
+
+    now = utcnow()
+    base = {"max_attempts": 2, "redo": Redo.NONE, "run_started": now, "stale_before": now - timedelta(minutes=30)}
+    return RunParams(**{**base, **changes})
+
+
+def _claimed(target: Any, lease: timedelta) -> Any:
+    """A ledger in which a live run (another host's, so only its lease speaks for it) claimed every row."""
+    from llmledger._ledger import StepDefinition, open_ledger
+    from llmledger._prompt import plan_prompt
+    from llmledger._request import RequestSpec
+
+    df = pl.DataFrame({"id": [1, 2, 3, 4], "text": ["a", "b", "c", "d"]})
+    ledger = open_ledger(target)
+    definition = StepDefinition(table="t", step="s", key=["id"], request=RequestSpec(model="m", max_tokens=5),
+                                prompt=plan_prompt("Say {text}", df))
+    selection = ledger.prepare(definition, df, _ledger_params(lease=lease), dedupe=True)
+    assert len(ledger.claim(selection, 10, claimant="another-host/7/feedfeed0001-5", now=utcnow())) == 4
+    return ledger, selection
+
+
+def test_a_worker_with_a_fast_clock_or_a_short_stale_after_leaves_a_live_claim_alone(target: Any) -> None:
+    """The holder's lease is 30 minutes, renewed in time; a worker whose clock runs 32 minutes fast and whose own
+    stale_after is 10 s would judge the claim dead by its own measures. It is judged by the claim's own lease."""
+    ledger, selection = _claimed(target, timedelta(minutes=30))
+    skewed = utcnow() + timedelta(minutes=32)
+    assert ledger.recover("t", "s", _ledger_params(run_started=skewed,
+                                                   stale_before=skewed - timedelta(seconds=10))) == 0
+    ledger.renew(selection, claimant="another-host/7/feedfeed0001-5", now=utcnow())
+    assert ledger.recover("t", "s", _ledger_params(run_started=skewed,
+                                                   stale_before=skewed - timedelta(seconds=10))) == 0
+    assert ledger.counts("t").select("RUNNING").item() == 4
+
+
+def test_a_claim_whose_own_lease_lapsed_is_taken_back_by_a_worker_with_a_longer_one(target: Any) -> None:
+    ledger, _ = _claimed(target, timedelta(seconds=1))
+    time.sleep(1.5)
+    assert ledger.recover("t", "s", _ledger_params()) == 4, "its 1 s lease lapsed, whatever the taker's is"
+    assert ledger.counts("t").select("NOT_STARTED").item() == 4

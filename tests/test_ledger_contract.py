@@ -51,6 +51,13 @@ def _commit(ledger: Ledger, selection, rows: list[dict]) -> None:
 
 
 
+def _age(ledger: Ledger, claimant: str, *, hours: int) -> None:
+    """Make `claimant`'s claims `hours` older: on PostgreSQL a claim takes its time from the database's clock, so a
+    `now=` in the past no longer backdates it."""
+    ledger.query(f"UPDATE t SET s_running_started_at = s_running_started_at - INTERVAL '{hours} hours', "
+                 f"s_lease_until = s_lease_until - INTERVAL '{hours} hours' WHERE s_claimed_by = '{claimant}'")
+
+
 def test_prepare_records_rows_and_their_requests_and_selects_them(ledger: Ledger) -> None:
     selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     assert selection.work["id"].to_list() == [1, 2, 3, 4]
@@ -103,6 +110,7 @@ def test_identical_requests_are_known_answers(ledger: Ledger) -> None:
 def test_claims_of_a_dead_run_on_this_host_are_recovered_by_the_next_prepare(ledger: Ledger) -> None:
     selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     ledger.claim(selection, 4, claimant="localhost-that-is-not-us/1/r", now=utcnow() - timedelta(hours=2))
+    _age(ledger, "localhost-that-is-not-us/1/r", hours=2)
     again = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     assert again.work.height == 4 and again.running_elsewhere == 0, "claims older than stale_after come back"
 
@@ -154,6 +162,7 @@ def test_history_keeps_the_answers_a_redo_replaces(ledger: Ledger) -> None:
 def test_recover_gives_back_lost_claims_and_leaves_live_ones(ledger: Ledger) -> None:
     selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     ledger.claim(selection, 2, claimant="another-host/1/old", now=utcnow() - timedelta(hours=2))
+    _age(ledger, "another-host/1/old", hours=2)
     ledger.claim(selection, 2, claimant="another-host/1/fresh", now=utcnow())
     assert ledger.recover("t", "s", _params()) == 2
     counts = ledger.counts("t").row(0, named=True)

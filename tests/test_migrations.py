@@ -126,7 +126,7 @@ def test_a_0_2_0_store_upgrades_and_its_crashed_claim_goes_back_to_what_it_was(t
 
 
 def test_old_answers_have_no_source_and_count_as_real(old_store: Path, sim: Simulator) -> None:
-    """Migration 7 adds `{step}_source` (and the history's `source`): answers written before it are NULL there,
+    """Migration 6 adds `{step}_source` (and the history's `source`): answers written before it are NULL there,
     and count as real: a run against a real endpoint neither asks them again nor refuses to reuse them."""
     real = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{sim.port}", api_key="test-key")
     apply_llm(frame(12), "summary", store=old_store, table="messages", client=real, progress=False, **SUMMARY)

@@ -185,7 +185,8 @@ class Run:
         with Claimant.new() as claimant:
             started = utcnow()
             params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
-                               stale_before=started - plan.stale, where=plan.where, source=plan.cfg.source)
+                               stale_before=started - plan.stale, where=plan.where, source=plan.cfg.source,
+                               lease=plan.stale)
             if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
                 interrupted = self._run_async(lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag,
                                                                self._display, wait=False), foreground=foreground)

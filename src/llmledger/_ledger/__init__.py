@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -79,6 +79,9 @@ class RunParams:
     # answers never stand in for a real run's. None (a caller that does not say; runs always say): reuses real
     # answers only, and sets no simulated answer aside.
     source: str | None = None
+    # How long this run's claims stay its own without a renewal (its `stale_after`). Each claim records its own
+    # lease end, in the database's clock, so another run (with another clock or stale_after) judges it by that.
+    lease: timedelta = timedelta(minutes=30)
 
     def sql(self, version: str) -> dict[str, Any]:
         return {"max_attempts": self.max_attempts, "redo": self.redo.value, "run_started": self.run_started,
@@ -121,6 +124,7 @@ class Selection:
     pending: int = 0
     where: str | None = None
     reuse: bool = False
+    lease: timedelta = timedelta(minutes=30)  # how long each claim stays the run's without renewal (RunParams)
     source: str | None = None  # the run's (RunParams.source)
     unsimulated: int = 0  # rows whose simulated answer this real run set aside, so they are asked for real
 

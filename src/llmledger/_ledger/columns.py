@@ -61,6 +61,8 @@ STEP_COLUMNS: tuple[Column, ...] = (
     Column("_running_started_at", "TIMESTAMP", CLEAR, doc="when the current claim was taken (UTC)"),
     Column("_claimed_by", "VARCHAR", CLEAR, doc="host/pid/run of the claim"),
     Column("_claimed_from", "VARCHAR", CLEAR, doc="the status the row had when it was claimed"),
+    Column("_lease_until", "TIMESTAMP", CLEAR,
+           doc="when the current claim lapses unless renewed (UTC, the database's clock on PostgreSQL)"),
     Column("_attempts", "INTEGER", FROM_RESULT, "attempts", pl.Int32(), "0",
            "answered or refused tries (transient errors never count)"),
     Column("_error", "VARCHAR", FROM_RESULT, "error", pl.String(), doc="why the last try was refused"),

@@ -119,7 +119,7 @@ def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
     _add_step_columns(con, {"_batch_id": "VARCHAR", "_custom_id": "VARCHAR"})
 
 
-def _v7_sources(con: duckdb.DuckDBPyConnection) -> None:
+def _v6_sources(con: duckdb.DuckDBPyConnection) -> None:
     """Per step, where each answer came from (the simulator or an API endpoint); the history keeps it, and
     the stop reason, with each replaced answer (so an answer found there can be reused like a current one).
     On PostgreSQL the history gets an index on the fingerprint: each claim of a worker looks answers up there."""
@@ -130,10 +130,16 @@ def _v7_sources(con: duckdb.DuckDBPyConnection) -> None:
     _add_step_columns(con, {"_source": "VARCHAR"})
 
 
-def _v8_budget_reservations(con: duckdb.DuckDBPyConnection) -> None:
+def _v7_budget_reservations(con: duckdb.DuckDBPyConnection) -> None:
     """A step's budget shared by its concurrent runs: what each live run has reserved (budget.py)."""
     con.execute("CREATE TABLE IF NOT EXISTS llmledger_budget_reservations (table_name VARCHAR, step VARCHAR, "
                 "claimant VARCHAR, reserved_usd DOUBLE, reserved_at TIMESTAMP)")
+
+
+def _v8_leases(con: duckdb.DuckDBPyConnection) -> None:
+    """Per step, when the current claim lapses unless renewed: each claim carries its holder's own lease, written
+    in the database's clock, so workers with other clocks or other stale_after judge it alike."""
+    _add_step_columns(con, {"_lease_until": "TIMESTAMP"})
 
 
 MIGRATIONS = (
@@ -143,9 +149,10 @@ MIGRATIONS = (
               _v3_pipelines),
     Migration(4, "prompt caching: cache write and read tokens per row", _v4_cache),
     Migration(5, "Message Batches: batch intents and ids, per-row batch and custom ids, run modes", _v5_batches),
-    Migration(7, "answer sources: the simulator or the API endpoint per answer, kept in the history too",
-              _v7_sources),
-    Migration(8, "budget reservations: a step's budget shared by its concurrent runs", _v8_budget_reservations),
+    Migration(6, "answer sources: the simulator or the API endpoint per answer, kept in the history too",
+              _v6_sources),
+    Migration(7, "budget reservations: a step's budget shared by its concurrent runs", _v7_budget_reservations),
+    Migration(8, "leases: each claim's own end, in the database's clock", _v8_leases),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -54,6 +54,7 @@ from .survey import Layout, check_where, flag_sql, survey
 from .verbs import (
     claim_open,
     claim_rows,
+    clock,
     commit_results,
     fed_layout,
     from_legacy,
@@ -197,6 +198,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         return Selection(
             inputs=input_columns(con, layout) if inputs else [],
             layout=layout, version=version, requests=requests_of(con, layout), work=work, params=sql_params,
+            lease=params.lease,
             key_types=key_types, stale=int(found["stale"].sum()) if params.redo is not Redo.STALE else 0,
             running_elsewhere=int((status == Status.RUNNING).sum()),
             needs_review=int((status == Status.NEEDS_REVIEW).sum()),
@@ -250,6 +252,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             return Selection(
                 inputs=input_columns(con, layout) if inputs else [],
                 layout=layout, version=version, requests=requests_of(con, layout), work=work, params=work_sql,
+                lease=params.lease,
                 key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
                 waiting=int(waiting), in_batches=int(submitted),
@@ -319,9 +322,10 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         def work(con: duckdb.DuckDBPyConnection) -> int:
             touch(con, claimant, now)  # and its budget reservation
             return len(con.execute(
-                f"UPDATE {q(layout.table)} SET {layout.col('_running_started_at')} = $now WHERE "
+                f"UPDATE {q(layout.table)} SET {layout.col('_running_started_at')} = {clock(con)}, "
+                f"{layout.col('_lease_until')} = {clock(con)} + $lease WHERE "
                 f"{layout.col('_claimed_by')} = $claimant AND {layout.col('_status')} = 'RUNNING' RETURNING 1",
-                {"now": now, "claimant": claimant}).fetchall())
+                {"now": now, "claimant": claimant, "lease": selection.lease}).fetchall())
 
         return self.conn.transaction(work, wait=30.0)
 

@@ -93,12 +93,13 @@ def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, pick: str, *, c
     got = con.sql(
         f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
         f"{q(layout.step + '_claimed_from')} = {c['_status']}, {q(layout.step + '_custom_id')} = NULL, "
-        f"{q(layout.step + '_running_started_at')} = $now, {q(layout.step + '_claimed_by')} = $claimant "
+        f"{q(layout.step + '_running_started_at')} = {clock(con)}, {q(layout.step + '_claimed_by')} = $claimant, "
+        f"{q(layout.step + '_lease_until')} = {clock(con)} + $lease "
         f"FROM {pick} "
         f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {inputs}{c['_prompt']} AS prompt, "
         f"{c['_request_fingerprint']}::VARCHAR AS fingerprint, {c['_version']} AS version, "
         f"{c['_attempts']} AS attempts, {c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
-        params={**selection.params, "now": now, "claimant": claimant}).pl()
+        params={**selection.params, "now": now, "claimant": claimant, "lease": selection.lease}).pl()
     return got.cast({k: selection.key_types[k] for k in layout.key})
 
 
@@ -179,10 +180,22 @@ def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunPa
     alive = [h for h in holders if h is not None and is_alive_here(h)]
     return give_back(con, layout, f"{c['_custom_id']} IS NULL AND ({c['_claimed_by']} IS NULL "
                                    f"OR {c['_claimed_by']} IN (SELECT unnest(CAST($dead AS VARCHAR[]))) "
-                                   f"OR ({c['_running_started_at']} < $stale_before "
+                                   f"OR ({lapsed_sql(con, c)} "
                                    f"AND {c['_claimed_by']} NOT IN (SELECT unnest(CAST($alive AS VARCHAR[])))))",
-                      {"dead": dead, "alive": alive, "stale_before": params.stale_before,
+                      {"dead": dead, "alive": alive, "stale_before": params.stale_before, "now": utcnow(),
                        "max_attempts": params.max_attempts}).height
+
+
+def clock(con: duckdb.DuckDBPyConnection) -> str:
+    """SQL for the time claims are written and judged by: the database's own clock on PostgreSQL, which every
+    worker shares whatever its machine's clock says; on DuckDB (one file, one host) the process's `$now`."""
+    return "(now() AT TIME ZONE 'UTC')" if dialect(con) == "postgres" else "$now"
+
+
+def lapsed_sql(con: duckdb.DuckDBPyConnection, c: dict[str, str]) -> str:
+    """SQL: the row's claim has lapsed by its own lease (a claim from 0.6 has none: by `$stale_before`)."""
+    return (f"CASE WHEN {c['_lease_until']} IS NULL THEN {c['_running_started_at']} < $stale_before "
+            f"ELSE {c['_lease_until']} < {clock(con)} END")
 
 
 def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, claimed_before: datetime) -> list[str]:
