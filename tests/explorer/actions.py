@@ -1,0 +1,137 @@
+"""Carrying out a plan against a live simulator and a real store, keeping the books the invariants need:
+how many requests could have been in flight at each kill or Ctrl-C, and how many rows were re-asked on purpose."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anthropic
+
+import llmledger
+from llmledger import Simulator, apply_llm
+
+from ..conftest import frame, helper_cmd, sigint_as_a_terminal_sends_it, subprocess_env
+from .plan import FAULTS, Action, Plan
+
+TABLE, STEP, PROMPT = "messages", "summary", "Summarize: {text}"
+CLEAR = {"fail_next": [], "error_rate": 0.0, "drop_rate": 0.0, "outage_until": 0.0, "latency": 0.02}
+
+
+@dataclass
+class Books:
+    """What a scenario did that the invariants must allow for."""
+
+    in_flight_at_stops: int = 0  # Σ over kills and Ctrl-Cs of the requests the stopped process could have had out
+    stops: int = 0
+    reasked: int = 0  # DONE rows reset or flagged and redone: each is billed once more, on purpose
+    log: list[str] = field(default_factory=list)
+
+
+class Scenario:
+    def __init__(self, plan: Plan, sim: Simulator, store: Any, pg_server: Any = None) -> None:
+        self.plan, self.sim, self.store, self.pg_server = plan, sim, store, pg_server
+        self.books = Books()
+        self.client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+    def _start(self, action: Action) -> list[subprocess.Popen[bytes]]:
+        cmd = helper_cmd(str(self.store), str(self.plan.rows), "--concurrency", str(action.concurrency),
+                         "--chunk-size", str(action.chunk_size), "--commit-every", "0.2")
+        return [subprocess.Popen(cmd, env=subprocess_env(self.sim.base_url), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, preexec_fn=sigint_as_a_terminal_sends_it)
+                for _ in range(action.runs)]
+
+    @staticmethod
+    def _wait(procs: list[subprocess.Popen[bytes]], timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise AssertionError("a run did not end in time (stuck?)") from None
+
+    def _stop(self, action: Action, sig: int) -> None:
+        procs = self._start(action)
+        time.sleep(action.delay)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(sig)
+                self.books.in_flight_at_stops += action.concurrency
+                self.books.stops += 1
+        self._wait(procs)
+
+    def _exists(self) -> bool:
+        return bool(llmledger._ledger.known_steps(self.store, TABLE))
+
+    def _done_among(self, ids: tuple[int, ...]) -> int:
+        found = llmledger.sql(self.store, f"SELECT count(*) AS n FROM {TABLE} WHERE {STEP}_status = 'DONE' "
+                                          f"AND id IN ({', '.join(map(str, ids))})")
+        return int(found["n"][0])
+
+    def _in_process(self, **options: Any) -> None:
+        apply_llm(frame(self.plan.rows), STEP, prompt=PROMPT, store=self.store, table=TABLE, client=self.client,
+                  progress=False, **options)
+
+    # -- actions ---------------------------------------------------------------------------------------------------
+    def do(self, action: Action) -> None:
+        self.books.log.append(action.describe())
+        if action.kind == "run":
+            self._wait(self._start(action))
+        elif action.kind == "kill":
+            self._stop(action, signal.SIGKILL)
+        elif action.kind == "sigint":
+            self._stop(action, signal.SIGINT)
+        elif action.kind == "fault":
+            self.sim.configure(**FAULTS[action.fault])
+            try:
+                self._wait(self._start(action))
+            finally:
+                self.sim.configure(**CLEAR)
+        elif action.kind in ("flag_redo", "reset") and self._exists():
+            where = f"id IN ({', '.join(map(str, action.ids))})"
+            done = self._done_among(action.ids)
+            if action.kind == "reset":
+                llmledger.reset(self.store, TABLE, STEP, where=where)
+            else:
+                llmledger.flag(self.store, TABLE, STEP, where=where, reason="explorer")
+                with contextlib.suppress(llmledger.LedgerError):  # whatever stops it, the final run finishes the step
+                    self._in_process(redo="flagged")
+            self.books.reasked += done
+        elif action.kind in ("restart_db", "crash_db") and self.pg_server is not None:
+            procs = self._start(action)
+            time.sleep(action.delay)
+            if action.kind == "restart_db":
+                self.pg_server.restart()
+            else:
+                self.pg_server._run("pg_ctl", "-D", str(self.pg_server.data), "-m", "immediate", "-w", "stop")
+                self.pg_server.start()
+            self._wait(procs)
+
+    def run(self) -> Books:
+        self.sim.configure(**CLEAR)
+        for action in self.plan.actions:
+            self.do(action)
+        self.sim.configure(**CLEAR)
+        self._in_process()  # the clean final run: every row must end DONE
+        return self.books
+
+
+def store_for(engine: str, folder: Path, pg_server: Any) -> Any:
+    """A fresh store: a DuckDB file, or a new database keeping PostgreSQL's default synchronous_commit (the test
+    server turns it off for speed, which forgets acknowledged commits at a crash)."""
+    if engine == "duckdb":
+        return folder / "ledger.duckdb"
+    import psycopg
+
+    url = pg_server.new_database()
+    with psycopg.connect(pg_server.url(), autocommit=True) as con:
+        con.execute(f'ALTER DATABASE "{url.rsplit("/", 1)[1]}" SET synchronous_commit = on')
+    return url
