@@ -46,7 +46,7 @@ WORKING: dict[str, pl.Series] = {
 
 REFUSED: dict[str, pl.Series] = {
     "datetime_ns_below_us": pl.Series([0, 1, 2], dtype=pl.Int64).cast(pl.Datetime("ns")),
-    "int128": pl.Series([1, 2, 3], dtype=pl.Int128),
+    **({"int128": pl.Series([1, 2, 3], dtype=pl.Int128)} if hasattr(pl, "Int128") else {}),
     "duration": pl.Series([dt.timedelta(1), dt.timedelta(2), dt.timedelta(3)]),
     "decimal": pl.Series([decimal.Decimal("1.5"), decimal.Decimal("2.5"), decimal.Decimal("3.5")]),
     "binary": pl.Series([b"a", b"b", b"c"]),
