@@ -60,6 +60,12 @@ def store(tmp_path: Path) -> Path:
     return tmp_path / "ledger" / "test.duckdb"
 
 
+@pytest.fixture(params=["duckdb", "postgresql"])
+def target(request: pytest.FixtureRequest, store: Path) -> Any:
+    """A store on each engine in turn: the DuckDB file of `store`, then a fresh PostgreSQL database."""
+    return request.getfixturevalue("pg_url") if request.param == "postgresql" else store
+
+
 @pytest.fixture
 def run(client: anthropic.AsyncAnthropic, store: Path) -> Any:
     """apply_llm with the test client, store and table filled in, and no progress bar."""

@@ -31,11 +31,6 @@ from .conftest import frame
 PROMPT = "Summarize: {text}"
 
 
-@pytest.fixture(params=["duckdb", "postgresql"])
-def target(request: pytest.FixtureRequest, store: Path) -> Any:
-    return request.getfixturevalue("pg_url") if request.param == "postgresql" else store
-
-
 @pytest.fixture
 def other_process() -> Any:
     """A live process of this host: the PID a dead run's claim names after the system reused it."""

@@ -55,11 +55,6 @@ REFUSED: dict[str, pl.Series] = {
 }
 
 
-@pytest.fixture(params=["duckdb", "postgresql"])
-def target(request: pytest.FixtureRequest, store: Path) -> Any:
-    return request.getfixturevalue("pg_url") if request.param == "postgresql" else store
-
-
 def _frame(name: str, keys: pl.Series) -> pl.DataFrame:
     return pl.DataFrame({"k": keys, "text": [f"{name} row {i}" for i in range(len(keys))]})
 

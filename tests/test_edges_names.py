@@ -24,11 +24,6 @@ from llmledger.simulator import default_reply
 from .conftest import frame
 
 
-@pytest.fixture(params=["duckdb", "postgresql"])
-def target(request: pytest.FixtureRequest, store: Path) -> Any:
-    return request.getfixturevalue("pg_url") if request.param == "postgresql" else store
-
-
 def snapshot(target: Any) -> dict[str, list[tuple[Any, ...]]]:
     """Every table of the store, every row, in a stable order: what 'nothing was written' is checked against."""
     tables = llmledger.sql(target, "SELECT table_name FROM information_schema.tables "
