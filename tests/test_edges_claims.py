@@ -26,7 +26,7 @@ from llmledger._ledger.postgres import is_url, journal_base
 from llmledger._time import utcnow
 from llmledger.simulator import default_reply
 
-from .conftest import frame
+from .conftest import frame, subprocess_env
 
 PROMPT = "Summarize: {text}"
 
@@ -113,6 +113,26 @@ def test_reset_running_takes_back_rows_of_a_holder_that_is_gone_and_only_those(
     assert dict(llmledger.sql(target, "SELECT id, s_status FROM t ORDER BY id").rows())[4] == "NOT_STARTED"
 
 
+def test_reset_running_judges_holders_elsewhere_in_the_databases_clock_and_by_their_lease(
+        pg_url: str, client: anthropic.AsyncAnthropic, sim: Simulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On PostgreSQL claims are written in the server's clock. A person whose machine's clock runs two hours fast
+    does not take back a claim renewed a minute ago (0.7.0 compared the claim with the caller's clock); a claim
+    whose own lease has lapsed is taken back even when renewed recently, as a worker would take it."""
+    import llmledger._query
+
+    apply_llm(frame(3), "s", prompt=PROMPT, store=pg_url, table="t", client=client, progress=False, where="false")
+    for row, holder, lease in ((0, "another-host/12/deadbeef0005-9", "10 minutes"),
+                               (1, "another-host/13/deadbeef0006-9", "-1 seconds")):
+        llmledger.sql(pg_url, f"UPDATE t SET s_status = 'RUNNING', s_claimed_from = 'NOT_STARTED', s_claimed_by = "
+                              f"'{holder}', s_running_started_at = (now() AT TIME ZONE 'UTC') - INTERVAL '1 minute', "
+                              f"s_lease_until = (now() AT TIME ZONE 'UTC') + INTERVAL '{lease}' WHERE id = {row}")
+    real = llmledger._query.utcnow
+    monkeypatch.setattr(llmledger._query, "utcnow", lambda: real() + timedelta(hours=2))
+    assert llmledger.reset(pg_url, "t", "s", where="id < 2", running=True, stale_after=timedelta(minutes=30)) == 1
+    statuses = dict(llmledger.sql(pg_url, "SELECT id, s_status FROM t ORDER BY id").rows())
+    assert statuses == {0: "RUNNING", 1: "NOT_STARTED", 2: "NOT_STARTED"}
+
+
 # -- leases --------------------------------------------------------------------------------------------------------
 def _ledger_params(**changes: Any) -> Any:
     from llmledger._ledger import RunParams
@@ -156,3 +176,24 @@ def test_a_claim_whose_own_lease_lapsed_is_taken_back_by_a_worker_with_a_longer_
     time.sleep(1.5)
     assert ledger.recover("t", "s", _ledger_params()) == 4, "its 1 s lease lapsed, whatever the taker's is"
     assert ledger.counts("t").select("NOT_STARTED").item() == 4
+
+
+def test_concurrent_runs_pay_each_duplicate_text_once(target: Any, sim: Simulator,
+                                                      client: anthropic.AsyncAnthropic) -> None:
+    """Three `llmledger run` processes share a step of 300 rows with 60 distinct texts, each text's rows spread
+    across the table: each text is paid once (0.6 paid texts whose rows two processes claimed at once; on
+    DuckDB, also those one process answered after another had selected its rows)."""
+    rows = 300
+    df = pl.DataFrame({"id": list(range(rows)), "text": [f"text number {(i * 7) % 60}" for i in range(rows)]})
+    apply_llm(df, "summary", prompt=PROMPT, store=target, table="m", client=client, where="false", progress=False)
+    sim.configure(latency=0.05)
+    sim.reset_stats()
+    env = subprocess_env(sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"}
+    runs = [subprocess.Popen([sys.executable, "-m", "llmledger", "run", str(target), "--table", "m", "--step",
+                              "summary", "--concurrency", "4", "--quiet"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    for proc in runs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+    assert llmledger.sql(target, "SELECT count(*) AS n FROM m WHERE summary_status = 'DONE'")["n"][0] == rows
+    assert sim.stats()["paid"] == 60, "each distinct text is paid once, whichever process claimed its rows"

@@ -37,12 +37,12 @@ def test_the_checker_catches_a_wrong_answer_a_stuck_row_and_a_request_paid_twice
     with Simulator(latency=0.0) as sim:
         store = store_for("duckdb", tmp_path, None)
         books = Scenario(plan, sim, store).run()
-        assert violations(store, sim, plan.rows, books) == []
+        assert violations(store, sim, plan, books) == []
         llmledger.sql(store, f"UPDATE {TABLE} SET {STEP} = 'not its answer' WHERE id = 3")
         apply_llm(frame(plan.rows), STEP, prompt=PROMPT, store=store, table=TABLE, where="id = 5", redo=True,
                   client=Scenario(plan, sim, store).client, progress=False)  # paid again, on nobody's books
         llmledger.sql(store, f"UPDATE {TABLE} SET {STEP}_status = 'RUNNING' WHERE id = 4")  # after: a run recovers it
-        found = violations(store, sim, plan.rows, Books())
+        found = violations(store, sim, plan, Books())
     assert any("row 3 shows an answer that is not to its own request" in p for p in found), found
     assert any("row 4 is RUNNING" in p for p in found), found
     assert any("1 requests paid again" in p for p in found), found

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -136,14 +137,71 @@ def test_two_runs_resuming_one_step_never_claim_the_same_row(ledger: Ledger) -> 
 def test_a_claim_reuses_an_answer_committed_after_the_run_selected_its_rows(ledger: Ledger) -> None:
     frame = pl.DataFrame({"id": [1, 2], "text": ["same", "same"]})
     ledger.prepare(_definition(frame), frame, _params(where="false"), dedupe=True)
-    first = ledger.resume("t", "s", _params(), dedupe=True)
-    second = ledger.resume("t", "s", _params(), dedupe=True)
+    first = ledger.resume("t", "s", _params(where="id = 1"), dedupe=True)  # a claim takes its twins with it,
+    second = ledger.resume("t", "s", _params(where="id = 2"), dedupe=True)  # unless where= leaves them out
     [row] = ledger.claim(first, 1, claimant="h/1/a", now=utcnow())
     _commit(ledger, first, [_result(row, "DONE", "shared")])
     if not second.open_ended:
         pytest.skip("a DuckDB file has one writer at a time; its runs look answers up when they select rows")
     [other] = ledger.claim(second, 1, claimant="h/2/b", now=utcnow())
     assert second.known[other["fingerprint"]].output == "shared", "each claim looks up answers committed meanwhile"
+
+
+TWINS = pl.DataFrame({"id": [1, 2, 3, 4, 5], "text": ["same", "other", "same", "same", "other"]})
+
+
+def test_a_claim_takes_every_twin_of_what_it_claims(ledger: Ledger) -> None:
+    """Rows whose requests are identical are claimed together, wherever they are: a second run finds none of them
+    to pay for while the first run's one call for them is in flight."""
+    ledger.prepare(_definition(TWINS), TWINS, _params(where="false"), dedupe=True)
+    first = ledger.resume("t", "s", _params(), dedupe=True)
+    second = ledger.resume("t", "s", _params(), dedupe=True)
+    a = ledger.claim(first, 1, claimant="h/1/a", now=utcnow())
+    assert sorted(r["id"] for r in a) == [1, 3, 4] and len({r["fingerprint"] for r in a}) == 1
+    b = ledger.claim(second, 5, claimant="h/2/b", now=utcnow())
+    assert sorted(r["id"] for r in b) == [2, 5]
+    assert ledger.claim(first, 5, claimant="h/1/a", now=utcnow()) == [], "twins claimed early are not met again"
+
+
+def test_a_claim_takes_no_twin_without_dedupe_or_outside_where(ledger: Ledger) -> None:
+    ledger.prepare(_definition(TWINS), TWINS, _params(where="false"), dedupe=True)
+    alone = ledger.resume("t", "s", _params(), dedupe=False)
+    assert [r["id"] for r in ledger.claim(alone, 1, claimant="h/1/a", now=utcnow())] == [1]
+    scoped = ledger.resume("t", "s", _params(where="id <> 4"), dedupe=True)
+    assert sorted(r["id"] for r in ledger.claim(scoped, 1, claimant="h/2/b", now=utcnow())) == [2, 5]
+    assert ledger.counts("t")["RUNNING"][0] == 3, "row 3 (a twin of the first claim's) is not taken: where= ends at 4"
+
+
+def test_concurrent_claims_never_split_identical_requests(target: Any) -> None:
+    """Four runs, each with its own connection, claim at once, one row at a time, from 200 rows with 20 distinct
+    texts: every text is held by one claimant only (on PostgreSQL a step's claims take an advisory lock, without
+    which this fails; a DuckDB file has one writer)."""
+    import threading
+
+    ledgers = [open_ledger(target) for _ in range(4)]
+    frame = pl.DataFrame({"id": list(range(200)), "text": [f"t{i % 20}" for i in range(200)]})
+    ledgers[0].prepare(_definition(frame), frame, _params(where="false"), dedupe=True)
+    selections = [ledger.resume("t", "s", _params(), dedupe=True) for ledger in ledgers]
+    held: dict[str, set[str]] = {}
+    lock, errors = threading.Lock(), []
+
+    def claim(n: int) -> None:
+        try:
+            while rows := ledgers[n].claim(selections[n], 1, claimant=f"h/{n}/r{n}", now=utcnow()):
+                with lock:
+                    for r in rows:
+                        held.setdefault(r["fingerprint"], set()).add(str(n))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(held) == 20 and all(len(who) == 1 for who in held.values()), held
+    assert ledgers[0].counts("t")["RUNNING"][0] == 200
 
 
 def test_history_keeps_the_answers_a_redo_replaces(ledger: Ledger) -> None:

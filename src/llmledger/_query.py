@@ -61,8 +61,9 @@ def reset(store: str | Path, table: str, step: str, *, where: str, running: bool
     Their answers, usage and errors are cleared from the fact table after being copied to the history.
     Rows in a Message Batch (SUBMITTED) are taken out of it: its answers to them are then not merged.
     With `running=True`, RUNNING rows are taken back too when their holder is gone: a process on this host that
-    no longer runs (by PID and start time), or a claim elsewhere not renewed for `stale_after`. Rows of a holder
-    that still runs are never taken (its answers would be paid twice).
+    no longer runs (by PID and start time), or a holder elsewhere whose claims were not renewed for `stale_after`
+    or whose own leases have lapsed, judged in the clock the claims were written in (PostgreSQL's), not this
+    machine's. Rows of a holder that still runs on this host are never taken (its answers would be paid twice).
     """
     _check_where(where)
     if not isinstance(running, bool):
@@ -71,7 +72,7 @@ def reset(store: str | Path, table: str, step: str, *, where: str, running: bool
         raise InvalidInputError(f"stale_after must be a positive timedelta, got {stale_after!r}")
     now = utcnow()
     return open_existing(store).reset(table, step, where=where, now=now,
-                                      running_before=now - stale_after if running else None)
+                                      running_stale_after=stale_after if running else None)
 
 
 def _check_where(where: Any) -> None:

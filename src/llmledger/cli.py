@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p_flag.add_argument("--by", default=None, help="who flags them (default: the login name)")
     p_reset.add_argument("--running", action="store_true",
                          help="also take back RUNNING rows whose holder is gone (a dead process on this host, or a "
-                              "claim elsewhere not renewed for --stale-after seconds)")
+                              "holder elsewhere whose claims were not renewed for --stale-after seconds or whose "
+                              "leases lapsed, in the database's clock)")
     p_reset.add_argument("--stale-after", type=float, default=1800.0, help="seconds (with --running; default 1800)")
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 

@@ -40,7 +40,7 @@ def run_one(seed: int, engine: str, pg_server: Any = None) -> tuple[list[str], A
     with tempfile.TemporaryDirectory() as folder, Simulator(latency=0.02, seed=seed) as sim:
         store = store_for(engine, Path(folder), pg_server)
         books = Scenario(plan, sim, store, pg_server).run()
-        return violations(store, sim, plan.rows, books), books, sim
+        return violations(store, sim, plan, books), books, sim
 
 
 def explore(seeds: list[int], engines: list[str], *, pg_server: Any = None, budget_seconds: float | None = None,

@@ -6,21 +6,26 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import polars as pl
 
 import llmledger
 from llmledger import Simulator, apply_llm
+from llmledger._ledger import open_ledger
 
-from ..conftest import frame, helper_cmd, sigint_as_a_terminal_sends_it, subprocess_env
+from ..conftest import helper_cmd, sigint_as_a_terminal_sends_it, subprocess_env
 from .plan import FAULTS, Action, Plan
 
 TABLE, STEP, PROMPT = "messages", "summary", "Summarize: {text}"
-CLEAR = {"fail_next": [], "error_rate": 0.0, "drop_rate": 0.0, "outage_until": 0.0, "latency": 0.02}
+CLEAR = {"fail_next": [], "error_rate": 0.0, "drop_rate": 0.0, "outage_until": 0.0, "latency": 0.02,
+         "batch_lose_response": 0}
+WORKER_STALE_AFTER = 3.0  # seconds: a killed worker's rows come back this soon (each worker is its own machine)
 
 
 @dataclass
@@ -31,6 +36,7 @@ class Books:
     stops: int = 0
     reasked: int = 0  # DONE rows reset or flagged and redone: each is billed once more, on purpose
     log: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # broken promises seen during an action (a budget overrun)
 
 
 class Scenario:
@@ -40,12 +46,25 @@ class Scenario:
         self.client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
 
     # -- helpers ---------------------------------------------------------------------------------------------------
-    def _start(self, action: Action) -> list[subprocess.Popen[bytes]]:
+    def _start(self, action: Action, *extra: str, each: list[list[str]] | None = None
+               ) -> list[subprocess.Popen[bytes]]:
+        """`action.runs` apply_llm processes; `each[i]`: more arguments for process i."""
         cmd = helper_cmd(str(self.store), str(self.plan.rows), "--concurrency", str(action.concurrency),
-                         "--chunk-size", str(action.chunk_size), "--commit-every", "0.2")
-        return [subprocess.Popen(cmd, env=subprocess_env(self.sim.base_url), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, preexec_fn=sigint_as_a_terminal_sends_it)
-                for _ in range(action.runs)]
+                         "--chunk-size", str(action.chunk_size), "--commit-every", "0.2",
+                         "--distinct", str(self.plan.distinct), *extra)
+        return [subprocess.Popen(cmd + (each[i] if each else []), env=subprocess_env(self.sim.base_url),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 preexec_fn=sigint_as_a_terminal_sends_it) for i in range(action.runs)]
+
+    def _workers(self, action: Action) -> list[subprocess.Popen[bytes]]:
+        """`llmledger worker` processes, each a machine of its own (none can see another's processes)."""
+        env = subprocess_env(self.sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"}
+        return [subprocess.Popen(
+            [sys.executable, "-m", "llmledger", "worker", str(self.store), "--table", TABLE, "--step", STEP,
+             "--concurrency", str(action.concurrency), "--chunk-size", str(action.chunk_size), "--poll", "0.3",
+             "--stale-after", str(WORKER_STALE_AFTER), "--quiet"],
+            env=env | {"LLMLEDGER_HOSTNAME": f"machine-{i}"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for i in range(action.runs)]
 
     @staticmethod
     def _wait(procs: list[subprocess.Popen[bytes]], timeout: float = 180) -> None:
@@ -76,9 +95,45 @@ class Scenario:
                                           f"AND id IN ({', '.join(map(str, ids))})")
         return int(found["n"][0])
 
+    def frame(self) -> pl.DataFrame:
+        return pl.DataFrame({"id": list(range(self.plan.rows)),
+                             "text": [self.plan.text_of(i) for i in range(self.plan.rows)]})
+
     def _in_process(self, **options: Any) -> None:
-        apply_llm(frame(self.plan.rows), STEP, prompt=PROMPT, store=self.store, table=TABLE, client=self.client,
+        apply_llm(self.frame(), STEP, prompt=PROMPT, store=self.store, table=TABLE, client=self.client,
                   progress=False, **options)
+
+    def _spent(self) -> float:
+        return open_ledger(self.store).spent(TABLE, STEP) if self._exists() else 0.0
+
+    def _budget(self, action: Action) -> None:
+        """Runs sharing one step budget: what the step spent after them is within the budget, give or take, per
+        run, its first request and what answers cost above the average they were reserved at (README: A budget);
+        bounded here by (concurrency + 1) of the dearest answer per run."""
+        budget = self._spent() + action.extra_usd
+        self._wait(self._start(action, "--max-cost", f"{budget:.6f}"))
+        if not self._exists():
+            return
+        spent = self._spent()
+        dearest = llmledger.sql(self.store, f"SELECT coalesce(max({STEP}_cost_usd), 0) AS c FROM {TABLE}")["c"][0]
+        slack = action.runs * (action.concurrency + 1) * float(dearest)
+        if spent > budget + slack + 1e-9:
+            self.books.problems.append(f"{action.describe()}: the step spent ${spent:.4f}, over its budget "
+                                       f"${budget:.4f} by more than the bound ${slack:.4f}")
+
+    def _kill_a_worker(self, action: Action) -> None:
+        """Workers share the step; one is killed -9 after `delay` (its journal is on a machine that never comes
+        back: what it answered and had not committed is paid again, README: Not guaranteed)."""
+        if not self._exists():
+            self._in_process(where="false")  # workers need the step recorded
+        procs = self._workers(action)
+        time.sleep(action.delay)
+        if procs[0].poll() is None:
+            procs[0].kill()
+            self.books.in_flight_at_stops += action.concurrency + action.chunk_size
+            self.books.stops += 1
+        self._wait(procs[1:])
+        procs[0].wait()
 
     # -- actions ---------------------------------------------------------------------------------------------------
     def do(self, action: Action) -> None:
@@ -105,6 +160,19 @@ class Scenario:
                 with contextlib.suppress(llmledger.LedgerError):  # whatever stops it, the final run finishes the step
                     self._in_process(redo="flagged")
             self.books.reasked += done
+        elif action.kind == "skew":
+            self._wait(self._start(action, each=[["--clock-skew", str(skew)] for skew in action.skew]))
+        elif action.kind == "batch":
+            self.sim.configure(batch_lose_response=action.lost)
+            try:
+                die = [["--die-before", action.die]] if action.die else []
+                self._wait(self._start(action, "--mode", "batch", each=die + [[]] * (action.runs - len(die))))
+            finally:
+                self.sim.configure(**CLEAR)
+        elif action.kind == "budget":
+            self._budget(action)
+        elif action.kind == "workers" and self.pg_server is not None:
+            self._kill_a_worker(action)
         elif action.kind in ("restart_db", "crash_db") and self.pg_server is not None:
             procs = self._start(action)
             time.sleep(action.delay)

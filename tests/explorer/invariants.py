@@ -9,18 +9,22 @@ from llmledger import Simulator
 from llmledger.simulator import default_reply
 
 from .actions import STEP, TABLE, Books
+from .plan import Plan
 
 
-def violations(store: Any, sim: Simulator, rows: int, books: Books) -> list[str]:
+def violations(store: Any, sim: Simulator, plan: Plan, books: Books) -> list[str]:
     """What is wrong with the store after a scenario (empty: the promise held).
 
     - every row is DONE (the final run had no faults), none RUNNING;
     - every row holds the answer to its own request (the simulator's answer is a function of the prompt), and its
       stored request is its own row's;
     - requests billed more than once, less the rows re-asked on purpose, are at most what could have been in
-      flight at the kills and Ctrl-Cs (each process: its concurrency).
+      flight at the kills and Ctrl-Cs (each process: its concurrency; a worker's machine that never comes back: its
+      uncommitted answers too), identical texts included: rows with one request are paid once;
+    - what an action saw break (`books.problems`: a step budget overrun).
     """
-    problems = []
+    problems = list(books.problems)
+    rows = plan.rows
     found = llmledger.sql(store, f"SELECT id, {STEP} AS answer, {STEP}_status AS status, {STEP}_prompt AS prompt "
                                  f"FROM {TABLE} ORDER BY id")
     if found.height != rows:
@@ -28,7 +32,7 @@ def violations(store: Any, sim: Simulator, rows: int, books: Books) -> list[str]
     for row_id, answer, status, prompt in found.rows():
         if status != "DONE":
             problems.append(f"row {row_id} is {status} after the clean final run")
-        if prompt != f"Summarize: hello message number {row_id}":
+        if prompt != f"Summarize: {plan.text_of(row_id)}":
             problems.append(f"row {row_id} holds another row's request: {prompt!r}")
         elif answer != default_reply(prompt):
             problems.append(f"row {row_id} shows an answer that is not to its own request: {answer!r}")

@@ -18,26 +18,41 @@ FAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# What each kind does (actions.py): run, kill (-9 after `delay`) and sigint start `runs` apply_llm processes;
+# fault runs them under a simulator fault; flag_redo and reset re-ask `ids`; restart_db and crash_db restart
+# PostgreSQL under running processes; skew runs processes whose clocks are `skew` seconds off (each its own);
+# batch sends Message Batches, the API losing the answer to `lost` creates, and the process dying before it
+# creates or confirms one (`die`); budget runs them with one step budget of what is spent plus `extra_usd`;
+# workers starts `llmledger worker` processes (PostgreSQL; each a machine of its own), one killed after `delay`.
+KINDS = ("run", "kill", "sigint", "fault", "flag_redo", "reset", "restart_db", "crash_db", "skew", "batch",
+         "budget", "workers")
+PROCESSES = ("run", "kill", "sigint", "fault", "restart_db", "crash_db", "skew", "batch", "budget", "workers")
+
+
 @dataclass(frozen=True)
 class Action:
-    kind: str  # run | kill | sigint | fault | flag_redo | reset | restart_db | crash_db | wait
-    runs: int = 1  # processes started at once (run, kill, sigint)
+    kind: str  # one of KINDS
+    runs: int = 1  # processes started at once
     delay: float = 0.0  # seconds before the kill / Ctrl-C / restart
     concurrency: int = 4
     chunk_size: int = 20
     fault: str = ""
     ids: tuple[int, ...] = ()
+    skew: tuple[float, ...] = ()  # skew: each process's clock offset, seconds
+    lost: int = 0  # batch: creates whose answer the API loses
+    die: str = ""  # batch: "create" or "confirm", where the (first) process dies; "" lives
+    extra_usd: float = 0.0  # budget: the budget is what the step has spent plus this
 
     def describe(self) -> str:
         parts = [self.kind]
-        if self.kind in ("run", "kill", "sigint"):
+        if self.kind in PROCESSES:
             parts.append(f"x{self.runs} c={self.concurrency} chunk={self.chunk_size}")
-        if self.delay:
+        if self.delay and self.kind not in ("run", "fault", "skew", "batch", "budget"):
             parts.append(f"after {self.delay:.2f}s")
-        if self.fault:
-            parts.append(self.fault)
-        if self.ids:
-            parts.append(f"ids={list(self.ids)}")
+        for label, value in (("fault", self.fault), ("ids", list(self.ids)), ("skew", list(self.skew)),
+                             ("lost", self.lost), ("die before", self.die), ("extra $", self.extra_usd)):
+            if value:
+                parts.append(f"{label}={value}")
         return " ".join(parts)
 
 
@@ -47,9 +62,14 @@ class Plan:
     engine: str
     rows: int
     actions: list[Action] = field(default_factory=list)
+    distinct: int = 0  # row i's text is row (i % distinct)'s: duplicate texts, each to be paid once; 0: all differ
+
+    def text_of(self, row: int) -> str:
+        return f"hello message number {row % self.distinct if self.distinct else row}"
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed}: {self.engine}, {self.rows} rows"]
+        lines = [f"seed {self.seed}: {self.engine}, {self.rows} rows"
+                 + (f", {self.distinct} distinct texts" if self.distinct else "")]
         lines += [f"  {i + 1}. {a.describe()}" for i, a in enumerate(self.actions)]
         return "\n".join(lines)
 
@@ -57,17 +77,26 @@ class Plan:
 def make_plan(seed: int, engine: str) -> Plan:
     rng = random.Random(seed)
     rows = rng.randrange(40, 220)
+    distinct = rng.choice([0, 0, rows // 2, rows // 5])
     actions: list[Action] = []
-    kinds = ["run", "kill", "kill", "sigint", "fault", "flag_redo", "reset"]
+    kinds = ["run", "kill", "kill", "sigint", "fault", "flag_redo", "reset", "skew", "batch", "budget"]
     if engine == "postgresql":
-        kinds += ["restart_db", "crash_db"]
+        kinds += ["restart_db", "crash_db", "workers", "workers"]
     for _ in range(rng.randrange(2, 7)):
         kind = rng.choice(kinds)
-        runs = rng.choice([1, 1, 2, 3]) if kind in ("run", "kill", "sigint") else 1
-        if engine == "duckdb" and kind != "run":
+        runs = rng.choice([1, 1, 2, 3]) if kind in PROCESSES else 1
+        if engine == "duckdb" and kind not in ("run", "skew", "budget"):
             runs = min(runs, 2)
+        if kind == "workers":
+            runs = rng.choice([2, 3])
         ids = tuple(sorted(rng.sample(range(rows), rng.randrange(1, 6)))) if kind in ("flag_redo", "reset") else ()
-        actions.append(Action(kind=kind, runs=runs, delay=round(rng.uniform(0.2, 2.0), 2),
-                              concurrency=rng.choice([1, 2, 4, 8, 16]), chunk_size=rng.choice([1, 5, 20, 200]),
-                              fault=rng.choice(sorted(FAULTS)) if kind == "fault" else "", ids=ids))
-    return Plan(seed=seed, engine=engine, rows=rows, actions=actions)
+        concurrency = rng.choice([1, 2, 4] if kind == "budget" else [1, 2, 4, 8, 16])
+        actions.append(Action(
+            kind=kind, runs=runs, delay=round(rng.uniform(0.2, 2.0), 2), concurrency=concurrency,
+            chunk_size=rng.choice([1, 5, 20, 200]), fault=rng.choice(sorted(FAULTS)) if kind == "fault" else "",
+            ids=ids, skew=tuple(rng.choice([-2400.0, -90.0, 0.0, 90.0, 2400.0]) for _ in range(runs))
+            if kind == "skew" else (),
+            lost=rng.choice([0, 1, 2]) if kind == "batch" else 0,
+            die=rng.choice(["", "", "create", "confirm"]) if kind == "batch" else "",
+            extra_usd=round(rng.uniform(0.05, 0.6), 2) if kind == "budget" else 0.0))
+    return Plan(seed=seed, engine=engine, rows=rows, actions=actions, distinct=distinct)

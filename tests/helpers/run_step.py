@@ -1,10 +1,13 @@
 """Runs one apply_llm in its own process, for tests that kill, interrupt or race it.
 
 usage: run_step.py STORE ROWS [--concurrency N] [--chunk-size N] [--commit-every S] [--step NAME]
-                   [--mode online|batch] [--no-wait] [--die-before create|confirm]
+                   [--mode online|batch] [--no-wait] [--die-before create|confirm] [--distinct N]
+                   [--clock-skew SECONDS] [--max-cost USD]
 Talks to ANTHROPIC_BASE_URL with the key in LLMLEDGER_TEST_KEY. `--die-before` kills the process (no cleanup,
 as a crash or a lost kernel would) just before a batch is sent to the API, or just after the API took it and
-before the ledger records its id.
+before the ledger records its id. `--distinct N`: row i's text is that of row i % N (duplicate texts).
+`--clock-skew`: the process's clock (llmledger's `utcnow`) runs that many seconds ahead (negative: behind).
+`--max-cost`: a step budget, with the model priced $1000 per million tokens (about a cent a row).
 """
 
 from __future__ import annotations
@@ -29,7 +32,31 @@ p.add_argument("--progress", action="store_true")
 p.add_argument("--mode", default="online")
 p.add_argument("--no-wait", action="store_true")
 p.add_argument("--die-before", choices=["create", "confirm"])
+p.add_argument("--distinct", type=int, default=0)
+p.add_argument("--clock-skew", type=float, default=0.0)
+p.add_argument("--max-cost", type=float, default=None)
 a = p.parse_args()
+
+if a.clock_skew:
+    from datetime import timedelta
+
+    import llmledger._time
+
+    real = llmledger._time.utcnow
+
+    def skewed() -> object:
+        return real() + timedelta(seconds=a.clock_skew)
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("llmledger")]:
+        if getattr(module, "utcnow", None) is real:
+            module.utcnow = skewed  # type: ignore[attr-defined]
+budget = {}
+if a.max_cost is not None:
+    import llmledger
+    from llmledger._exec.api import DEFAULT_MODEL
+
+    llmledger.set_price(DEFAULT_MODEL, input=1000.0, output=1000.0)
+    budget = {"max_cost_usd": a.max_cost, "budget_scope": "step"}
 
 if a.die_before:
     from llmledger._exec.batch import BatchSender
@@ -44,13 +71,14 @@ if a.die_before:
     else:
         BatchVerbs.confirm_batch = die  # type: ignore[method-assign, assignment]
 
-df = pl.DataFrame({"id": list(range(a.rows)), "text": [f"hello message number {i}" for i in range(a.rows)]})
+df = pl.DataFrame({"id": list(range(a.rows)),
+                   "text": [f"hello message number {i % a.distinct if a.distinct else i}" for i in range(a.rows)]})
 client = anthropic.AsyncAnthropic(api_key=os.environ["LLMLEDGER_TEST_KEY"])
 print("started", flush=True)
 try:
     out = apply_llm(df, a.step, prompt="Summarize: {text}", store=a.store, table="messages", client=client,
                     concurrency=a.concurrency, chunk_size=a.chunk_size, commit_every=a.commit_every,
-                    progress=a.progress, mode=a.mode, wait=not a.no_wait)
+                    progress=a.progress, mode=a.mode, wait=not a.no_wait, **budget)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(130)

@@ -18,7 +18,6 @@ same room under MVCC and both take it.
 from __future__ import annotations
 
 import threading
-import zlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,7 +26,7 @@ import duckdb
 
 from .claims import is_abandoned, is_alive_here
 from .columns import q
-from .connection import Connection, dialect, one, table_exists
+from .connection import Connection, lock_step, one, table_exists
 from .postgres import PgConnection
 from .schema import BATCHES_TABLE, HISTORY_TABLE
 
@@ -125,9 +124,7 @@ class BudgetVerbs:
                        budget_usd: float, now: datetime, stale_before: datetime) -> BudgetLook:
         """One short transaction: see what the step has spent and others reserved; reserve what fits."""
         def work(con: duckdb.DuckDBPyConnection) -> BudgetLook:
-            if dialect(con) == "postgres":
-                con.execute("SELECT pg_advisory_xact_lock(CAST(? AS INTEGER), CAST(? AS INTEGER))",
-                            [_PG_LOCK_CLASS, zlib.crc32(f"{table}\x00{step}".encode()) - 2 ** 31])
+            lock_step(con, _PG_LOCK_CLASS, table, step)
             return reserve(con, table, step, claimant=claimant, need_usd=need_usd, want_usd=want_usd,
                            budget_usd=budget_usd, now=now, stale_before=stale_before)
 

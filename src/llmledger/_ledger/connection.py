@@ -14,6 +14,7 @@ import os
 import re
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -252,6 +253,15 @@ def db_errors() -> tuple[type[Exception], ...]:
     except ImportError:
         return (duckdb.Error,)
     return (duckdb.Error, psycopg.Error)
+
+
+def lock_step(con: duckdb.DuckDBPyConnection, lock_class: int, table: str, step: str) -> None:
+    """PostgreSQL: take the transaction-scoped advisory lock `lock_class` on one step (the second key is the
+    step's crc32), so the transactions that take it run one at a time. On DuckDB, which has one writing
+    process per file, nothing."""
+    if dialect(con) == "postgres":
+        con.execute("SELECT pg_advisory_xact_lock(CAST(? AS INTEGER), CAST(? AS INTEGER))",
+                    [lock_class, zlib.crc32(f"{table}\x00{step}".encode()) - 2 ** 31])
 
 
 def one(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> tuple[Any, ...]:

@@ -231,14 +231,16 @@ def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[
 
 def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str,
                         output_type: str = "VARCHAR") -> None:
-    """Give the table the step's columns. On PostgreSQL the status gets an index: claims look rows up by it."""
+    """Give the table the step's columns. On PostgreSQL the status and the request fingerprint get an index:
+    claims look rows up by the one, and take identical requests together by the other (`claim_twins`)."""
     existing = column_types(con, table)
     for column in STEP_COLUMNS:
         if step + column.suffix not in existing:
             con.execute(add_column_ddl(table, step, column, output_type))
     if dialect(con) == "postgres":
-        con.execute(f"CREATE INDEX IF NOT EXISTS {q(f'{table}__{step}_status')} ON {q(table)} "
-                    f"({q(step + '_status')})")
+        for suffix in ("_status", "_request_fingerprint"):
+            con.execute(f"CREATE INDEX IF NOT EXISTS {q(f'{table}__{step}{suffix}')} ON {q(table)} "
+                        f"({q(step + suffix)})")
 
 
 def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:

@@ -10,7 +10,7 @@ commit side by side.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from . import RunParams, Selection, StepDefinition
 from .batches import BatchVerbs
 from .budget import BudgetVerbs, drop, settle, touch
 from .columns import names, q
-from .connection import Connection, column_types, dialect, one, table_exists, writes_refused
+from .connection import Connection, column_types, dialect, lock_step, one, table_exists, writes_refused
 from .graph import StepGraph
 from .history import side_by_side
 from .overview import Overview, read_overview
@@ -52,8 +52,10 @@ from .schema import (
 from .states import Redo, Status
 from .survey import Layout, check_where, flag_sql, survey
 from .verbs import (
+    CLAIM_LOCK,
     claim_open,
     claim_rows,
+    claim_twins,
     clock,
     commit_results,
     fed_layout,
@@ -206,7 +208,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             in_batches=int((status == Status.SUBMITTED).sum()),
             done_skipped=int(((status == Status.DONE) & ~(found["eligible"] & found["in_where"])).sum()),
             known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers else {},
-            survey=found.select("status", "output"), source=params.source)
+            survey=found.select("status", "output"), source=params.source, where=params.where, dedupe=dedupe)
 
     def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool,
                inputs: bool = False) -> Selection:
@@ -259,7 +261,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                 known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers
                 else {}, open_ended=open_ended, pending=int(pending), where=params.where,
                 reuse=open_ended and dedupe and params.redo.reuses_answers, source=params.source,
-                unsimulated=unsimulated)
+                unsimulated=unsimulated, dedupe=dedupe)
 
         selection = self.conn.transaction(work, exclusive=True)
         for path in merged:
@@ -275,20 +277,34 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
 
         def work(con: duckdb.DuckDBPyConnection) -> None:
             claimed.clear()
+            lock_step(con, CLAIM_LOCK, selection.layout.table, selection.layout.step)
             if selection.open_ended:
-                claimed.extend(claim_open(con, selection, n, claimant=claimant, now=now).iter_rows(named=True))
-                end[0] = start + len(claimed) if len(claimed) == n else max(selection.pending, start + len(claimed))
+                got = claim_open(con, selection, n, claimant=claimant, now=now)
+                twins = self._twins(con, selection, got, claimant=claimant, now=now)
+                claimed.extend(pl.concat([got, twins]).iter_rows(named=True))
+                end[0] = start + len(claimed) if got.height == n else max(selection.pending, start + len(claimed))
                 return
             cursor = start
             while len(claimed) < n and cursor < selection.work.height:
                 batch = selection.work.slice(cursor, n - len(claimed))
-                claimed.extend(claim_rows(con, selection, batch, claimant=claimant, now=now).iter_rows(named=True))
+                got = claim_rows(con, selection, batch, claimant=claimant, now=now)
+                claimed.extend(got.iter_rows(named=True))
                 cursor += batch.height
+                twins = self._twins(con, selection, got, claimant=claimant, now=now)
+                claimed.extend(twins.iter_rows(named=True))
             end[0] = cursor
 
         self.conn.transaction(work)
         selection.cursor = end[0]
         return claimed
+
+    @staticmethod
+    def _twins(con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.DataFrame, *, claimant: str,
+               now: datetime) -> pl.DataFrame:
+        """`claim_twins` when the run shares one call among identical requests (`dedupe`), else nothing."""
+        if not selection.dedupe:
+            return got.clear()
+        return claim_twins(con, selection, got, claimant=claimant, now=now)
 
     def commit(self, selection: Selection, results: pl.DataFrame, *, now: datetime,
                wait: float | None = None, settled: tuple[str, float] | None = None) -> None:
@@ -382,17 +398,17 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         return self.conn.transaction(work, wait=60.0, exclusive=True)
 
     def reset(self, table: str, step: str, *, where: str, now: datetime,
-              running_before: datetime | None = None) -> int:
+              running_stale_after: timedelta | None = None) -> int:
         """Put the step of rows matching `where` back to NOT_STARTED; their answers go to the history first.
 
         Rows in a Message Batch (SUBMITTED) are taken out of it: the batch's answers to them are then not
-        merged (the escape for a batch the API has lost). With `running_before`, RUNNING rows whose holder is
+        merged (the escape for a batch the API has lost). With `running_stale_after`, RUNNING rows whose holder is
         gone (`gone_holders`) are taken too.
         """
         def work(con: duckdb.DuckDBPyConnection) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
-            gone = gone_holders(con, layout, running_before) if running_before is not None else []
+            gone = gone_holders(con, layout, running_stale_after, now) if running_stale_after is not None else []
             matching = (f"coalesce(({where}), false) AND ({layout.col('_status')} <> 'RUNNING' "
                         f"OR ({layout.col('_custom_id')} IS NULL AND {layout.col('_claimed_by')} IN "
                         f"({', '.join(sql_literal(h) for h in gone) or 'NULL'})))")

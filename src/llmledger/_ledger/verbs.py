@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from .schema import (
 from .states import CLAIMABLE, STATUSES, prior_status_sql
 from .survey import Layout, flag_sql
 
+CLAIM_LOCK = 0x6C6C6D63  # "llmc": the PostgreSQL advisory lock that serialises a step's claims (`claim_twins`)
 BATCH = "llmledger_batch"
 WANTED = "llmledger_wanted"
 RESULTS = "llmledger_results"
@@ -81,6 +82,33 @@ def claim_open(con: duckdb.DuckDBPyConnection, selection: Selection, n: int, *, 
         selection.known.update(answers_to(con, layout, fresh.filter(~pl.col("fp").is_in(list(selection.known))),
                                           selection.source))
     return got
+
+
+def claim_twins(con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.DataFrame, *, claimant: str,
+                now: datetime) -> pl.DataFrame:
+    """Claim too every other row of the step this run may claim (current, eligible, matching `where`) whose
+    request is identical to one of `got`'s, wherever it is in the table; return them.
+
+    Rows with one request share one call within a run (the sender's dedupe). Claiming them together is what
+    keeps two runs of a step from each paying for the same text: once one claim holds every twin, no other
+    run can take one while the call is in flight, and after the commit they are DONE. Claims of a step are
+    serialised (`CLAIM_LOCK` on PostgreSQL; DuckDB has one writing process), so two claims cannot each take
+    half of a pair. On PostgreSQL the twins are found through the index on the request fingerprint.
+    """
+    if not got.height:
+        return got
+    layout = selection.layout
+    flags = flag_sql(layout, selection.where)
+    keys = ", ".join(f"t.{q(k)}" for k in layout.key)
+    lock = " FOR UPDATE OF t SKIP LOCKED" if dialect(con) == "postgres" else ""
+    fps = got.select(pl.col("fingerprint").drop_nulls().unique().alias("fp"))
+    if not fps.height:
+        return got.clear()
+    with registered(con, WANTED, fps):
+        pick = (f"(SELECT {keys} FROM {q(layout.table)} AS t WHERE {layout.col('_request_fingerprint', 't')} IN "
+                f"(SELECT CAST(w.fp AS UUID) FROM {WANTED} AS w) AND {flags['current']} AND {flags['eligible']} "
+                f"AND {flags['in_where']}{lock}) AS i WHERE {layout.key_join('t', 'i')}")
+        return _claim(con, selection, pick, claimant=claimant, now=now)
 
 
 def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, pick: str, *, claimant: str,
@@ -198,15 +226,20 @@ def lapsed_sql(con: duckdb.DuckDBPyConnection, c: dict[str, str]) -> str:
             f"ELSE {c['_lease_until']} < {clock(con)} END")
 
 
-def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, claimed_before: datetime) -> list[str]:
+def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, stale_after: timedelta,
+                 now: datetime) -> list[str]:
     """Holders of the step's RUNNING rows that certainly no longer run: a process of this host that is gone
-    (`is_abandoned`: by PID and start time), or a holder elsewhere whose claims were not renewed since
-    `claimed_before`. A holder alive on this host is never among them, however old its claims."""
+    (`is_abandoned`: by PID and start time), or a holder elsewhere whose claims were all not renewed for
+    `stale_after` or have all lapsed by their own lease. Both are judged in the clock the claims were written
+    in (`clock`: the database's on PostgreSQL), never the caller's. A holder alive on this host is never among
+    them, however old its claims."""
     c = names(layout.step)
-    rows = con.execute(f"SELECT {c['_claimed_by']}, max({c['_running_started_at']}) FROM {q(layout.table)} "
-                       f"WHERE {c['_status']} = 'RUNNING' GROUP BY 1").fetchall()
-    return [holder for holder, latest in rows if holder is not None and (
-        is_abandoned(holder) or (not is_alive_here(holder) and latest is not None and latest < claimed_before))]
+    rows = con.execute(
+        f"SELECT {c['_claimed_by']}, coalesce(max({c['_running_started_at']}) < {clock(con)} - $stale_after, false) "
+        f"OR coalesce(bool_and({c['_lease_until']} < {clock(con)}), false) FROM {q(layout.table)} "
+        f"WHERE {c['_status']} = 'RUNNING' GROUP BY 1", {"stale_after": stale_after, "now": now}).fetchall()
+    return [holder for holder, old in rows if holder is not None and (
+        is_abandoned(holder) or (not is_alive_here(holder) and old))]
 
 
 def merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path,
