@@ -61,8 +61,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def run(client: anthropic.AsyncAnthropic, store: str) -> Callable[..., pl.DataFrame]:
     def apply(df: pl.DataFrame, *, table: str = "messages", **options: Any) -> pl.DataFrame:
         options.setdefault("client", client)
-        return apply_llm(df, "summary", prompt=PROMPT, store=store, table=table, progress=False, mode="batch",
-                         **options)
+        options.setdefault("mode", "batch")
+        return apply_llm(df, "summary", prompt=PROMPT, store=store, table=table, progress=False, **options)
     return apply
 
 
@@ -231,3 +231,16 @@ def random_scenario(rng: random.Random, table: str, run: Callable[..., pl.DataFr
     sim.configure(batch_lose_response=0)
     everything = pl.concat(frames)
     return everything, run(everything, table=table)
+
+
+@pytest.mark.parametrize("reaches_api", [False, True])
+def test_an_online_run_right_after_a_dead_batch_run_finishes_every_row(
+        run: Callable[..., pl.DataFrame], sim: Simulator, monkeypatch: pytest.MonkeyPatch, reaches_api: bool) -> None:
+    """A run dies around `batches.create`; the next run, online and at once, waits the moment it takes to tell
+    whether the API has the batch, then sends what it does not have (0.7.0 left every row RUNNING, held by
+    nobody, and said "running elsewhere"; the fault explorer found it)."""
+    df = frame(12)
+    dead_run(run, sim, df, monkeypatch, reaches_api=reaches_api)
+    sim.configure(batch_delay=0.0)
+    own_answers(run(df, mode="online"))
+    paid_once_each(sim, df)

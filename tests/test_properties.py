@@ -201,3 +201,68 @@ def test_a_key_is_refused_writing_nothing_or_every_row_gets_its_own_answer(
     again = apply_llm(df.reverse(), "s", prompt="{text}", **common)
     assert sim.stats()["paid"] == paid, "a rerun (in another order) finds every row"
     assert again["s"].to_list() == [default_reply(t) for t in df.reverse()["text"]]
+
+
+# -- identical requests across runs ------------------------------------------------------------------------------------
+@settings(max_examples=_examples(25))
+@given(texts=st.lists(st.sampled_from("abcdef"), min_size=1, max_size=30), data=st.data())
+def test_runs_sharing_a_step_never_hold_one_request_at_once_and_claim_each_row_once(
+        tmp_path_factory: pytest.TempPathFactory, texts: list[str], data: st.DataObject) -> None:
+    """Any interleaving of claims (any sizes, any `where=` per run) and commits by up to three runs of one step over
+    rows with repeated texts: no request is ever held by two runs when both runs' `where=` cover all its rows, no
+    row is claimed twice, and every row is claimed once in the end."""
+    from llmledger._ledger import RunParams, StepDefinition, open_ledger
+    from llmledger._ledger.columns import RESULT_SCHEMA
+    from llmledger._ledger.states import Redo
+    from llmledger._prompt import plan_prompt
+    from llmledger._request import RequestSpec
+    from llmledger._time import utcnow
+
+    df = pl.DataFrame({"id": list(range(len(texts))), "text": texts})
+    ledger = open_ledger(tmp_path_factory.mktemp("twins") / "ledger.duckdb")
+    definition = StepDefinition(table="t", step="s", key=["id"], request=RequestSpec(model="m", max_tokens=5),
+                                prompt=plan_prompt("Say {text}", df))
+
+    def params(where: str | None) -> RunParams:
+        now = utcnow()
+        return RunParams(max_attempts=2, redo=Redo.NONE, run_started=now, stale_before=now - dt.timedelta(hours=1),
+                         where=where)
+
+    ledger.prepare(definition, df, params("false"), dedupe=True)
+    wheres = [data.draw(st.sampled_from([None, None, "id % 2 = 0", "text <> 'a'"]), label=f"where {n}")
+              for n in range(data.draw(st.integers(1, 3), label="runs"))]
+    runs = [ledger.resume("t", "s", params(w), dedupe=True) for w in wheres]
+    held: list[dict[str, Any]] = [{} for _ in runs]  # per run: claimed rows not committed yet, by id
+    claimed: list[int] = []
+    texts_of = dict(enumerate(texts))
+    for _ in range(data.draw(st.integers(1, 40), label="steps")):
+        n = data.draw(st.integers(0, len(runs) - 1), label="run")
+        if held[n] and data.draw(st.booleans(), label="commit?"):
+            rows = list(held[n].values())
+            results = pl.from_dicts(
+                [{"id": r["id"], "status": "DONE", "output": "x", "attempts": 1, "error": None, "input_tokens": 1,
+                  "output_tokens": 1, "cost_usd": 0.0, "stop_reason": "end_turn", "model": "m",
+                  "fingerprint": r["fingerprint"], "finished_at": utcnow()} for r in rows],
+                schema={"id": pl.Int64} | RESULT_SCHEMA)
+            ledger.commit(runs[n], results, now=utcnow())
+            held[n].clear()
+            continue
+        got = ledger.claim(runs[n], data.draw(st.integers(1, 5), label="n"), claimant=f"h/{n}/r{n}", now=utcnow())
+        claimed += [r["id"] for r in got]
+        held[n].update({r["id"]: r for r in got})
+        for text in {texts_of[r["id"]] for r in got}:
+            others = [m for m in range(len(runs)) if m != n and any(texts_of[i] == text for i in held[m])]
+            covered = all(_covers(wheres[m], i, text) for m in [n, *others] for i, t in texts_of.items() if t == text)
+            assert not (others and covered), f"text {text!r} held by runs {[n, *others]} at once"
+    for n, run in enumerate(runs):  # each run claims what is left to it
+        while got := ledger.claim(run, 5, claimant=f"h/{n}/r{n}", now=utcnow()):
+            claimed += [r["id"] for r in got]
+    assert len(claimed) == len(set(claimed)), "a row was claimed twice"
+    left = ledger.counts("t").select("NOT_STARTED").item()
+    reachable = {i for i, t in texts_of.items() if any(_covers(w, i, t) for w in wheres)}
+    assert set(claimed) == reachable and left == len(texts) - len(reachable)
+
+
+def _covers(where: str | None, row: int, text: str) -> bool:
+    """Whether a run's `where=` (one of the property's) selects the row."""
+    return where is None or (where == "id % 2 = 0" and row % 2 == 0) or (where == "text <> 'a'" and text != "a")

@@ -342,6 +342,12 @@ async def _batches(ledger: Ledger, selection: Selection | None, plan: Plan, clai
                                    stale_after=plan.stale)
         if selection is None:
             await collector.collect()
+            if collector.due is not None and not collector.stopped:  # a stopped run's batch may still be being
+                # created: wait (at most ABANDON_AFTER) to tell, rather than leave its rows held by nobody
+                display.note(f"waiting {collector.due:.0f}s to tell whether a stopped run's Message Batch reached "
+                             "the API (its rows are sent again if not)")
+                await asyncio.to_thread(stop_flag.wait, collector.due + 0.1)
+                await collector.collect()
             return
         request = selection.requests.get(selection.version)
         output = collector.output_for(selection.version, request.output_spec() if request is not None else None)
