@@ -198,6 +198,11 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
         assert nb.locator("[data-field='simulated']").count() == nb.locator(".llmledger-summary").count(), \
             "every run's view says its answers are simulated"
 
+        assert nb.locator(".llmledger-view mjx-container, .llmledger-view .MathJax").count() == 0, \
+            "a view's costs were typeset as math"
+        for view in nb.locator(".llmledger-view").all():  # the text as rendered: each cost a $ and its figure
+            shown = view.inner_text()
+            assert shown.count("$") == len(re.findall(r"\$\d", shown)), f"{name}: a $ without its figure: {shown}"
         text = "\n".join(out.text_content() for out in nb.locator(".jp-OutputArea").all())
         assert "simulated answers, not Claude's" in text, "the setup cell says the answers are simulated"
         if name.startswith("01"):

@@ -52,10 +52,26 @@ def test_demo_runs_offline_and_shows_the_second_run_paying_nothing(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "ANTHROPIC_API_KEY is not set: using llmledger's offline simulator" in out
-    runs = [tuple(int(n.replace(",", "")) for n in re.findall(r"paid ([\d,]+) calls; ([\d,]+) rows reused", line)[0])
+    runs = [tuple(int(n.replace(",", "")) for n in re.findall(r"paid ([\d,]+) calls; ([\d,]+) rows? reused", line)[0])
             for line in out.splitlines() if line.startswith("-> this run paid")]
     first, second, third = runs
     assert sum(first) == 297 and first[1] > 0, "297 good rows; duplicate reviews reuse one answer"
     assert second == (0, 0)
     assert sum(third) == 3
     assert "nothing was paid twice" in out
+    assert "First run: every row is new" in out
+
+
+def test_demo_run_again_on_its_store_says_what_that_run_did(tmp_path: Path) -> None:
+    """0.7 crashed the second time (`max()` of no paid prompts) after calling it a "first run: every row is new"."""
+    env = subprocess_env("http://127.0.0.1:9")
+    env.pop("ANTHROPIC_BASE_URL")
+    store = str(tmp_path / "demo.duckdb")
+    assert _cli("demo", "--rows", "100", "--store", store, env=env).returncode == 0
+    again = _cli("demo", "--rows", "100", "--store", store, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "every row is new" not in again.stdout
+    assert "a store that already holds this step" in again.stdout
+    assert next(line for line in again.stdout.splitlines() if line.startswith("-> this run paid")).startswith(
+        "-> this run paid 0 calls")
+    assert "answered 0 paid calls" in again.stdout and "nothing was paid twice" in again.stdout

@@ -58,7 +58,7 @@ def test_order_extra_columns_and_rereading_a_file_change_nothing(run, sim: Simul
     out = run(shuffled, "summary", prompt="Summarize: {text}")
     assert sim.stats()["paid"] == 25
     assert out["id"].to_list() == shuffled["id"].to_list(), "rows come back in the order they went in"
-    assert out.columns == [*shuffled.columns, "summary", "summary_status"]
+    assert out.columns == [*shuffled.columns, "summary", "summary_status", "summary_stale"]
 
 
 def test_pandas_in_pandas_out(run, sim: Simulator) -> None:
@@ -88,7 +88,8 @@ def test_default_key_is_id_and_outputs_chain_into_a_second_step(run, sim: Simula
     out = run(frame(6), "summary", prompt="Summarize: {text}")
     again = run(out, "title", prompt="Title for: {summary}")
     assert sim.stats()["paid"] == 12
-    assert again.columns == ["id", "text", "summary", "summary_status", "title", "title_status"]
+    assert again.columns == ["id", "text", "summary", "summary_status", "summary_stale", "title", "title_status",
+                             "title_stale"]
     # the first step's columns were not copied over by the second call
     assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'") == [(6,)]
 
@@ -153,7 +154,7 @@ def test_a_prompt_callable_sees_every_column_even_python_objects(run, sim: Simul
     df = pl.DataFrame({"id": [1, 2], "note": pl.Series([Note("alpha"), Note("beta")], dtype=pl.Object)})
     out = run(df, "summary", prompt=lambda row: f"Summarize: {row['note'].text}")
     assert sorted(sim.paid_prompts()) == ["Summarize: alpha", "Summarize: beta"]
-    assert out.columns == ["id", "note", "summary", "summary_status"]
+    assert out.columns == ["id", "note", "summary", "summary_status", "summary_stale"]
     assert sql(store, "SELECT summary_prompt FROM messages ORDER BY id") == [
         ("Summarize: alpha",), ("Summarize: beta",)]
     run(df, "summary", prompt=lambda row: f"Summarize: {row['note'].text}")

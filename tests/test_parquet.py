@@ -26,7 +26,7 @@ def test_a_parquet_file_is_read_for_just_the_columns_the_step_needs(run, sim: Si
     _wide(6).write_parquet(tmp_path / "part1.parquet")
     _wide(10).slice(6).write_parquet(tmp_path / "part2.parquet")
     out = run(tmp_path / "part*.parquet", "summary", prompt="Summarize: {text}", where="flagged")
-    assert out.columns == ["id", "text", "flagged", "summary", "summary_status"]
+    assert out.columns == ["id", "text", "flagged", "summary", "summary_status", "summary_stale"]
     assert out["id"].to_list() == list(range(10))
     assert sim.stats()["paid"] == 4  # ids 0, 3, 6, 9
     columns = [c for (c,) in sql(store, "SELECT column_name FROM (DESCRIBE messages)")]

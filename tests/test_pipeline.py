@@ -36,8 +36,8 @@ def test_a_redo_upstream_makes_exactly_those_rows_stale_downstream(run, sim: Sim
     out = llmledger.pipeline(df, {"extract": EXTRACT, "classify": CLASSIFY, "summarise": SUMMARISE}, client=client,
                              store=store, table="messages", progress=False)
     assert sim.stats()["paid"] == 60
-    assert out.columns == ["id", "text", "extract", "extract_status", "classify", "classify_status", "summarise",
-                           "summarise_status"]
+    assert out.columns == ["id", "text", "extract", "extract_status", "extract_stale", "classify", "classify_status",
+                           "classify_stale", "summarise", "summarise_status", "summarise_stale"]
     assert out["classify"].to_list() == [
         f"Summary: Which industry is {c} in?" for c in out["extract"].struct.field("company")]
     sent = {e["prompt"] for e in sim.log()}

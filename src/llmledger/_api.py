@@ -22,12 +22,12 @@ from ._exec.batch import MAX_REQUESTS
 from ._exec.online import RetryPolicy
 from ._exec.scheduler import RunConfig
 from ._ledger import StepDefinition, known_table, locate
-from ._ledger.columns import check_step_name, step_columns
+from ._ledger.columns import check_step_name, owned_names
 from ._ledger.states import Redo
 from ._ledger.where import check_where_shape
 from ._output import output_spec
 from ._parquet import is_parquet_path, read_parquet_input
-from ._prices import estimate_tokens, min_cacheable_tokens
+from ._prices import estimate_tokens, min_cacheable_tokens, warn_unpriced
 from ._prompt import Prompt, check_prompt, plan_prompt
 from ._report import RunReport
 from ._request import RequestSpec, check_max_tokens, check_request_options
@@ -115,7 +115,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     frame, from_pandas = _as_polars(df)
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
-    keys = _resolve_key(frame, key, step)
+    keys = _resolve_key(frame, key, step, index=_index_names(df) if from_pandas else [])
     # `earlier_steps`: a pipeline's checks before its first step runs name the steps that will exist by then
     stored_steps, stored_columns = known_table(store, table)
     steps = [s for s in dict.fromkeys([*stored_steps, *o.get("earlier_steps", ())]) if s != step]
@@ -147,6 +147,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                  max_cost_usd=o["max_cost_usd"], budget_scope=o["budget_scope"], mode=o.get("mode", "online"),
                  wait=o.get("wait", True), batch_size=o.get("batch_size"))
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
+    warn_unpriced(model)  # every check passed: the call will run
     return plan
 
 
@@ -370,11 +371,22 @@ def _strictly_increasing(column: pl.Series) -> bool:
         return False
 
 
-def _resolve_key(frame: pl.DataFrame, key: str | Sequence[str] | None, step: str) -> list[str]:
+def _index_names(df: Any) -> list[str]:
+    """The names of a pandas frame's index levels (which `pl.from_pandas` leaves out)."""
+    return [str(n) for n in getattr(df.index, "names", []) if n is not None]
+
+
+def _resolve_key(frame: pl.DataFrame, key: str | Sequence[str] | None, step: str, *,
+                 index: Sequence[str] = ()) -> list[str]:
+    """The key columns; `index`: a pandas frame's index names, which the frame's columns do not include."""
+    def in_index(k: str) -> str:
+        return (f". {k!r} is the pandas frame's index, which is not a column: pass df.reset_index() (and key="
+                f"{k!r})") if k in index else ""
+
     if key is None:
         if "id" not in frame.columns:
             raise KeyColumnError(f"the frame has no 'id' column, so pass key= naming the column(s) that "
-                                 f"identify a row; columns: {frame.columns}")
+                                 f"identify a row; columns: {frame.columns}{in_index('id')}")
         keys = ["id"]
     else:
         keys = [key] if isinstance(key, str) else list(key)
@@ -382,8 +394,8 @@ def _resolve_key(frame: pl.DataFrame, key: str | Sequence[str] | None, step: str
         raise KeyColumnError("key= is empty; name at least one column")
     for k in keys:
         if k not in frame.columns:
-            raise KeyColumnError(f"key column {k!r} is not in the frame; columns: {frame.columns}")
-        if k in step_columns(step):
+            raise KeyColumnError(f"key column {k!r} is not in the frame; columns: {frame.columns}{in_index(k)}")
+        if k in owned_names(step):
             raise KeyColumnError(f"key column {k!r} clashes with a column of step {step!r}; rename it")
     nulls = frame.select(pl.any_horizontal(pl.col(k).is_null() for k in keys).arg_true().head(3)).to_series()
     if len(nulls):

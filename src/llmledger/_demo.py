@@ -14,6 +14,7 @@ import polars as pl
 
 from ._api import apply_llm
 from ._run import last_report
+from ._view import rows as n_rows
 from .simulator import Simulator
 
 PROMPT = "Classify the sentiment of this product review as positive, negative or neutral. Review: {text}"
@@ -65,12 +66,14 @@ def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
                             table="reviews", max_tokens=5, client=client, concurrency=16)
             report = last_report()
             if report:
-                print(f"-> this run paid {report.calls:,} calls; {report.reused:,} rows reused the answer to an "
+                print(f"-> this run paid {report.calls:,} calls; {n_rows(report.reused)} reused the answer to an "
                       "identical request")
             return out
 
-        run(df, "First run: every row is new")
-        run(df, "Second run, same cell: everything is DONE, so it pays nothing")
+        fresh = not path.exists()
+        run(df, "First run: every row is new" if fresh else
+            "First run on a store that already holds this step: only rows not DONE are sent")
+        run(df, "Second run, same cell: every row the first run finished is DONE, so it pays nothing for them")
 
         with duckdb.connect(str(path), read_only=True) as con:
             _show("Progress by SQL: SELECT sentiment_status, count(*) FROM reviews GROUP BY ALL",
@@ -82,7 +85,8 @@ def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
 
         if broken_ids:
             fixed = df.with_columns(pl.col("text").str.replace_all(BROKEN, "", literal=True))
-            run(fixed, f"Third run: the {len(broken_ids)} broken reviews are cleaned; only they are sent")
+            run(fixed, f"Third run: the {len(broken_ids)} broken reviews are cleaned" +
+                ("; only they are sent" if fresh else ""))
 
         with duckdb.connect(str(path), read_only=True) as con:
             _show("Answers and cost by SQL",
@@ -91,7 +95,8 @@ def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
                           "FROM reviews GROUP BY ALL ORDER BY n DESC").pl())
         if sim:
             paid = sim.paid_prompts()
-            print(f"\nThe simulator answered {sum(paid.values()):,} paid calls for {df.height:,} rows "
-                  f"({len(paid):,} distinct prompts): " + ("nothing was paid twice." if max(paid.values()) == 1
-                                                          else "SOME PROMPTS WERE PAID TWICE."))
+            twice = sum(1 for n in paid.values() if n > 1)
+            print(f"\nThe simulator answered {sum(paid.values()):,} paid calls for {df.height:,} rows in this demo "
+                  f"({len(paid):,} distinct prompts): " + ("SOME PROMPTS WERE PAID TWICE." if twice else
+                                                          "nothing was paid twice."))
         print(f"\nTry: llmledger status {path}")

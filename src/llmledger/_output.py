@@ -90,6 +90,8 @@ def output_spec(output: Any) -> OutputSpec | None:
         if bad:
             raise InvalidInputError(f"output= field names must be identifiers (letters, digits, underscores), "
                                     f"got {bad}")
+        for name, tp in output.items():
+            _check_field_type(name, tp)
         try:
             model = pydantic.create_model("Output", **{name: (tp, ...) for name, tp in output.items()})
         except Exception as exc:
@@ -106,12 +108,60 @@ def output_spec(output: Any) -> OutputSpec | None:
     schema = api_schema(raw)
     if schema.get("type") != "object":
         raise InvalidInputError(f"output= must describe an object (a model with fields), got {raw!r}")
+    _check_typed(schema, schema.get("$defs", {}), "output")
     try:
         sql_type(schema, schema.get("$defs", {}))
     except RecursionError:
         raise InvalidInputError(f"output= {model.__name__} refers to itself; a stored column cannot nest "
                                 "without end. Flatten the model.") from None
     return OutputSpec(schema, model)
+
+
+_POLARS_TYPES = {"Boolean": "bool", "String": "str", "Utf8": "str", "Date": "datetime.date",
+                 "Datetime": "datetime.datetime", "Categorical": "str", "Enum": "Literal['a', 'b']"}
+
+
+def _check_field_type(name: str, tp: Any) -> None:
+    """Refuse a polars dtype where a Python type belongs (`{"spam": pl.Boolean}`), naming the one to use."""
+    module = getattr(tp if isinstance(tp, type) else type(tp), "__module__", "") or ""
+    if not module.startswith("polars"):
+        return
+    kind = getattr(tp, "__name__", None) or type(tp).__name__
+    python = _POLARS_TYPES.get(kind) or ("int" if kind.startswith(("Int", "UInt")) else
+                                         "float" if kind.startswith(("Float", "Decimal")) else
+                                         "list[str]" if kind in ("List", "Array") else "str")
+    raise InvalidInputError(f"output= field {name!r} is the polars type {tp!r}; output= takes Python types: str, "
+                            f"int, float, bool, datetime.date, Literal['a', 'b'], list[str], T | None or a "
+                            f"pydantic model. Use {python} (the stored column is then {kind}).")
+
+
+def _check_typed(schema: dict[str, Any], defs: dict[str, Any], path: str) -> None:
+    """Every value the answer holds must have a type the API can constrain: refuse, naming the field and the fix,
+    what would make the API answer every row with a 400 (a bare `list`, `set` or `tuple`, `Any`, `object`)."""
+    schema = _resolve(schema, defs)
+    if "anyOf" in schema or "allOf" in schema:
+        for sub in schema.get("anyOf", []) + schema.get("allOf", []):
+            _check_typed(sub, defs, path)
+        return
+    if "enum" in schema or "const" in schema:
+        return
+    kind = schema.get("type")
+    if kind is None:
+        raise InvalidInputError(f"output= field {path!r} may hold anything (Any or object), which structured "
+                                "outputs cannot constrain; give it a type such as str, int, list[str] or a model")
+    if kind == "array":
+        items = schema.get("items")
+        if not items:
+            tuple_like = "prefixItems" in (schema.get("description") or "")
+            raise InvalidInputError(
+                f"output= field {path!r} is " + ("a tuple, which structured outputs do not support; use a model "
+                                                 "with named fields, or list[T]" if tuple_like else
+                                                 "a list of anything (a bare list, set or tuple); say what it "
+                                                 "holds, e.g. list[str]"))
+        _check_typed(items, defs, path + "[]")
+    elif kind == "object":
+        for name, sub in schema.get("properties", {}).items():
+            _check_typed(sub, defs, name if path == "output" else f"{path}.{name}")
 
 
 def spec_from_request(options: Mapping[str, Any]) -> OutputSpec | None:

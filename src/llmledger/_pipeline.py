@@ -53,13 +53,15 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
         frame = apply_llm(df, name, **{**common, **options})
         outputs.append((name, frame))
     assert frame is not None
-    step_columns = [c for name in names for c in (name, f"{name}_status")]
+    returned = {name: [name, f"{name}_status", f"{name}_stale"] for name in names}  # what apply_llm appends
+    step_columns = [c for name in names for c in returned[name]]
     if isinstance(frame, pl.DataFrame):
         return pl.concat([frame.drop(step_columns, strict=False),
-                          *(f.select(name, f"{name}_status") for name, f in outputs)], how="horizontal")
-    out = frame  # pandas: each step's result is a copy of df with that step's two columns
+                          *(f.select(returned[name]) for name, f in outputs)], how="horizontal")
+    out = frame  # pandas: each step's result is a copy of df with that step's columns
     for name, f in outputs[:-1]:
-        out[name], out[f"{name}_status"] = f[name].to_list(), f[f"{name}_status"].to_list()
+        for column in returned[name]:
+            out[column] = f[column].to_list()
     return out[[c for c in out.columns if c not in step_columns] + step_columns]
 
 

@@ -10,10 +10,10 @@ never a guessed number. `set_price()` adds or overrides a model for this process
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import threading
-import warnings
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from importlib import resources
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, warn
 
 if TYPE_CHECKING:
     from ._exec.api import Reply
@@ -120,18 +120,29 @@ def price_of(model: str) -> Price | None:
     return None
 
 
+def warn_unpriced(model: str) -> None:
+    """Say once per model, before a run sends anything and at the user's own line, that `model` has no known
+    price (its rows will get a NULL cost), naming a known model whose id is close (a typo the API would refuse
+    with a 404)."""
+    if price_of(model) is not None:
+        return
+    with _lock:
+        if model in _warned:
+            return
+        _warned.add(model)
+    _, table, aliases = _table()
+    close = difflib.get_close_matches(model, [*table, *aliases, *_overrides], n=1, cutoff=0.8)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    warn(f"llmledger knows no price for model {model!r}: its rows get a NULL cost (tokens are stored).{hint} "
+         f"Tell it with llmledger.set_price({model!r}, input=..., output=...).", UnknownPriceWarning)
+
+
 def cost_usd(reply: Reply) -> float | None:
-    """What an answer cost at list price (the batch rate for a batch's answer); None (and one warning per model)
-    when the model's price is unknown."""
+    """What an answer cost at list price (the batch rate for a batch's answer); None when the model's price is
+    unknown (said once per model: `warn_unpriced`)."""
     price = price_of(reply.model)
     if price is None:
-        with _lock:
-            first = reply.model not in _warned
-            _warned.add(reply.model)
-        if first:
-            warnings.warn(f"llmledger knows no price for model {reply.model!r}: its rows get a NULL cost "
-                          f"(tokens are stored). Tell it with llmledger.set_price({reply.model!r}, input=..., "
-                          "output=...).", UnknownPriceWarning, stacklevel=2)
+        warn_unpriced(reply.model)  # the API answered with another id than the one asked for
         return None
     return price.cost(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
                       cache_write_tokens=reply.cache_write_tokens, cache_write_1h_tokens=reply.cache_write_1h_tokens,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 import string
 import types
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -62,9 +63,28 @@ def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] 
         if name not in columns and name not in steps:
             close = difflib.get_close_matches(name, [*columns, *steps], n=1)
             hint = f" Did you mean {{{close[0]}}}?" if close else ""
+            if not name.isidentifier() and not close:  # literal JSON or code: `{"spam": true}`
+                hint = (f" If {{{name}...}} is meant literally (JSON, code), write its braces doubled: "
+                        f"'{{{{' and '}}}}', as in {_doubled(prompt)!r}.")
             others = f"; steps of this table: {sorted(steps)}" if steps else ""
             raise PromptError(f"prompt template names column {name!r}, which the frame does not have.{hint} "
                               f"Columns: {list(columns)}{others}")
+
+
+def _doubled(template: str, limit: int = 60) -> str:
+    """The start of `template` with every brace that does not enclose a field name doubled (shown in the hint,
+    so the fix can be copied)."""
+    out, i = [], 0
+    while i < len(template):
+        field = re.match(r"\{[A-Za-z_][A-Za-z0-9_.]*\}", template[i:])
+        if field:
+            out.append(field.group(0))
+            i += field.end()
+            continue
+        out.append(template[i] * 2 if template[i] in "{}" else template[i])
+        i += 1
+    fixed = "".join(out)
+    return fixed if len(fixed) <= limit else fixed[:limit] + "..."
 
 
 class Rendering(NamedTuple):

@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 
 from ._ledger.states import Outcome
-from ._view import ErrorLine, Parts, error_kind, parts
+from ._view import ErrorLine, Parts, error_kind, parts, rows
 
 
 @dataclass(repr=False)
@@ -107,11 +107,10 @@ class RunReport:
             cut = min(max(over, 0), before[name])
             before[name] -= cut
             over -= cut
-        counts = {**now, "DONE": now["DONE"] + before["DONE"] + before["stale"],
+        counts = {**now, "DONE": now["DONE"] + before["DONE"], "stale": before["stale"], "waiting": self.waiting,
                   "NEEDS_REVIEW": now["NEEDS_REVIEW"] + before["NEEDS_REVIEW"]}
-        # as in the store's counts: stale rows are among the DONE ones, waiting rows among the NOT_STARTED
-        counts["NOT_STARTED"] = max(0, self.rows - sum(counts.values()))
-        return parts({**counts, "stale": before["stale"], "waiting": self.waiting})
+        counts["NOT_STARTED"] = max(0, self.rows - sum(counts.values()))  # every row once, as in the store's counts
+        return parts(counts)
 
     @property
     def sent(self) -> int:
@@ -218,11 +217,12 @@ class RunReport:
         """Next steps worth telling the user about."""
         out = []
         if self.stale:
-            out.append(f"{self.stale:,} DONE rows are stale (their request changed since they were answered: "
+            verb = "is" if self.stale == 1 else "are"
+            out.append(f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
                        "model, system, prompt, options or the row's input); they were not re-sent. Pass "
                        "redo='stale' to re-send exactly those.")
         if self.unsimulated:
-            out.append(f"{self.unsimulated:,} rows of the step held answers made by the simulator; a run against "
+            out.append(f"{rows(self.unsimulated)} of the step held answers made by the simulator; a run against "
                        "the real API never counts those as done: they were set back to NOT_STARTED (the simulated "
                        "answers are kept in llmledger_history, reason 'simulated answer'), and every run asks "
                        "for the ones it selects for real.")
@@ -230,23 +230,23 @@ class RunReport:
             out.append(self.message)
         out.extend(self.notes)
         if self.returned:
-            out.append(f"{self.returned:,} rows came back from their batch unanswered (expired, canceled, or the "
+            out.append(f"{rows(self.returned)} came back from their batch unanswered (expired, canceled, or the "
                        "API's own error); they are as they were before, unpaid, and the next call sends them.")
         if self.in_batches:
-            out.append(f"{self.in_batches:,} rows are in Message Batches the API is still processing (usually "
+            out.append(f"{rows(self.in_batches)} are in Message Batches the API is still processing (usually "
                        "minutes, at most 24 h). Run the same call again (or `llmledger run`) to collect them; "
                        "they are never sent twice.")
         if self.waiting:
-            out.append(f"{self.waiting:,} rows wait for the steps their prompt reads (not DONE there yet, or "
+            out.append(f"{rows(self.waiting)} wait for the steps their prompt reads (not DONE there yet, or "
                        "stale there); finish those steps first.")
         if self.failed:
-            out.append(f"{self.failed:,} rows FAILED; run the same call again to retry them.")
+            out.append(f"{rows(self.failed)} FAILED; run the same call again to retry them.")
         if self.unprepared:
-            out.append(f"{self.unprepared:,} rows have no request for the step's current definition (their inputs "
+            out.append(f"{rows(self.unprepared)} have no request for the step's current definition (their inputs "
                        "or the step changed since apply_llm last prepared them); run apply_llm with the frame to "
                        "prepare and send them.")
         if self.needs_review:
-            out.append(f"{self.needs_review:,} rows need review (refused max_attempts times, an answer not "
+            out.append(f"{rows(self.needs_review)} need review (refused max_attempts times, an answer not "
                        f"matching output=, or refused by validate=); see their {self.step}_error and {self.step}_raw "
                        f"columns, then llmledger.flag(...) them and rerun with redo='flagged'.")
         return out

@@ -30,16 +30,27 @@ from ._ledger import Ledger, RunParams, Selection, StepDefinition, Store, open_l
 from ._ledger.claims import Claimant
 from ._ledger.columns import q
 from ._ledger.states import Outcome, Redo
+from ._ledger.verbs import named_outputs
 from ._loop import background_loop, run_blocking
 from ._report import RunReport
 from ._time import utcnow
-from .errors import AuthenticationFailed, ModelNotFound, OutageError, RetryRefused, SpendLimitReached, StoreBusy
+from .errors import (
+    AuthenticationFailed,
+    ModelNotFound,
+    OutageError,
+    RequestRefused,
+    RetryRefused,
+    SpendLimitReached,
+    StaleAnswersWarning,
+    StoreBusy,
+    warn,
+)
 
 _local = threading.local()
 RESEND_ROUNDS = 3  # a waiting batch run sends rows its batches gave back again, this many times in all
 _STOPPED = {Outcome.AUTH: AuthenticationFailed, Outcome.OUTAGE: OutageError,
             Outcome.SPEND_LIMIT: SpendLimitReached, Outcome.RETRY_REFUSED: RetryRefused,
-            Outcome.NO_MODEL: ModelNotFound}
+            Outcome.NO_MODEL: ModelNotFound, Outcome.BAD_REQUEST: RequestRefused}
 
 
 def last_report() -> RunReport | None:
@@ -243,6 +254,8 @@ class Run:
             outputs = self._outputs(ledger, selection)
         if plan.progress or interrupted:  # after Ctrl-C the summary is the only word on what happened
             show_summary(report, self._display)
+        elif report.stale and outputs is not None:  # quiet, but stale answers are never passed off as fresh
+            warn(report.hints()[0], StaleAnswersWarning)
         if interrupted:
             raise KeyboardInterrupt(str(report))
         stopped = _STOPPED.get(report.outcome)  # type: ignore[call-overload]
@@ -295,9 +308,10 @@ class Run:
             return None
         step = plan.step
         if not selection.work.height and selection.survey is not None:  # nothing was sent: what prepare saw is current
-            found = selection.survey.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"))
+            found = named_outputs(selection.survey, step)
         else:
             found = ledger.outputs(selection, plan.frame.select(selection.layout.key))
+        self.report.stale = int(found[f"{step}_stale"].sum())  # after the run: what a redo='stale' would re-send
         if found[step].dtype == pl.Null:  # no row has an answer yet, so nothing said its type
             found = found.with_columns(pl.col(step).cast(pl.String))
         return _attach(plan, found)
@@ -398,7 +412,7 @@ def run_client(client: anthropic.AsyncAnthropic | None) -> tuple[anthropic.Async
 
 def _attach(plan: Plan, found: pl.DataFrame) -> Any:
     """The input rows in their order, with the step's output and status appended."""
-    names = [plan.step, f"{plan.step}_status"]
+    names = [plan.step, f"{plan.step}_status", f"{plan.step}_stale"]
     if plan.from_pandas:
         out = plan.df.copy()
         for name in names:  # text, or dicts for a structured output

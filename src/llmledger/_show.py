@@ -34,6 +34,7 @@ from ._view import (
     legend_text,
     panel_html,
     parts,
+    rows,
 )
 
 
@@ -145,7 +146,12 @@ def _errors(step: StepOverview) -> list[ErrorLine]:
 
 
 def _cost(step: StepOverview) -> str:
-    return f"${step.cost_usd:,.4f} for {step.paid_rows:,} paid rows"
+    return f"${step.cost_usd:,.4f} for {rows(step.paid_rows, 'paid row')}"
+
+
+def _flagged(step: StepOverview) -> list[str]:
+    n = step.counts.get("flagged", 0)
+    return [f"{rows(n)} flagged by a person; redo='flagged' re-sends them"] if n else []
 
 
 def _claims(claims: list[Claims], now: datetime) -> list[str]:
@@ -176,6 +182,7 @@ def store_html(overview: Overview, *, name: str, read_at: datetime, table: str |
         bar = parts(step.counts)
         extra = "".join(f"<div style='color:{SEGMENTS['RUNNING'].colour}'>{esc(c)}</div>"
                         for c in _claims(step.claims, now))
+        extra += "".join(f"<div data-field='flagged' style='color:#ef6c00'>{esc(f)}</div>" for f in _flagged(step))
         body.append(f"<div class='llmledger-step' data-table='{esc(step.table)}' data-step='{esc(step.step)}' "
                     f"style='display:flex;gap:10px;align-items:flex-start;margin:2px 0 6px 8px'>"
                     f"<div style='width:150px;overflow:hidden;text-overflow:ellipsis'><b>{esc(step.step)}</b>"
@@ -211,7 +218,7 @@ def store_text(overview: Overview, *, name: str, read_at: datetime, table: str |
         bar = parts(step.counts)
         lines.append(f"  {step.step:<{width}}  {bar_text(bar, 30, colour=colour)}  {legend_text(bar, colour=colour)}"
                      f"  ({_cost(step)})")
-        lines.extend(pad + _plain(c) for c in _claims(step.claims, now))
+        lines.extend(pad + _plain(c) for c in _claims(step.claims, now) + _flagged(step))
         red = ("\x1b[31m", "\x1b[0m") if colour else ("", "")
         lines.extend(f"{pad}{red[0]}{e.count:,} rows: {_plain(e.kind, 80)}{red[1]}, e.g. {_plain(e.example_key, 60)}: "
                      f"{_plain(e.detail)}" for e in _errors(step))

@@ -26,12 +26,17 @@ class Segment:
     char: str  # the text bar's character where there is no colour
     meaning: str
 
+    @property
+    def label(self) -> str:
+        """The name shown in a legend: RUNNING rows are claimed, not all in flight (a run claims ahead)."""
+        return "RUNNING (claimed)" if self.name == "RUNNING" else self.name
+
 
 SEGMENTS = {s.name: s for s in (
     Segment("DONE", "#2e7d32", "32", "#", "answered"),
     Segment("stale", "#9e9d24", "33", "~", "DONE, but the request or an upstream answer changed since; "
                                              "redo='stale' re-sends them"),
-    Segment("RUNNING", "#1e88e5", "34", ">", "claimed, being sent"),
+    Segment("RUNNING", "#1e88e5", "34", ">", "claimed by a run: in flight, or queued to be sent by it"),
     Segment("SUBMITTED", "#7e57c2", "35", "b", "in Message Batches the API is processing"),
     Segment("FAILED", "#d32f2f", "31", "x", "failed; a rerun retries them"),
     Segment("NEEDS_REVIEW", "#ef6c00", "91", "!", "for a person to look at"),
@@ -44,20 +49,16 @@ Parts = list[tuple[Segment, int]]
 
 
 def parts(counts: dict[str, int]) -> Parts:
-    """A step's rows as bar segments, from counts by status plus "stale" and "waiting" (`progress()`'s row).
-
-    Stale rows are DONE rows, and waiting rows are rows still to answer (NOT_STARTED first, else FAILED):
-    each is drawn once, in its own colour.
-    """
-    n = {name: max(0, int(counts.get(name) or 0)) for name in SEGMENTS}
-    n["DONE"] = max(0, n["DONE"] - n["stale"])
-    from_new = min(n["waiting"], n["NOT_STARTED"])
-    n["NOT_STARTED"] -= from_new
-    n["FAILED"] -= min(n["waiting"] - from_new, n["FAILED"])
-    return [(SEGMENTS[name], n[name]) for name in SEGMENTS]
+    """A step's rows as bar segments, from its counts (`progress()`'s row: every row counted once)."""
+    return [(seg, max(0, int(counts.get(name) or 0))) for name, seg in SEGMENTS.items()]
 
 
 # -- HTML ------------------------------------------------------------------------------------------------
+def rows(n: int, noun: str = "row") -> str:
+    """`1 row`, `2,000 rows`: counts read as English in every summary and hint."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
@@ -81,7 +82,7 @@ def legend_html(bar: Parts) -> str:
     """The counts beside the bar, for the segments that have rows."""
     keys = [f"<span data-field='{seg.name}' style='margin-right:10px;white-space:nowrap'>"
             f"<span style='display:inline-block;width:9px;height:9px;background:{seg.colour};margin-right:3px'>"
-            f"</span>{seg.name} {n:,}</span>" for seg, n in bar if n > 0]
+            f"</span>{seg.label} {n:,}</span>" for seg, n in bar if n > 0]
     return f"<div class='llmledger-legend' style='font-size:90%'>{''.join(keys) or 'no rows'}</div>"
 
 
@@ -148,7 +149,10 @@ def errors_html(errors: Sequence[ErrorLine]) -> str:
 
 
 def panel_html(kind: str, head: str, body: str) -> str:
-    return (f"<div class='llmledger-view {kind}' style='font-family:var(--jp-ui-font-family,sans-serif);"
+    """The view's outer box. Its classes tell MathJax (JupyterLab, Notebook) to leave it alone: two `$` signs of
+    costs in one line are otherwise typeset as inline math (`avoided 0.0003(reusedanswers0.0003)`)."""
+    return (f"<div class='llmledger-view {kind} tex2jax_ignore mathjax_ignore' "
+            "style='font-family:var(--jp-ui-font-family,sans-serif);"
             f"font-size:13px;line-height:1.45;padding:4px 0;max-width:1100px'>"
             f"<div>{head}</div>{body}</div>")
 
@@ -185,7 +189,7 @@ def bar_text(bar: Parts, width: int = 40, *, colour: bool = False) -> str:
 
 def legend_text(bar: Parts, *, colour: bool = False) -> str:
     def name(seg: Segment) -> str:
-        return f"\x1b[{seg.ansi}m{seg.name}\x1b[0m" if colour else seg.name
+        return f"\x1b[{seg.ansi}m{seg.label}\x1b[0m" if colour else seg.label
 
     return " · ".join(f"{name(seg)} {n:,}" for seg, n in bar if n > 0) or "no rows"
 

@@ -16,15 +16,40 @@
         ├── RetryRefused              the API said not to retry (`x-should-retry: false`) an error it
         │                             would otherwise retry
         ├── ModelNotFound             404: no such model (a typo, or retired); no row was marked failed
+        ├── RequestRefused            the API refused the call's shape (the same 400 for the first
+        │                             requests, none answered): fix the call's options
         └── OutageError               transient errors persisted, so the circuit breaker stopped the run
 
 `InvalidInputError` means: fix the argument and call again. `StoreError` means:
 the store is missing, busy, broken or written by a newer llmledger. `RunStopped`
 means: the call was right but the run could not go on; nothing paid for is lost.
 Every `RunStopped` carries the run's `report` (rows remaining, calls paid, ...).
+
+Warnings (`warnings.warn`, shown once per place by Python's default filter) say what a run did that the user
+should know but that is not an error: `StaleAnswersWarning` (answers returned for requests that have changed
+since, when the run was quiet) and `llmledger.UnknownPriceWarning` (a model with no known price).
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+
+class StaleAnswersWarning(UserWarning):
+    """A quiet run (`progress=False`) returned DONE answers whose request has changed since they were made (the
+    `{step}_stale` column says which); `redo='stale'` re-sends them."""
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """`warnings.warn` pointing at the first caller outside llmledger (the user's cell or script), so the warning
+    names the user's line, not an internal one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here + os.sep):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    warnings.warn(message, category, stacklevel=level + 1)
 
 
 class LedgerError(Exception):
@@ -90,6 +115,12 @@ class ModelNotFound(RunStopped):
     """The API has no such model (a typo, or a retired model): every row would fail, so none is sent."""
 
 
+class RequestRefused(RunStopped):
+    """The API refused the same way (a 400) every distinct request the run sent, before answering any: the
+    fault is the call's (its options, schema or model), not the rows', so the run stopped instead of failing
+    every row. Fix the call and run it again."""
+
+
 class OutageError(RunStopped):
     """Transient errors persisted across many rows, so the circuit breaker stopped the run."""
 
@@ -101,9 +132,11 @@ __all__ = [
     "LedgerError",
     "OutageError",
     "PromptError",
+    "RequestRefused",
     "RetryRefused",
     "RunStopped",
     "SpendLimitReached",
+    "StaleAnswersWarning",
     "StepNameError",
     "StoreBusy",
     "StoreError",

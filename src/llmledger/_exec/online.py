@@ -47,6 +47,11 @@ _STOP_ADVICE = {
 }
 
 
+# Distinct requests refused alike, none answered, that stop a run (`OnlineSender._refused_alike`): enough that a
+# few bad rows at the head of a frame, refused faster than the rest are answered, do not pass for a bad call.
+REFUSED_ALIKE = 8
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How hard to retry the API's own failures (429, 529, 5xx, timeouts, dropped connections).
@@ -86,6 +91,8 @@ class OnlineSender:
         self.doing: dict[str, str] = {}
         self.transient_streak = 0
         self.last_success = time.monotonic()
+        self.answered = 0  # requests the API answered (200) in this run
+        self.refused: dict[str, set[str]] = {}  # before any answer: 400s by message, the fingerprints refused so
 
     async def process(self, row: dict[str, Any]) -> None:
         """Answer one claimed row, sharing one request among rows whose requests are identical."""
@@ -153,6 +160,7 @@ class OnlineSender:
             self._doing(f"sending {row['fingerprint'][:8]} (try {tries})")
             try:
                 reply = await send(self.client, self.pacer, body, go=lambda: self.sink.stopping is None)
+                self.answered += 1
                 self.transient_streak = 0
                 self.last_success = time.monotonic()
                 return reply, None
@@ -166,6 +174,8 @@ class OnlineSender:
                 if failure.kind is Kind.PERMANENT:
                     if failure.reply is not None:  # refused, but billed: the run's report and budget count it
                         self.sink.bill(failure.reply)
+                    if self._refused_alike(failure, row):
+                        return None  # the call's fault, not the row's: it goes back as it was
                     return None, str(failure)
                 self._transient(failure, row)
                 wait_at_least = failure.retry_after
@@ -178,6 +188,23 @@ class OnlineSender:
                                         retry_after=wait_at_least))
             tries += 1
         return None
+
+    def _refused_alike(self, failure: CallFailed, row: dict[str, Any]) -> bool:
+        """A 400 `invalid_request_error` the API gave, word for word, to REFUSED_ALIKE distinct requests before it
+        answered any is the call's fault (an option, a schema, a model it refuses), not the rows': stop the run
+        with one clear error rather than fail every row with advice to run it again. True when it stopped."""
+        text = str(failure)
+        if self.answered or not text.startswith("400 ") or "(invalid_request_error)" not in text:
+            return False
+        message = text.split(" (request ", 1)[0]  # the request id differs from request to request
+        seen = self.refused.setdefault(message, set())
+        seen.add(row["fingerprint"])
+        if len(seen) < REFUSED_ALIKE:
+            return False
+        self.sink.stop(Outcome.BAD_REQUEST, f"the API refused the first {len(seen)} distinct requests alike, "
+                                            f"answering none: {message}. The call's options are at fault, not the "
+                                            "rows (those refused stay retryable): fix the call and run it again.")
+        return True
 
     def _transient(self, failure: CallFailed, row: dict[str, Any]) -> None:
         log.info("transient failure, will retry: %s", failure)

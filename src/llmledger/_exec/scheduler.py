@@ -48,7 +48,7 @@ BUDGET_GRACE = 600.0  # seconds a stopped run waits for the answers already in f
 # kept would be paid again by the next run. Ctrl-C waits `grace` only (the user wants out); a bug or a store
 # error stops at once (nothing could be committed).
 DRAINING = frozenset({Outcome.BUDGET, Outcome.SPEND_LIMIT, Outcome.RETRY_REFUSED, Outcome.OUTAGE, Outcome.AUTH,
-                      Outcome.NO_MODEL})
+                      Outcome.NO_MODEL, Outcome.BAD_REQUEST})
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,14 @@ def step_columns(step: str) -> list[str]:
     return [step + c.suffix for c in STEP_COLUMNS]
 
 
+RETURNED_ONLY = ("_stale",)  # columns apply_llm returns beside the stored ones (`{step}_stale`)
+
+
+def owned_names(step: str) -> list[str]:
+    """Every column name a step owns: those stored in the fact table and those only its returned frame has."""
+    return step_columns(step) + [step + suffix for suffix in RETURNED_ONLY]
+
+
 def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new: bool,
                     table_columns: Sequence[str], frame_columns: Sequence[str]) -> None:
     """Refuse a step whose columns would be another's: every column a step owns is `step` + a suffix of
@@ -118,17 +126,17 @@ def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new
     """
     from ..errors import StepNameError
 
-    mine = {c.lower(): c for c in step_columns(step)}
+    mine = {c.lower(): c for c in owned_names(step)}
     suggestion = f"choose another name, e.g. {step.rstrip('_') + '_v2'!r}" if not step.endswith("_v2") else \
         "choose another name"
     for other in other_steps:
-        shared = sorted(mine[c.lower()] for c in step_columns(other) if c.lower() in mine)
+        shared = sorted(mine[c.lower()] for c in owned_names(other) if c.lower() in mine)
         if shared:
             raise StepNameError(
                 f"step name {step!r} clashes with step {other!r} of table {table!r}: both would own column "
                 f"{shared[0]!r} (a step owns its name and its name + _status, _prompt, _flag, ...); {suggestion}. "
                 "Nothing was written.")
-    theirs = {c.lower() for s in other_steps for c in step_columns(s)}
+    theirs = {c.lower() for s in other_steps for c in owned_names(s)}
     mine_in_table = {c.lower() for c in table_columns} - theirs
     if not is_new:  # the step's own columns are in the table already
         mine_in_table -= set(mine)

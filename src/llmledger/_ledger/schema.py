@@ -220,12 +220,12 @@ def list_steps(con: duckdb.DuckDBPyConnection, table: str | None = None) -> list
 
 
 def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[str]:
-    """Columns the ledger owns for the table's steps (never copied from a frame)."""
-    from .columns import step_columns
+    """Columns the ledger owns for the table's steps, stored or only returned (never copied from a frame)."""
+    from .columns import owned_names
 
-    owned = set(step_columns(step))
+    owned = set(owned_names(step))
     for _, other, _ in list_steps(con, table):
-        owned.update(step_columns(other))
+        owned.update(owned_names(other))
     return owned
 
 

@@ -69,6 +69,7 @@ class Outcome(StrEnum):
     RETRY_REFUSED = "retry_refused"  # x-should-retry: false on an otherwise transient error
     BUDGET = "budget"  # max_cost_usd was reached
     NO_MODEL = "no_model"  # 404: the API has no such model
+    BAD_REQUEST = "bad_request"  # the API refused the request's shape alike for several rows, none answered
     ERROR = "error"  # a bug or a store failure
 
     @property
@@ -77,6 +78,10 @@ class Outcome(StrEnum):
 
 
 STATUSES = tuple(s.value for s in Status)
+# How `progress()`, `show()`, `llmledger status` and a run's bar count a step's rows: every row in exactly one.
+# DONE rows whose answer is to an older request count as "stale", not DONE; NOT_STARTED and FAILED rows whose
+# upstream steps are not fresh count as "waiting" (`status_counts`).
+COUNTED = (*STATUSES, "stale", "waiting")
 # The statuses a row may have to be eligible under each redo mode (what `eligible_sql` checks in full).
 CLAIMABLE = {Redo.NONE.value: ("NOT_STARTED", "FAILED"), Redo.STALE.value: ("NOT_STARTED", "FAILED", "DONE"),
              Redo.ALL.value: ("NOT_STARTED", "FAILED", "DONE", "NEEDS_REVIEW"),

@@ -208,7 +208,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             in_batches=int((status == Status.SUBMITTED).sum()),
             done_skipped=int(((status == Status.DONE) & ~(found["eligible"] & found["in_where"])).sum()),
             known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers else {},
-            survey=found.select("status", "output"), source=params.source, where=params.where, dedupe=dedupe)
+            survey=found.select("status", "output", "stale"), source=params.source, where=params.where, dedupe=dedupe)
 
     def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool,
                inputs: bool = False) -> Selection:
@@ -351,9 +351,9 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         return self.conn.transaction(lambda con: recover_claims(con, layout, params), wait=30.0)
 
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame:
-        """`{step}` and `{step}_status` for the frame's keys, in frame order."""
+        """`{step}`, `{step}_status` and `{step}_stale` for the frame's keys, in frame order."""
         found = self.conn.transaction(
-            lambda con: survey(con, selection.layout, frame, fields=("status", "output"), params={},
+            lambda con: survey(con, selection.layout, frame, fields=("status", "output", "stale"), params={},
                                compare=False), wait=30.0)
         return named_outputs(found, selection.layout.step)
 

@@ -34,7 +34,7 @@ from .schema import (
     owned_columns,
     requests_by_version,
 )
-from .states import CLAIMABLE, STATUSES, prior_status_sql
+from .states import CLAIMABLE, COUNTED, STATUSES, prior_status_sql
 from .survey import Layout, flag_sql
 
 CLAIM_LOCK = 0x6C6C6D63  # "llmc": the PostgreSQL advisory lock that serialises a step's claims (`claim_twins`)
@@ -344,13 +344,22 @@ def from_legacy(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
-    return found.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"))
+    """The columns apply_llm appends: the answer, its status, and whether that DONE answer is stale (made for a
+    request that has changed since: `redo='stale'` re-sends it)."""
+    return found.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"),
+                        pl.col("stale").fill_null(False).alias(f"{step}_stale"))
 
 
 def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> pl.DataFrame:
-    """Rows per status, then stale and waiting rows, for every (table, step); steps after the steps they read."""
-    schema = {"table": pl.String, "step": pl.String, **{st: pl.Int64 for st in STATUSES}, "stale": pl.Int64,
-              "waiting": pl.Int64, "total": pl.Int64}
+    """Rows per state for every (table, step), steps after the steps they read: one partition of the rows, the
+    one `progress()`, `show()`, `llmledger status` and a run's bar all draw (`COUNTED`), plus `flagged` (rows a
+    person flagged, whatever their state) and `total`.
+
+    DONE counts only current answers; `stale` is the DONE rows whose request (or an upstream answer) changed
+    since; `waiting` is the NOT_STARTED and FAILED rows whose upstream steps are not fresh yet.
+    """
+    schema = {"table": pl.String, "step": pl.String, **{st: pl.Int64 for st in COUNTED}, "flagged": pl.Int64,
+              "total": pl.Int64}
     frames = []
     by_table: dict[str, list[str]] = {}
     for tbl, step, _ in list_steps(con, table):
@@ -363,13 +372,20 @@ def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> p
         except (PromptError, *db_errors()):  # an old store not upgraded yet, or a broken definition: no graph
             graph, ordered = None, steps
         for step in ordered:
-            s = q(step + "_status")
-            counts = ", ".join(f"count(*) FILTER (WHERE {s} = '{st}')::BIGINT AS {q(st)}" for st in STATUSES)
-            extra = "NULL::BIGINT AS stale, NULL::BIGINT AS waiting"
+            layout = Layout(tbl, step, [], [])
             if graph is not None and step in graph.templates:
-                flags = flag_sql(fed_layout(Layout(tbl, step, [], []), graph), None)
-                extra = (f"count(*) FILTER (WHERE {flags['stale']})::BIGINT AS stale, "
-                         f"count(*) FILTER (WHERE {flags['waiting']})::BIGINT AS waiting")
-            frames.append(con.sql(f"SELECT ? AS \"table\", ? AS step, {counts}, {extra}, count(*)::BIGINT AS total "
-                                  f"FROM {q(tbl)} AS t", params=[tbl, step]).pl())
+                layout = fed_layout(layout, graph)
+            flags = flag_sql(layout, None)
+            stale, waiting = f"coalesce({flags['stale']}, false)", f"coalesce({flags['waiting']}, false)"
+            status = flags["status"]
+            state = {st: f"{status} = '{st}'" for st in STATUSES}
+            state["DONE"] += f" AND NOT {stale}"
+            state["stale"] = stale
+            for st in ("NOT_STARTED", "FAILED"):
+                state[st] += f" AND NOT {waiting}"
+            state["waiting"] = waiting
+            counts = ", ".join(f"count(*) FILTER (WHERE {state[st]})::BIGINT AS {q(st)}" for st in COUNTED)
+            frames.append(con.sql(f"SELECT ? AS \"table\", ? AS step, {counts}, count(*) FILTER (WHERE "
+                                  f"{names(step)['_flag']} IS NOT NULL)::BIGINT AS flagged, count(*)::BIGINT AS "
+                                  f"total FROM {q(tbl)} AS t", params=[tbl, step]).pl())
     return pl.concat(frames).cast(schema) if frames else pl.DataFrame(schema=schema)

@@ -1,0 +1,164 @@
+"""What a newcomer trips on (issue 18): calls that can only fail are refused up front with the fix, a request the API
+refuses for its shape stops the run once instead of failing every row, and what the notebook shows reads as text."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import polars as pl
+import pydantic
+import pytest
+
+import llmledger
+from llmledger import InvalidInputError, KeyColumnError, PromptError, RequestRefused, Simulator
+from llmledger._display import run_html
+from llmledger._report import RunReport
+
+from .conftest import frame, sql
+
+
+class Tagged(pydantic.BaseModel):
+    label: str
+    tags: list  # type: ignore[type-arg]
+
+
+# -- refused up front, with the fix --------------------------------------------------------------------------------
+@pytest.mark.parametrize(("output", "message"), [
+    ({"tags": list}, r"'tags' is a list of anything.*list\[str\]"),
+    ({"tags": set}, r"'tags' is a list of anything"),
+    ({"tags": tuple}, r"'tags' is a list of anything"),
+    ({"pair": tuple[int, str]}, r"'pair' is a tuple.*named fields"),
+    ({"x": typing.Any}, r"'x' may hold anything \(Any or object\)"),
+    ({"x": object}, r"'x' may hold anything"),
+    ({"x": list[typing.Any]}, r"'x' is a list of anything"),
+    ({"spam": pl.Boolean}, r"'spam' is the polars type Boolean.*Use bool"),
+    ({"n": pl.Int32}, r"polars type Int32.*Use int"),
+    (Tagged, r"'tags' is a list of anything"),
+])
+def test_an_output_the_api_would_refuse_for_every_row_is_refused_up_front(
+        run: Any, sim: Simulator, store: Path, output: Any, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message) as caught:
+        run(frame(3), "labels", prompt="Label: {text}", output=output)
+    assert "arbitrary_types_allowed" not in str(caught.value), "no pydantic advice leaks through"
+    assert not store.exists() and sim.stats()["requests"] == 0
+
+
+def test_literal_json_in_a_template_gets_the_doubled_braces_hint(run: Any, store: Path) -> None:
+    with pytest.raises(PromptError, match=r"""write its braces doubled.*'Answer \{\{"spam": true\}\} for \{text\}'"""):
+        run(frame(2), "s", prompt='Answer {"spam": true} for {text}')
+    assert not store.exists()
+
+
+def test_a_key_that_is_the_pandas_index_says_reset_index(run: Any, store: Path) -> None:
+    df = pd.DataFrame({"text": ["a", "b"]}, index=pd.Index([5, 6], name="id"))
+    for key in ("id", None):
+        with pytest.raises(KeyColumnError, match=r"'id' is the pandas frame's index.*df\.reset_index\(\)"):
+            run(df, "s", prompt="{text}", key=key)
+    assert not store.exists()
+
+
+@pytest.mark.parametrize("options", [{"temperature": 1.7}, {"top_p": -0.1}, {"top_k": -1}, {"temperature": "hot"}])
+def test_sampling_options_out_of_the_apis_range_are_refused_up_front(run: Any, sim: Simulator, store: Path,
+                                                                     options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInputError, match=f"request_options\\['{next(iter(options))}'\\] must be a number"):
+        run(frame(2), "s", prompt="{text}", request_options=options)
+    assert not store.exists() and sim.stats()["requests"] == 0
+
+
+# -- a request refused for its shape stops the run once ------------------------------------------------------------
+def test_a_request_the_api_refuses_for_its_shape_stops_the_run_with_one_error(run: Any, sim: Simulator,
+                                                                             store: Path) -> None:
+    """Every row would get the same 400 (here an empty stop sequence, which only the API checks): the run stops
+    after eight distinct requests were refused alike, with one error saying the call is at fault; the rows it
+    did not send stay NOT_STARTED and the refused ones stay retryable. (0.7 failed all 40 with "run the same call
+    again".)"""
+    with pytest.raises(RequestRefused, match=r"refused the first 8 distinct requests alike.*stop_sequences"):
+        run(frame(40), "s", prompt="{text}", request_options={"stop_sequences": [""]}, concurrency=1)
+    statuses = dict(sql(store, "SELECT s_status, count(*) FROM messages GROUP BY ALL"))
+    assert statuses.get("FAILED", 0) <= 7 and statuses["NOT_STARTED"] >= 32, statuses
+    assert sim.stats()["requests"] == 8
+    fixed = run(frame(40), "s", prompt="{text}", request_options={"stop_sequences": ["END"]})
+    assert fixed["s_status"].to_list() == ["DONE"] * 40, "once the call is fixed, every row is sent"
+
+
+def test_a_row_the_api_refuses_for_its_own_reason_fails_alone(run: Any, sim: Simulator, store: Path) -> None:
+    """Refusals that differ from row to row, or come after an answer, are the rows' own: no stop."""
+    sim.configure(poison="POISON")
+    df = pl.DataFrame({"id": range(6), "text": ["fine", "POISON 1", "POISON 2", "POISON 3", "POISON 4", "fine 2"]})
+    out = run(df, "s", prompt="{text}", concurrency=1)
+    assert out["s_status"].to_list() == ["DONE", "FAILED", "FAILED", "FAILED", "FAILED", "DONE"]
+
+
+def test_bad_rows_at_the_head_of_a_frame_fail_alone_even_when_refused_first(run: Any, sim: Simulator) -> None:
+    """The demo's case: the first rows are refused alike and faster than the rest are answered, all in flight
+    at once; they fail alone and the run goes on (a threshold of three stopped the demo)."""
+    sim.configure(poison="POISON", latency=0.05)
+    texts = [f"POISON {i}" for i in range(5)] + [f"fine {i}" for i in range(35)]
+    out = run(pl.DataFrame({"id": range(40), "text": texts}), "s", prompt="{text}", concurrency=16)
+    assert out["s_status"].to_list() == ["FAILED"] * 5 + ["DONE"] * 35
+
+
+# -- what the notebook shows ---------------------------------------------------------------------------------------
+def test_views_are_left_alone_by_mathjax() -> None:
+    """Two `$` in one view made JupyterLab typeset costs as math: the view's box carries the classes MathJax
+    skips (the browser test reads the rendered text)."""
+    report = RunReport(table="t", step="s")
+    report.cost_usd, report.done_saved_usd, report.selected = 0.0003, 0.0003, 1
+    html = run_html(report, live=False)
+    assert "tex2jax_ignore" in html and "mathjax_ignore" in html
+
+
+# -- stale answers are visible, and counted once, the same everywhere ----------------------------------------------
+def test_the_returned_frame_marks_stale_answers_and_a_quiet_run_warns(run: Any, store: Path) -> None:
+    """After an input changed, the old answers came back as plain DONE and, with progress=False, nothing was said.
+    Now `{step}_stale` says which, and a quiet run warns with the count (polars and pandas alike)."""
+    run(frame(6), "s", prompt="Summarise: {text}")
+    edited = frame(6).with_columns(pl.when(pl.col("id") < 2).then(pl.lit("edited")).otherwise(pl.col("text"))
+                                   .alias("text"))
+    with pytest.warns(llmledger.StaleAnswersWarning, match=r"^2 DONE rows are stale.*redo='stale'") as caught:
+        out = run(edited, "s", prompt="Summarise: {text}")
+    assert caught[0].filename == __file__, "the warning names the user's line, not llmledger's"
+    assert out["s_status"].to_list() == ["DONE"] * 6
+    assert out["s_stale"].to_list() == [True, True, False, False, False, False]
+    with pytest.warns(llmledger.StaleAnswersWarning, match=r"^2 DONE rows are stale"):
+        back = run(edited.to_pandas(), "s", prompt="Summarise: {text}")
+    assert back["s_stale"].tolist() == [True, True, False, False, False, False]
+    fresh = run(edited, "s", prompt="Summarise: {text}", redo="stale")
+    assert not fresh["s_stale"].any()
+
+
+def test_one_count_of_stale_rows_after_a_flagged_redo_everywhere(run: Any, store: Path) -> None:
+    """0.7: after redo='flagged' the summary said 20 stale (counted before the run) while progress() said 15, and
+    progress() counted stale rows among DONE where show() and `llmledger status` did not. Now every view counts
+    each row once, in the same states, after the run."""
+    run(frame(20), "s", prompt="Summarise: {text}")
+    llmledger.flag(store, "messages", "s", where="id < 5", reason="too long")
+    assert llmledger.progress(store)["flagged"].to_list() == [5]
+    with pytest.warns(llmledger.StaleAnswersWarning, match=r"^15 DONE rows are stale"):
+        out = run(frame(20), "s", prompt="Summarise briefly: {text}", redo="flagged")
+    assert out["s_stale"].sum() == 15
+    report = llmledger.last_report()
+    assert report is not None and report.stale == 15 and report.calls == 5
+    counts = llmledger.progress(store).row(0, named=True)
+    assert (counts["DONE"], counts["stale"], counts["flagged"]) == (5, 15, 0)
+    states = ("NOT_STARTED", "RUNNING", "SUBMITTED", "DONE", "FAILED", "NEEDS_REVIEW", "stale", "waiting")
+    assert sum(counts[s] for s in states) == counts["total"] == 20, "every row counted once"
+    text = llmledger.show(store).__repr__()
+    assert "DONE 5" in text and "stale 15" in text
+
+
+def test_flags_show_in_progress_status_and_show(run: Any, store: Path) -> None:
+    run(frame(4), "s", prompt="{text}")
+    llmledger.flag(store, "messages", "s", where="id = 1", reason="wrong")
+    assert llmledger.progress(store)["flagged"].to_list() == [1]
+    assert "1 row flagged by a person; redo='flagged' re-sends them" in llmledger.show(store).__repr__()
+    assert "data-field='flagged'" in llmledger.show(store)._repr_html_()
+
+
+def test_running_rows_are_called_claimed_where_they_are_shown() -> None:
+    from llmledger._view import legend_text, parts
+
+    assert "RUNNING (claimed) 175" in legend_text(parts({"RUNNING": 175, "DONE": 3}))
