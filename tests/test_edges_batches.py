@@ -75,7 +75,8 @@ def _quick_give_up(monkeypatch: pytest.MonkeyPatch) -> None:
 def dead_run(run: Callable[..., pl.DataFrame], sim: Simulator, df: pl.DataFrame, monkeypatch: pytest.MonkeyPatch,
              *, reaches_api: bool, **options: Any) -> None:
     """A run that writes its intent and dies: before `batches.create` left it, or after the API made the batch
-    but before its answer came back (the simulator drops the connection after creating it)."""
+    but before its answer came back (the simulator drops the connection after creating it). It settles no earlier
+    run's intent first (a run does, since 0.7: these stand for runs that were under way together)."""
     async def create(self: BatchSender, requests: list[dict[str, Any]], *args: Any) -> None:
         if reaches_api:
             sim.configure(batch_lose_response=1)
@@ -85,8 +86,18 @@ def dead_run(run: Callable[..., pl.DataFrame], sim: Simulator, df: pl.DataFrame,
 
     with monkeypatch.context() as patch:
         patch.setattr(BatchSender, "_create", create)
+        beside_the_others(patch)
         with pytest.raises(Died):
             run(df, **options)
+
+
+def beside_the_others(patch: pytest.MonkeyPatch) -> None:
+    """A run under way beside the runs before it: it settles none of their intents (a run does, since 0.7, after
+    waiting out the moment their creates could still be under way)."""
+    async def settles_nothing(self: collect.BatchCollector) -> list[Any]:
+        return []
+
+    patch.setattr(collect.BatchCollector, "collect", settles_nothing)
 
 
 def paid_once_each(sim: Simulator, df: pl.DataFrame) -> None:
@@ -170,8 +181,12 @@ def test_an_ended_batch_of_the_same_size_naming_no_intent_of_ours_is_never_adopt
 @pytest.mark.timeout(120)
 def test_a_run_that_loses_its_create_answer_beside_a_dead_intent_of_its_size_creates_no_second_batch(
         run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A dead run's intent and this run's lost create, same size: the batch found could be either's while it
-    processes, so the run neither adopts it on a guess nor creates another; its custom ids settle it."""
+    """A dead run's intent and this run's lost create, same size. The run first settles the dead intent (it waits
+    out the moment that intent's create could still be under way: the API has no batch for it, so its rows are
+    sent again), then its own create's answer is lost and the batch it made is found by its custom ids: one
+    batch for all eight rows, nothing created or paid twice. (Before 0.7's settling, the batch found could have
+    been either's while it processed, and the run neither adopted it on a guess nor created another: the
+    randomised test below still meets that case, with runs that live on.)"""
     monkeypatch.setattr(batch, "LOOKS", (0.05, 0.1, 0.2))
     first, second = frame(4), frame(4, start=4)
     dead_run(run, sim, first, monkeypatch, reaches_api=False)
@@ -179,9 +194,9 @@ def test_a_run_that_loses_its_create_answer_beside_a_dead_intent_of_its_size_cre
     out = run(pl.concat([first, second]))
     own_answers(out)
     paid_once_each(sim, pl.concat([first, second]))
-    assert sim.stats()["batches"] == 2, "the lost create's batch, then the dead run's rows: nothing twice"
+    assert sim.stats()["batches"] == 1, "the dead intent settled first, then one batch for every row"
     states = llmledger.sql(store, "SELECT state, count(*) AS n FROM llmledger_batches GROUP BY state ORDER BY state")
-    assert states is not None and states.rows() == [("abandoned", 1), ("merged", 2)]
+    assert states is not None and states.rows() == [("abandoned", 1), ("merged", 1)]
 
 
 FATES = ("never sent", "answer lost", "lost, run lives", "processing")  # how each earlier run ended
@@ -220,7 +235,9 @@ def random_scenario(rng: random.Random, table: str, run: Callable[..., pl.DataFr
         fate = "answer lost" if n == runs - 1 else rng.choices(FATES, weights=(4, 4, 1, 1))[0]
         if fate in ("lost, run lives", "processing"):  # the run looks for its batch itself, or just sends it
             sim.configure(batch_lose_response=int(fate == "lost, run lives"))
-            run(df, table=table, wait=False)
+            with monkeypatch.context() as patch:
+                beside_the_others(patch)
+                run(df, table=table, wait=False)
         else:
             dead_run(run, sim, df, monkeypatch, reaches_api=fate == "answer lost", table=table)
     # later, every unfound intent may be given up at once (its run died long ago), or soon after it was made

@@ -44,7 +44,7 @@ def _claim_all(target: Any, holder: str, *, minutes_ago: float = 0.0) -> None:
     """Mark every row of step s RUNNING under `holder`, claimed `minutes_ago` (as a run would have)."""
     at = f"TIMESTAMP '{utcnow():%Y-%m-%d %H:%M:%S}' - INTERVAL '{int(minutes_ago * 60)} seconds'"
     llmledger.sql(target, f"UPDATE t SET s_status = 'RUNNING', s_claimed_from = s_status, s_claimed_by = "
-                          f"'{holder}', s_running_started_at = {at}")
+                          f"'{holder}', s_running_started_at = {at}", write=True)
 
 
 def _journal(target: Any, holder: str, rows: list[dict[str, Any]]) -> Path:
@@ -100,7 +100,7 @@ def test_reset_running_takes_back_rows_of_a_holder_that_is_gone_and_only_those(
                                  ("4", elsewhere_new, 1)):
         llmledger.sql(target, f"UPDATE t SET s_status = 'RUNNING', s_claimed_from = 'NOT_STARTED', s_claimed_by = "
                               f"'{holder}', s_running_started_at = TIMESTAMP '{utcnow():%Y-%m-%d %H:%M:%S}' - "
-                              f"INTERVAL '{minutes * 60} seconds' WHERE id IN ({ids})")
+                              f"INTERVAL '{minutes * 60} seconds' WHERE id IN ({ids})", write=True)
     assert llmledger.reset(target, "t", "s", where="true") == 1, "without running=True only row 5 is reset"
     assert llmledger.reset(target, "t", "s", where="true", running=True) == 4  # rows 0, 1, 3 and 5 again
     statuses = dict(llmledger.sql(target, "SELECT id, s_status FROM t ORDER BY id").rows())
@@ -125,7 +125,8 @@ def test_reset_running_judges_holders_elsewhere_in_the_databases_clock_and_by_th
                                (1, "another-host/13/deadbeef0006-9", "-1 seconds")):
         llmledger.sql(pg_url, f"UPDATE t SET s_status = 'RUNNING', s_claimed_from = 'NOT_STARTED', s_claimed_by = "
                               f"'{holder}', s_running_started_at = (now() AT TIME ZONE 'UTC') - INTERVAL '1 minute', "
-                              f"s_lease_until = (now() AT TIME ZONE 'UTC') + INTERVAL '{lease}' WHERE id = {row}")
+                              f"s_lease_until = (now() AT TIME ZONE 'UTC') + INTERVAL '{lease}' WHERE id = {row}",
+                      write=True)
     real = llmledger._query.utcnow
     monkeypatch.setattr(llmledger._query, "utcnow", lambda: real() + timedelta(hours=2))
     assert llmledger.reset(pg_url, "t", "s", where="id < 2", running=True, stale_after=timedelta(minutes=30)) == 1

@@ -163,7 +163,7 @@ def test_a_read_only_store_file_is_read_by_every_reader(run, client, sim: Simula
 
 def test_sql_still_writes_when_asked_and_readers_wait_for_a_process_holding_the_store(run, store: Path) -> None:
     run(frame(3), "summary", prompt="Summarize: {text}")
-    llmledger.sql(store, "CREATE VIEW done AS SELECT id FROM messages WHERE summary_status = 'DONE'")
+    llmledger.sql(store, "CREATE VIEW done AS SELECT id FROM messages WHERE summary_status = 'DONE'", write=True)
     assert llmledger.sql(store, "SELECT count(*) AS n FROM done")["n"].to_list() == [3]  # type: ignore[index]
     holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
                                "print('held', flush=True); time.sleep(1.5)", str(store)], stdout=subprocess.PIPE,

@@ -80,6 +80,42 @@ def test_names_that_only_look_alike_are_fine_and_a_frame_passed_back_in_is_fine(
     assert sim.stats()["paid"] == 12
 
 
+def test_the_longest_step_name_allowed_works_on_postgresql_and_a_longer_one_is_refused(
+        target: Any, client: anthropic.AsyncAnthropic, sim: Simulator) -> None:
+    """PostgreSQL cuts names at 63 bytes: a 44-character step ran once, then every later call raised psycopg's
+    DuplicateColumn (its `_upstream_fingerprint` and `_upstream_...` columns met). Every column a step owns now
+    fits, and a name too long for them is refused with the reason, nothing written."""
+    def run(step: str, table: str = "t") -> pl.DataFrame:
+        return apply_llm(frame(3), step, prompt="A: {text}", store=target, table=table, client=client,
+                         progress=False)
+
+    longest = "s" * 42
+    assert run(longest)[f"{longest}_status"].to_list() == ["DONE"] * 3
+    assert run(longest)[f"{longest}_status"].to_list() == ["DONE"] * 3 and sim.stats()["paid"] == 3
+    before = snapshot(target)
+    with pytest.raises(StepNameError, match=r"is 44 characters long; at most 42 fit.*63-byte"):
+        run("s" * 44)
+    assert snapshot(target) == before
+
+
+def test_columns_the_store_cannot_keep_apart_are_refused(target: Any, client: anthropic.AsyncAnthropic) -> None:
+    """Names DuckDB folds together (`text` and `Text`; `S` beside a step `s`) or PostgreSQL cuts to one
+    (two long names with one 63-byte start) gave raw KeyError, CatalogException or DuplicateColumn."""
+    def run(df: pl.DataFrame) -> Any:
+        return apply_llm(df, "s", prompt="A: {text}", store=target, table="t", client=client, progress=False)
+
+    run(frame(2))
+    before = snapshot(target)
+    cases = [(frame(2).with_columns(pl.col("text").alias("Text")), r"'text' and 'Text' differ only in case"),
+             (frame(2).with_columns(pl.lit("x").alias("S")), r"'S' differs only in case from 's'"),
+             (frame(2).with_columns(pl.lit("x").alias("S_STATUS")), r"'S_STATUS' differs only in case"),
+             (frame(2).with_columns(pl.lit("x").alias("c" * 64)), r"has a name of 64 bytes.*at most 63")]
+    for df, message in cases:
+        with pytest.raises(llmledger.InvalidInputError, match=message):
+            run(df)
+    assert snapshot(target) == before
+
+
 # -- where= --------------------------------------------------------------------------------------------------------
 ATTACKS = [
     "true); DELETE FROM t WHERE id = 3; SELECT (1",

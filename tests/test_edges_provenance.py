@@ -174,3 +174,28 @@ def test_batch_answers_record_their_source_and_a_real_batch_run_re_asks_simulate
     assert last_report().unsimulated == 4  # type: ignore[union-attr]
     assert out["summary"].str.starts_with("real: ").all()
     assert _rows(store, "SELECT DISTINCT summary_source FROM messages") == [(f"http://127.0.0.1:{sim.port}",)]
+
+
+def test_a_simulated_batch_is_never_merged_as_real_nor_joined_by_real_rows(any_store: Any, sim: Simulator,
+                                                                          client: anthropic.AsyncAnthropic) -> None:
+    """A simulated batch left processing (wait=False), then a batch run against the API on the same rows and their
+    twins: the API run merged the simulated batch, stamped its answers with the API's endpoint and joined the twins
+    to it, so a later run served simulated answers as real (and, against another server, the rows stayed SUBMITTED
+    for good). Each batch records where it was sent: the API run gives the simulated one up and asks the API."""
+    sim.configure(batch_delay=1.0)
+    with Simulator(batch_delay=1.0) as api:
+        api.responder = lambda prompt, system: "REAL " + prompt
+        real = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{api.port}", api_key="test-key")
+        _run(any_store, client, n=3, mode="batch", wait=False)
+        twins = pl.DataFrame({"id": range(6), "text": [f"hello message number {i % 3}" for i in range(6)]})
+        out = apply_llm(twins, "summary", prompt=PROMPT_A, store=any_store, table="messages", client=real,
+                        progress=False, mode="batch")
+        assert out["summary_status"].to_list() == ["DONE"] * 6
+        assert all(a.startswith("REAL ") for a in out["summary"].to_list()), out["summary"].to_list()
+        assert api.stats()["batch_paid"] == 3, "three distinct requests, asked of the API once each"
+        assert _rows(any_store, "SELECT DISTINCT summary_source FROM messages") == [(f"http://127.0.0.1:{api.port}",)]
+        notes = _rows(any_store, "SELECT state, source FROM llmledger_batches ORDER BY created_at")
+        assert notes == [("abandoned", "simulator"), ("merged", f"http://127.0.0.1:{api.port}")]
+        again = apply_llm(twins, "summary", prompt=PROMPT_A, store=any_store, table="messages", client=real,
+                          progress=False)
+        assert again["summary"].to_list() == out["summary"].to_list() and last_report().calls == 0  # type: ignore[union-attr]

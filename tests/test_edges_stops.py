@@ -21,6 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 import llmledger
+import llmledger._time
 from llmledger import RetryPolicy, RunStopped, Simulator, apply_llm, last_report
 from llmledger._ledger.claims import host_name
 from llmledger._time import utcnow
@@ -218,3 +219,27 @@ def test_a_reservation_counts_while_its_holder_lives_and_not_after(run, sim: Sim
             "paid"] * 0.02})
         assert sim.stats()["paid"] > paid, f"{claimant}'s reservation is ignored (dead or stale)"
         paid = sim.stats()["paid"]
+
+
+def test_a_reservation_is_judged_in_the_databases_clock_not_the_runs(run, sim: Simulator, pg_url: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose clock ran 40 minutes ahead took another host's live reservation for stale (both were the
+    process's clock), and the step spent past its budget. Reservations are written and judged in PostgreSQL's
+    clock, like claims."""
+    import psycopg
+
+    llmledger.set_price(RACE_MODEL, input=RACE_PRICE, output=RACE_PRICE)
+    options: dict[str, Any] = dict(model=RACE_MODEL, max_cost_usd=0.05, budget_scope="step", store=pg_url)
+    run(frame(2), "summary", prompt="Summarize: {text}", **options)
+    paid = sim.stats()["paid"]
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        con.execute("INSERT INTO llmledger_budget_reservations VALUES ('messages', 'summary', "
+                    "'another-host/123/liverun', 1.0, now() AT TIME ZONE 'UTC')")
+    real = llmledger._time.utcnow
+    for module in [m for name, m in sys.modules.items() if name.startswith("llmledger")]:
+        if getattr(module, "utcnow", None) is real:
+            monkeypatch.setattr(module, "utcnow", lambda: real() + timedelta(minutes=40))
+    run(frame(20), "summary", prompt="Summarize: {text}", **{**options, "max_cost_usd": 0.05 + paid * 0.02})
+    report = last_report()
+    assert report is not None and report.outcome == "budget", report
+    assert sim.stats()["paid"] == paid, "the other host's live reservation holds the budget, whatever our clock says"

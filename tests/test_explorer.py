@@ -38,10 +38,11 @@ def test_the_checker_catches_a_wrong_answer_a_stuck_row_and_a_request_paid_twice
         store = store_for("duckdb", tmp_path, None)
         books = Scenario(plan, sim, store).run()
         assert violations(store, sim, plan, books) == []
-        llmledger.sql(store, f"UPDATE {TABLE} SET {STEP} = 'not its answer' WHERE id = 3")
+        llmledger.sql(store, f"UPDATE {TABLE} SET {STEP} = 'not its answer' WHERE id = 3", write=True)
         apply_llm(frame(plan.rows), STEP, prompt=PROMPT, store=store, table=TABLE, where="id = 5", redo=True,
                   client=Scenario(plan, sim, store).client, progress=False)  # paid again, on nobody's books
-        llmledger.sql(store, f"UPDATE {TABLE} SET {STEP}_status = 'RUNNING' WHERE id = 4")  # after: a run recovers it
+        # after: a run recovers it
+        llmledger.sql(store, f"UPDATE {TABLE} SET {STEP}_status = 'RUNNING' WHERE id = 4", write=True)
         found = violations(store, sim, plan, Books())
     assert any("row 3 shows an answer that is not to its own request" in p for p in found), found
     assert any("row 4 is RUNNING" in p for p in found), found

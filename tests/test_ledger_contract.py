@@ -79,7 +79,8 @@ def test_commit_writes_outputs_and_statuses_and_release_gives_the_rest_back(ledg
     assert (counts["DONE"], counts["FAILED"], counts["NOT_STARTED"], counts["RUNNING"]) == (1, 1, 2, 0)
     assert [(e.example_key, e.example) for e in ledger.overview("t").steps[0].errors] == [('{"id":2}', "400 bad")]
     out = ledger.outputs(selection, FRAME.select("id").reverse())
-    assert out.rows() == [(None, "NOT_STARTED"), (None, "NOT_STARTED"), (None, "FAILED"), ("A", "DONE")], \
+    assert out.rows() == [(None, "NOT_STARTED", False), (None, "NOT_STARTED", False), (None, "FAILED", False),
+                          ("A", "DONE", False)], \
         "outputs come back in the frame's order"
 
 

@@ -3,6 +3,9 @@ refuses for its shape stops the run once instead of failing every row, and what 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -162,3 +165,86 @@ def test_running_rows_are_called_claimed_where_they_are_shown() -> None:
     from llmledger._view import legend_text, parts
 
     assert "RUNNING (claimed) 175" in legend_text(parts({"RUNNING": 175, "DONE": 3}))
+
+
+# -- conventions users bring ---------------------------------------------------------------------------------------
+def test_sql_reads_unless_told_to_write(run: Any, target: Any) -> None:
+    """`llmledger.sql(store, "DELETE ...")` deleted rows: reading is the default on both engines."""
+    run(frame(3), "s", prompt="{text}", store=target)
+    with pytest.raises(InvalidInputError, match=r"writes to the store.*write=True"):
+        llmledger.sql(target, "DELETE FROM messages WHERE id = 1")
+    assert llmledger.sql(target, "SELECT count(*) AS n FROM messages")["n"].item() == 3  # type: ignore[index]
+    llmledger.sql(target, "DELETE FROM messages WHERE id = 1", write=True)
+    assert llmledger.sql(target, "SELECT count(*) AS n FROM messages")["n"].item() == 2  # type: ignore[index]
+
+
+def test_export_replaces_only_when_told_and_never_a_folder_it_did_not_write(run: Any, store: Path,
+                                                                            tmp_path: Path) -> None:
+    """0.7 refused an existing export folder with no way to replace it, while export(step=) silently overwrote
+    its file. One rule now: replace with overwrite=True; a folder of other things is never emptied."""
+    run(frame(3), "s", prompt="{text}")
+    folder, view = tmp_path / "archive", tmp_path / "s.parquet"
+    llmledger.export(store, "messages", folder)
+    llmledger.export(store, "messages", view, step="s")
+    for target, options in ((folder, {}), (view, {"step": "s"})):
+        with pytest.raises(InvalidInputError, match="overwrite=True"):
+            llmledger.export(store, "messages", target, **options)
+    run(frame(4), "s", prompt="{text}")
+    llmledger.export(store, "messages", folder, overwrite=True)
+    llmledger.export(store, "messages", view, step="s", overwrite=True)
+    assert pl.read_parquet(folder / "messages.parquet").height == 4 and pl.read_parquet(view).height == 4
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(InvalidInputError, match="never emptied"):
+        llmledger.export(store, "messages", mine, overwrite=True)
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_null_template_fields_are_counted_and_skipped_in_one_word(run: Any, sim: Simulator) -> None:
+    """Nulls rendered as empty text and were paid for, silently. The run counts them; skip_nulls=True skips them."""
+    df = pl.DataFrame({"id": range(5), "text": ["a", None, "c", None, "e"], "lang": ["en", "fr", None, "de", "it"]})
+    out = run(df, "s", prompt="{text} ({lang})", skip_nulls=True)
+    assert out["s_status"].to_list() == ["DONE", "NOT_STARTED", "NOT_STARTED", "NOT_STARTED", "DONE"]
+    report = llmledger.last_report()
+    assert report is not None and report.null_rows == 3 and report.calls == 2
+    assert "3 rows of the frame have a null in {text}, {lang}: left unsent" in "\n".join(report.hints())
+    run(df, "s", prompt="{text} ({lang})")
+    report = llmledger.last_report()
+    assert report is not None and report.calls == 3 and "Pass skip_nulls=True" in "\n".join(report.hints())
+    assert sim.stats()["paid"] == 5
+
+
+def test_a_run_blocked_by_another_process_says_at_once_who_holds_the_store(
+        run: Any, store: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """0.7 waited silently at 0 %, then showed DuckDB's own "you could open it read-only". Now the run says, within
+    about a second, which process holds the file and what to do, and goes on once it lets go."""
+    run(frame(2), "s", prompt="{text}")
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; con = duckdb.connect(sys.argv[1], "
+                               "read_only=True); print('holding', flush=True); time.sleep(3)", str(store)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    started = time.monotonic()
+    out = run(frame(4), "s", prompt="{text}", progress=True)
+    holder.wait()
+    assert out["s_status"].to_list() == ["DONE"] * 4 and time.monotonic() - started > 1
+    said = capfd.readouterr().err
+    assert f"held by process {holder.pid} (" in said and "import duckdb" in said, said
+    assert "close that connection" in said and "read-only mode" not in said
+
+
+def test_a_read_only_connection_in_the_same_kernel_gets_a_clear_error_and_readers_still_work(
+        run: Any, store: Path) -> None:
+    """0.7: DuckDB's raw ConnectionException from apply_llm; sql and show work beside the user's connection."""
+    import duckdb
+
+    run(frame(2), "s", prompt="{text}")
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        assert llmledger.sql(store, "SELECT count(*) AS n FROM messages")["n"].item() == 2  # type: ignore[index]
+        assert "messages" in repr(llmledger.show(store))
+        with pytest.raises(llmledger.StoreError, match=r"open read-only.*con\.close\(\)"):
+            run(frame(3), "s", prompt="{text}")
+    finally:
+        con.close()
+    assert run(frame(3), "s", prompt="{text}")["s_status"].to_list() == ["DONE"] * 3

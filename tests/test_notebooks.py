@@ -52,14 +52,16 @@ def test_quickstart_twice_on_one_store_pays_nothing_the_second_time(tmp_path: Pa
     store = tmp_path / "quickstart.duckdb"
     first = text_of(execute("01_quickstart.ipynb", store, monkeypatch))
     assert "simulated answers" in first
-    assert paid(first, "first run") > 300, "400 rows, a few of them duplicate texts"
-    assert paid(first, "second run") == 0
+    assert paid(first, "this run") > 300, "400 rows, a few of them duplicate texts"
+    assert "calls; 0 rows were DONE already" in first
+    assert paid(first, "the same cell again") == 0
     assert "sentiment_status" in first and "DONE" in first
-    assert first.count("class='llmledger-view llmledger-summary'") == 2, "each run's summary, once, as HTML"
+    assert first.count("class='llmledger-view llmledger-summary ") == 2, "each run's summary, once, as HTML"
     assert "llmledger-store" in first, "llmledger.show draws the store"
 
     second = text_of(execute("01_quickstart.ipynb", store, monkeypatch))
-    assert paid(second, "first run") == 0 and paid(second, "second run") == 0
+    assert paid(second, "this run") == 0 and paid(second, "the same cell again") == 0
+    assert "this run paid 0 calls; 400 rows were DONE already" in second, "the rerun says what it did"
 
 
 @pytest.mark.slow

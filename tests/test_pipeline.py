@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pydantic
 import pytest
 
 import llmledger
@@ -110,3 +111,32 @@ def test_reading_a_field_a_step_does_not_have_is_refused(run, store: Path) -> No
         llmledger.pipeline(frame(3), {"classify": CLASSIFY, "extract": EXTRACT}, store=store, table="messages")
     assert sql(store, "SELECT * FROM messages ORDER BY id") == before
     assert sql(store, "SELECT count(*) FROM llmledger_steps WHERE step = 'classify'") == [(0,)]
+
+
+class Verdict(pydantic.BaseModel):
+    is_spam: bool
+    reason: str
+
+
+class Checked(pydantic.BaseModel):
+    verdict: Verdict | None
+
+
+def test_a_typo_in_a_later_steps_field_is_found_before_any_step_runs(client, sim: Simulator, store: Path) -> None:
+    """0.7 paid for step 1, then refused step 2's `{verdict.is_spma}`: every step's fields are checked first."""
+    cases = [
+        ({"verdict": {"prompt": "Spam? {text}", "output": Verdict},
+          "why": {"prompt": "Explain: {verdict.is_spma}"}}, r"no field 'is_spma'.*Did you mean \{verdict.is_spam\}"),
+        ({"check": {"prompt": "Spam? {text}", "output": Checked},
+          "why": {"prompt": "Explain: {check.verdict.reasn}"}}, r"no field 'verdict.reasn'.*\{check.verdict.reason\}"),
+        ({"summary": {"prompt": "Sum: {text}"}, "why": {"prompt": "Explain: {summary.is_spam}"}},
+         r"step 'summary' answers text, which has no fields"),
+    ]
+    for steps, message in cases:
+        with pytest.raises(PromptError, match=message):
+            llmledger.pipeline(frame(3), steps, client=client, store=store, table="messages", progress=False)
+    assert not store.exists() and sim.stats()["requests"] == 0
+    out = llmledger.pipeline(frame(3), {"check": {"prompt": "Spam? {text}", "output": Checked},
+                                        "why": {"prompt": "Explain: {check.verdict.reason}"}},
+                             client=client, store=store, table="messages", progress=False)
+    assert out["why_status"].to_list() == ["DONE"] * 3

@@ -122,7 +122,7 @@ def test_a_where_on_postgresql_is_refused_or_flags_exactly_its_rows(pg_url: str,
     if pg_url not in _PREPARED:  # once per database (the fixture's, one per test function)
         apply_llm(FRAME, "s", prompt="s: {text}", store=pg_url, table="t", client=client, progress=False)
         _PREPARED.add(pg_url)
-    llmledger.sql(pg_url, "UPDATE t SET s_flag = NULL")
+    llmledger.sql(pg_url, "UPDATE t SET s_flag = NULL", write=True)
     before = llmledger.sql(pg_url, "SELECT id, text, label, n, s, s_status FROM t ORDER BY id")
     tables = llmledger.sql(pg_url, "SELECT count(*) AS n FROM information_schema.tables")["n"][0]
     try:

@@ -22,13 +22,13 @@ from ._exec.batch import MAX_REQUESTS
 from ._exec.online import RetryPolicy
 from ._exec.scheduler import RunConfig
 from ._ledger import StepDefinition, known_table, locate
-from ._ledger.columns import check_step_name, owned_names
+from ._ledger.columns import MAX_STEP_NAME, NAME_BYTES, check_step_name, owned_names, q
 from ._ledger.states import Redo
 from ._ledger.where import check_where_shape
 from ._output import output_spec
 from ._parquet import is_parquet_path, read_parquet_input
 from ._prices import estimate_tokens, min_cacheable_tokens, warn_unpriced
-from ._prompt import Prompt, check_prompt, plan_prompt
+from ._prompt import Prompt, check_prompt, plan_prompt, template_fields
 from ._report import RunReport
 from ._request import RequestSpec, check_max_tokens, check_request_options
 from ._run import Plan, Run, set_last_report
@@ -54,6 +54,7 @@ def apply_llm(
     chunk_size: int = 200,
     concurrency: int = 16,
     where: str | None = None,
+    skip_nulls: bool = False,
     redo: bool | Literal["stale", "flagged"] = False,
     max_attempts: int = 3,
     stale_after: timedelta | float = timedelta(minutes=30),
@@ -75,9 +76,12 @@ def apply_llm(
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
-    Returns `df` in its order with `{step}` (the answer) and `{step}_status`
-    appended. Rows already DONE cost nothing; see the README for the status
-    model. With `background=True` it returns a `Run` handle at once instead.
+    Returns `df` in its order with `{step}` (the answer), `{step}_status` and `{step}_stale` (a DONE answer made
+    for a request that has changed since) appended. Rows already DONE cost nothing; see the README for the
+    status model. With `background=True` it returns a `Run` handle at once instead.
+
+    A null in a column the template reads shows as empty text, and the run says how many rows had one;
+    `skip_nulls=True` leaves those rows unsent (NOT_STARTED) instead.
 
     `output=` (a pydantic model, or a mapping such as `{"company": str, "year": int | None}`)
     asks for JSON of that shape and stores it as a STRUCT column (a polars Struct here);
@@ -115,10 +119,15 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     frame, from_pandas = _as_polars(df)
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
+    _check_frame_columns(frame.columns)
     keys = _resolve_key(frame, key, step, index=_index_names(df) if from_pandas else [])
     # `earlier_steps`: a pipeline's checks before its first step runs name the steps that will exist by then
     stored_steps, stored_columns = known_table(store, table)
     steps = [s for s in dict.fromkeys([*stored_steps, *o.get("earlier_steps", ())]) if s != step]
+    if step not in stored_steps and len(step) > MAX_STEP_NAME:  # a store may move to PostgreSQL (`copy`)
+        raise StepNameError(f"step name {step!r} is {len(step)} characters long; at most {MAX_STEP_NAME} fit, "
+                            f"because its columns (such as {step + '_upstream_fingerprint'!r}) must fit "
+                            "PostgreSQL's 63-byte names. Nothing was written.")
     check_step_name(step, table=table, other_steps=steps, is_new=step not in stored_steps,
                     table_columns=stored_columns, frame_columns=frame.columns)
     check_prompt(prompt, frame.columns, steps)
@@ -147,6 +156,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                  max_cost_usd=o["max_cost_usd"], budget_scope=o["budget_scope"], mode=o.get("mode", "online"),
                  wait=o.get("wait", True), batch_size=o.get("batch_size"))
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
+    _null_fields(plan, prompt, o.get("skip_nulls", False))
     warn_unpriced(model)  # every check passed: the call will run
     return plan
 
@@ -364,11 +374,45 @@ def _check_identifier(name: Any, what: str, error: type[InvalidInputError], exam
                     f"({example}).")
 
 
+def _check_frame_columns(columns: Sequence[str]) -> None:
+    """Column names the store keeps apart, on either engine: at most 63 bytes (PostgreSQL cuts longer ones, so
+    two could become one), and not two that differ only in case (DuckDB does not tell them apart)."""
+    for c in columns:
+        if len(c.encode()) > NAME_BYTES:
+            raise InvalidInputError(f"the frame's column {c[:40] + '...'!r} has a name of {len(c.encode())} bytes; "
+                                    f"the store keeps at most {NAME_BYTES} (PostgreSQL's limit): rename it, e.g. "
+                                    "df.rename(...)")
+    seen: dict[str, str] = {}
+    for c in columns:
+        if c.lower() in seen:
+            raise InvalidInputError(f"the frame's columns {seen[c.lower()]!r} and {c!r} differ only in case, which "
+                                    "the store does not tell apart; rename or drop one")
+        seen[c.lower()] = c
+
+
 def _strictly_increasing(column: pl.Series) -> bool:
     try:
         return column.is_sorted() and not column.slice(1).eq(column.slice(0, max(len(column) - 1, 0))).any()
     except pl.exceptions.PolarsError:  # a type without an order
         return False
+
+
+def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> None:
+    """Count the frame's rows with a null in a column the template reads (shown as empty text); with `skip`, leave
+    them unsent: their `IS NOT NULL` joins `where=` (so they stay NOT_STARTED until their value arrives)."""
+    if not isinstance(skip, bool):
+        raise InvalidInputError(f"skip_nulls must be True or False, got {skip!r}")
+    frame = plan.frame
+    assert frame is not None
+    fields = [f for f in template_fields(prompt) if f in frame.columns] if isinstance(prompt, str) else []
+    nulls = [f for f in fields if frame[f].null_count()]
+    if not nulls:
+        return
+    plan.null_fields, plan.skip_nulls = tuple(nulls), skip
+    plan.null_rows = int(frame.select(pl.any_horizontal(pl.col(f).is_null() for f in nulls).sum()).item())
+    if skip:
+        present = " AND ".join(f"{q(f)} IS NOT NULL" for f in nulls)
+        plan.where = f"({plan.where}) AND {present}" if plan.where else present
 
 
 def _index_names(df: Any) -> list[str]:

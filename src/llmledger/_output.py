@@ -57,7 +57,7 @@ class OutputSpec:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             raise OutputError(f"the answer is not valid JSON ({exc.msg} at character {exc.pos})") from None
-        value = normalise(value, self.schema, self.schema.get("$defs", {}), "$")
+        value = normalise(_without_nul(value), self.schema, self.schema.get("$defs", {}), "$")
         if self.model is not None:
             try:
                 self.model.model_validate(value)
@@ -72,6 +72,18 @@ class OutputSpec:
         """What a `validate=` callable sees: the pydantic instance, or the parsed JSON."""
         data = json.loads(normalised)
         return self.model.model_validate(data) if self.model is not None else data
+
+
+def _without_nul(value: Any) -> Any:
+    """The parsed answer with every NUL character (JSON's "\\u0000") replaced by U+FFFD: PostgreSQL stores no
+    NUL, and a paid answer must not be lost over one character."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    return value
 
 
 def output_spec(output: Any) -> OutputSpec | None:
@@ -138,7 +150,7 @@ def _check_field_type(name: str, tp: Any) -> None:
 def _check_typed(schema: dict[str, Any], defs: dict[str, Any], path: str) -> None:
     """Every value the answer holds must have a type the API can constrain: refuse, naming the field and the fix,
     what would make the API answer every row with a 400 (a bare `list`, `set` or `tuple`, `Any`, `object`)."""
-    schema = _resolve(schema, defs)
+    schema = resolved(schema, defs)
     if "anyOf" in schema or "allOf" in schema:
         for sub in schema.get("anyOf", []) + schema.get("allOf", []):
             _check_typed(sub, defs, path)
@@ -218,7 +230,7 @@ def api_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 # -- the DuckDB type -----------------------------------------------------------------------------------
 
-def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+def resolved(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/$defs/"):
         return defs[ref.split("/", 2)[2]]
@@ -231,7 +243,7 @@ def _not_null(schema: dict[str, Any]) -> list[dict[str, Any]]:
 
 def sql_type(schema: dict[str, Any], defs: dict[str, Any]) -> str:
     """The DuckDB column type holding values of `schema` (JSON where no single type fits)."""
-    schema = _resolve(schema, defs)
+    schema = resolved(schema, defs)
     if "anyOf" in schema:
         variants = _not_null(schema)
         return sql_type(variants[0], defs) if len(variants) == 1 else "JSON"
@@ -255,7 +267,7 @@ def sql_type(schema: dict[str, Any], defs: dict[str, Any]) -> str:
 
 def normalise(value: Any, schema: dict[str, Any], defs: dict[str, Any], path: str) -> Any:
     """`value` checked against `schema`, with every object's properties present (missing optional ones null)."""
-    schema = _resolve(schema, defs)
+    schema = resolved(schema, defs)
     if "anyOf" in schema:
         problems = []
         for variant in schema["anyOf"]:

@@ -84,12 +84,16 @@ def read_parquet_input(path: str | Path, *, key: str | Sequence[str] | None, pro
     return lazy.select(keep or names).collect()
 
 
-def export(store: str | Path, table: str, path: str | Path, *, step: str | None = None) -> Path:
+def export(store: str | Path, table: str, path: str | Path, *, step: str | None = None,
+           overwrite: bool = False) -> Path:
     """Write `table` (with its steps' bookkeeping) to the folder `path`; to a `path` ending in `.parquet`, the
     table alone as one file (or with `step=`, one step's view).
 
-    Returns the path written. See the module docstring for the layout.
+    An existing file, or a folder export wrote before, is replaced only with `overwrite=True` (a folder holding
+    anything else is never emptied). Returns the path written. See the module docstring for the layout.
     """
+    if not isinstance(overwrite, bool):
+        raise InvalidInputError(f"overwrite must be True or False, got {overwrite!r}")
     ledger = open_existing(store)
     ledger.migrated()  # every column an export lists
     steps = {s: key for _, s, key in ledger.steps(table)}
@@ -103,6 +107,7 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
             owned = owned_columns(con, table, step)
             inputs = [c for c in column_types(con, table) if c not in owned]
             cols = [*inputs, *(step + suffix for suffix in _STEP_VIEW)]
+            _check_file(out, overwrite)
             _make_folder(out.parent, out)
             _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
             return out
@@ -110,12 +115,21 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
             if out.is_dir():
                 raise InvalidInputError(f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
                                         "a folder path (not ending in .parquet) for the table with its bookkeeping")
+            _check_file(out, overwrite)
             _make_folder(out.parent, out)
             _copy(con, f"SELECT * FROM {q(table)}", out)
             return out
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise InvalidInputError(f"{str(out)!r} exists and is not an empty folder; export writes a folder of "
-                                    "Parquet files (a path ending in .parquet gets a single file)")
+            exported = out.is_dir() and (out / f"{STEPS_TABLE}.parquet").exists() and all(
+                f.is_file() and f.suffix == ".parquet" for f in out.iterdir())
+            if not (overwrite and exported):
+                raise InvalidInputError(
+                    f"{str(out)!r} exists and is not an empty folder; export writes a folder of Parquet files (a "
+                    "path ending in .parquet gets a single file). " + (
+                        "Pass overwrite=True to replace that earlier export." if exported else
+                        "It is not a folder export wrote, so it is never emptied: choose another path."))
+            for old in out.glob("*.parquet"):
+                old.unlink()
         _make_folder(out, out)
         _copy(con, f"SELECT * FROM {q(table)}", out / f"{table}.parquet")
         for name in _BOOKKEEPING:
@@ -123,6 +137,13 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
                 _copy(con, f"SELECT * FROM {name} WHERE table_name = '{table.replace(chr(39), chr(39) * 2)}'",
                       out / f"{name}.parquet")
     return out
+
+
+def _check_file(out: Path, overwrite: bool) -> None:
+    if out.exists() and not overwrite:
+        raise InvalidInputError(f"{str(out)!r} exists; pass overwrite=True to replace it, or choose a new path")
+    if out.is_dir():
+        raise InvalidInputError(f"{str(out)!r} is a folder; pass a file path ending in .parquet")
 
 
 def restore(path: str | Path, store: str | Path) -> str:

@@ -7,6 +7,7 @@ affected rows stale downstream (see `_ledger/graph.py`).
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -14,8 +15,10 @@ from typing import Any
 import polars as pl
 
 from ._api import apply_llm, checked_plan
+from ._ledger.graph import field_paths
+from ._output import OutputSpec, resolved, spec_from_request
 from ._prompt import template_fields
-from .errors import InvalidInputError
+from .errors import InvalidInputError, PromptError
 
 _PER_CALL = {"background"}
 
@@ -69,12 +72,49 @@ def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: M
     """Check every step's call as apply_llm would, before the first one runs: a mistake in a later step must
     not leave a store behind with earlier steps paid for. (A `where=` is checked against the table when its
     step runs: a new table does not exist until then.)"""
-    earlier: list[str] = []
+    earlier: dict[str, OutputSpec | None] = {}
     for name, options in steps.items():
         try:
             bound = inspect.signature(apply_llm).bind(df, name, **{**common, **options})
         except TypeError as exc:
             raise InvalidInputError(f"step {name!r}: {exc}") from None
         bound.apply_defaults()
-        checked_plan({**bound.arguments, "earlier_steps": list(earlier)})
-        earlier.append(name)
+        plan = checked_plan({**bound.arguments, "earlier_steps": list(earlier)})
+        prompt = options["prompt"]
+        if isinstance(prompt, str):
+            _check_fields(name, prompt, earlier)
+        assert plan.definition is not None
+        earlier[name] = spec_from_request(plan.definition.request.options)
+
+
+def _check_fields(step: str, prompt: str, earlier: Mapping[str, OutputSpec | None]) -> None:
+    """Each `{extract.company}` the template reads names a field the earlier step's output has: a typo
+    (`{verdict.is_spma}`) is found before step 1 is paid for, not when this step runs."""
+    for path in field_paths(prompt):
+        root, *fields = path.split(".")
+        if not fields or root not in earlier:
+            continue
+        spec = earlier[root]
+        if spec is None:
+            raise PromptError(f"step {step!r} reads {{{path}}}, but step {root!r} answers text, which has no "
+                              f"fields; read {{{root}}}, or give {root!r} an output= with a field "
+                              f"{fields[0]!r}. Nothing was run.")
+        schema = spec.schema
+        for depth, field in enumerate(fields, start=1):
+            properties = _properties(schema, spec.schema.get("$defs", {}))
+            if field not in properties:
+                close = difflib.get_close_matches(field, list(properties), n=1)
+                fix = f" Did you mean {{{'.'.join([root, *fields[:depth - 1], close[0]])}}}?" if close else ""
+                raise PromptError(f"step {step!r} reads {{{path}}}, but step {root!r} has no field "
+                                  f"{'.'.join(fields[:depth])!r}; its fields: {sorted(properties)}.{fix} "
+                                  "Nothing was run.")
+            schema = properties[field]
+
+
+def _properties(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an object schema (through `$ref`, and the object branch of an optional `T | None`)."""
+    schema = resolved(schema, defs)
+    for branch in schema.get("anyOf", []):
+        if resolved(branch, defs).get("properties"):
+            return resolved(branch, defs)["properties"]
+    return schema.get("properties", {})

@@ -19,9 +19,16 @@ from ._time import utcnow
 from .errors import InvalidInputError
 
 
-def sql(store: str | Path, query: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None:
-    """Run `query` on the store and return the result as a polars frame (None for statements without rows)."""
-    return open_existing(store).query(query, params, wait=wait)
+def sql(store: str | Path, query: str, params: Any = None, *, wait: float = 60.0,
+        write: bool = False) -> pl.DataFrame | None:
+    """Run `query` on the store and return the result as a polars frame (None for statements without rows).
+
+    Read-only unless `write=True`: a statement that writes is refused (InvalidInputError, nothing changed), since
+    editing the ledger's own columns by hand can undo its promises; `flag`, `reset` and `redo=` are the ways to
+    change answers."""
+    if not isinstance(write, bool):
+        raise InvalidInputError(f"write must be True or False, got {write!r}")
+    return open_existing(store).query(query, params, wait=wait, write=write)
 
 
 def progress(store: str | Path, table: str | None = None) -> pl.DataFrame:

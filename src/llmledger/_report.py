@@ -38,6 +38,9 @@ class RunReport:
     batch_saved_usd: float = 0.0  # what the batch answers would have cost online, less what they cost
     done_saved_usd: float = 0.0  # what the skipped rows (DONE already) would cost again, at the step's average
     submitted: int = 0  # rows this run sent in Message Batches
+    null_fields: tuple[str, ...] = ()  # template fields null in some rows of the frame
+    null_rows: int = 0  # rows of the frame with such a null (sent with empty text, unless skip_nulls)
+    skip_nulls: bool = False
     batches: int = 0  # Message Batches this run created
     batch_requests: int = 0  # requests in them (rows with identical requests share one)
     in_batches: int = 0  # rows of the step in batches still processing when the run ended
@@ -221,6 +224,12 @@ class RunReport:
             out.append(f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
                        "model, system, prompt, options or the row's input); they were not re-sent. Pass "
                        "redo='stale' to re-send exactly those.")
+        if self.null_rows:
+            fields = ", ".join(f"{{{f}}}" for f in self.null_fields)
+            out.append(f"{rows(self.null_rows)} of the frame {'has' if self.null_rows == 1 else 'have'} a null in "
+                       f"{fields}: " + ("left unsent (skip_nulls=True)." if self.skip_nulls else
+                                        "the prompt shows it as empty text. Pass skip_nulls=True to leave such "
+                                        "rows unsent."))
         if self.unsimulated:
             out.append(f"{rows(self.unsimulated)} of the step held answers made by the simulator; a run against "
                        "the real API never counts those as done: they were set back to NOT_STARTED (the simulated "

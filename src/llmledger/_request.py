@@ -65,6 +65,11 @@ def check_request_options(options: Any) -> dict[str, Any]:
             hint = ("llmledger does not stream" if name == "stream" else
                     "set SDK options on the client, e.g. client.with_options(...)")
             raise InvalidInputError(f"request_options[{name!r}] is not a Messages API body field ({hint})")
+    try:
+        canonical_json(options)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"request_options must be JSON values (str, number, bool, None, list, dict): "
+                                f"{exc}") from None
     for name, (low, high) in _RANGES.items():
         value = options.get(name)
         if name in options and (isinstance(value, bool) or not isinstance(value, int | float)
@@ -72,11 +77,6 @@ def check_request_options(options: Any) -> dict[str, Any]:
             bounds = f"between {low} and {high}" if high is not None else f"{low} or more"
             raise InvalidInputError(f"request_options[{name!r}] must be a number {bounds} (the API refuses "
                                     f"anything else), got {value!r}")
-    try:
-        canonical_json(options)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"request_options must be JSON values (str, number, bool, None, list, dict): "
-                                f"{exc}") from None
     return dict(options)
 
 

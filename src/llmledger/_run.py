@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -88,6 +89,9 @@ class Plan:
     frame: pl.DataFrame | None = None  # the columns the ledger stores
     from_pandas: bool = False
     definition: StepDefinition | None = None
+    null_fields: tuple[str, ...] = ()  # template fields that are null in some rows of the frame
+    null_rows: int = 0  # rows of the frame with a null in a field the template reads
+    skip_nulls: bool = False  # those rows are left unsent (apply_llm's skip_nulls=True)
 
     @property
     def entry(self) -> str:
@@ -104,7 +108,8 @@ class Run:
         # where this run's answers come from, fixed now: a later llmledger.simulate() does not change it
         plan.cfg = dataclasses.replace(plan.cfg, source=answer_source(plan.client))
         self.report = RunReport(table=plan.table, step=plan.step, rows=rows, max_cost_usd=plan.cfg.max_cost_usd,
-                                simulated=plan.cfg.source == SIMULATOR)
+                                simulated=plan.cfg.source == SIMULATOR, null_fields=plan.null_fields,
+                                null_rows=plan.null_rows, skip_nulls=plan.skip_nulls)
         self.report.outcome = Outcome.PREPARING
         self._done = threading.Event()
         self._result: Any = None
@@ -192,6 +197,15 @@ class Run:
         ledger = open_ledger(plan.store, should_stop=self.stop_flag.is_set)
         if self._display is None:
             self._display = make_display(plan.progress, report)
+        started_view = threading.Event()
+
+        def waiting(message: str) -> None:  # the store is held: say so at once, before the view is up too
+            if started_view.is_set():
+                self._display.note(message)
+            elif plan.progress:
+                print(f"llmledger: {message}", file=sys.stderr, flush=True)
+
+        ledger.on_wait = waiting
         interrupted = False
         with Claimant.new() as claimant:
             started = utcnow()
@@ -225,7 +239,7 @@ class Run:
             report.outcome = Outcome.RUNNING
             report.started = time.monotonic()
             self._display.start()
-            ledger.on_wait = self._display.note
+            started_view.set()
             try:
                 if self.stop_flag.is_set():
                     report.outcome = Outcome.INTERRUPTED

@@ -10,7 +10,7 @@
     llmledger flag STORE --table T --step S --where W --reason R      llmledger.flag(): mark answers for redo
     llmledger reset STORE --table T --step S --where W                llmledger.reset(): rows back to NOT_STARTED
     llmledger history STORE --table T --step S [--key K]              llmledger.history(): replaced answers
-    llmledger export STORE --table T PATH [--step S]                  llmledger.export(): the ledger as Parquet
+    llmledger export STORE --table T PATH [--step S] [--overwrite]    llmledger.export(): the ledger as Parquet
     llmledger restore PATH STORE                                      llmledger.restore(): a store from an export
     llmledger copy SOURCE TARGET                                      llmledger.copy(): DuckDB <-> PostgreSQL
     llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p_export.add_argument("path", help="a new folder (the table and its bookkeeping, for restore), or a file "
                                        "ending in .parquet (the table alone, or with --step one step's view)")
     p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
+    p_export.add_argument("--overwrite", action="store_true",
+                          help="replace an existing file, or a folder an earlier export wrote")
     p_restore = sub.add_parser("restore", help="rebuild a table in a store from llmledger export's folder")
     p_restore.add_argument("path", help="the folder export wrote")
     p_restore.add_argument("store", help="the DuckDB file or postgresql:// URL (created if missing)")
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "export":
             from ._parquet import export
 
-            print(f"wrote {export(args.store, args.table, args.path, step=args.step)}")
+            print(f"wrote {export(args.store, args.table, args.path, step=args.step, overwrite=args.overwrite)}")
         elif args.command == "restore":
             from ._parquet import restore
 

@@ -54,7 +54,7 @@ def build(store: Path, rows: int) -> None:
             {step}_error = CASE WHEN id % 100 = 7 THEN [{kinds}][id % 3 + 1] END,
             {step}_claimed_by = CASE WHEN id < 200 THEN 'host-' || (id % 2)::VARCHAR || '/42/run' END,
             {step}_running_started_at = CASE WHEN id < 200 THEN now()::TIMESTAMP END,
-            {step}_cost_usd = CASE WHEN id % 10 NOT IN (3, 7) THEN 0.0001 END""")
+            {step}_cost_usd = CASE WHEN id % 10 NOT IN (3, 7) THEN 0.0001 END""", write=True)
 
 
 def _median(fn: object, times: int = 3) -> float:

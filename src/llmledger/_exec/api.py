@@ -162,6 +162,7 @@ def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
     cache = getattr(usage, "cache_creation", None)
     text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
     text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would break the journal and the store
+    text = text.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL: the paid answer keeps the rest
     return Reply(text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                  stop_reason=message.stop_reason, model=message.model or model,
                  cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,

@@ -120,7 +120,8 @@ class BatchSender:
         for batch_id, keys in by_batch.items():
             assigned = pl.from_dicts(keys, schema={**selection.key_types, "custom_id": pl.String})
             n = await asyncio.to_thread(self.ledger.attach_to_batch, selection.layout, assigned, batch_id=batch_id,
-                                        claimant=str(self.claimant), validated=self.cfg.validate is not None)
+                                        claimant=str(self.claimant), validated=self.cfg.validate is not None,
+                                        source=self.cfg.source)
             if n:
                 joined.update(k["custom_id"] for k in keys)
                 self.mine.add(batch_id)
@@ -144,7 +145,8 @@ class BatchSender:
         size = sum(len(json.dumps(r)) for r in requests)
         await asyncio.to_thread(self.ledger.begin_batch, layout, assigned, intent=intent, claimant=str(self.claimant),
                                 requests=len(requests), size=size, model=chunk[0][1]["model"],
-                                version=selection.version, validated=self.cfg.validate is not None, now=utcnow())
+                                version=selection.version, validated=self.cfg.validate is not None, now=utcnow(),
+                                source=self.cfg.source)
         created = await self._create(requests, intent, layout.table, layout.step)
         if created is None:
             return None

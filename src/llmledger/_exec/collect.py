@@ -38,6 +38,7 @@ import polars as pl
 from .._ledger import Ledger, Selection
 from .._ledger.batches import BatchChanged, BatchRecord, BatchRows
 from .._ledger.claims import is_abandoned, is_alive_here
+from .._ledger.columns import SIMULATOR
 from .._ledger.states import Outcome
 from .._output import OutputError, OutputSpec
 from .._report import RunReport
@@ -85,17 +86,43 @@ class BatchCollector:
     async def collect(self) -> list[BatchRecord]:
         """Settle unconfirmed intents, merge every ended batch; return the batches still open."""
         self.due = None
-        open_batches = await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
+        open_batches, foreign = await self._by_source()
         intents = [b for b in open_batches if b.batch_id is None]
         if intents:
             await self._settle(intents)
-            open_batches = await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
-        still = []
+            open_batches, foreign = await self._by_source()
+        still = list(foreign)
         for record in open_batches:
             if self.stopped or record.batch_id is None or not await self._merge_if_ended(record):
                 still.append(record)
         self.report.in_batches = sum(b.rows for b in still)
         return still
+
+    async def _by_source(self) -> tuple[list[BatchRecord], list[BatchRecord]]:
+        """The step's open batches sent where this run sends (to settle and merge), and those sent elsewhere.
+
+        Only a client of the source a batch was sent to can find or read it, and its answers are that source's.
+        A simulated batch met by a run against the API is given up (its rows go back as they were, unpaid: a
+        simulated answer is never kept for such a run); another endpoint's is left for a run against it."""
+        mine, foreign = [], []
+        for record in await asyncio.to_thread(self.ledger.open_batches, self.table, self.step):
+            if record.source is None or record.source == self.cfg.source:
+                mine.append(record)
+            elif record.source == SIMULATOR:
+                back = await asyncio.to_thread(
+                    self.ledger.abandon_batch, self.table, self.step, intent=record.intent, now=utcnow(),
+                    confirmed=record.batch_id is not None,
+                    note="sent to the simulator; a run against the API does not keep simulated answers")
+                if back.height:
+                    self.returned.append(back)
+            else:
+                foreign.append(record)
+                if record.intent not in self.stuck:
+                    self.stuck.add(record.intent)
+                    self._note(f"batch {record.batch_id or record.intent} ({record.rows:,} rows) was sent to "
+                               f"{record.source}; a run against that endpoint collects it (or take its rows out "
+                               "with llmledger.reset)")
+        return mine, foreign
 
     def waiting_on(self, open_batches: list[BatchRecord]) -> bool:
         """Whether any of these batches is worth waiting for (not lost by the API, not held for validate=)."""
@@ -261,7 +288,8 @@ class BatchCollector:
         output = self.output_for(record.version, request.output_spec() if request is not None else None)
         selection = Selection(layout=rows.layout, version=record.version, requests=rows.requests,
                               work=pl.DataFrame(), params={}, key_types=rows.key_types, inputs=rows.inputs)
-        recorder = Recorder(selection=selection, cfg=self.cfg, report=report, output=output)
+        cfg = dataclasses.replace(self.cfg, source=record.source) if record.source else self.cfg  # where it was sent
+        recorder = Recorder(selection=selection, cfg=cfg, report=report, output=output)
         results: list[dict[str, Any]] = []
         counts: Counter[str] = Counter()
         tags: set[str] = set()

@@ -190,7 +190,7 @@ class Scheduler:
         try:
             look = await asyncio.to_thread(
                 self.ledger.reserve_budget, layout.table, layout.step, claimant=str(self.claimant), need_usd=need,
-                want_usd=want, budget_usd=budget, now=now, stale_before=now - timedelta(seconds=self.cfg.stale_after))
+                want_usd=want, budget_usd=budget, now=now, stale_after=timedelta(seconds=self.cfg.stale_after))
         except StoreBusy:  # the store stayed locked: the senders keep waiting, and ask again
             self.budget_ask = False
             return

@@ -26,7 +26,7 @@ import polars as pl
 
 from .._request import RequestSpec
 from .columns import names, q
-from .connection import Connection, one, registered, table_exists
+from .connection import Connection, column_types, one, registered, table_exists
 from .postgres import PgConnection
 from .schema import BATCHES_TABLE
 from .survey import Layout
@@ -54,6 +54,7 @@ class BatchRecord:
     validated: bool  # sent by a run with validate=: merged only by a run that has it too
     adopted: bool  # its batch id was found by reconciliation, not told by the API: checked when merged
     rejected: list[str]  # batch ids reconciliation adopted wrongly (their results were another's)
+    source: str | None = None  # where it was sent: "simulator" or the endpoint (None: sent before 0.8 recorded it)
 
 
 @dataclass
@@ -89,8 +90,10 @@ class BatchVerbs:
     _layout: Callable[[duckdb.DuckDBPyConnection, str, str], Layout]  # the ledger's: migrates, checks the step
 
     def begin_batch(self, layout: Layout, assigned: pl.DataFrame, *, intent: str, claimant: str, requests: int,
-                    size: int, model: str, version: str, validated: bool, now: datetime) -> None:
-        """Record the intent and give each claimed row (`assigned`: key columns and custom_id) its custom id."""
+                    size: int, model: str, version: str, validated: bool, now: datetime,
+                    source: str | None = None) -> None:
+        """Record the intent (and where it is sent: `source`) and give each claimed row (`assigned`: key columns
+        and custom_id) its custom id."""
         def work(con: duckdb.DuckDBPyConnection) -> None:
             c = names(layout.step, "t")
             with registered(con, ASSIGNED, assigned):
@@ -99,10 +102,10 @@ class BatchVerbs:
                             f"FROM {ASSIGNED} AS i WHERE {layout.key_join()} AND {c['_status']} = 'RUNNING' "
                             f"AND {c['_claimed_by']} = $claimant", {"claimant": claimant})
             con.execute(f"INSERT INTO {BATCHES_TABLE} (intent, table_name, step, claimant, requests, rows_sent, "
-                        "bytes, model, version, validated, created_at, state, adopted, rejected) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, ?)",
+                        "bytes, model, version, validated, created_at, state, adopted, rejected, source) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, ?, ?)",
                         [intent, layout.table, layout.step, claimant, requests, assigned.height, size, model,
-                         version, validated, now, []])
+                         version, validated, now, [], source])
 
         self.conn.transaction(work, wait=60.0)
 
@@ -151,14 +154,16 @@ class BatchVerbs:
         return self.conn.transaction(work, wait=None)
 
     def attach_to_batch(self, layout: Layout, assigned: pl.DataFrame, *, batch_id: str, claimant: str,
-                        validated: bool) -> int:
+                        validated: bool, source: str | None = None) -> int:
         """Claimed rows whose request is already in a processing batch join it (`assigned`: keys, custom_id):
         they share that request's answer instead of being sent again. 0 when the batch is no longer open, or
-        was sent with a different `validate=` setting (its answers are checked as it says)."""
+        was sent with a different `validate=` setting (its answers are checked as it says), or to another source
+        than the run's (`source`: a simulated batch's answer is no answer for a run against the API)."""
         def work(con: duckdb.DuckDBPyConnection) -> int:
             if not one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ? AND state = 'submitted' "
-                            "AND coalesce(validated, false) = ?", [batch_id, validated])[0]:
-                return 0  # merged meanwhile, or checked otherwise (validate=): the rows are sent on their own
+                            "AND coalesce(validated, false) = ? AND (source IS NULL OR source = ?)",
+                       [batch_id, validated, source])[0]:
+                return 0  # merged meanwhile, checked otherwise (validate=), or another source's: sent on their own
             c = names(layout.step, "t")
             with registered(con, ASSIGNED, assigned):
                 rows = len(con.execute(
@@ -184,13 +189,15 @@ class BatchVerbs:
                       confirmed: bool = False) -> pl.DataFrame:
         """The API never got (or refused) the batch: give its rows back to what they were before the claim.
         Returns their keys. Only an intent still waiting for its batch is abandoned (another run may have
-        found the batch meanwhile); with `confirmed`, a batch whose rows were all reset is closed instead."""
+        found the batch meanwhile); with `confirmed`, a batch the API has is closed instead, its rows (if any are
+        left: a simulated batch a run against the API gives up) back to what they were."""
         def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
             layout = self._layout(con, table, step)
             state, batch_id = _state(con, intent)
             if not ((state == "submitting" and batch_id is None) or (confirmed and state == "submitted")):
                 return pl.DataFrame(schema={k: pl.Int64 for k in layout.key})
-            rows = give_back(con, layout, _of_intent(names(step)), {"intent": intent, "max_attempts": NO_LIMIT})
+            rows = give_back(con, layout, _of_intent(names(step)), {"intent": intent, "max_attempts": NO_LIMIT},
+                             status="SUBMITTED" if state == "submitted" else "RUNNING")
             con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'abandoned', merged_at = ?, note = ? WHERE intent = ?",
                         [now, note, intent])
             return rows
@@ -214,11 +221,12 @@ class BatchVerbs:
         with self.conn.open(wait=60.0) as con:
             if not table_exists(con, BATCHES_TABLE):
                 return []
+            source = "source" if "source" in column_types(con, BATCHES_TABLE) else "NULL"  # before schema 9
             rows = con.execute(
                 f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, "
-                "version, coalesce(validated, false), coalesce(adopted, false), rejected "
+                f"version, coalesce(validated, false), coalesce(adopted, false), rejected, {source} "
                 f"FROM {BATCHES_TABLE} WHERE {where} ORDER BY created_at", params).fetchall()
-        return [BatchRecord(*r[:-1], list(r[-1] or [])) for r in rows]
+        return [BatchRecord(*r[:-2], list(r[-2] or []), r[-1]) for r in rows]
 
     def known_batch_ids(self) -> set[str]:
         """Every API batch id this store has recorded (so reconciling never adopts one twice)."""

@@ -8,7 +8,7 @@ it reserves, in one short transaction, against what the step has spent (the fact
 unused batch answers) plus every other live run's reservation; a commit moves an answer's cost from the
 run's reservation into the fact table in the same transaction, so no other run ever sees it twice or not
 at all; the run's end deletes its row. A row whose holder is gone (a dead process on this host; on
-another host, not touched for `stale_after`) is ignored and deleted.
+another host, not touched for `stale_after` by the database's clock) is ignored and deleted.
 
 Reserving is serialised per step: a PostgreSQL advisory lock on the step, and on DuckDB (one writing
 process per file) a lock in this process, because two transactions of one process could both read the
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import duckdb
@@ -29,6 +29,7 @@ from .columns import q
 from .connection import Connection, lock_step, one, table_exists
 from .postgres import PgConnection
 from .schema import BATCHES_TABLE, HISTORY_TABLE
+from .verbs import clock
 
 RESERVATIONS_TABLE = "llmledger_budget_reservations"
 _PG_LOCK_CLASS = 0x6C6C6D62  # "llmb": advisory locks on a step's budget (the second key is the step's crc32)
@@ -56,22 +57,26 @@ def _spent_sql(table: str, step: str, with_batches: bool) -> str:
 
 
 def reserve(con: Any, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
-            budget_usd: float, now: datetime, stale_before: datetime) -> BudgetLook:
+            budget_usd: float, now: datetime, stale_after: timedelta) -> BudgetLook:
     """Reserve for `claimant` at least `need_usd` and up to `want_usd`, within `budget_usd`; if even
-    `need_usd` does not fit, leave its reservation as it is (it covers what it has in flight)."""
+    `need_usd` does not fit, leave its reservation as it is (it covers what it has in flight).
+
+    Reservations are written and judged in the clock claims are (`verbs.clock`: PostgreSQL's own), so a worker
+    whose clock is off neither drops a live run's reservation nor has its own dropped."""
     params = {"table": table, "step": step}
     with_batches = table_exists(con, BATCHES_TABLE)
     rows = con.execute(f"SELECT NULL, CAST({_spent_sql(table, step, with_batches)} AS DOUBLE), NULL "
-                       f"UNION ALL SELECT claimant, reserved_usd, reserved_at FROM {RESERVATIONS_TABLE} "
-                       "WHERE table_name = $table AND step = $step", params).fetchall()
+                       f"UNION ALL SELECT claimant, reserved_usd, coalesce(reserved_at < {clock(con)} - $stale_after, "
+                       f"false) FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step",
+                       {**params, "now": now, "stale_after": stale_after}).fetchall()
     spent = float(next(r[1] for r in rows if r[0] is None) or 0.0)
     others, held, gone = 0.0, 0.0, []
-    for holder, reserved, at in rows:
+    for holder, reserved, old in rows:
         if holder is None:
             continue
         if holder == claimant:
             held = float(reserved or 0.0)
-        elif is_abandoned(holder) or (not is_alive_here(holder) and at is not None and at < stale_before):
+        elif is_abandoned(holder) or (not is_alive_here(holder) and old):
             gone.append(holder)
         else:
             others += float(reserved or 0.0)
@@ -84,14 +89,15 @@ def reserve(con: Any, table: str, step: str, *, claimant: str, need_usd: float, 
         held = max(need_usd, min(want_usd, room))
         con.execute(f"DELETE FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step "
                     "AND claimant = $claimant", {**params, "claimant": claimant})
-        con.execute(f"INSERT INTO {RESERVATIONS_TABLE} VALUES ($table, $step, $claimant, $held, $now)",
+        con.execute(f"INSERT INTO {RESERVATIONS_TABLE} VALUES ($table, $step, $claimant, $held, {clock(con)})",
                     {**params, "claimant": claimant, "held": held, "now": now})
     return BudgetLook(spent, others, held, fits)
 
 
 def settle(con: Any, table: str, step: str, *, claimant: str, committed_usd: float, now: datetime) -> None:
     """In a commit's transaction: the committed answers' cost is in the fact table now, not reserved."""
-    con.execute(f"UPDATE {RESERVATIONS_TABLE} SET reserved_usd = greatest(reserved_usd - $cost, 0), reserved_at = $now "
+    con.execute(f"UPDATE {RESERVATIONS_TABLE} SET reserved_usd = greatest(reserved_usd - $cost, 0), reserved_at = "
+                f"{clock(con)} "
                 "WHERE table_name = $table AND step = $step AND claimant = $claimant",
                 {"table": table, "step": step, "claimant": claimant, "cost": committed_usd, "now": now})
 
@@ -105,7 +111,8 @@ def drop(con: Any, claimant: str) -> None:
 def touch(con: Any, claimant: str, now: datetime) -> None:
     """A heartbeat: the run holding these reservations is alive."""
     if table_exists(con, RESERVATIONS_TABLE):
-        con.execute(f"UPDATE {RESERVATIONS_TABLE} SET reserved_at = ? WHERE claimant = ?", [now, claimant])
+        con.execute(f"UPDATE {RESERVATIONS_TABLE} SET reserved_at = {clock(con)} WHERE claimant = $claimant",
+                    {"now": now, "claimant": claimant})
 
 
 class BudgetVerbs:
@@ -121,12 +128,12 @@ class BudgetVerbs:
             return float(one(con, f"SELECT CAST({sql} AS DOUBLE)", {"table": table, "step": step})[0] or 0.0)
 
     def reserve_budget(self, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
-                       budget_usd: float, now: datetime, stale_before: datetime) -> BudgetLook:
+                       budget_usd: float, now: datetime, stale_after: timedelta) -> BudgetLook:
         """One short transaction: see what the step has spent and others reserved; reserve what fits."""
         def work(con: duckdb.DuckDBPyConnection) -> BudgetLook:
             lock_step(con, _PG_LOCK_CLASS, table, step)
             return reserve(con, table, step, claimant=claimant, need_usd=need_usd, want_usd=want_usd,
-                           budget_usd=budget_usd, now=now, stale_before=stale_before)
+                           budget_usd=budget_usd, now=now, stale_after=stale_after)
 
         if isinstance(self.conn, PgConnection):
             return self.conn.transaction(work, wait=60.0)

@@ -8,6 +8,7 @@ per-step column adds it here too.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -110,6 +111,20 @@ def step_columns(step: str) -> list[str]:
 RETURNED_ONLY = ("_stale",)  # columns apply_llm returns beside the stored ones (`{step}_stale`)
 
 
+# PostgreSQL cuts identifiers at 63 bytes, so a step's longest column name must fit in them (a store may move
+# between engines: `copy`): the step name is at most this long.
+NAME_BYTES = 63
+MAX_STEP_NAME = NAME_BYTES - max(len(c.suffix) for c in STEP_COLUMNS)
+
+
+def index_name(*parts: str) -> str:
+    """An index name from `parts` that PostgreSQL keeps whole: long ones end in a digest, so two never meet."""
+    name = "__".join(parts)
+    if len(name.encode()) <= NAME_BYTES:
+        return name
+    return name.encode()[:48].decode(errors="ignore") + "_" + hashlib.sha1(name.encode()).hexdigest()[:12]
+
+
 def owned_names(step: str) -> list[str]:
     """Every column name a step owns: those stored in the fact table and those only its returned frame has."""
     return step_columns(step) + [step + suffix for suffix in RETURNED_ONLY]
@@ -148,6 +163,12 @@ def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new
             f"step name {step!r} would write its column {taken[0]!r} over the input column {taken[0]!r} of table "
             f"{table!r} (a step owns its name and its name + _status, _prompt, _flag, ...); {suggestion}, or "
             "rename the input column. Nothing was written.")
+    every = {c.lower(): c for s in [step, *other_steps] for c in owned_names(s)}
+    for c in frame_columns:  # DuckDB folds case: beside a step `s`, a column `S` would be the step's own
+        if c.lower() in every and c != every[c.lower()]:
+            raise StepNameError(f"the frame's column {c!r} differs only in case from {every[c.lower()]!r}, a column "
+                                f"of a step of table {table!r}, and the store does not tell them apart; rename it. "
+                                "Nothing was written.")
 
 
 def names(step: str, alias: str = "") -> dict[str, str]:

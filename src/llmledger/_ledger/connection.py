@@ -133,6 +133,21 @@ def _is_lock_error(exc: Exception) -> bool:
     return re.search(r"\block\b", str(exc).lower()) is not None
 
 
+def lock_holder(exc: Exception) -> str:
+    """Who holds a DuckDB file, from its lock error ("Conflicting lock is held in <program> (PID n)"), and what to do
+    about it; DuckDB's own advice (open it read-only) does not help a writer."""
+    found = re.search(r"held in (.+?) \(PID (\d+)\)", str(exc))
+    if found is None:
+        return f"another process holds it ({str(exc).split(':', 1)[-1].strip()})"
+    program, pid = found.group(1), found.group(2)
+    with contextlib.suppress(OSError):  # Linux: the whole command line says which notebook or script it is
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        program = " ".join(w for w in words if w)[:120] or program
+    return (f"held by process {pid} ({program}). A DuckDB file has one process at a time, and any connection left "
+            "open holds it, even duckdb.connect(..., read_only=True): close that connection (con.close()), or "
+            "read with llmledger.sql(...), which holds the file only while it reads")
+
+
 def _is_other_configuration(exc: Exception) -> bool:
     """DuckDB refuses a read-only connection to a file this process has open read-write (and the reverse)."""
     return "different configuration" in str(exc).lower()
@@ -140,7 +155,8 @@ def _is_other_configuration(exc: Exception) -> bool:
 
 def writes_refused(exc: Exception) -> bool:
     """A statement that writes, run on a connection opened read-only."""
-    return "read-only mode" in str(exc).lower()
+    text = str(exc).lower()
+    return "read-only mode" in text or "read-only transaction" in text  # DuckDB, PostgreSQL
 
 
 class Connection:
@@ -189,16 +205,22 @@ class Connection:
                     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
                 return con
             except duckdb.ConnectionException as exc:
-                if not (read_only and _is_other_configuration(exc)):
+                if not _is_other_configuration(exc):
                     raise
+                if not read_only:
+                    raise StoreError(
+                        f"this process has {str(self.path)!r} open read-only (a duckdb.connect(..., read_only=True) "
+                        "left open, e.g. in another cell), and DuckDB cannot open it for writing beside that: close "
+                        "that connection (con.close()) and call again, or read with llmledger.sql(...), which holds "
+                        "the file only while it reads") from None
                 read_only = False  # this process holds it read-write (its own duckdb.connect): read through that
             except duckdb.Error as exc:
                 if not isinstance(exc, duckdb.IOException) or not _is_lock_error(exc):
                     raise store_error(self.path, exc) or StoreError(
                         f"cannot open store {str(self.path)!r}: {exc}") from exc
-                if not patience.again(f"waiting for {self.path.name}: {str(exc).split(':', 1)[-1].strip()}"):
-                    raise StoreBusy(f"store {str(self.path)!r} is held by another process "
-                                    f"(waited {patience.waited:.0f}s): {exc}") from exc
+                if not patience.again(f"waiting for {self.path.name}: {lock_holder(exc)}"):
+                    raise StoreBusy(f"store {str(self.path)!r}: {lock_holder(exc)} (waited {patience.waited:.0f}s)"
+                                    ) from exc
 
     def exists(self) -> bool:
         return self.path.exists()

@@ -18,7 +18,7 @@ import polars as pl
 
 from .._request import sql_literal
 from ..errors import InvalidInputError, KeyColumnError
-from .columns import JSONB, names, output_as_text, output_from_text, q
+from .columns import JSONB, index_name, names, output_as_text, output_from_text, q
 from .connection import column_types, dialect, registered, table_exists
 from .history import archive
 from .schema import LEGACY_FINGERPRINT_PREFIX, canonical_type, ensure_step_columns, list_steps
@@ -72,7 +72,7 @@ def create_fact_table(con: duckdb.DuckDBPyConnection, table: str, columns: dict[
     claims and commits find rows (DuckDB joins without one)."""
     con.execute(f"CREATE TABLE {q(table)} ({', '.join(f'{q(c)} {t}' for c, t in columns.items())})")
     if dialect(con) == "postgres":
-        con.execute(f"CREATE UNIQUE INDEX {q(table + '__key')} ON {q(table)} ({', '.join(q(k) for k in key)})")
+        con.execute(f"CREATE UNIQUE INDEX {q(index_name(table, 'key'))} ON {q(table)} ({', '.join(q(k) for k in key)})")
 
 
 def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type: str, now: datetime) -> None:

@@ -22,7 +22,7 @@ import duckdb
 from .._request import RequestSpec
 from .._time import utcnow
 from ..errors import StoreError
-from .columns import STEP_COLUMNS, add_column_ddl, q
+from .columns import STEP_COLUMNS, add_column_ddl, index_name, q
 from .connection import column_types, dialect, one, table_exists
 
 if TYPE_CHECKING:
@@ -142,6 +142,12 @@ def _v8_leases(con: duckdb.DuckDBPyConnection) -> None:
     _add_step_columns(con, {"_lease_until": "TIMESTAMP"})
 
 
+def _v9_batch_sources(con: duckdb.DuckDBPyConnection) -> None:
+    """Per Message Batch, where it was sent (the simulator or the API endpoint): its answers are recorded as
+    that source's, and only a run against the same source collects it or joins rows to it."""
+    con.execute(f"ALTER TABLE {BATCHES_TABLE} ADD COLUMN IF NOT EXISTS source VARCHAR")
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
@@ -153,6 +159,7 @@ MIGRATIONS = (
               _v6_sources),
     Migration(7, "budget reservations: a step's budget shared by its concurrent runs", _v7_budget_reservations),
     Migration(8, "leases: each claim's own end, in the database's clock", _v8_leases),
+    Migration(9, "batch sources: where each Message Batch was sent", _v9_batch_sources),
 )
 LATEST = MIGRATIONS[-1].version
 
@@ -239,7 +246,7 @@ def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str,
             con.execute(add_column_ddl(table, step, column, output_type))
     if dialect(con) == "postgres":
         for suffix in ("_status", "_request_fingerprint"):
-            con.execute(f"CREATE INDEX IF NOT EXISTS {q(f'{table}__{step}{suffix}')} ON {q(table)} "
+            con.execute(f"CREATE INDEX IF NOT EXISTS {q(index_name(table, step + suffix))} ON {q(table)} "
                         f"({q(step + suffix)})")
 
 

@@ -24,7 +24,7 @@ from ..errors import InvalidInputError
 from . import RunParams, Selection, StepDefinition
 from .batches import BatchVerbs
 from .budget import BudgetVerbs, drop, settle, touch
-from .columns import names, q
+from .columns import names, output_as_text, q
 from .connection import Connection, column_types, dialect, lock_step, one, table_exists, writes_refused
 from .graph import StepGraph
 from .history import side_by_side
@@ -389,10 +389,15 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         def work(con: duckdb.DuckDBPyConnection) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
-            c = names(step)
+            c, t = names(step), names(step, "t")
+            answer = output_as_text(t[""], column_types(con, table)[step])
+            # Rows given the very same answer to the very same request (twins answered together, or reused) hold
+            # the answer the person rejected: they are flagged with it, so no row keeps showing it.
             return len(con.execute(
-                f"UPDATE {q(layout.table)} SET {c['_flag']} = $reason, {c['_flagged_at']} = $now, "
-                f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) RETURNING 1",
+                f"UPDATE {q(layout.table)} AS t SET {c['_flag']} = $reason, {c['_flagged_at']} = $now, "
+                f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) OR ({t['_status']} = 'DONE' AND "
+                f"({t['_fingerprint']}, {answer}) IN (SELECT {t['_fingerprint']}, {answer} FROM {q(layout.table)} "
+                f"AS t WHERE {t['_status']} = 'DONE' AND coalesce(({where}), false))) RETURNING 1",
                 {"reason": reason, "now": now, "by": by}).fetchall())
 
         return self.conn.transaction(work, wait=60.0, exclusive=True)
@@ -425,18 +430,27 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                                     f"{known or 'no steps'}")
         return Layout(table, step, found[0], [])
 
-    def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None:
-        """Run `sql` read-only (a store that cannot be written can be queried), or read-write if it writes."""
-        for read_only in (True, False):
-            with self.conn.open(wait=wait, read_only=read_only) as con:
-                try:
-                    relation = con.sql(sql, params=params)
-                except duckdb.Error as exc:
-                    if read_only and writes_refused(exc):
-                        continue
-                    raise
-                return None if relation is None else relation.pl()
-        return None
+    def query(self, sql: str, params: Any = None, *, wait: float = 60.0, write: bool = False) -> pl.DataFrame | None:
+        """Run `sql`, read-only unless `write` (so a store that cannot be written can be queried, and a statement
+        that would change the ledger behind its back is refused unless asked for)."""
+        def run(con: Any) -> pl.DataFrame | None:
+            if not write and dialect(con) == "postgres":
+                con.execute("SET TRANSACTION READ ONLY")
+            relation = con.sql(sql, params=params)
+            return None if relation is None else relation.pl()
+
+        try:
+            if isinstance(self.conn, PgConnection):
+                return self.conn.transaction(run, wait=wait)
+            with self.conn.open(wait=wait, read_only=not write) as con:
+                return run(con)
+        except Exception as exc:
+            if not write and writes_refused(exc):
+                raise InvalidInputError(f"this statement writes to the store, and llmledger.sql only reads unless "
+                                        f"told: pass write=True to run it ({sql.strip()[:80]!r}). Changing the "
+                                        "ledger's own columns by hand can break its promises: prefer flag(), "
+                                        "reset() and apply_llm(redo=...).") from None
+            raise
 
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]:
         with self.conn.open(wait=60.0, read_only=True) as con:
