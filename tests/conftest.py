@@ -21,9 +21,15 @@ HELPERS = Path(__file__).parent / "helpers"
 SMS_SPAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "sms_spam.tsv"
 
 
+# Model ids tests invent (to change a request, or to price a model themselves): the simulator answers them as
+# the API answers the models it has. Any other id it does not know a price for gets the API's 404.
+TEST_MODELS = ("m", "m2", "claude-test-1", "claude-x", "claude-y", "claude-other", "claude-stops-test",
+               "claude-house-model", "claude-budget-race", "claude-budget-test", "claude-from-the-future")
+
+
 @pytest.fixture
 def sim() -> Iterator[Simulator]:
-    with Simulator() as s:
+    with Simulator(models=TEST_MODELS) as s:
         yield s
 
 

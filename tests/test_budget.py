@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def test_a_run_stops_at_its_budget_and_leaves_the_rest_unsent(run, sim: Simulato
     report = last_report()
     assert report is not None and report.outcome == "budget" and "budget of $0.1000 is reached" in str(
         report.message)
+    _adds_up(str(report.message))
     paid = sim.stats()["paid"]
     spent = sql(store, "SELECT sum(summary_cost_usd) FROM messages")[0][0]
     per_row = spent / paid
@@ -51,3 +53,15 @@ def test_a_bad_budget_is_refused(run, store: Path, bad: object) -> None:
     with pytest.raises(InvalidInputError, match="budget_scope"):
         run(frame(2), "summary", prompt="x {text}", max_cost_usd=1.0, budget_scope="table")
     assert not store.exists()
+
+
+def _adds_up(message: str) -> None:
+    """0.7 said "$0.0979 spent ... another request (about $0.0001) would go over" a $0.1000 budget: the figures
+    must add up to what goes over it."""
+    budget = float(re.search(r"budget of \$([\d.]+)", message).group(1))  # type: ignore[union-attr]
+    parts = [float(x) for x in re.findall(r"\$([\d.]+) (?:spent|reserved|this run)", message)]
+    flying = re.search(r"in flight \(about \$([\d.]+)\)", message)
+    another = float(re.search(r"another request \(about \$([\d.]+)\)", message).group(1))  # type: ignore[union-attr]
+    total = float(re.search(r"would take it to \$(\d+\.\d+)", message).group(1))  # type: ignore[union-attr]
+    assert total > budget, message
+    assert abs(sum(parts) + (float(flying.group(1)) if flying else 0) + another - total) < 0.0003, message

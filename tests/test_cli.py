@@ -75,3 +75,58 @@ def test_demo_run_again_on_its_store_says_what_that_run_did(tmp_path: Path) -> N
     assert next(line for line in again.stdout.splitlines() if line.startswith("-> this run paid")).startswith(
         "-> this run paid 0 calls")
     assert "answered 0 paid calls" in again.stdout and "nothing was paid twice" in again.stdout
+
+
+def test_the_simulator_command_takes_every_fault_and_refuses_unknown_models_as_the_api_does() -> None:
+    """`llmledger simulator` took only --latency and --rate-limit; now every fault simulate() has, and --model for
+    invented ids. A model it does not know gets the API's 404."""
+    import socket
+
+    import anthropic
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llmledger", "simulator", "--port", str(port), "--model", "my-model",
+                             "--refuse", "NO", "--latency", "0.01"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and "listening" in proc.stdout.readline()
+        api = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}/llmledger-simulator", api_key="k", max_retries=0)
+        ask = dict(max_tokens=20, messages=[{"role": "user", "content": "hello"}])
+        assert api.messages.create(model="my-model", **ask).stop_reason == "end_turn"  # type: ignore[arg-type]
+        assert api.messages.create(model="claude-haiku-4-5", **ask).stop_reason == "end_turn"  # type: ignore[arg-type]
+        refused = api.messages.create(model="my-model", max_tokens=20, messages=[{"role": "user", "content": "NO"}])
+        assert refused.stop_reason == "refusal"
+        try:
+            api.messages.create(model="claude-haiku-4-55", **ask)  # type: ignore[arg-type]
+            raise AssertionError("a typo of a model was answered")
+        except anthropic.NotFoundError as exc:
+            assert "model: claude-haiku-4-55" in str(exc)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_table_and_step_are_inferred_and_a_shell_user_without_a_key_is_told_what_to_do(tmp_path: Path,
+                                                                                       sim: Simulator) -> None:
+    """`run`, `flag`, ... needed --table and --step even when the store has one of each; with no key, the error
+    named a Python function (llmledger.simulate) to a shell user."""
+    import anthropic
+
+    from llmledger import apply_llm
+
+    store = tmp_path / "one.duckdb"
+    client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k")
+    apply_llm(frame(3), "summary", prompt="S: {text}", store=store, table="notes", client=client, progress=False)
+    flagged = _cli("flag", str(store), "--where", "id = 1", "--reason", "wrong")
+    assert flagged.returncode == 0 and "flag: 1 row of notes.summary" in flagged.stdout, flagged.stdout + flagged.stderr
+    env = subprocess_env(sim.base_url)
+    env.pop("ANTHROPIC_BASE_URL")
+    env.pop("ANTHROPIC_API_KEY", None)
+    nokey = _cli("run", str(store), env=env)
+    assert nokey.returncode == 2 and "export ANTHROPIC_API_KEY" in nokey.stderr and "llmledger simulator" in \
+        nokey.stderr and "simulate()" not in nokey.stderr
+    apply_llm(frame(2), "title", prompt="T: {text}", store=store, table="notes", client=client, progress=False)
+    ambiguous = _cli("run", str(store), env=subprocess_env(sim.base_url))
+    assert ambiguous.returncode == 2 and "pass --step: table 'notes' has steps ['summary', 'title']" in \
+        ambiguous.stderr

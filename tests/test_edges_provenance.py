@@ -7,6 +7,8 @@ the URL): a client pointed there is, to llmledger, an API endpoint like api.anth
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from llmledger import Simulator, apply_llm, last_report
 from llmledger._exec.api import answer_source
 from llmledger._ledger import open_ledger
 
-from .conftest import frame
+from .conftest import frame, subprocess_env
 
 PROMPT_A = "Summarize: {text}"
 PROMPT_B = "Describe: {text}"
@@ -199,3 +201,24 @@ def test_a_simulated_batch_is_never_merged_as_real_nor_joined_by_real_rows(any_s
         again = apply_llm(twins, "summary", prompt=PROMPT_A, store=any_store, table="messages", client=real,
                           progress=False)
         assert again["summary"].to_list() == out["summary"].to_list() and last_report().calls == 0  # type: ignore[union-attr]
+
+
+def test_a_simulated_batch_left_in_a_kernel_that_is_gone_is_asked_again_not_left_waiting(store: Path) -> None:
+    """`mode="batch", wait=False` under simulate(), then a new kernel: its simulator has no such batch, and 0.7 said
+    "the API has no batch" and then "still processing... run again to collect", the rows SUBMITTED for good. The
+    batch ended with its simulator; the rows are asked again of the new one, saying so once."""
+    script = ("import sys, polars as pl, llmledger\n"
+              "llmledger.simulate(batch_delay=30)\n"
+              "df = pl.DataFrame({'id': range(4), 'text': [f'hello {i}' for i in range(4)]})\n"
+              "llmledger.apply_llm(df, 's', prompt='{text}', store=sys.argv[1], table='t', mode='batch', wait=False,"
+              " progress=False)\n")
+    subprocess.run([sys.executable, "-c", script, str(store)], check=True, env=subprocess_env("http://127.0.0.1:9"))
+    assert _rows(store, "SELECT DISTINCT s_status FROM t") == [("SUBMITTED",)]
+    with Simulator() as new_kernel:
+        client = anthropic.AsyncAnthropic(base_url=new_kernel.base_url, api_key="k")
+        out = apply_llm(pl.DataFrame({"id": range(4), "text": [f"hello {i}" for i in range(4)]}), "s",
+                        prompt="{text}", store=store, table="t", client=client, progress=False, mode="batch")
+        assert out["s_status"].to_list() == ["DONE"] * 4
+        report = last_report()
+        notes = "\n".join(report.hints())  # type: ignore[union-attr]
+        assert "ended with the simulator that held it" in notes and "has no batch" not in notes, notes

@@ -53,11 +53,12 @@ def test_a_flagged_answer_is_not_handed_back_by_an_identical_request(run, sim: S
     df = pl.DataFrame({"id": [1, 2], "text": ["same words", "same words"]})
     run(df, "summary", prompt=PROMPT)
     assert sim.stats()["paid"] == 1, "identical requests share one answer"
-    llmledger.flag(store, "messages", "summary", where="id = 1", reason="wrong")
+    assert llmledger.flag(store, "messages", "summary", where="id = 1", reason="wrong") == 2, \
+        "its twin shows the same answer to the same request: flagged with it"
     sim.responder = lambda prompt, system: "a fresh answer"
     out = run(df, "summary", prompt=PROMPT, redo="flagged")
     assert sim.stats()["paid"] == 2
-    assert out["summary"].to_list() == ["a fresh answer", "Summary: same words"]
+    assert out["summary"].to_list() == ["a fresh answer", "a fresh answer"]
 
 
 def test_reset_starts_rows_over_and_keeps_their_answers_in_the_history(run, sim: Simulator, store: Path) -> None:
@@ -95,7 +96,7 @@ def test_cli_flag_reset_and_history(run, sim: Simulator, store: Path) -> None:
         return done.stdout
 
     assert cli("flag", "--where", "id = 1", "--reason", "off topic", "--by", "bo").strip() == \
-        "flag: 1 rows of messages.summary"
+        "flag: 1 row of messages.summary"
     assert sql(store, "SELECT summary_flag, summary_flagged_by FROM messages WHERE id = 1") == [("off topic", "bo")]
     assert "reset: 2 rows" in cli("reset", "--where", "id >= 2")
     printed = cli("history", "--key", "3")

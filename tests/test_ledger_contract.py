@@ -56,7 +56,8 @@ def _age(ledger: Ledger, claimant: str, *, hours: int) -> None:
     """Make `claimant`'s claims `hours` older: on PostgreSQL a claim takes its time from the database's clock, so a
     `now=` in the past no longer backdates it."""
     ledger.query(f"UPDATE t SET s_running_started_at = s_running_started_at - INTERVAL '{hours} hours', "
-                 f"s_lease_until = s_lease_until - INTERVAL '{hours} hours' WHERE s_claimed_by = '{claimant}'")
+                 f"s_lease_until = s_lease_until - INTERVAL '{hours} hours' WHERE s_claimed_by = '{claimant}'",
+                 write=True)
 
 
 def test_prepare_records_rows_and_their_requests_and_selects_them(ledger: Ledger) -> None:

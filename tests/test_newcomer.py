@@ -3,10 +3,12 @@ refuses for its shape stops the run once instead of failing every row, and what 
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 import time
 import typing
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +250,80 @@ def test_a_read_only_connection_in_the_same_kernel_gets_a_clear_error_and_reader
     finally:
         con.close()
     assert run(frame(3), "s", prompt="{text}")["s_status"].to_list() == ["DONE"] * 3
+
+
+class Constrained(pydantic.BaseModel):
+    score: float = pydantic.Field(ge=0, le=1)
+    stars: int = pydantic.Field(ge=1, le=5)
+    code: str = pydantic.Field(min_length=4, max_length=6)
+    tags: list[str] = pydantic.Field(min_length=2, max_length=3)
+    when: datetime.date
+    ref: uuid.UUID
+
+
+def test_simulated_typed_answers_honour_every_constraint_the_schema_states(run: Any, sim: Simulator) -> None:
+    """The simulator ignored Field(ge=0, le=1) and date/UUID formats, so every typed row failed validation, was
+    paid twice and ended NEEDS_REVIEW. Now its answers keep to what the schema states, as a model does."""
+    out = run(frame(12), "s", prompt="Rate: {text}", output=Constrained)
+    assert out["s_status"].to_list() == ["DONE"] * 12
+    assert sim.stats()["paid"] == 12, "no row needed its follow-up"
+    scores = out["s"].struct.field("score").to_list()
+    assert all(0 <= v <= 1 for v in scores) and len(set(scores)) > 1
+    assert all(1 <= v <= 5 for v in out["s"].struct.field("stars").to_list())
+    assert all(4 <= len(v) <= 6 for v in out["s"].struct.field("code").to_list())
+    assert all(2 <= len(v) <= 3 for v in out["s"].struct.field("tags").to_list())
+
+
+def test_the_default_table_refuses_another_dataset_that_would_rewrite_answered_rows(client: Any, store: Path,
+                                                                                    sim: Simulator) -> None:
+    """Reviews, then SMS, both without table=: the SMS rewrote the shared `text` of every answered review and made
+    them stale, silently. On the default table that is refused, with the count, before anything is written."""
+    import functools
+
+    from llmledger import apply_llm
+
+    run = functools.partial(apply_llm, client=client, store=store, progress=False)
+    run(frame(5, word="review"), "sentiment", prompt="Sentiment: {text}")
+    before = llmledger.sql(store, "SELECT * FROM ledger ORDER BY id")
+    with pytest.raises(InvalidInputError, match=r"change the input columns of 5 rows of the default table 'ledger'"
+                                                r".*table='sms'"):
+        run(frame(8, word="sms"), "sentiment", prompt="Sentiment: {text}")
+    assert llmledger.sql(store, "SELECT * FROM ledger ORDER BY id").equals(before)  # type: ignore[union-attr]
+    more = run(frame(8, word="review"), "sentiment", prompt="Sentiment: {text}")  # the same dataset, grown
+    assert more["sentiment_status"].to_list() == ["DONE"] * 8
+    with pytest.warns(llmledger.StaleAnswersWarning, match="^1 DONE row is stale"):
+        edited = frame(8, word="review").with_columns(pl.when(pl.col("id") == 0).then(pl.lit("fixed typo"))
+                                                      .otherwise(pl.col("text")).alias("text"))
+        run(edited, "sentiment", prompt="Sentiment: {text}", table="ledger")  # named: on purpose
+
+
+def test_a_structured_answer_has_its_declared_field_order_on_both_engines(run: Any, target: Any,
+                                                                         client: Any) -> None:
+    """PostgreSQL gave {reason, spam} where DuckDB gave {spam, reason}: the stored request's schema is canonical
+    JSON (keys sorted); the fields go back in the order `required` keeps."""
+    for _ in range(2):  # the first run (the live schema), then a rerun (the stored one)
+        out = run(frame(2), "s", prompt="{text}", output={"spam": bool, "reason": str}, store=target)
+        assert out["s"].dtype == pl.Struct({"spam": pl.Boolean, "reason": pl.String})
+    resumed = llmledger.resume(target, "messages", "s", progress=False, client=client)
+    assert resumed.calls == 0
+
+
+def test_a_killed_run_shows_in_the_runs_table_and_status_says_its_process_is_gone(
+        sim: Simulator, store: Path) -> None:
+    """A kill -9 left no row in llmledger_runs (paid calls went uncounted) and `status` showed the dead process as
+    still holding its rows. A run's row is written as it starts; status says when a holder's process is gone."""
+    from .conftest import HELPERS, subprocess_env
+
+    sim.configure(latency=0.3)
+    proc = subprocess.Popen([sys.executable, str(HELPERS / "run_step.py"), str(store), "60", "--concurrency", "4",
+                             "--commit-every", "0.2"], env=subprocess_env(sim.base_url),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while sim.stats()["paid"] < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    runs = llmledger.sql(store, "SELECT outcome, finished_at, started_at FROM llmledger_runs")
+    assert runs is not None and runs.rows()[0][:2] == ("running", None) and runs.rows()[0][2] is not None
+    status = llmledger.show(store).__repr__()
+    assert "its process is gone: the next run of the step takes them back" in status, status

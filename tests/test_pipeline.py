@@ -48,6 +48,9 @@ def test_a_redo_upstream_makes_exactly_those_rows_stale_downstream(run, sim: Sim
     llmledger.flag(store, "messages", "extract", where=f"id IN {tuple(flagged)}", reason="wrong company")
     redone = run(df, "extract", **EXTRACT, redo="flagged")
     assert sim.stats()["paid"] == 65
+    report = last_report()
+    assert report is not None and report.downstream_stale == {"classify": 5, "summarise": 5}
+    assert "5 rows of step 'classify', 5 rows of step 'summarise'" in "\n".join(report.hints())
     changed = redone.filter(pl.col("extract").struct.field("company") != out["extract"].struct.field("company"))
     assert changed["id"].to_list() == flagged, "the simulator answers a repeated request differently"
     assert _stale(store) == {"extract": (0, 0), "classify": (5, 0), "summarise": (5, 0)}
@@ -140,3 +143,15 @@ def test_a_typo_in_a_later_steps_field_is_found_before_any_step_runs(client, sim
                                         "why": {"prompt": "Explain: {check.verdict.reason}"}},
                              client=client, store=store, table="messages", progress=False)
     assert out["why_status"].to_list() == ["DONE"] * 3
+
+
+def test_a_pipeline_reports_each_step_and_the_total(client, sim: Simulator, store: Path) -> None:
+    llmledger.pipeline(frame(4), {"extract": EXTRACT, "classify": CLASSIFY}, client=client, store=store,
+                       table="messages", progress=False)
+    report = last_report()
+    assert isinstance(report, llmledger.PipelineReport) and list(report.steps) == ["extract", "classify"]
+    assert report.calls == sim.stats()["paid"] == 8
+    table = report.frame()
+    assert table["step"].to_list() == ["extract", "classify", "total"]
+    assert table.filter(pl.col("step") == "total")["calls"].item() == 8
+    assert str(report).startswith("pipeline of 2 steps: 8 calls paid")

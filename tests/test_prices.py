@@ -108,3 +108,19 @@ def test_a_long_prompt_tier_prices_the_whole_request_at_its_rates() -> None:
     assert short == pytest.approx((90_000 * 0.1 + 1_000 * 0.5 + 10_000 * 0.01) / 1e6)
     assert long == pytest.approx((90_000 * 0.5 + 1_000 * 2.5 + 10_001 * 0.05) / 1e6), \
         "past 100,000 prompt tokens (cache reads count) every token is billed at the higher rates"
+
+
+def test_a_mistyped_model_is_warned_at_the_callers_line_and_refused_by_the_simulator_as_by_the_api(
+        run, sim, store: Path) -> None:
+    """The unknown-price warning pointed into `_exec/recorder.py` and the simulator answered a typo; the API answers
+    it with a 404. Now the warning names the user's line and the close model, and the run stops with
+    ModelNotFound, no row marked failed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(llmledger.ModelNotFound):
+            run(frame(3), "summary", prompt="Summarize: {text}", model="claude-haiku-4-55")
+    notes = [w for w in caught if issubclass(w.category, UnknownPriceWarning)]
+    assert len(notes) == 1 and notes[0].filename == __file__, [(w.filename, str(w.message)) for w in caught]
+    assert "Did you mean 'claude-haiku-4-5'?" in str(notes[0].message)
+    assert sim.stats()["paid"] == 0
+    assert sql(store, "SELECT count(*) FILTER (WHERE summary_status = 'FAILED') FROM messages") == [(0,)]

@@ -16,7 +16,7 @@ from ._parquet import export, restore
 from ._pipeline import pipeline
 from ._prices import UnknownPriceWarning, prices, set_price
 from ._query import flag, history, progress, reset, sql
-from ._report import RunReport
+from ._report import PipelineReport, RunReport
 from ._request import fingerprint
 from ._run import Run, last_report
 from ._show import StoreView, show
@@ -53,6 +53,7 @@ __all__ = [
     "ModelNotFound",
     "OutageError",
     "Outcome",
+    "PipelineReport",
     "PromptError",
     "Redo",
     "RequestRefused",

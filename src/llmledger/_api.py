@@ -47,7 +47,7 @@ def apply_llm(
     prompt: Prompt,
     key: str | Sequence[str] | None = None,
     store: str | Path = DEFAULT_STORE,
-    table: str = DEFAULT_TABLE,
+    table: str | None = None,
     model: str = DEFAULT_MODEL,
     system: str | None = None,
     max_tokens: int = 1024,
@@ -112,7 +112,8 @@ def apply_llm(
 
 def checked_plan(o: dict[str, Any]) -> Plan:
     """apply_llm's arguments (`o`, by name), checked and turned into a Plan; nothing is written."""
-    df, step, prompt, key, store, table = o["df"], o["step"], o["prompt"], o["key"], o["store"], o["table"]
+    df, step, prompt, key, store = o["df"], o["step"], o["prompt"], o["key"], o["store"]
+    table = DEFAULT_TABLE if o["table"] is None else o["table"]
     model, system, max_tokens, validate, where = o["model"], o["system"], o["max_tokens"], o["validate"], o["where"]
     if is_parquet_path(df):
         df = read_parquet_input(df, key=key, prompt=prompt, where=where, every_column=validate is not None)
@@ -157,6 +158,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                  wait=o.get("wait", True), batch_size=o.get("batch_size"))
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
     _null_fields(plan, prompt, o.get("skip_nulls", False))
+    plan.default_table = o["table"] is None
     warn_unpriced(model)  # every check passed: the call will run
     return plan
 
@@ -293,10 +295,15 @@ def _plan(*, store: str | Path, table: str, step: str, chunk_size: Any, concurre
                 batch_size=MAX_REQUESTS if batch_size is None else batch_size)
 
 
+def credentials_missing(client: anthropic.AsyncAnthropic | None = None) -> bool:
+    """No client, no key in the environment, and not pointed at the simulator: a run could send nothing."""
+    return client is None and not (simulated() or os.environ.get("ANTHROPIC_API_KEY")
+                                   or os.environ.get("ANTHROPIC_AUTH_TOKEN"))
+
+
 def _check_credentials(client: anthropic.AsyncAnthropic | None) -> None:
     """A call that will send needs a key: say so before anything is written (estimate sends nothing)."""
-    if client is None and not (simulated() or os.environ.get("ANTHROPIC_API_KEY")
-                               or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
+    if credentials_missing(client):
         raise InvalidInputError("no API key: set ANTHROPIC_API_KEY (or pass client=anthropic.AsyncAnthropic("
                                 "api_key=...)). To try llmledger offline, call llmledger.simulate() first: "
                                 "apply_llm then answers from the bundled simulator (simulated answers, no cost)")

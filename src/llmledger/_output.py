@@ -181,8 +181,23 @@ def spec_from_request(options: Mapping[str, Any]) -> OutputSpec | None:
     config = options.get("output_config")
     fmt = config.get("format") if isinstance(config, Mapping) else None
     if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
-        return OutputSpec(fmt["schema"])
+        return OutputSpec(_in_field_order(fmt["schema"]))
     return None
+
+
+def _in_field_order(schema: Any) -> Any:
+    """A stored schema with each object's properties back in their declared order. The stored request is canonical
+    JSON (keys sorted), but `required` lists every field in order (`api_schema`): without this a store rebuilt
+    the Struct as {reason, spam} where the model said {spam, reason} (PostgreSQL's JSONB answers, a copy)."""
+    if isinstance(schema, list):
+        return [_in_field_order(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _in_field_order(value) for key, value in schema.items()}
+    properties, order = out.get("properties"), out.get("required")
+    if isinstance(properties, dict) and isinstance(order, list) and set(order) == set(properties):
+        out["properties"] = {name: properties[name] for name in order}
+    return out
 
 
 # -- the schema the API accepts ------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from ._api import apply_llm, checked_plan
 from ._ledger.graph import field_paths
 from ._output import OutputSpec, resolved, spec_from_request
 from ._prompt import template_fields
+from ._report import PipelineReport, RunReport
+from ._run import last_report, set_last_report
 from .errors import InvalidInputError, PromptError
 
 _PER_CALL = {"background"}
@@ -52,10 +54,18 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
     _check_every_step(df, steps, common)
     outputs = []
     frame = None
+    reports: dict[str, RunReport] = {}
     for name, options in steps.items():
         frame = apply_llm(df, name, **{**common, **options})
         outputs.append((name, frame))
+        report = last_report()
+        if isinstance(report, RunReport):
+            reports[name] = report
     assert frame is not None
+    combined = PipelineReport(reports)
+    set_last_report(combined)
+    if common.get("progress", True):
+        print(str(combined).splitlines()[0])  # each step showed its own summary; this is the whole
     returned = {name: [name, f"{name}_status", f"{name}_stale"] for name in names}  # what apply_llm appends
     step_columns = [c for name in names for c in returned[name]]
     if isinstance(frame, pl.DataFrame):

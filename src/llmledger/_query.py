@@ -50,6 +50,9 @@ def history(store: str | Path, table: str, step: str, key: Any = None) -> pl.Dat
 def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, by: str | None = None) -> int:
     """Flag the answers of `step` on rows matching `where` for redo; return how many rows were flagged.
 
+    Rows showing the very same answer to the very same request (twins answered together, or reused) are flagged
+    with them, so no row keeps a rejected answer; and no later row is handed a flagged answer.
+
     The flag (`{step}_flag`, `_flagged_at`, `_flagged_by`) is plain SQL to query; `apply_llm(...,
     redo="flagged")` re-sends exactly the flagged rows and clears each flag when its row is DONE again
     (the replaced answer goes to the history with the flag's reason).

@@ -38,6 +38,7 @@ class RunReport:
     batch_saved_usd: float = 0.0  # what the batch answers would have cost online, less what they cost
     done_saved_usd: float = 0.0  # what the skipped rows (DONE already) would cost again, at the step's average
     submitted: int = 0  # rows this run sent in Message Batches
+    downstream_stale: dict[str, int] = field(default_factory=dict)  # stale rows in steps reading this one, after
     null_fields: tuple[str, ...] = ()  # template fields null in some rows of the frame
     null_rows: int = 0  # rows of the frame with such a null (sent with empty text, unless skip_nulls)
     skip_nulls: bool = False
@@ -224,6 +225,10 @@ class RunReport:
             out.append(f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
                        "model, system, prompt, options or the row's input); they were not re-sent. Pass "
                        "redo='stale' to re-send exactly those.")
+        if self.downstream_stale:
+            made = ", ".join(f"{rows(n)} of step {s!r}" for s, n in self.downstream_stale.items())
+            out.append(f"Steps reading this one are stale where its answers changed: {made}. Run them with "
+                       "redo='stale' to re-send exactly those rows.")
         if self.null_rows:
             fields = ", ".join(f"{{{f}}}" for f in self.null_fields)
             out.append(f"{rows(self.null_rows)} of the frame {'has' if self.null_rows == 1 else 'have'} a null in "
@@ -244,7 +249,10 @@ class RunReport:
         if self.in_batches:
             out.append(f"{rows(self.in_batches)} are in Message Batches the API is still processing (usually "
                        "minutes, at most 24 h). Run the same call again (or `llmledger run`) to collect them; "
-                       "they are never sent twice.")
+                       "they are never sent twice." + (
+                           " (Simulated batches live in this kernel's simulator: collect them here; a run in "
+                           "another kernel or process asks their rows again of its own simulator, at no cost.)"
+                           if self.simulated else ""))
         if self.waiting:
             out.append(f"{rows(self.waiting)} wait for the steps their prompt reads (not DONE there yet, or "
                        "stale there); finish those steps first.")
@@ -259,3 +267,61 @@ class RunReport:
                        f"matching output=, or refused by validate=); see their {self.step}_error and {self.step}_raw "
                        f"columns, then llmledger.flag(...) them and rerun with redo='flagged'.")
         return out
+
+
+@dataclass(repr=False)
+class PipelineReport:
+    """What one `pipeline()` call did: each step's report and their totals (`llmledger.last_report()` after it,
+    so `.calls` and `.cost_usd` are the whole pipeline's)."""
+
+    steps: dict[str, RunReport]
+
+    def _sum(self, name: str) -> int:
+        return sum(getattr(r, name) for r in self.steps.values())
+
+    @property
+    def calls(self) -> int:
+        return self._sum("calls")
+
+    @property
+    def done(self) -> int:
+        return self._sum("done")
+
+    @property
+    def failed(self) -> int:
+        return self._sum("failed")
+
+    @property
+    def stale(self) -> int:
+        return self._sum("stale")
+
+    @property
+    def waiting(self) -> int:
+        return self._sum("waiting")
+
+    @property
+    def cost_usd(self) -> float | None:
+        costs = [r.cost_usd for r in self.steps.values()]
+        return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
+
+    def frame(self) -> pl.DataFrame:
+        """One row per step, then a `total` row: calls, cost, rows done / failed / for review, stale, waiting."""
+        names = ("calls", "done", "failed", "needs_review", "stale", "waiting")
+        rows_ = [{"step": step, **{n: getattr(r, n) for n in names}, "cost_usd": r.cost_usd,
+                  "seconds": round(r.seconds, 2)} for step, r in self.steps.items()]
+        rows_.append({"step": "total", **{n: self._sum(n) for n in names}, "cost_usd": self.cost_usd,
+                      "seconds": round(sum(r.seconds for r in self.steps.values()), 2)})
+        return pl.DataFrame(rows_, schema_overrides={"cost_usd": pl.Float64})
+
+    def __str__(self) -> str:
+        cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
+        extra = "".join(f" · {n:,} {what}" for n, what in ((self.stale, "stale"), (self.waiting, "waiting"),
+                                                           (self.failed, "failed")) if n)
+        return (f"pipeline of {len(self.steps)} steps: {self.calls:,} calls paid ({cost}) · {self.done:,} done"
+                f"{extra}\n" + "\n".join(f"  {r}" for r in self.steps.values()))
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        return self.frame()._repr_html_()

@@ -33,7 +33,7 @@ from ._ledger.columns import q
 from ._ledger.states import Outcome, Redo
 from ._ledger.verbs import named_outputs
 from ._loop import background_loop, run_blocking
-from ._report import RunReport
+from ._report import PipelineReport, RunReport
 from ._time import utcnow
 from .errors import (
     AuthenticationFailed,
@@ -54,15 +54,16 @@ _STOPPED = {Outcome.AUTH: AuthenticationFailed, Outcome.OUTAGE: OutageError,
             Outcome.NO_MODEL: ModelNotFound, Outcome.BAD_REQUEST: RequestRefused}
 
 
-def last_report() -> RunReport | None:
-    """The report of the last run this thread waited for (a foreground apply_llm, resume or apply_llm_async).
+def last_report() -> RunReport | PipelineReport | None:
+    """The report of the last run this thread waited for (a foreground apply_llm, resume or apply_llm_async; after
+    `pipeline()`, a `PipelineReport` of all its steps, with their totals).
 
     Background runs keep theirs on their handle (`run.report`).
     """
     return getattr(_local, "report", None)
 
 
-def set_last_report(report: RunReport) -> None:
+def set_last_report(report: RunReport | PipelineReport) -> None:
     _local.report = report
 
 
@@ -92,6 +93,7 @@ class Plan:
     null_fields: tuple[str, ...] = ()  # template fields that are null in some rows of the frame
     null_rows: int = 0  # rows of the frame with a null in a field the template reads
     skip_nulls: bool = False  # those rows are left unsent (apply_llm's skip_nulls=True)
+    default_table: bool = False  # apply_llm was not given table=: it refuses to rewrite answered rows' inputs
 
     @property
     def entry(self) -> str:
@@ -211,7 +213,7 @@ class Run:
             started = utcnow()
             params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
                                stale_before=started - plan.stale, where=plan.where, source=plan.cfg.source,
-                               lease=plan.stale)
+                               lease=plan.stale, guard_inputs=plan.default_table)
             if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
                 interrupted = self._run_async(lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag,
                                                                self._display, wait=False), foreground=foreground)
@@ -238,6 +240,7 @@ class Run:
                 selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
             report.outcome = Outcome.RUNNING
             report.started = time.monotonic()
+            self._record(ledger, selection, claimant, started, finished=False)  # a killed run leaves its row
             self._display.start()
             started_view.set()
             try:
@@ -266,6 +269,8 @@ class Run:
                 self._display.close(report)
                 self._record(ledger, selection, claimant, started)
             outputs = self._outputs(ledger, selection)
+            if plan.redo is not Redo.NONE and report.done:  # answers replaced: say what went stale downstream
+                report.downstream_stale = ledger.downstream_stale(plan.table, plan.step)
         if plan.progress or interrupted:  # after Ctrl-C the summary is the only word on what happened
             show_summary(report, self._display)
         elif report.stale and outputs is not None:  # quiet, but stale answers are never passed off as fresh
@@ -300,11 +305,15 @@ class Run:
         report.skipped = max(0, report.rows - report.selected - report.running_elsewhere - report.in_batches
                              - report.early_finished)
 
-    def _record(self, ledger: Ledger, selection: Selection, claimant: Claimant, started: Any) -> None:
+    def _record(self, ledger: Ledger, selection: Selection, claimant: Claimant, started: Any, *,
+                finished: bool = True) -> None:
+        """The run's row in llmledger_runs: written as it starts sending (outcome 'running', so a run that is
+        killed still shows, with when it began), replaced with its figures when it ends."""
         report, plan = self.report, self.plan
         request = selection.requests.get(selection.version)
         row = {"run_id": claimant.run_id, "table_name": plan.table, "step": plan.step, "claimant": str(claimant),
-               "model": request.model if request else None, "started_at": started, "finished_at": utcnow(),
+               "model": request.model if request else None, "started_at": started,
+               "finished_at": utcnow() if finished else None,
                "outcome": str(report.outcome), "rows_in_frame": report.rows, "rows_selected": report.selected,
                "done": report.done, "failed": report.failed, "needs_review": report.needs_review,
                "stale": report.stale, "calls": report.calls, "reused": report.reused, "retries": report.retries,

@@ -20,6 +20,7 @@ from typing import Any
 from ._api import DEFAULT_STORE
 from ._display import widget_frontend
 from ._ledger import open_existing
+from ._ledger.claims import is_abandoned
 from ._ledger.overview import BatchOverview, Claims, Overview, StepOverview
 from ._ledger.postgres import is_url, redacted
 from ._time import utcnow
@@ -155,7 +156,10 @@ def _flagged(step: StepOverview) -> list[str]:
 
 
 def _claims(claims: list[Claims], now: datetime) -> list[str]:
-    return [f"held by {c.claimed_by}: {c.rows:,} rows, claimed {_ago(c.since, now)} ago" for c in claims]
+    """Who holds the step's RUNNING rows; a holder whose process on this host is gone is said to be."""
+    return [f"held by {c.claimed_by}: {rows(c.rows)}, claimed {_ago(c.since, now)} ago" +
+            (" (its process is gone: the next run of the step takes them back)" if is_abandoned(c.claimed_by)
+             else "") for c in claims]
 
 
 def _batch(b: BatchOverview, now: datetime) -> str:

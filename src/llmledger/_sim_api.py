@@ -8,10 +8,13 @@ where the API sends them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import re
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -107,22 +110,67 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
                     return label
             return values[pick(path, len(values))]
         kind = node.get("type")
+        rules = _stated_rules(node)  # constraints the schema states in its description (what a model reads)
         if kind == "object":
             return {name: make(sub, f"{path}.{name}") for name, sub in (node.get("properties") or {}).items()}
         if kind == "array":
-            return [make(node.get("items") or {"type": "string"}, f"{path}[{i}]") for i in range(1 + pick(path, 2))]
-        if kind == "integer":
-            return pick(path, 100)
-        if kind == "number":
-            return pick(path, 1000) / 10
+            low = int(rules.get("minItems", 1))
+            high = max(low, int(rules.get("maxItems", low + 2)))
+            return [make(node.get("items") or {"type": "string"}, f"{path}[{i}]")
+                    for i in range(low + pick(path, high - low + 1))]
+        if kind in ("integer", "number"):
+            return _number(rules, kind == "integer", pick(path, 1_000_000) / 1_000_000)
         if kind == "boolean":
             return bool(pick(path, 2))
         if kind == "null":
             return None
+        if node.get("format") in _FORMATTED:
+            return _FORMATTED[node["format"]](pick(path, 1_000_000))
         start = pick(path, len(words))
-        return " ".join(words[start:start + 3]) + again
+        text = " ".join(words[start:start + 3]) + again
+        text = text.ljust(int(rules.get("minLength", 0)), "x")
+        return text[:int(rules["maxLength"])] if "maxLength" in rules else text
 
     return json.dumps(make(schema, "$"), ensure_ascii=False)
+
+
+_FORMATTED: dict[str, Any] = {  # string formats structured outputs support, each made valid from a number
+    "date": lambda n: f"20{n % 30:02d}-{n % 12 + 1:02d}-{n % 28 + 1:02d}",
+    "date-time": lambda n: f"20{n % 30:02d}-{n % 12 + 1:02d}-{n % 28 + 1:02d}T{n % 24:02d}:{n % 60:02d}:00Z",
+    "time": lambda n: f"{n % 24:02d}:{n % 60:02d}:{n % 59:02d}",
+    "duration": lambda n: f"P{n % 9 + 1}D",
+    "email": lambda n: f"user{n}@example.com",
+    "hostname": lambda n: f"host{n}.example.com",
+    "uri": lambda n: f"https://example.com/{n}",
+    "ipv4": lambda n: f"10.{n % 256}.{n // 256 % 256}.{n % 250 + 1}",
+    "ipv6": lambda n: f"2001:db8::{n % 65536:x}",
+    "uuid": lambda n: str(uuid.UUID(int=n * 7919 + 1)),
+}
+
+
+def _stated_rules(node: dict[str, Any]) -> dict[str, float]:
+    """Numeric constraints the API does not enforce but states in the description (`api_schema`'s hint:
+    "{maximum: 1, minimum: 0}"), which a model follows: the simulator follows them too."""
+    found = re.search(r"\{([^{}]*)\}\s*$", node.get("description") or "")
+    rules: dict[str, float] = {}
+    for part in (found.group(1).split(",") if found else []):
+        name, _, value = part.partition(":")
+        with contextlib.suppress(ValueError):
+            rules[name.strip()] = float(value)
+    return rules
+
+
+def _number(rules: dict[str, float], integer: bool, share: float) -> float | int:
+    """A number within the stated bounds (by default 0 to 99, or 0 to 100.0)."""
+    step = 1 if integer else 1e-6
+    low = max(rules.get("minimum", -math.inf), rules.get("exclusiveMinimum", -math.inf) + step)
+    high = min(rules.get("maximum", math.inf), rules.get("exclusiveMaximum", math.inf) - step)
+    low = low if low > -math.inf else (high - 99 if high < math.inf else 0)
+    high = high if high < math.inf else low + (99 if integer else 100)
+    if integer:
+        low, high = math.ceil(low), math.floor(high)
+        return int(low + round(share * max(high - low, 0)))
+    return round(low + share * (high - low), 6) if high > low else low
 
 
 def count_tokens(text: str) -> int:
@@ -234,6 +282,9 @@ class Faults:
     bad_json_once: str | None = None
     truncate: str | None = None
     api_key: str | None = None  # when set, any other key gets a 401
+    # model ids it answers besides those llmledger knows a price for (prices.json, set_price); any other gets the
+    # API's 404 (not_found_error), as a typo or a retired model does
+    models: tuple[str, ...] = ()
     # Message Batches (_sim_batches.py): seconds until a batch ends, its lifetime, per-request expiry and the
     # API's own errors by prompt substring, and the size limits of one batch
     batch_delay: float = 0.0
@@ -267,6 +318,16 @@ def user_text(body: dict[str, Any]) -> str:
                 return content
             return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
     return ""
+
+
+def unknown_model(body: Any, models: Sequence[str]) -> ErrorSpec | None:
+    """The API's 404 for a model it does not have (checked once the body is well formed)."""
+    from ._prices import price_of
+
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or model in models or price_of(model) is not None:
+        return None
+    return ErrorSpec(404, "not_found_error", f"model: {model}")
 
 
 def validate(body: Any) -> str | None:

@@ -26,7 +26,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ._sim_api import ERRORS, ErrorSpec, error_spec, user_text, validate
+from ._sim_api import ERRORS, ErrorSpec, error_spec, unknown_model, user_text, validate
 
 if TYPE_CHECKING:
     from .simulator import Simulator
@@ -198,7 +198,7 @@ class SimBatches:
         problem = validate(params)
         if problem is None and f.poison and f.poison in prompt:
             problem = f"prompt contains the poison substring {f.poison!r}"
-        error = ErrorSpec(400, "invalid_request_error", problem) if problem else None
+        error = ErrorSpec(400, "invalid_request_error", problem) if problem else unknown_model(params, f.models)
         if error is None and f.batch_error and f.batch_error in prompt:
             error = ERRORS[500]
         if error is not None:

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from ._exec.api import SIMULATOR_PATH
-from ._sim_api import ERRORS, ErrorSpec, request_tokens, user_text, validate
+from ._sim_api import ERRORS, ErrorSpec, request_tokens, unknown_model, user_text, validate
 from ._sim_batches import _Refused
 
 if TYPE_CHECKING:
@@ -168,6 +168,8 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             headers = sim._ratelimit_headers()
             if spec is None and problem:
                 spec = ErrorSpec(400, "invalid_request_error", problem)
+            if spec is None:
+                spec = unknown_model(body, f.models)
             if spec is not None:
                 sim._note(body, spec.status)
                 self._error(spec, headers)

@@ -6,7 +6,7 @@
                   [--mode batch [--no-wait]]    (and collect its Message Batches)
     llmledger worker STORE --table T --step S   llmledger.work(): drain a step with any number of other workers
                   [--concurrency N]             (on PostgreSQL, from many machines)
-    llmledger sql STORE "SELECT ..."            llmledger.sql()
+    llmledger sql STORE "SELECT ..." [--write]  llmledger.sql() (reads unless --write)
     llmledger flag STORE --table T --step S --where W --reason R      llmledger.flag(): mark answers for redo
     llmledger reset STORE --table T --step S --where W                llmledger.reset(): rows back to NOT_STARTED
     llmledger history STORE --table T --step S [--key K]              llmledger.history(): replaced answers
@@ -14,23 +14,28 @@
     llmledger restore PATH STORE                                      llmledger.restore(): a store from an export
     llmledger copy SOURCE TARGET                                      llmledger.copy(): DuckDB <-> PostgreSQL
     llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
-    llmledger simulator [--port P]              the offline Messages API, for your own tests
+    llmledger simulator [--port P] [--FAULT X]  the offline Messages API, for your own tests
 
+--table and --step may be left out when the store has only one.
 STORE is a DuckDB file, or a PostgreSQL URL (postgresql://user@host:5432/db; pip install 'llmledger[postgresql]').
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from datetime import timedelta
 
 import polars as pl
 
+from ._api import credentials_missing
 from ._ledger import shown
 from ._ledger.connection import db_errors
 from ._show import show, use_colour
+from ._sim_api import Faults
+from ._view import rows
 from .errors import InvalidInputError, LedgerError
 
 _TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100, "tbl_cols": -1,
@@ -70,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p_run = sub.add_parser("run", help="finish a step that apply_llm started, from the store alone")
     p_run.add_argument("store", help="the DuckDB file or postgresql:// URL")
-    p_run.add_argument("--table", required=True)
-    p_run.add_argument("--step", required=True)
+    p_run.add_argument("--table", default=None, help=_INFERRED)
+    p_run.add_argument("--step", default=None, help=_INFERRED)
     p_run.add_argument("--concurrency", type=int, default=16)
     p_run.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
     p_run.add_argument("--redo", choices=["stale", "flagged", "all"], default=None,
@@ -87,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     p_worker = sub.add_parser("worker", help="work on a step together with other workers until none of it is left "
                                              "(a PostgreSQL store lets many machines share one step)")
     p_worker.add_argument("store", help="the DuckDB file or postgresql:// URL")
-    p_worker.add_argument("--table", required=True)
-    p_worker.add_argument("--step", required=True)
+    p_worker.add_argument("--table", default=None, help=_INFERRED)
+    p_worker.add_argument("--step", default=None, help=_INFERRED)
     p_worker.add_argument("--concurrency", type=int, default=16)
     p_worker.add_argument("--chunk-size", type=int, default=200,
                           help="rows claimed ahead and committed together (smaller shares a small step more evenly)")
@@ -104,14 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     p_sql = sub.add_parser("sql", help="run a SQL query on the store and print the result")
     p_sql.add_argument("store")
     p_sql.add_argument("query")
+    p_sql.add_argument("--write", action="store_true", help="allow a statement that writes (llmledger.sql(write=True))")
 
     p_flag = sub.add_parser("flag", help="flag a step's answers on matching rows for redo (redo='flagged')")
     p_reset = sub.add_parser("reset", help="put a step back to NOT_STARTED on matching rows (answers to history)")
     p_history = sub.add_parser("history", help="a step's replaced answers next to the current ones")
     for p in (p_flag, p_reset, p_history):
         p.add_argument("store", help="the DuckDB file or postgresql:// URL")
-        p.add_argument("--table", required=True)
-        p.add_argument("--step", required=True)
+        p.add_argument("--table", default=None, help=_INFERRED)
+        p.add_argument("--step", default=None, help=_INFERRED)
     for p in (p_flag, p_reset):
         p.add_argument("--where", required=True, help="SQL predicate over the fact table, e.g. \"id IN (3, 7)\"")
     p_flag.add_argument("--reason", required=True, help="what is wrong with these answers")
@@ -126,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p_export = sub.add_parser("export", help="write a table (a folder of Parquet files, or one .parquet file) or "
                                              "one step (a file)")
     p_export.add_argument("store", help="the DuckDB file or postgresql:// URL")
-    p_export.add_argument("--table", required=True)
+    p_export.add_argument("--table", default=None, help=_INFERRED)
     p_export.add_argument("path", help="a new folder (the table and its bookkeeping, for restore), or a file "
                                        "ending in .parquet (the table alone, or with --step one step's view)")
     p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
@@ -145,13 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("--rows", type=int, default=None,
                         help="rows to use (default: all 3,000 on the simulator, 20 on the real API)")
 
-    p_sim = sub.add_parser("simulator", help="serve the offline Messages API simulator")
+    p_sim = sub.add_parser("simulator", help="serve the offline Messages API simulator (every fault simulate() "
+                                             "takes is an option: --latency 0.1 --rate-limit 50 --error-rate 0.05 ...)")
     p_sim.add_argument("--port", type=int, default=8765)
-    p_sim.add_argument("--latency", type=float, default=0.0)
-    p_sim.add_argument("--rate-limit", type=float, default=None, help="requests per second")
+    _fault_options(p_sim)
 
     args = parser.parse_args(argv)
     try:
+        if args.command in ("run", "worker", "flag", "reset", "history", "export"):
+            _infer_names(args, step=args.command != "export")
+        if args.command in ("run", "worker") and credentials_missing():
+            print("llmledger: no API key: export ANTHROPIC_API_KEY=... first. To run offline instead, start the "
+                  "simulator in another shell (llmledger simulator --port 8765) and export "
+                  "ANTHROPIC_BASE_URL=http://127.0.0.1:8765/llmledger-simulator", file=sys.stderr)
+            return 2
         if args.command == "status":
             colour = {"always": True, "never": False}.get(args.color, use_colour())
             if args.every is not None:
@@ -178,18 +191,19 @@ def main(argv: list[str] | None = None) -> int:
                               progress=not args.quiet)
             except KeyboardInterrupt:
                 return 130
-            print(f"worker done: {report.calls} paid calls, {report.done} rows DONE, {report.failed} FAILED, "
-                  f"{report.needs_review} NEEDS_REVIEW ({report.outcome.value})", flush=True)
+            print(f"worker done ({report.outcome.value}), all its passes together: {rows(report.done)} DONE, "
+                  f"{report.calls:,} paid calls, {report.failed:,} FAILED, {report.needs_review:,} NEEDS_REVIEW",
+                  flush=True)
         elif args.command == "copy":
             from ._copy import copy
 
             copied = copy(args.source, args.target)
-            tables = ", ".join(f"{table} ({n:,} rows)" for table, n in copied.items())
+            tables = ", ".join(f"{table} ({rows(n)})" for table, n in copied.items())
             print(f"copied {tables} into {shown(args.target)}")
         elif args.command == "sql":
             from ._query import sql
 
-            result = sql(args.store, args.query)
+            result = sql(args.store, args.query, write=args.write)
             if result is not None:
                 with pl.Config(**_TABLE_FORMAT):
                     print(result)
@@ -201,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 n = reset(args.store, args.table, args.step, where=args.where, running=args.running,
                           stale_after=timedelta(seconds=args.stale_after))
-            print(f"{args.command}: {n:,} rows of {args.table}.{args.step}")
+            print(f"{args.command}: {rows(n)} of {args.table}.{args.step}")
         elif args.command == "history":
             from ._query import history
 
@@ -227,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "simulator":
             from .simulator import Simulator
 
-            sim = Simulator(port=args.port, latency=args.latency, rate_limit=args.rate_limit)
+            faults = {name: value for name, value in vars(args).items() if name in _FAULTS and value not in (None, [])}
+            sim = Simulator(port=args.port, **faults)
             print(f"simulator listening on {sim.base_url} (ANTHROPIC_BASE_URL={sim.base_url}); Ctrl-C stops it",
                   flush=True)
             try:
@@ -238,3 +253,44 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmledger: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _status_or_text(value: str) -> int | str:
+    return int(value) if value.isdigit() else value
+
+
+_FAULTS = {f.name: f for f in dataclasses.fields(Faults) if f.name != "fail_next"}
+
+
+def _fault_options(parser: argparse.ArgumentParser) -> None:
+    """One option per fault of `Simulator` (`llmledger.simulate`'s keywords), so a shell user has them all."""
+    for name, spec in _FAULTS.items():
+        if name == "models":
+            parser.add_argument("--model", dest="models", action="append", default=[],
+                                help="a model id to answer besides those llmledger has prices for (repeatable)")
+            continue
+        kind = str(spec.type)
+        convert = (_status_or_text if "int | str" in kind else float if "float" in kind else
+                   int if "int" in kind else str)
+        parser.add_argument("--" + name.replace("_", "-"), type=convert, default=None,
+                            help=f"Simulator({name}=...); default {spec.default!r}")
+
+
+_INFERRED = "(default: the only one the store has)"
+
+
+def _infer_names(args: argparse.Namespace, *, step: bool) -> None:
+    """--table (and --step) may be left out when the store has just one: as a shell user expects."""
+    from ._ledger import open_existing
+
+    steps = open_existing(args.store).steps(args.table)
+    if args.table is None:
+        tables = sorted({t for t, _, _ in steps})
+        if len(tables) != 1:
+            raise InvalidInputError(f"pass --table: the store has {'tables ' + str(tables) if tables else 'no steps'}")
+        args.table = tables[0]
+    if step and args.step is None:
+        names = sorted(s for t, s, _ in steps if t == args.table)
+        if len(names) != 1:
+            raise InvalidInputError(f"pass --step: table {args.table!r} has steps {names}")
+        args.step = names[0]

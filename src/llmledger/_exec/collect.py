@@ -43,6 +43,7 @@ from .._ledger.states import Outcome
 from .._output import OutputError, OutputSpec
 from .._report import RunReport
 from .._time import utcnow
+from .._view import rows as rows_text
 from .api import REFUSAL, Reply, reply_from
 from .batch import fingerprint_of, result_frame
 from .reconcile import Reading, Reconciler, Undecided, tag_of
@@ -228,6 +229,16 @@ class BatchCollector:
         try:
             batch = await self.client.messages.batches.retrieve(record.batch_id)
         except anthropic.NotFoundError:  # deleted, or another workspace's key: keep the rows, say what to do
+            if record.source == SIMULATOR:  # it lived in a simulator that is gone (another kernel, a process)
+                back = await asyncio.to_thread(
+                    self.ledger.abandon_batch, self.table, self.step, intent=record.intent, now=utcnow(),
+                    confirmed=True, note="sent to a simulator that is gone (it lives in its kernel or process)")
+                if back.height:
+                    self.returned.append(back)
+                    self._note(f"{rows_text(back.height)} were in simulated batch {record.batch_id}, which ended "
+                               "with the simulator that held it (a simulator lives in its kernel or process; "
+                               "nothing was paid): they are asked again of this one")
+                return True
             self.stuck.add(record.intent)
             self._note(f"the API has no batch {record.batch_id} for this API key (deleted, or another "
                        f"workspace's); its rows stay SUBMITTED. To send them again: llmledger.reset(store, "

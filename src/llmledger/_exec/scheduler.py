@@ -150,9 +150,11 @@ class Scheduler:
             return True
         earlier = f" (${self.cfg.spent_before_usd:.4f} of it by earlier runs of this step)" \
             if self.cfg.spent_before_usd else ""
-        self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${spent:.4f} spent{earlier}, and "
-                                  f"another request (about ${average:.4f}) would go over it. Rows not sent stay as "
-                                  "they were; raise max_cost_usd to go on.")
+        flying = f", {self.in_flight} in flight (about ${average * self.in_flight:.4f})" if self.in_flight else ""
+        self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${spent:.4f} spent{earlier}{flying}, "
+                                  f"and another request (about ${average:.4f}) would take it to "
+                                  f"${spent + average * (self.in_flight + 1):.4f}. Rows not sent stay as they were; "
+                                  "raise max_cost_usd to go on.")
         return False
 
     def _budget_need(self, cost: float, average: float) -> float:
@@ -200,9 +202,12 @@ class Scheduler:
             self.budget_first_ok = not average
             return
         others = f", ${look.others_usd:.4f} reserved by other runs of this step in flight" if look.others_usd else ""
+        mine = need - average  # this run's answers billed but not committed, and its requests in flight
+        flying = f", ${mine:.4f} this run has in flight or not yet committed" if mine > 0.00005 else ""
         self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${look.spent_usd:.4f} spent on the "
-                                  f"step{others}, and another request (about ${average:.4f}) would go over it. "
-                                  "Rows not sent stay as they were; raise max_cost_usd to go on.")
+                                  f"step{others}{flying}, and another request (about ${average:.4f}) would take it "
+                                  f"to ${look.spent_usd + look.others_usd + need:.4f}. Rows not sent stay as they "
+                                  "were; raise max_cost_usd to go on.")
 
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
         """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""

@@ -138,6 +138,8 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             altered = column_types(con, layout.table).keys() != columns_before.keys()  # a new table version to hold
             found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
                            wrote=altered)
+            if params.guard_inputs:
+                _refuse_rewriting_answered_inputs(layout, found)
             wrote = self._write_frame(con, layout, definition, frame, found,
                                       frame if source is None else source, graph)
             if wrote:
@@ -358,7 +360,10 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         return named_outputs(found, selection.layout.step)
 
     def record_run(self, row: dict[str, Any]) -> None:
+        """Write the run's row, replacing the one it wrote when it started (same run_id and step)."""
         def work(con: duckdb.DuckDBPyConnection) -> None:
+            con.execute(f"DELETE FROM {RUNS_TABLE} WHERE run_id = ? AND table_name = ? AND step = ?",
+                        [row["run_id"], row["table_name"], row["step"]])
             cols = list(row)
             con.execute(f"INSERT INTO {RUNS_TABLE} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
                         list(row.values()))
@@ -370,6 +375,21 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
     def counts(self, table: str | None = None) -> pl.DataFrame:
         with self.conn.open(wait=60.0, read_only=True) as con:
             return status_counts(con, table)
+
+    def downstream_stale(self, table: str, step: str) -> dict[str, int]:
+        """Stale rows, now, in every step that reads `step` (directly or through other steps)."""
+        with self.conn.open(wait=60.0, read_only=True) as con:
+            graph = StepGraph.load(con, table)
+            below, grew = {step}, True
+            while grew:
+                found = {s for s, ups in graph.upstream.items() if below & set(ups)} - below
+                below, grew = below | found, bool(found)
+            below.discard(step)
+            if not below:
+                return {}
+            counts = status_counts(con, table)
+        return {r["step"]: int(r["stale"] or 0) for r in counts.iter_rows(named=True)
+                if r["step"] in below and r["stale"]}
 
     def overview(self, table: str | None = None) -> Overview:
         with self.conn.open(wait=60.0, read_only=True) as con:
@@ -455,3 +475,16 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]:
         with self.conn.open(wait=60.0, read_only=True) as con:
             return list_steps(con, table)
+
+
+def _refuse_rewriting_answered_inputs(layout: Layout, found: pl.DataFrame) -> None:
+    """The default table, given a frame whose values differ from those stored for rows the step has answered:
+    most likely another dataset sharing its keys (reviews, then SMS, both `id` 1..n). Say so before writing."""
+    answered = found["exists"] & found["changed"] & (found["status"] == "DONE")
+    n = int(answered.sum())
+    if n:
+        raise InvalidInputError(
+            f"this frame would change the input columns of {n:,} rows of the default table {layout.table!r} that "
+            f"step {layout.step!r} has answered (their answers would turn stale): is it another dataset with the "
+            f"same keys? Pass table='...' naming a table for it (e.g. table='sms'); or, to update those rows "
+            f"on purpose, pass table={layout.table!r}. Nothing was written.")
