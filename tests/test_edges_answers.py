@@ -48,3 +48,13 @@ def test_a_flagged_answer_is_never_handed_to_another_row(client: Any, sim: Simul
     redone = run(with_new, redo="flagged")
     assert redone["s"].to_list()[:2] == ["answer 4", "answer 4"]
     assert llmledger.progress(store, "t")["flagged"].to_list() == [0]
+
+
+def test_a_validate_reason_holding_a_nul_is_kept_on_both_engines(client: Any, sim: Simulator, target: Any) -> None:
+    """A NUL in a validate= reason made the commit fail on PostgreSQL, losing the paid answers and blocking the
+    step while its journal was merged; the reason keeps U+FFFD in its place."""
+    out = apply_llm(frame(2), "s", prompt="Q: {text}", store=target, table="m", client=client, progress=False,
+                    validate=lambda row, output: "bad\x00reason")
+    assert out["s_status"].to_list() == ["NEEDS_REVIEW"] * 2 and sim.stats()["paid"] == 2
+    errors = llmledger.sql(target, "SELECT DISTINCT s_error FROM m")["s_error"].to_list()  # type: ignore[index]
+    assert errors == ["bad\ufffdreason"]

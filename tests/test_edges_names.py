@@ -106,6 +106,8 @@ def test_columns_the_store_cannot_keep_apart_are_refused(target: Any, client: an
 
     run(frame(2))
     before = snapshot(target)
+    with pytest.raises(llmledger.InvalidInputError, match=r"table 'T' differs only in case from the store's table 't'"):
+        apply_llm(frame(2), "s", prompt="A: {text}", store=target, table="T", client=client, progress=False)
     cases = [(frame(2).with_columns(pl.col("text").alias("Text")), r"'text' and 'Text' differ only in case"),
              (frame(2).with_columns(pl.lit("x").alias("S")), r"'S' differs only in case from 's'"),
              (frame(2).with_columns(pl.lit("x").alias("S_STATUS")), r"'S_STATUS' differs only in case"),

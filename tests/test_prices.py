@@ -124,3 +124,7 @@ def test_a_mistyped_model_is_warned_at_the_callers_line_and_refused_by_the_simul
     assert "Did you mean 'claude-haiku-4-5'?" in str(notes[0].message)
     assert sim.stats()["paid"] == 0
     assert sql(store, "SELECT count(*) FILTER (WHERE summary_status = 'FAILED') FROM messages") == [(0,)]
+    with pytest.raises(llmledger.ModelNotFound):  # a dated snapshot nobody released: priced, but no such model
+        run(frame(3), "summary", prompt="Summarize: {text}", model="claude-haiku-4-5-20991231")
+    out = run(frame(3), "summary", prompt="Summarize: {text}", model="claude-haiku-4-5-20251001")  # a real one
+    assert out["summary_status"].to_list() == ["DONE"] * 3

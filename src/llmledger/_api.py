@@ -409,6 +409,9 @@ def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> None:
     them unsent: their `IS NOT NULL` joins `where=` (so they stay NOT_STARTED until their value arrives)."""
     if not isinstance(skip, bool):
         raise InvalidInputError(f"skip_nulls must be True or False, got {skip!r}")
+    if skip and not isinstance(prompt, str):
+        raise InvalidInputError("skip_nulls=True looks at the columns a template reads; a callable prompt has none: "
+                                "filter the frame instead (e.g. df.drop_nulls('text')), or pass where=")
     frame = plan.frame
     assert frame is not None
     fields = [f for f in template_fields(prompt) if f in frame.columns] if isinstance(prompt, str) else []

@@ -37,7 +37,8 @@ _WORK = "llmledger_estimate"
 def estimate(df: Any, step: str, **options: Any) -> pl.DataFrame:
     """What `apply_llm(df, step, **options)` would send and cost, as a one-row frame; nothing is sent or written.
 
-    Columns: rows, to_send, calls (requests after identical ones share an answer), reused, done, stale,
+    Columns: rows, to_send, calls (requests after identical ones share an answer), reused, done (current answers;
+    stale ones are counted apart, as in `progress()`), stale,
     waiting, needs_review, in_batches (rows in Message Batches still processing), input_tokens, output_tokens,
     output_basis, cost_usd (online), cost_usd_batch.
     """
@@ -90,9 +91,11 @@ def _look(con: duckdb.DuckDBPyConnection, selection: Selection, plan: Plan) -> d
     price = price_of(request.model)
     usage = {"input_tokens": plain, "output_tokens": output, "cache_write_tokens": write,
              "cache_write_1h_tokens": write if request.cache_ttl == "1h" else 0, "cache_read_tokens": read}
-    status = selection.survey["status"] if selection.survey is not None else pl.Series([], dtype=pl.String)
+    survey = selection.survey if selection.survey is not None else pl.DataFrame(
+        schema={"status": pl.String, "stale": pl.Boolean})
+    status, stale = survey["status"], survey["stale"].fill_null(False)
     return {"rows": plan.frame.height, "to_send": selection.work.height, "calls": calls,
-            "reused": selection.work.height - calls, "done": int((status == "DONE").sum()),
+            "reused": selection.work.height - calls, "done": int(((status == "DONE") & ~stale).sum()),
             "stale": selection.stale, "waiting": selection.waiting, "needs_review": selection.needs_review,
             "in_batches": selection.in_batches,
             "input_tokens": plain + write + read, "output_tokens": output, "output_basis": basis,

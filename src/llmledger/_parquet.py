@@ -100,6 +100,11 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
     if not steps:
         raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
     out = Path(path).expanduser()
+    if step is not None and out.suffix.lower() != ".parquet":
+        raise InvalidInputError(f"export(step=...) writes one Parquet file: pass a path ending in .parquet, got "
+                                f"{str(path)!r}")
+    if not is_url(store) and out.resolve() == Path(store).expanduser().resolve():
+        raise InvalidInputError(f"{str(path)!r} is the store itself; export to another path")
     with ledger.conn.open(wait=60.0, read_only=True) as con:
         if step is not None:
             if step not in steps:

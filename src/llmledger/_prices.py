@@ -105,6 +105,14 @@ def _price(entry: dict[str, Any]) -> Price:
                  long_prompt=_price({**long, "batch": entry.get("batch", 0.5)}) if long else None)
 
 
+def listed(model: str) -> bool:
+    """Whether `model` is an id or alias of the price table (or given a price with `set_price`), exactly: what
+    the simulator answers, as the API answers only models it has (an invented dated snapshot is not one)."""
+    _, prices, aliases = _table()
+    with _lock:
+        return model in prices or model in aliases or model in _overrides
+
+
 def price_of(model: str) -> Price | None:
     """The price of `model` (an id, alias or dated snapshot), or None when unknown."""
     with _lock:

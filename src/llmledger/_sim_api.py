@@ -151,10 +151,12 @@ _FORMATTED: dict[str, Any] = {  # string formats structured outputs support, eac
 def _stated_rules(node: dict[str, Any]) -> dict[str, float]:
     """Numeric constraints the API does not enforce but states in the description (`api_schema`'s hint:
     "{maximum: 1, minimum: 0}"), which a model follows: the simulator follows them too."""
-    found = re.search(r"\{([^{}]*)\}\s*$", node.get("description") or "")
+    hint = (node.get("description") or "").rsplit("\n\n", 1)[-1].strip()
     rules: dict[str, float] = {}
-    for part in (found.group(1).split(",") if found else []):
-        name, _, value = part.partition(":")
+    if not (hint.startswith("{") and hint.endswith("}")):
+        return rules
+    for part in re.split(r", (?=[A-Za-z_]+: )", hint[1:-1]):  # a pattern's own braces and commas stay whole
+        name, _, value = part.partition(": ")
         with contextlib.suppress(ValueError):
             rules[name.strip()] = float(value)
     return rules
@@ -167,6 +169,11 @@ def _number(rules: dict[str, float], integer: bool, share: float) -> float | int
     high = min(rules.get("maximum", math.inf), rules.get("exclusiveMaximum", math.inf) - step)
     low = low if low > -math.inf else (high - 99 if high < math.inf else 0)
     high = high if high < math.inf else low + (99 if integer else 100)
+    step_of = rules.get("multipleOf")
+    if step_of:  # the multiples within the bounds, one picked
+        first, last = math.ceil(low / step_of), math.floor(high / step_of)
+        value = (first + round(share * max(last - first, 0))) * step_of
+        return int(value) if integer else round(value, 9)
     if integer:
         low, high = math.ceil(low), math.floor(high)
         return int(low + round(share * max(high - low, 0)))
@@ -322,10 +329,10 @@ def user_text(body: dict[str, Any]) -> str:
 
 def unknown_model(body: Any, models: Sequence[str]) -> ErrorSpec | None:
     """The API's 404 for a model it does not have (checked once the body is well formed)."""
-    from ._prices import price_of
+    from ._prices import listed
 
     model = body.get("model") if isinstance(body, dict) else None
-    if not isinstance(model, str) or model in models or price_of(model) is not None:
+    if not isinstance(model, str) or model in models or listed(model):
         return None
     return ErrorSpec(404, "not_found_error", f"model: {model}")
 

@@ -26,6 +26,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ._exec.api import NEVER_IN_THIS_SIMULATOR
 from ._sim_api import ERRORS, ErrorSpec, error_spec, unknown_model, user_text, validate
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class SimBatches:
         self.sim = sim
         self._lock = threading.Lock()
         self._batches: dict[str, dict[str, Any]] = {}
+        self._deleted: set[str] = set()
 
     # -- endpoints: each returns its answer or raises _Refused ---------------------------------------
     def route(self, method: str, url: str, body: Any, size: int, base_url: str) -> dict[str, Any] | bytes:
@@ -138,6 +140,7 @@ class SimBatches:
                                                                    "they can be deleted; cancel it first."))
         with self._lock:
             del self._batches[batch_id]
+            self._deleted.add(batch_id)
         return {"id": batch_id, "type": "message_batch_deleted"}
 
     def results(self, batch_id: str) -> bytes:
@@ -154,7 +157,8 @@ class SimBatches:
         with self._lock:
             record = self._batches.get(batch_id)
         if record is None:
-            raise _Refused(ErrorSpec(404, "not_found_error", f"No batch found with id {batch_id!r}"))
+            never = "" if batch_id in self._deleted else f": {NEVER_IN_THIS_SIMULATOR}"
+            raise _Refused(ErrorSpec(404, "not_found_error", f"No batch found with id {batch_id!r}{never}"))
         return record
 
     def _advance(self, record: dict[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from datetime import timedelta
 
 import polars as pl
 
-from ._api import credentials_missing
 from ._ledger import shown
 from ._ledger.connection import db_errors
 from ._show import show, use_colour
@@ -160,11 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("run", "worker", "flag", "reset", "history", "export"):
             _infer_names(args, step=args.command != "export")
-        if args.command in ("run", "worker") and credentials_missing():
-            print("llmledger: no API key: export ANTHROPIC_API_KEY=... first. To run offline instead, start the "
-                  "simulator in another shell (llmledger simulator --port 8765) and export "
-                  "ANTHROPIC_BASE_URL=http://127.0.0.1:8765/llmledger-simulator", file=sys.stderr)
-            return 2
         if args.command == "status":
             colour = {"always": True, "never": False}.get(args.color, use_colour())
             if args.every is not None:
@@ -241,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "simulator":
             from .simulator import Simulator
 
-            faults = {name: value for name, value in vars(args).items() if name in _FAULTS and value not in (None, [])}
+            faults = {name: value for name, value in vars(args).items()
+                      if (name in _FAULTS or name in _FAULTS_AS_TOLD) and value not in (None, [])}
             sim = Simulator(port=args.port, **faults)
             print(f"simulator listening on {sim.base_url} (ANTHROPIC_BASE_URL={sim.base_url}); Ctrl-C stops it",
                   flush=True)
@@ -250,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 time.sleep(0)
     except (LedgerError, *db_errors()) as exc:
+        if isinstance(exc, InvalidInputError) and str(exc).startswith("no API key"):  # to a shell user
+            exc = InvalidInputError("no API key: export ANTHROPIC_API_KEY=... first. To run offline instead, "
+                                    "start the simulator in another shell (llmledger simulator --port 8765) and "
+                                    "export ANTHROPIC_BASE_URL=http://127.0.0.1:8765/llmledger-simulator")
         print(f"llmledger: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -259,11 +258,16 @@ def _status_or_text(value: str) -> int | str:
     return int(value) if value.isdigit() else value
 
 
-_FAULTS = {f.name: f for f in dataclasses.fields(Faults) if f.name != "fail_next"}
+_FAULTS = {f.name: f for f in dataclasses.fields(Faults) if f.name not in ("fail_next", "outage_until")}
+_FAULTS_AS_TOLD = ("outage_for", "fail_next")  # as simulate() takes them: seconds from now; a list of faults
 
 
 def _fault_options(parser: argparse.ArgumentParser) -> None:
     """One option per fault of `Simulator` (`llmledger.simulate`'s keywords), so a shell user has them all."""
+    parser.add_argument("--outage-for", type=float, default=None, help="seconds from the start during which every "
+                        "request gets --outage-status")
+    parser.add_argument("--fail-next", type=lambda v: [_status_or_text(x.strip()) for x in v.split(",")],
+                        default=None, help="faults for the first requests, e.g. 529,529,429 or no_retry")
     for name, spec in _FAULTS.items():
         if name == "models":
             parser.add_argument("--model", dest="models", action="append", default=[],

@@ -59,6 +59,8 @@ class Simulator:
 
     def __init__(self, *, port: int = 0, responder: Responder | None = None, **faults: Any) -> None:
         self.responder = responder or default_reply
+        if "outage_for" in faults:  # seconds from now, as configure() takes it
+            faults["outage_until"] = time.time() + float(faults.pop("outage_for"))
         unknown = set(faults) - {f.name for f in fields(Faults)}
         if unknown:
             raise ValueError(f"unknown simulator setting(s) {sorted(unknown)}; known: "

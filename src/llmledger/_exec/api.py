@@ -202,6 +202,9 @@ def simulated() -> bool:
 
 
 SIMULATOR_PATH = "/llmledger-simulator"  # the path a Simulator's base_url ends in, so any client pointed at one
+# The simulator's 404 for a batch id it never had (not one deleted): its batches live as long as it does, so a
+# batch a simulator of another kernel or process made is gone with it (the collector asks its rows again).
+NEVER_IN_THIS_SIMULATOR = "this simulator never had it (a simulator keeps its batches only while it runs)"
 # (in this process, a subprocess, a kernel) is recognised as simulated
 ANTHROPIC_API = "https://api.anthropic.com"  # the SDK's default base URL
 

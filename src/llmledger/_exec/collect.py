@@ -44,7 +44,7 @@ from .._output import OutputError, OutputSpec
 from .._report import RunReport
 from .._time import utcnow
 from .._view import rows as rows_text
-from .api import REFUSAL, Reply, reply_from
+from .api import NEVER_IN_THIS_SIMULATOR, REFUSAL, Reply, reply_from
 from .batch import fingerprint_of, result_frame
 from .reconcile import Reading, Reconciler, Undecided, tag_of
 from .recorder import Recorder
@@ -96,7 +96,7 @@ class BatchCollector:
         for record in open_batches:
             if self.stopped or record.batch_id is None or not await self._merge_if_ended(record):
                 still.append(record)
-        self.report.in_batches = sum(b.rows for b in still)
+        self.report.in_batches = sum(b.rows for b in still if b not in foreign)  # another endpoint's: its own note
         return still
 
     async def _by_source(self) -> tuple[list[BatchRecord], list[BatchRecord]]:
@@ -228,8 +228,8 @@ class BatchCollector:
             return False
         try:
             batch = await self.client.messages.batches.retrieve(record.batch_id)
-        except anthropic.NotFoundError:  # deleted, or another workspace's key: keep the rows, say what to do
-            if record.source == SIMULATOR:  # it lived in a simulator that is gone (another kernel, a process)
+        except anthropic.NotFoundError as exc:  # deleted, or another workspace's key: keep the rows, say what to do
+            if record.source == SIMULATOR and NEVER_IN_THIS_SIMULATOR in str(exc):  # its simulator is gone
                 back = await asyncio.to_thread(
                     self.ledger.abandon_batch, self.table, self.step, intent=record.intent, now=utcnow(),
                     confirmed=True, note="sent to a simulator that is gone (it lives in its kernel or process)")

@@ -82,8 +82,11 @@ class Sink(Protocol):
 class OnlineSender:
     def __init__(self, client: anthropic.AsyncAnthropic, *, requests: dict[str, RequestSpec],
                  known: dict[str, KnownAnswer], retry: RetryPolicy, dedupe: bool, sink: Sink,
-                 output: OutputSpec | None = None) -> None:
+                 output: OutputSpec | None = None, concurrency: int = 1) -> None:
         self.client, self.requests, self.retry, self.dedupe, self.sink = client, requests, retry, dedupe, sink
+        # refusals alike that stop a run: more than a first wave of requests holds, so rows refused for their own
+        # reason at the head of a frame are outweighed by the rest of that wave's answers
+        self.refused_alike = max(REFUSED_ALIKE, concurrency + 1)
         self.output = output  # answers are checked against it; one that fails gets one retry with the reason
         self.pacer = Pacer()
         self.answers: dict[str, Answer] = {fp: (known_reply(a), None) for fp, a in known.items()}
@@ -190,7 +193,7 @@ class OnlineSender:
         return None
 
     def _refused_alike(self, failure: CallFailed, row: dict[str, Any]) -> bool:
-        """A 400 `invalid_request_error` the API gave, word for word, to REFUSED_ALIKE distinct requests before it
+        """A 400 `invalid_request_error` the API gave, word for word, to `refused_alike` distinct requests before it
         answered any is the call's fault (an option, a schema, a model it refuses), not the rows': stop the run
         with one clear error rather than fail every row with advice to run it again. True when it stopped."""
         text = str(failure)
@@ -199,7 +202,7 @@ class OnlineSender:
         message = text.split(" (request ", 1)[0]  # the request id differs from request to request
         seen = self.refused.setdefault(message, set())
         seen.add(row["fingerprint"])
-        if len(seen) < REFUSED_ALIKE:
+        if len(seen) < self.refused_alike:
             return False
         self.sink.stop(Outcome.BAD_REQUEST, f"the API refused the first {len(seen)} distinct requests alike, "
                                             f"answering none: {message}. The call's options are at fault, not the "

@@ -60,6 +60,8 @@ class Recorder:
         if reply is not None and error is None and self.cfg.validate is not None:
             error = self._validate(row, reply.text)
             refused_by_validate = error is not None
+        if error:  # a validate= reason or an API message: PostgreSQL text holds no NUL, and the answer must commit
+            error = error.replace("\x00", "\ufffd")
         if reply is not None:
             if reused:  # an identical request was answered already: nothing to pay
                 reply = dataclasses.replace(reply, input_tokens=0, output_tokens=0, cache_write_tokens=0,

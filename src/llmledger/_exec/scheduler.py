@@ -89,7 +89,7 @@ class Scheduler:
         self.output = output
         self.recorder = Recorder(selection=selection, cfg=cfg, report=report, output=output)
         self.sender = OnlineSender(client, requests=selection.requests, known=selection.known, retry=cfg.retry,
-                                   dedupe=cfg.dedupe, sink=self, output=output)
+                                   dedupe=cfg.dedupe, sink=self, output=output, concurrency=cfg.concurrency)
         layout = selection.layout
         self.journal = Journal(ledger.path, layout.table, layout.step, str(claimant))
         self.buffer: list[dict[str, Any]] = []

@@ -200,13 +200,15 @@ class PgCon:
     def __init__(self, raw: Any) -> None:
         self.raw = raw
 
-    def execute(self, sql: str, params: Any = None) -> Any:
+    def execute(self, sql: str, params: Any = None, *, single: bool = False) -> Any:
+        """`single`: one statement only (a prepared statement, which PostgreSQL refuses to chain): for SQL a
+        person wrote, so `COMMIT; DELETE ...` cannot step out of a read-only transaction."""
         cursor = self.raw.cursor()
-        cursor.execute(*translate(sql, params))
+        cursor.execute(*translate(sql, params), prepare=True if single else None)
         return cursor
 
-    def sql(self, sql: str, params: Any = None) -> PgRelation | None:
-        cursor = self.execute(sql, params)
+    def sql(self, sql: str, params: Any = None, *, single: bool = False) -> PgRelation | None:
+        cursor = self.execute(sql, params, single=single)
         if cursor.description is None:
             return None
         return PgRelation(cursor.description, cursor.fetchall())

@@ -25,7 +25,16 @@ from . import RunParams, Selection, StepDefinition
 from .batches import BatchVerbs
 from .budget import BudgetVerbs, drop, settle, touch
 from .columns import names, output_as_text, q
-from .connection import Connection, column_types, dialect, lock_step, one, table_exists, writes_refused
+from .connection import (
+    Connection,
+    column_types,
+    dialect,
+    lock_step,
+    one,
+    registered,
+    table_exists,
+    writes_refused,
+)
 from .graph import StepGraph
 from .history import side_by_side
 from .overview import Overview, read_overview
@@ -73,6 +82,7 @@ from .verbs import (
     status_counts,
 )
 
+_READS = {"SELECT", "EXPLAIN", "PRAGMA"}  # statement types llmledger.sql runs without write=True (DuckDB)
 _PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
@@ -138,8 +148,8 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             altered = column_types(con, layout.table).keys() != columns_before.keys()  # a new table version to hold
             found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
                            wrote=altered)
-            if params.guard_inputs:
-                _refuse_rewriting_answered_inputs(layout, found)
+            if params.guard_inputs and columns_before and bool((found["changed"] & found["exists"]).any()):
+                _refuse_rewriting_answered_inputs(con, layout, frame, list(columns_before))
             wrote = self._write_frame(con, layout, definition, frame, found,
                                       frame if source is None else source, graph)
             if wrote:
@@ -454,9 +464,14 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         """Run `sql`, read-only unless `write` (so a store that cannot be written can be queried, and a statement
         that would change the ledger behind its back is refused unless asked for)."""
         def run(con: Any) -> pl.DataFrame | None:
-            if not write and dialect(con) == "postgres":
-                con.execute("SET TRANSACTION READ ONLY")
-            relation = con.sql(sql, params=params)
+            if dialect(con) == "postgres":
+                if not write:
+                    con.execute("SET TRANSACTION READ ONLY")
+                relation = con.sql(sql, params=params, single=not write)
+            else:
+                if not write and any(str(s.type).rsplit(".", 1)[-1] not in _READS for s in con.extract_statements(sql)):
+                    raise duckdb.InvalidInputException("read-only transaction")  # a write, a COPY TO, an EXPORT
+                relation = con.sql(sql, params=params)
             return None if relation is None else relation.pl()
 
         try:
@@ -465,9 +480,10 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             with self.conn.open(wait=wait, read_only=not write) as con:
                 return run(con)
         except Exception as exc:
-            if not write and writes_refused(exc):
-                raise InvalidInputError(f"this statement writes to the store, and llmledger.sql only reads unless "
-                                        f"told: pass write=True to run it ({sql.strip()[:80]!r}). Changing the "
+            if not write and (writes_refused(exc) or "multiple commands into a prepared statement" in str(exc)):
+                raise InvalidInputError(f"this statement writes (to the store or a file), or is more than one, and "
+                                        f"llmledger.sql only reads one unless told: pass write=True (the CLI: "
+                                        f"--write) to run it ({sql.strip()[:80]!r}). Changing the "
                                         "ledger's own columns by hand can break its promises: prefer flag(), "
                                         "reset() and apply_llm(redo=...).") from None
             raise
@@ -477,14 +493,25 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             return list_steps(con, table)
 
 
-def _refuse_rewriting_answered_inputs(layout: Layout, found: pl.DataFrame) -> None:
-    """The default table, given a frame whose values differ from those stored for rows the step has answered:
-    most likely another dataset sharing its keys (reviews, then SMS, both `id` 1..n). Say so before writing."""
-    answered = found["exists"] & found["changed"] & (found["status"] == "DONE")
-    n = int(answered.sum())
+def _refuse_rewriting_answered_inputs(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
+                                      before: list[str]) -> None:
+    """The default table, given a frame whose values differ from those stored for rows some step has answered:
+    most likely another dataset sharing its keys (reviews, then SMS, both `id` 1..n). Say so before writing.
+
+    Only input columns the table had are compared (a frame may bring new ones), and every step of the table
+    counts (the other dataset may come under another step's name)."""
+    inputs = [c for c in layout.mirror if c in before]
+    steps = [s for _, s, _ in list_steps(con, layout.table)]
+    if not inputs or not steps:
+        return
+    differs = " OR ".join(f"t.{q(c)} IS DISTINCT FROM i.{q(c)}" for c in inputs)
+    answered = " OR ".join(f"t.{q(s + '_status')} = 'DONE'" for s in steps)
+    with registered(con, "llmledger_incoming_check", frame.select([*layout.key, *inputs])):
+        n = one(con, f"SELECT count(*) FROM {q(layout.table)} AS t JOIN llmledger_incoming_check AS i ON "
+                     f"{layout.key_join('t', 'i')} WHERE ({differs}) AND ({answered})")[0]
     if n:
         raise InvalidInputError(
             f"this frame would change the input columns of {n:,} rows of the default table {layout.table!r} that "
-            f"step {layout.step!r} has answered (their answers would turn stale): is it another dataset with the "
-            f"same keys? Pass table='...' naming a table for it (e.g. table='sms'); or, to update those rows "
-            f"on purpose, pass table={layout.table!r}. Nothing was written.")
+            f"already have answers (they would turn stale): is it another dataset with the same keys? Pass "
+            f"table='...' naming a table for it (e.g. table='sms'); or, to update those rows on purpose, pass "
+            f"table={layout.table!r}. Nothing was written.")
