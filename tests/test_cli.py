@@ -88,7 +88,8 @@ def test_the_simulator_command_takes_every_fault_and_refuses_unknown_models_as_t
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "llmledger", "simulator", "--port", str(port), "--model", "my-model",
-                             "--refuse", "NO", "--latency", "0.01", "--fail-next", "529,529", "--outage-for", "0"], stdout=subprocess.PIPE, text=True)
+                             "--refuse", "NO", "--latency", "0.01", "--fail-next", "529,529", "--outage-for", "0"],
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and "listening" in proc.stdout.readline()
         api = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}/llmledger-simulator", api_key="k", max_retries=0)

@@ -155,3 +155,14 @@ def test_a_pipeline_reports_each_step_and_the_total(client, sim: Simulator, stor
     assert table["step"].to_list() == ["extract", "classify", "total"]
     assert table.filter(pl.col("step") == "total")["calls"].item() == 8
     assert str(report).startswith("pipeline of 2 steps: 8 calls paid")
+
+
+def test_a_pipeline_checks_fields_of_steps_already_in_the_store_before_paying(run, client, sim: Simulator,
+                                                                             store: Path) -> None:
+    run(frame(3), "extract", **EXTRACT)
+    paid = sim.stats()["paid"]
+    with pytest.raises(PromptError, match=r"no field 'compnay'.*Did you mean \{extract.company\}"):
+        llmledger.pipeline(frame(3), {"summary": {"prompt": "Sum: {text}"},
+                                      "classify": {"prompt": "Industry of {extract.compnay}?"}},
+                           client=client, store=store, table="messages", progress=False)
+    assert sim.stats()["paid"] == paid, "step 1 was not paid for"

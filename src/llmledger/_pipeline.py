@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from ._api import apply_llm, checked_plan
+from ._ledger import stored_outputs
 from ._ledger.graph import field_paths
 from ._output import OutputSpec, resolved, spec_from_request
 from ._prompt import template_fields
@@ -83,6 +84,7 @@ def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: M
     not leave a store behind with earlier steps paid for. (A `where=` is checked against the table when its
     step runs: a new table does not exist until then.)"""
     earlier: dict[str, OutputSpec | None] = {}
+    stored: dict[tuple[str, str], dict[str, OutputSpec | None]] = {}
     for name, options in steps.items():
         try:
             bound = inspect.signature(apply_llm).bind(df, name, **{**common, **options})
@@ -92,7 +94,10 @@ def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: M
         plan = checked_plan({**bound.arguments, "earlier_steps": list(earlier)})
         prompt = options["prompt"]
         if isinstance(prompt, str):
-            _check_fields(name, prompt, earlier)
+            where = (str(plan.store), plan.table)  # steps already in the store count too (`{extract.company}`)
+            if where not in stored:
+                stored[where] = stored_outputs(plan.store, plan.table)
+            _check_fields(name, prompt, {**stored[where], **earlier})
         assert plan.definition is not None
         earlier[name] = spec_from_request(plan.definition.request.options)
 

@@ -240,7 +240,8 @@ class Run:
                 selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
             report.outcome = Outcome.RUNNING
             report.started = time.monotonic()
-            self._record(ledger, selection, claimant, started, finished=False)  # a killed run leaves its row
+            if selection.to_send or (batch and plan.wait):  # it will send: a killed run leaves its row
+                self._record(ledger, selection, claimant, started, finished=False)
             self._display.start()
             started_view.set()
             try:

@@ -256,6 +256,22 @@ def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
     return steps, columns
 
 
+def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
+    """Each step of a store's `table` and the structured output (`OutputSpec`) its current definition asks for,
+    None for text answers; read without writing (a pipeline checks the fields its templates read against it)."""
+    from .connection import table_exists
+    from .schema import STEPS_TABLE, current_output_spec, list_steps
+
+    location = locate(store)
+    if isinstance(location, Path) and not location.exists():
+        return {}
+    ledger = open_ledger(location)
+    with ledger.conn.open(wait=60.0, read_only=True) as con:  # type: ignore[attr-defined]
+        if not table_exists(con, STEPS_TABLE):
+            return {}
+        return {step: current_output_spec(con, table, step) for _, step, _ in list_steps(con, table)}
+
+
 def open_ledger(store: str | Path, *, on_wait: Callable[[str], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> Ledger:
     from .connection import Connection
