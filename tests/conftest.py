@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,17 @@ def frame(n: int, *, start: int = 0, word: str = "hello") -> pl.DataFrame:
 def sql(store: Path, query: str) -> list[tuple[Any, ...]]:
     with duckdb.connect(str(store), read_only=True) as con:
         return con.execute(query).fetchall()
+
+
+def hold_store(store: Path, seconds: float, *, read_only: bool = False) -> subprocess.Popen[str]:
+    """Another process holding the DuckDB file `store` for `seconds` (read-only or read-write): a notebook with a
+    connection left open. Returns once it holds the file."""
+    script = ("import duckdb, sys, time; con = duckdb.connect(sys.argv[1], read_only=sys.argv[2] == 'ro'); "
+              "print('held', flush=True); time.sleep(float(sys.argv[3]))")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(store), "ro" if read_only else "rw", str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
 
 
 def subprocess_env(base_url: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ from llmledger import (
     apply_llm,
 )
 
-from .conftest import frame, sql
+from .conftest import frame, hold_store, sql
 
 CASES = [
     pytest.param(frame(3).rename({"id": "row"}), {}, KeyColumnError, "no 'id' column", id="no-id-no-key"),
@@ -85,8 +85,6 @@ def test_errors_are_catchable_as_value_errors(run) -> None:
 
 
 def test_store_errors_say_what_is_wrong_and_are_not_value_errors(run, store: Path, tmp_path: Path) -> None:
-    import subprocess
-    import sys
 
     import llmledger
     from llmledger import StoreBusy, StoreNotFound
@@ -96,11 +94,8 @@ def test_store_errors_say_what_is_wrong_and_are_not_value_errors(run, store: Pat
     assert isinstance(missing.value, FileNotFoundError) and not isinstance(missing.value, ValueError)
 
     run(frame(3), "summary", prompt="Summarize: {text}")
-    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
-                               "print('held', flush=True); time.sleep(20)", str(store)], stdout=subprocess.PIPE,
-                              text=True)
+    holder = hold_store(store, 20)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(StoreBusy, match=r"held by process \d+") as busy:
             llmledger.sql(store, "SELECT count(*) FROM messages", wait=0.5)
         assert isinstance(busy.value, StoreError) and isinstance(busy.value, TimeoutError)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from llmledger import Simulator, apply_llm
 
-from .conftest import frame, helper_cmd, sigint_as_a_terminal_sends_it, subprocess_env
+from .conftest import frame, helper_cmd, hold_store, sigint_as_a_terminal_sends_it, subprocess_env
 
 CONSISTENT = """
 SELECT count(*) FILTER (WHERE summary_status = 'DONE' AND (summary IS NULL OR summary_input_tokens IS NULL
@@ -91,10 +90,7 @@ def test_commits_arrive_about_every_commit_interval_not_at_the_end(store: Path) 
 
 def test_a_run_waits_for_a_store_another_process_holds(run, sim: Simulator, store: Path) -> None:
     run(frame(5), "summary", prompt="Summarize: {text}")
-    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
-                               "print('held', flush=True); time.sleep(2)", str(store)],
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    holder = hold_store(store, 2)
     started = time.monotonic()
     out = run(frame(20), "summary", prompt="Summarize: {text}")
     assert time.monotonic() - started >= 1.0, "it had to wait for the other process"

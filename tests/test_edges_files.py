@@ -23,7 +23,7 @@ import pytest
 import llmledger
 from llmledger import Simulator, StoreError, apply_llm
 
-from .conftest import frame, sql
+from .conftest import frame, hold_store, sql
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -165,11 +165,8 @@ def test_sql_still_writes_when_asked_and_readers_wait_for_a_process_holding_the_
     run(frame(3), "summary", prompt="Summarize: {text}")
     llmledger.sql(store, "CREATE VIEW done AS SELECT id FROM messages WHERE summary_status = 'DONE'", write=True)
     assert llmledger.sql(store, "SELECT count(*) AS n FROM done")["n"].to_list() == [3]  # type: ignore[index]
-    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
-                               "print('held', flush=True); time.sleep(1.5)", str(store)], stdout=subprocess.PIPE,
-                              text=True)
+    holder = hold_store(store, 1.5)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         started = time.monotonic()
         assert llmledger.progress(store)["DONE"].to_list() == [3]
         assert llmledger.sql(store, "SELECT count(*) AS n FROM messages")["n"].to_list() == [3]  # type: ignore[index]

@@ -22,7 +22,7 @@ from llmledger import InvalidInputError, KeyColumnError, PromptError, RequestRef
 from llmledger._display import run_html
 from llmledger._report import RunReport
 
-from .conftest import frame, sql
+from .conftest import frame, hold_store, sql
 
 
 class Tagged(pydantic.BaseModel):
@@ -228,10 +228,7 @@ def test_a_run_blocked_by_another_process_says_at_once_who_holds_the_store(
     """0.7 waited silently at 0 %, then showed DuckDB's own "you could open it read-only". Now the run says, within
     about a second, which process holds the file and what to do, and goes on once it lets go."""
     run(frame(2), "s", prompt="{text}")
-    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; con = duckdb.connect(sys.argv[1], "
-                               "read_only=True); print('holding', flush=True); time.sleep(3)", str(store)],
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    holder = hold_store(store, 3, read_only=True)
     started = time.monotonic()
     out = run(frame(4), "s", prompt="{text}", progress=True)
     holder.wait()

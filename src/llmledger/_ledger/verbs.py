@@ -297,12 +297,14 @@ def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFr
     found: dict[str, KnownAnswer] = {}
     steps = [(table, step, column_types(con, table) if table_exists(con, table) else {}) for table, step in sources]
     steps = [(table, step, types) for table, step, types in steps if step + "_fingerprint" in types]
-    with registered(con, WANTED, wanted):
-        # A request whose answer a person flagged anywhere gets no stored answer: it is asked afresh.
+    with registered(con, WANTED, wanted):  # a request whose answer a person flagged anywhere is asked afresh
         rejected = {r[0] for table, step, _ in steps for r in con.execute(
             f"SELECT DISTINCT {q(step + '_fingerprint')}::VARCHAR FROM {q(table)} WHERE {q(step + '_flag')} IS NOT "
             f"NULL AND {q(step + '_fingerprint')} IN (SELECT w.fp::UUID FROM {WANTED} AS w)").fetchall()}
-        found.update((fp, REJECTED) for fp in rejected)
+    wanted = wanted.filter(~pl.col("fp").is_in(list(rejected))) if rejected else wanted
+    if not wanted.height:
+        return {}
+    with registered(con, WANTED, wanted):
         for table, step, types in steps:
             o = names(step, "t")
             rows = con.execute(
@@ -314,7 +316,7 @@ def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFr
             for r in rows:
                 found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
             if len(found) == wanted.height:
-                return {fp: answer for fp, answer in found.items() if answer is not REJECTED}
+                return found
         reasons = ", ".join(f"'{r}'" for r in REUSABLE_REASONS)
         rows = con.execute(
             f"SELECT h.fingerprint, h.output, h.stop_reason, h.model FROM {HISTORY_TABLE} AS h "
@@ -323,10 +325,7 @@ def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFr
             "ORDER BY h.finished_at DESC NULLS LAST, h.replaced_at DESC").fetchall()
         for r in rows:
             found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
-    return {fp: answer for fp, answer in found.items() if answer is not REJECTED}
-
-
-REJECTED = KnownAnswer("", None, "")  # answers_to: marks a fingerprint whose answer a person flagged
+    return found
 
 
 def fed_layout(layout: Layout, graph: StepGraph) -> Layout:
