@@ -362,12 +362,16 @@ def test_sql_reads_even_beside_this_processs_own_read_write_connection(run: Any,
     con = duckdb.connect(str(store))
     try:
         for statement in ("DELETE FROM messages", f"COPY messages TO '{tmp_path / 'x.csv'}'",
-                          f"EXPORT DATABASE '{tmp_path / 'dump'}'"):
+                          f"EXPORT DATABASE '{tmp_path / 'dump'}'",
+                          "EXPLAIN ANALYZE UPDATE messages SET s = 'forged'",  # it runs what it explains
+                          f"explain analyze COPY messages TO '{tmp_path / 'x.csv'}'"):
             with pytest.raises(InvalidInputError, match="write=True"):
                 llmledger.sql(store, statement)
         assert llmledger.sql(store, "SELECT count(*) AS n FROM messages")["n"].item() == 3  # type: ignore[index]
+        assert llmledger.sql(store, "EXPLAIN SELECT * FROM messages") is not None, "a plain EXPLAIN reads"
     finally:
         con.close()
+    assert llmledger.sql(store, "SELECT count(*) AS n FROM messages WHERE s = 'forged'")["n"].item() == 0  # type: ignore[index]
     assert not (tmp_path / "x.csv").exists() and not (tmp_path / "dump").exists()
 
 

@@ -9,6 +9,7 @@ commit side by side.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -83,6 +84,13 @@ from .verbs import (
 )
 
 _READS = {"SELECT", "EXPLAIN", "PRAGMA"}  # statement types llmledger.sql runs without write=True (DuckDB)
+
+
+def _reads(statement: Any) -> bool:
+    """A DuckDB statement that only reads: EXPLAIN ANALYZE runs the statement it explains, so it is not one."""
+    kind = str(statement.type).rsplit(".", 1)[-1]
+    return kind in _READS and not (kind == "EXPLAIN" and re.match(r"\s*explain\s+analy[sz]e\b", statement.query,
+                                                                     re.IGNORECASE))
 _PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
@@ -469,7 +477,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                     con.execute("SET TRANSACTION READ ONLY")
                 relation = con.sql(sql, params=params, single=not write)
             else:
-                if not write and any(str(s.type).rsplit(".", 1)[-1] not in _READS for s in con.extract_statements(sql)):
+                if not write and not all(_reads(s) for s in con.extract_statements(sql)):
                     raise duckdb.InvalidInputException("read-only transaction")  # a write, a COPY TO, an EXPORT
                 relation = con.sql(sql, params=params)
             return None if relation is None else relation.pl()
