@@ -379,3 +379,18 @@ def test_skip_nulls_with_a_callable_prompt_is_refused_not_ignored(run: Any, stor
     with pytest.raises(InvalidInputError, match="skip_nulls=True looks at the columns a template reads"):
         run(frame(2), "s", prompt=lambda row: f"Say {row['text']}", skip_nulls=True)
     assert not store.exists()
+
+
+@pytest.mark.parametrize("options", [{"system": "Be\x00brief."}, {"prompt": "Say\x00 {text}"},
+                                     {"request_options": {"metadata": {"user_id": "u\x00"}}},
+                                     {"system": "\x00llmledger-prompt\x00"}])
+def test_a_nul_in_the_request_itself_is_refused_on_both_engines_writing_nothing(
+        run: Any, target: Any, sim: Simulator, options: dict[str, Any]) -> None:
+    """A NUL in system=, the template or request_options gave psycopg's raw DataError on PostgreSQL (the prompt
+    marker llmledger uses inside stored requests even a bare ValueError and an empty store file on DuckDB)."""
+    call = {"prompt": "{text}", **options}
+    with pytest.raises(InvalidInputError, match=r"holds a NUL character"):
+        run(frame(2), "s", store=target, **call)
+    assert sim.stats()["requests"] == 0
+    if not str(target).startswith("postgresql://"):
+        assert not Path(target).exists(), "no file left behind"

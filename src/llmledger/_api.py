@@ -7,6 +7,7 @@ Every check here happens before anything is written: a bad call raises an
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -138,6 +139,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
     options = check_request_options(o["request_options"])
+    _check_no_nul(prompt, system, options)
     spec = output_spec(o["output"])
     if spec is not None:
         if "output_config" in options:
@@ -402,6 +404,16 @@ def _strictly_increasing(column: pl.Series) -> bool:
         return column.is_sorted() and not column.slice(1).eq(column.slice(0, max(len(column) - 1, 0))).any()
     except pl.exceptions.PolarsError:  # a type without an order
         return False
+
+
+def _check_no_nul(prompt: Prompt, system: str | None, options: dict[str, Any]) -> None:
+    """The request is stored with every row, and PostgreSQL text holds no NUL (a store may move there: `copy`);
+    llmledger also marks where a row's prompt goes in a stored request with NUL-delimited text."""
+    for what, text in (("prompt", prompt if isinstance(prompt, str) else ""), ("system", system or ""),
+                       ("request_options", json.dumps(options, ensure_ascii=False).replace("\\u0000", "\x00"))):
+        if "\x00" in text:
+            raise InvalidInputError(f"{what} holds a NUL character (\\x00), which the store cannot keep; remove it, "
+                                    "e.g. text.replace('\\x00', '')")
 
 
 def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> None:
