@@ -210,7 +210,7 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
             assert summaries.count() == 2, "two runs, one view each"
             assert int(summaries.nth(0).locator("[data-field='calls paid']").inner_text()) > 300
             assert summaries.nth(1).locator("[data-field='calls paid']").inner_text() == "0", "the rerun paid 0"
-            assert paid(text, "first run") > 300 and paid(text, "second run") == 0
+            assert paid(text, "this run") > 300 and paid(text, "the same cell again") == 0
             assert nb.locator(".llmledger-store .llmledger-bar").count() == 1, "llmledger.show draws the step"
         if name.startswith("02"):
             failed = [s for bar in measured for s in bar["segments"] if s["status"] == "FAILED"]
