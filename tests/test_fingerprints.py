@@ -81,7 +81,7 @@ def test_a_stop_sequence_is_honoured_and_stored(run, sim: Simulator, store: Path
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"model": "x"}, "pass model= instead"),
-    ({"messages": []}, "pass prompt= instead"),
+    ({"messages": []}, r"pass prompt= \(or messages=\) instead"),
     ({"system": "x"}, "pass system= instead"),
     ({"stream": True}, "does not stream"),
     ({"timeout": 5}, "client.with_options"),

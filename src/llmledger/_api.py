@@ -7,6 +7,7 @@ Every check here happens before anything is written: a bad call raises an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -26,6 +27,8 @@ from ._ledger import StepDefinition, known_table, locate
 from ._ledger.columns import MAX_STEP_NAME, NAME_BYTES, check_step_name, owned_names, q
 from ._ledger.states import Redo
 from ._ledger.where import check_where_shape
+from ._messages import attachments as attachments_of
+from ._messages import cached, check_prefix, message_text, prompt_and_prefix
 from ._output import output_spec
 from ._parquet import is_parquet_path, read_parquet_input
 from ._prices import estimate_tokens, min_cacheable_tokens, warn_unpriced
@@ -45,7 +48,9 @@ def apply_llm(
     df: Any,
     step: str,
     *,
-    prompt: Prompt,
+    prompt: Prompt | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    attach: str | Sequence[str] | None = None,
     key: str | Sequence[str] | None = None,
     store: str | Path = DEFAULT_STORE,
     table: str | None = None,
@@ -81,6 +86,14 @@ def apply_llm(
     for a request that has changed since) appended. Rows already DONE cost nothing; see the README for the
     status model. With `background=True` it returns a `Run` handle at once instead.
 
+    `messages=` instead of `prompt=`: a conversation sent before each row's message, the last message being the
+    row's own (a template, as `prompt=` is), e.g. few-shot examples, or a shared text then the row's question.
+    With `cache=`, the messages before the row's are sent as a cached prefix.
+
+    `attach=` (a column, or a list of columns, of file paths, http(s) URLs or bytes) sends each row's files, PNG,
+    JPEG, GIF and WebP images and PDFs, before its text. The ledger records each file by the SHA-256 of its
+    bytes, not its path: a changed file makes its row stale, and an unchanged one is never paid for again.
+
     A null in a column the template reads shows as empty text, and the run says how many rows had one;
     `skip_nulls=True` leaves those rows unsent (NOT_STARTED) instead.
 
@@ -113,11 +126,13 @@ def apply_llm(
 
 def checked_plan(o: dict[str, Any]) -> Plan:
     """apply_llm's arguments (`o`, by name), checked and turned into a Plan; nothing is written."""
-    df, step, prompt, key, store = o["df"], o["step"], o["prompt"], o["key"], o["store"]
+    df, step, key, store = o["df"], o["step"], o["key"], o["store"]
     table = DEFAULT_TABLE if o["table"] is None else o["table"]
     model, system, max_tokens, validate, where = o["model"], o["system"], o["max_tokens"], o["validate"], o["where"]
+    prompt, prefix = prompt_and_prefix(o.get("prompt"), o.get("messages"))
     if is_parquet_path(df):
-        df = read_parquet_input(df, key=key, prompt=prompt, where=where, every_column=validate is not None)
+        df = read_parquet_input(df, key=key, prompt=prompt, where=where,
+                                every_column=validate is not None or o.get("attach") is not None)
     frame, from_pandas = _as_polars(df)
     _check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     _check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
@@ -133,13 +148,15 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     check_step_name(step, table=table, other_steps=steps, is_new=step not in stored_steps,
                     table_columns=stored_columns, frame_columns=frame.columns)
     check_prompt(prompt, frame.columns, steps)
+    check_prefix(prefix, frame.columns)
+    attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys)
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
     options = check_request_options(o["request_options"])
-    _check_no_nul(prompt, system, options)
+    _check_no_nul(prompt, system, options, prefix)
     spec = output_spec(o["output"])
     if spec is not None:
         if "output_config" in options:
@@ -147,11 +164,15 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                                     "['output_config'], not both")
         options["output_config"] = spec.request_option()
     _check_validator(validate)
+    ttl = _cache_ttl(o["cache"], model, system, prefix)
     request = RequestSpec(model=model, max_tokens=max_tokens, system=system, options=options,
-                          cache_ttl=_cache_ttl(o["cache"], model, system))
+                          cache_ttl=None if prefix else ttl, prefix=cached(prefix, ttl),
+                          attach=() if attachments is None else attachments.columns)
     stored = _storable(exact_keys(frame, keys))
-    definition = StepDefinition(table=table, step=step, key=keys, request=request,
-                                prompt=plan_prompt(prompt, frame, steps))
+    if attachments is not None:  # the ledger keeps a file's hash, not its bytes
+        stored = stored.drop([c for c in attachments.columns if frame.schema[c] == pl.Binary])
+    plan_of_prompt = dataclasses.replace(plan_prompt(prompt, frame, steps), attachments=attachments)
+    definition = StepDefinition(table=table, step=step, key=keys, request=request, prompt=plan_of_prompt)
     plan = _plan(store=store, table=table, step=step, chunk_size=o["chunk_size"], concurrency=o["concurrency"],
                  where=where, redo=o["redo"], max_attempts=o["max_attempts"], stale_after=o["stale_after"],
                  client=o["client"], progress=o["progress"], retry=o["retry"], commit_every=o["commit_every"],
@@ -159,6 +180,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                  max_cost_usd=o["max_cost_usd"], budget_scope=o["budget_scope"], mode=o.get("mode", "online"),
                  wait=o.get("wait", True), batch_size=o.get("batch_size"))
     plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
+    plan.cfg = dataclasses.replace(plan.cfg, attachments=attachments)
     _null_fields(plan, prompt, o.get("skip_nulls", False))
     plan.default_table = o["table"] is None
     warn_unpriced(model)  # every check passed: the call will run
@@ -311,11 +333,13 @@ def _check_credentials(client: anthropic.AsyncAnthropic | None) -> None:
                                 "apply_llm then answers from the bundled simulator (simulated answers, no cost)")
 
 
-def _cache_ttl(cache: Any, model: str, system: str | None) -> str | None:
-    """The ttl the system prompt is cached with: none when caching is off or the prompt is too short to cache."""
+def _cache_ttl(cache: Any, model: str, system: str | None, prefix: tuple[dict[str, Any], ...] = ()) -> str | None:
+    """The ttl the static part of the request (system prompt and `messages=` prefix) is cached with: none when
+    caching is off or that part is too short to cache."""
     if cache not in (True, False, "5m", "1h"):
         raise InvalidInputError(f"cache must be True (a 5-minute cache), '5m', '1h' or False, got {cache!r}")
-    if cache is False or system is None or estimate_tokens(system) < min_cacheable_tokens(model):
+    static = (system or "") + "".join(message_text(m) for m in prefix)
+    if cache is False or not static or estimate_tokens(static) < min_cacheable_tokens(model):
         return None
     return "5m" if cache is True else cache
 
@@ -406,11 +430,13 @@ def _strictly_increasing(column: pl.Series) -> bool:
         return False
 
 
-def _check_no_nul(prompt: Prompt, system: str | None, options: dict[str, Any]) -> None:
+def _check_no_nul(prompt: Prompt, system: str | None, options: dict[str, Any],
+                  prefix: tuple[dict[str, Any], ...] = ()) -> None:
     """The request is stored with every row, and PostgreSQL text holds no NUL (a store may move there: `copy`);
     llmledger also marks where a row's prompt goes in a stored request with NUL-delimited text."""
     for what, text in (("prompt", prompt if isinstance(prompt, str) else ""), ("system", system or ""),
-                       ("request_options", json.dumps(options, ensure_ascii=False).replace("\\u0000", "\x00"))):
+                       ("request_options", json.dumps(options, ensure_ascii=False).replace("\\u0000", "\x00")),
+                       *((f"messages[{n}]", message_text(m)) for n, m in enumerate(prefix))):
         if "\x00" in text:
             raise InvalidInputError(f"{what} holds a NUL character (\\x00), which the store cannot keep; remove it, "
                                     "e.g. text.replace('\\x00', '')")

@@ -21,6 +21,7 @@ import duckdb
 import polars as pl
 
 from ._api import apply_llm, checked_plan
+from ._attach import tokens_of
 from ._exec.api import answer_source
 from ._ledger import RunParams, Selection, open_ledger
 from ._ledger.columns import names, q
@@ -81,16 +82,18 @@ def _look(con: duckdb.DuckDBPyConnection, selection: Selection, plan: Plan) -> d
         per_call, basis = min(request.max_tokens, GUESS_CAP) / 2, "a guess (the step has no answers yet)"
     fixed = estimate_tokens(json.dumps(request.options.get("output_config", ""))) if "output_config" in \
         request.options else 0
-    system = estimate_tokens(request.system) if request.system else 0
-    plain = sum(estimate_tokens(p) for p in prompts.values()) + fixed * calls
-    cached = request.cache_ttl is not None and calls > 0
+    system = estimate_tokens(request.static_text())
+    blobs = plan.cfg.attachments.blobs if plan.cfg.attachments is not None else {}
+    plain = sum(tokens_of(json.loads(p) if request.attach and p else p, blobs, estimate_tokens)
+                for p in prompts.values()) + fixed * calls
+    cached = request.cached_ttl is not None and calls > 0
     write, read = (system, system * (calls - 1)) if cached else (0, 0)
     if not cached:
         plain += system * calls
     output = round(per_call * calls)
     price = price_of(request.model)
     usage = {"input_tokens": plain, "output_tokens": output, "cache_write_tokens": write,
-             "cache_write_1h_tokens": write if request.cache_ttl == "1h" else 0, "cache_read_tokens": read}
+             "cache_write_1h_tokens": write if request.cached_ttl == "1h" else 0, "cache_read_tokens": read}
     survey = selection.survey if selection.survey is not None else pl.DataFrame(
         schema={"status": pl.String, "stale": pl.Boolean})
     status, stale = survey["status"], survey["stale"].fill_null(False)

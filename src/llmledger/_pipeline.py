@@ -44,10 +44,12 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
         raise InvalidInputError(f"pipeline takes no {name}=; it runs its steps one after another")
     names = list(steps)
     for i, (name, options) in enumerate(steps.items()):
-        if not isinstance(options, Mapping) or "prompt" not in options:
-            raise InvalidInputError(f"step {name!r} needs a mapping of apply_llm options with a prompt=, "
-                                    f"got {options!r}")
-        prompt = options["prompt"]
+        if not isinstance(options, Mapping) or ("prompt" not in options and "messages" not in options):
+            raise InvalidInputError(f"step {name!r} needs a mapping of apply_llm options with a prompt= (or "
+                                    f"messages=), got {options!r}")
+        messages = options.get("messages")
+        prompt = options.get("prompt") if "prompt" in options or not isinstance(messages, list | tuple) or \
+            not messages or not isinstance(messages[-1], dict) else messages[-1].get("content")
         later = [f for f in template_fields(prompt) if f in names[i:]] if isinstance(prompt, str) else []
         if later:
             raise InvalidInputError(f"step {name!r} reads {later}, which run at or after it; order the steps "
@@ -92,13 +94,13 @@ def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: M
             raise InvalidInputError(f"step {name!r}: {exc}") from None
         bound.apply_defaults()
         plan = checked_plan({**bound.arguments, "earlier_steps": list(earlier)})
-        prompt = options["prompt"]
+        assert plan.definition is not None
+        prompt = plan.definition.prompt.prompt
         if isinstance(prompt, str):
             where = (str(plan.store), plan.table)  # steps already in the store count too (`{extract.company}`)
             if where not in stored:
                 stored[where] = stored_outputs(plan.store, plan.table)
             _check_fields(name, prompt, {**stored[where], **earlier})
-        assert plan.definition is not None
         earlier[name] = spec_from_request(plan.definition.request.options)
 
 

@@ -15,13 +15,17 @@ import re
 import string
 import types
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import polars as pl
 
 from ._ledger.columns import q
+from ._request import canonical_json
 from .errors import PromptError
+
+if TYPE_CHECKING:
+    from ._attach import Attachments
 
 Prompt = str | Callable[[dict[str, Any]], str]
 
@@ -103,6 +107,9 @@ class PromptPlan:
     fields: tuple[str, ...] = ()  # the columns a template reads
     simple: bool = False  # every field is a plain text or integer column: SQL renders it exactly
     upstream: tuple[str, ...] = ()  # other steps of the table the template reads (rendered by the ledger in SQL)
+    # attach=: the row's files go in its message, which is then rendered in Python on every call (a file can
+    # change under the same path)
+    attachments: Attachments | None = field(default=None, compare=False)
 
     def rendering(self, stored: Collection[str]) -> Rendering:
         """How rows get their prompts when the fact table holds the frame's columns `stored`.
@@ -113,6 +120,8 @@ class PromptPlan:
         """
         if self.upstream:
             return Rendering(in_sql=True, incremental=False)
+        if self.attachments is not None:
+            return Rendering(in_sql=False, incremental=False)
         if self.kind == "python" or not set(self.fields) <= set(stored):
             return Rendering(in_sql=False, incremental=False)
         return Rendering(in_sql=self.simple, incremental=True)
@@ -134,7 +143,7 @@ class PromptPlan:
         return f"concat({', '.join(parts)})" if len(parts) > 1 else (parts[0] if parts else "''")
 
     def render(self, frame: pl.DataFrame, key: Sequence[str]) -> pl.Series:
-        return render(self.prompt, frame, key)
+        return render(self.prompt, frame, key, self.attachments)
 
     def render_chunks(self, frame: pl.DataFrame, key: Sequence[str]) -> Iterator[pl.DataFrame]:
         """(key..., prompt) frames of at most RENDER_CHUNK rows, so big frames never hold every prompt at once."""
@@ -194,10 +203,14 @@ def _code_digest(code: types.CodeType) -> str:
     return hashlib.md5(b"\0".join(parts)).hexdigest()
 
 
-def render(prompt: Prompt, frame: pl.DataFrame, key: Sequence[str]) -> pl.Series:
-    """One prompt string per row, in Python. Nulls render as an empty string."""
+def render(prompt: Prompt, frame: pl.DataFrame, key: Sequence[str],
+           attachments: Attachments | None = None) -> pl.Series:
+    """One prompt string per row, in Python. Nulls render as an empty string.
+
+    With `attachments`, each row's message is its files then its text, as canonical JSON content blocks.
+    """
     out: list[str] = []
-    for row in frame.iter_rows(named=True):
+    for index, row in enumerate(frame.iter_rows(named=True)):
         values = {k: ("" if v is None else v) for k, v in row.items()}
         try:
             text = prompt(row) if callable(prompt) else prompt.format(**values)
@@ -209,5 +222,10 @@ def render(prompt: Prompt, frame: pl.DataFrame, key: Sequence[str]) -> pl.Series
             where = {k: row[k] for k in key}
             raise PromptError(f"the prompt callable returned {type(text).__name__} for the row with key "
                               f"{where}; it must return a str.")
+        if attachments is not None:
+            from ._attach import row_content
+
+            blocks = attachments.blocks(row, str({k: row[k] for k in key}), frame, index)
+            text = canonical_json(row_content(blocks, text))
         out.append(text)
     return pl.Series("prompt", out, dtype=pl.String)

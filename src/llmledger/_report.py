@@ -223,7 +223,7 @@ class RunReport:
         if self.stale:
             verb = "is" if self.stale == 1 else "are"
             out.append(f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
-                       "model, system, prompt, options or the row's input); they were not re-sent. Pass "
+                       "model, system, prompt, options, or the row's input or files); they were not re-sent. Pass "
                        "redo='stale' to re-send exactly those.")
         if self.downstream_stale:
             made = ", ".join(f"{rows(n)} of step {s!r}" for s, n in self.downstream_stale.items())

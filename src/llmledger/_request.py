@@ -8,7 +8,10 @@ fingerprint is
     canonical JSON = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 so anything that changes what is sent changes the fingerprint, and two rows
-share one answer only when their requests are identical byte for byte. The
+share one answer only when their requests are identical byte for byte. A file
+attached to a row (`attach=`) is in that body as the hash of its bytes
+(`"data": "sha256:<hex>"`, see _attach.py): the body recorded and fingerprinted
+names the file's content, and its bytes are put in only as it is sent. The
 ledger computes it in SQL (`fingerprint_sql`), which gives the same bytes as
 Python's `json.dumps` for every string (tested); `fingerprint()` is the
 reference implementation.
@@ -30,9 +33,11 @@ if TYPE_CHECKING:
     from ._output import OutputSpec
 
 # Body fields llmledger sets itself, and SDK arguments that are not body fields.
-_OWN_FIELDS = {"model": "model=", "max_tokens": "max_tokens=", "system": "system=", "messages": "prompt="}
+_OWN_FIELDS = {"model": "model=", "max_tokens": "max_tokens=", "system": "system=",
+               "messages": "prompt= (or messages=)", "llmledger_attach": "attach="}
 _NOT_BODY = {"stream", "extra_headers", "extra_query", "extra_body", "timeout", "betas"}
 _SENTINEL = "\x00llmledger-prompt\x00"
+ATTACH_KEY = "llmledger_attach"  # in a stored request: the columns whose files go in the row's message
 
 
 def canonical_json(value: Any) -> str:
@@ -86,17 +91,24 @@ _RANGES: dict[str, tuple[float, float | None]] = {"temperature": (0.0, 1.0), "to
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """Everything in a step's request except the prompt."""
+    """Everything in a step's request except the row's own message.
+
+    `prefix`: messages sent before the row's (`messages=`: few-shot examples, a shared text), exactly as sent,
+    a cache breakpoint included. `attach`: the columns whose files go in the row's message; the row's message
+    is then recorded as JSON content blocks (files by their hash, see _attach.py) instead of a string.
+    """
 
     model: str
     max_tokens: int
     system: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     cache_ttl: str | None = None  # "5m" or "1h": the system prompt is sent as a cached prefix
+    prefix: tuple[dict[str, Any], ...] = ()
+    attach: tuple[str, ...] = ()
 
-    def body(self, prompt: str) -> dict[str, Any]:
-        body: dict[str, Any] = {**self.options, "model": self.model, "max_tokens": self.max_tokens,
-                                "messages": [{"role": "user", "content": prompt}]}
+    def _static(self) -> dict[str, Any]:
+        """The body without the row's message."""
+        body: dict[str, Any] = {**self.options, "model": self.model, "max_tokens": self.max_tokens}
         if self.system is not None and self.cache_ttl is not None:
             body["system"] = [{"type": "text", "text": self.system,
                                "cache_control": {"type": "ephemeral", "ttl": self.cache_ttl}}]
@@ -104,21 +116,49 @@ class RequestSpec:
             body["system"] = self.system
         return body
 
+    @property
+    def cached_ttl(self) -> str | None:
+        """The ttl of the cached prefix (system prompt, or the `messages=` prefix with it), if one is sent."""
+        if self.cache_ttl is not None or not self.prefix:
+            return self.cache_ttl
+        content = self.prefix[-1]["content"]
+        control = content[-1].get("cache_control") if isinstance(content, list) else None
+        return control["ttl"] if control else None
+
+    def static_text(self) -> str:
+        """The text sent the same in every row's request: the system prompt and the `messages=` prefix."""
+        parts = [self.system or ""]
+        for message in self.prefix:
+            content = message["content"]
+            parts.append(content if isinstance(content, str) else "".join(b.get("text", "") for b in content))
+        return "".join(parts)
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        """The body for a row's stored message (`{step}_prompt`): its text, or its content blocks as JSON."""
+        content = json.loads(prompt) if self.attach else prompt
+        return {**self._static(), "messages": [*self.prefix, {"role": "user", "content": content}]}
+
     def to_json(self) -> str:
-        """The body without `messages`, as stored in `llmledger_steps.request`."""
-        body = self.body("")
-        del body["messages"]
+        """The body without the row's message, as stored in `llmledger_steps.request` (a `messages=` prefix and
+        attached columns included, under `messages` and `llmledger_attach`, only when the step has them)."""
+        body = self._static()
+        if self.prefix:
+            body["messages"] = list(self.prefix)
+        if self.attach:
+            body[ATTACH_KEY] = list(self.attach)
         return canonical_json(body)
 
     @classmethod
     def from_json(cls, text: str) -> RequestSpec:
         body = json.loads(text)
         model, max_tokens, system = body.pop("model"), body.pop("max_tokens"), body.pop("system", None)
+        prefix, attach = tuple(body.pop("messages", ())), tuple(body.pop(ATTACH_KEY, ()))
         ttl = None
         if isinstance(system, list):  # [{"type": "text", "text": ..., "cache_control": {...}}], as body() makes it
             ttl = system[0]["cache_control"]["ttl"]
             system = system[0]["text"]
-        return cls(model=model, max_tokens=max_tokens, system=system, options=body, cache_ttl=ttl)
+        return cls(model=model, max_tokens=max_tokens, system=system, options=body, cache_ttl=ttl, prefix=prefix,
+                   attach=attach)
 
     def fingerprint(self, prompt: str) -> str:
         return fingerprint(self.body(prompt))
@@ -132,15 +172,19 @@ class RequestSpec:
     @cached_property
     def _around_prompt(self) -> tuple[str, str]:
         """The canonical JSON before and after the prompt's JSON string: the prompt is its only varying part."""
-        text = canonical_json(self.body(_SENTINEL))
+        text = canonical_json({**self._static(),
+                               "messages": [*self.prefix, {"role": "user", "content": _SENTINEL}]})
         head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
         return head, tail
 
     def fingerprint_sql(self, prompt_sql: str, dialect: str = "duckdb") -> str:
         """SQL computing the fingerprint of this request for the prompt expression `prompt_sql`."""
         head, tail = self._around_prompt
-        text = (json_string_sql(prompt_sql) if dialect == "duckdb"
-                else f"CAST(to_json(CAST({prompt_sql} AS TEXT)) AS TEXT)")
+        if self.attach:  # the stored message is the content's canonical JSON already
+            text = prompt_sql
+        else:
+            text = (json_string_sql(prompt_sql) if dialect == "duckdb"
+                    else f"CAST(to_json(CAST({prompt_sql} AS TEXT)) AS TEXT)")
         return f"md5({sql_literal(head)} || {text} || {sql_literal(tail)})::UUID"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import anthropic
 import polars as pl
 
+from .._attach import AttachmentError, Attachments
 from .._ledger import Ledger, Selection
 from .._ledger.claims import Claimant
 from .._ledger.columns import RESULT_SCHEMA
@@ -99,7 +100,13 @@ class BatchSender:
             rest = [r for r in rows if r["fingerprint"] not in known]
             if self.cfg.dedupe and pending:
                 rest = await self._attach(selection, rest, pending)
-            for chunk in _chunks(rest, selection, self.batch_size, dedupe=self.cfg.dedupe):
+            chunks, unsendable = await asyncio.to_thread(_chunks, rest, selection, self.batch_size,
+                                                         dedupe=self.cfg.dedupe, files=self.cfg.attachments)
+            if unsendable:  # a file that is no longer as its row's request recorded it: that row fails, unsent
+                results = [recorder.result(r, None, error, reused=False) for r, error in unsendable]
+                await asyncio.to_thread(self.ledger.commit, selection, result_frame(results, selection.key_types),
+                                        now=utcnow())
+            for chunk in chunks:
                 if self.stopped:
                     break
                 sent = await self._send(selection, chunk)
@@ -225,14 +232,26 @@ class BatchSender:
             self.report.message = message
 
 
-def _chunks(rows: list[dict[str, Any]], selection: Selection, size: int, *, dedupe: bool) -> list[list[Group]]:
+def _chunks(rows: list[dict[str, Any]], selection: Selection, size: int, *, dedupe: bool,
+            files: Attachments | None = None) -> tuple[list[list[Group]], list[tuple[dict[str, Any], str]]]:
     """Claimed rows as batches of (fingerprint, body, rows) within the limits: with `dedupe`, one request per
-    distinct request (its rows share the answer), else one per row."""
+    distinct request (its rows share the answer), else one per row. Also the rows that cannot be sent (an attached
+    file no longer as recorded), each with why."""
     groups: dict[Any, Group] = {}
+    unsendable: list[tuple[dict[str, Any], str]] = []
+    files = files or Attachments(())
     for n, row in enumerate(rows):
         fp = row["fingerprint"] if dedupe else n
         if fp not in groups:
-            groups[fp] = (row["fingerprint"], selection.requests[row["version"]].body(row["prompt"]), [])
+            spec = selection.requests[row["version"]]
+            body = spec.body(row["prompt"])
+            if spec.attach:
+                try:
+                    body = files.for_columns(spec.attach).resolve(body, row)
+                except AttachmentError as exc:
+                    unsendable.append((row, f"not sent: {exc}"))
+                    continue
+            groups[fp] = (row["fingerprint"], body, [])
         groups[fp][2].append(row)
     chunks: list[list[Group]] = [[]]
     weight = 0
@@ -243,4 +262,4 @@ def _chunks(rows: list[dict[str, Any]], selection: Selection, size: int, *, dedu
             weight = 0
         chunks[-1].append(group)
         weight += cost
-    return [c for c in chunks if c]
+    return [c for c in chunks if c], unsendable

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import anthropic
 
+from .._attach import AttachmentError, Attachments
 from .._ledger import KnownAnswer
 from .._ledger.states import Outcome
 from .._output import OutputError, OutputSpec
@@ -82,8 +83,10 @@ class Sink(Protocol):
 class OnlineSender:
     def __init__(self, client: anthropic.AsyncAnthropic, *, requests: dict[str, RequestSpec],
                  known: dict[str, KnownAnswer], retry: RetryPolicy, dedupe: bool, sink: Sink,
-                 output: OutputSpec | None = None, concurrency: int = 1) -> None:
+                 output: OutputSpec | None = None, concurrency: int = 1,
+                 attachments: Attachments | None = None) -> None:
         self.client, self.requests, self.retry, self.dedupe, self.sink = client, requests, retry, dedupe, sink
+        self.files = attachments or Attachments(())  # where this process has the bytes of attached files
         # refusals alike that stop a run: more than a first wave of requests holds, so rows refused for their own
         # reason at the head of a frame are outweighed by the rest of that wave's answers
         self.refused_alike = max(REFUSED_ALIKE, concurrency + 1)
@@ -126,7 +129,13 @@ class OnlineSender:
 
     async def _call(self, row: dict[str, Any]) -> Answer | None:
         """The row's answer (checked against the output schema, retried once if it does not match)."""
-        body = self.requests[row["version"]].body(row["prompt"])
+        spec = self.requests[row["version"]]
+        body = spec.body(row["prompt"])
+        if spec.attach:  # the recorded hashes become the files' bytes, read now and checked against them
+            try:
+                body = await asyncio.to_thread(self.files.for_columns(spec.attach).resolve, body, row)
+            except AttachmentError as exc:
+                return None, f"not sent: {exc}"
         answer = await self._send(body, row)
         if answer is None or answer[0] is None or self.output is None:
             return answer

@@ -28,6 +28,7 @@ from typing import Any
 import anthropic
 import polars as pl
 
+from .._attach import Attachments
 from .._ledger import Ledger, Selection
 from .._ledger.claims import Claimant
 from .._ledger.columns import RESULT_SCHEMA
@@ -70,6 +71,8 @@ class RunConfig:
     output_model: Any = field(default=None, compare=False)  # the pydantic model of output= (apply_llm only)
     stale_after: float = 1800.0  # seconds after which another run may take back a claim that stopped beating
     source: str | None = None  # where the run's answers come from (`answer_source`), stored with each answer
+    attachments: Attachments | None = field(default=None, compare=False)  # attach=: where this process has the
+    # bytes of the files its rows' requests name
 
     @property
     def renew_every(self) -> float:
@@ -89,7 +92,8 @@ class Scheduler:
         self.output = output
         self.recorder = Recorder(selection=selection, cfg=cfg, report=report, output=output)
         self.sender = OnlineSender(client, requests=selection.requests, known=selection.known, retry=cfg.retry,
-                                   dedupe=cfg.dedupe, sink=self, output=output, concurrency=cfg.concurrency)
+                                   dedupe=cfg.dedupe, sink=self, output=output, concurrency=cfg.concurrency,
+                                   attachments=cfg.attachments)
         layout = selection.layout
         self.journal = Journal(ledger.path, layout.table, layout.step, str(claimant))
         self.buffer: list[dict[str, Any]] = []

@@ -28,6 +28,7 @@ from .connection import column_types, dialect, one, table_exists
 if TYPE_CHECKING:
     from .._output import OutputSpec
 
+
 MIGRATIONS_TABLE = "llmledger_migrations"
 STEPS_TABLE = "llmledger_steps"
 RUNS_TABLE = "llmledger_runs"
@@ -148,6 +149,12 @@ def _v9_batch_sources(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"ALTER TABLE {BATCHES_TABLE} ADD COLUMN IF NOT EXISTS source VARCHAR")
 
 
+def _v10_request_shapes(con: duckdb.DuckDBPyConnection) -> None:
+    """No table changes: a stored request may now hold a `messages=` prefix and the columns whose files a row's
+    message carries (`llmledger_attach`), and a row's stored message may be JSON content blocks. An older
+    llmledger would send such a request wrongly, so the store is marked as one only this version reads."""
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
@@ -160,6 +167,7 @@ MIGRATIONS = (
     Migration(7, "budget reservations: a step's budget shared by its concurrent runs", _v7_budget_reservations),
     Migration(8, "leases: each claim's own end, in the database's clock", _v8_leases),
     Migration(9, "batch sources: where each Message Batch was sent", _v9_batch_sources),
+    Migration(10, "requests with messages= prefixes and attached files", _v10_request_shapes),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -217,9 +217,10 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                    params: RunParams, dedupe: bool, inputs: bool) -> Selection:
         status = found["status"]
         work = keys.filter(found["eligible"] & found["in_where"])
+        requests = requests_of(con, layout)
         return Selection(
-            inputs=input_columns(con, layout) if inputs else [],
-            layout=layout, version=version, requests=requests_of(con, layout), work=work, params=sql_params,
+            inputs=input_columns(con, layout) if inputs or _attaching(requests) else [],
+            layout=layout, version=version, requests=requests, work=work, params=sql_params,
             lease=params.lease,
             key_types=key_types, stale=int(found["stale"].sum()) if params.redo is not Redo.STALE else 0,
             running_elsewhere=int((status == Status.RUNNING).sum()),
@@ -271,9 +272,10 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                 f"count(*) FILTER (WHERE {flags['waiting']}), "
                 f"count(*) FILTER (WHERE {flags['status']} = 'SUBMITTED') "
                 f"FROM {q(table)} AS t WHERE {flags['in_where']}"), work_sql)
+            requests = requests_of(con, layout)
             return Selection(
-                inputs=input_columns(con, layout) if inputs else [],
-                layout=layout, version=version, requests=requests_of(con, layout), work=work, params=work_sql,
+                inputs=input_columns(con, layout) if inputs or _attaching(requests) else [],
+                layout=layout, version=version, requests=requests, work=work, params=work_sql,
                 lease=params.lease,
                 key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
@@ -499,6 +501,12 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]:
         with self.conn.open(wait=60.0, read_only=True) as con:
             return list_steps(con, table)
+
+
+def _attaching(requests: dict[str, RequestSpec]) -> bool:
+    """Whether a request of the step attaches files: claims then return the stored input columns, in which the
+    sender finds their paths and URLs."""
+    return any(r.attach for r in requests.values())
 
 
 def _refuse_rewriting_answered_inputs(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,

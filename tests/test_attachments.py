@@ -1,0 +1,194 @@
+"""Files attached to rows (attach=): sent as the API takes them, recorded and fingerprinted by content."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+import llmledger
+from llmledger import PromptError, apply_llm, estimate, resume
+from llmledger._request import canonical_json, md5_uuid
+from llmledger.simulator import pdf, png
+
+from .conftest import sql
+
+
+def files(folder: Path, n: int) -> pl.DataFrame:
+    """n files: even rows a PNG, odd rows a one-page PDF, each different."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        path = folder / (f"scan{i}.png" if i % 2 == 0 else f"invoice{i}.pdf")
+        path.write_bytes(png(16 + i, 12, seed=i) if i % 2 == 0 else pdf([f"Invoice {i}. Total: ${i}0.00"]))
+        paths.append(str(path))
+    return pl.DataFrame({"id": list(range(n)), "path": paths, "question": ["What is this?"] * n})
+
+
+def sent_files(sim: Any) -> list[bytes]:
+    """The bytes of every file the simulator was sent, request by request."""
+    out = []
+    for entry in sim.log():
+        for block in entry["body"]["messages"][-1]["content"]:
+            if isinstance(block, dict) and block.get("type") in ("image", "document"):
+                out.append(base64.b64decode(block["source"]["data"]))
+    return out
+
+
+def test_files_are_sent_as_content_blocks_and_recorded_by_their_hash(run: Any, sim: Any, tmp_path: Path,
+                                                                      store: Path) -> None:
+    df = files(tmp_path / "in", 4)
+    out = run(df, "what", prompt="{question}", attach="path")
+    assert out["what_status"].to_list() == ["DONE"] * 4
+    contents = [Path(p).read_bytes() for p in df["path"]]
+    assert sorted(sent_files(sim)) == sorted(contents), "each row's file, byte for byte"
+    kinds = [b["type"] for e in sim.log() for b in e["body"]["messages"][-1]["content"]]
+    assert kinds.count("image") == 2 and kinds.count("document") == 2 and kinds.count("text") == 4
+    # the ledger holds each file's hash, never its bytes, and the fingerprint is of the request naming that hash
+    for (i, stored, fp) in sql(store, "SELECT id, what_prompt, what_request_fingerprint::VARCHAR FROM messages"):
+        blocks = json.loads(stored)
+        assert blocks[0]["source"]["data"] == "sha256:" + hashlib.sha256(contents[i]).hexdigest()
+        assert blocks[-1] == {"type": "text", "text": "What is this?"}
+        body = {"model": llmledger.DEFAULT_MODEL, "max_tokens": 1024,
+                "messages": [{"role": "user", "content": blocks}]}
+        assert fp == md5_uuid(canonical_json(body))
+    assert not any(base64.b64encode(c[:30]).decode()[:20] in str(sql(store, "SELECT * FROM messages"))
+                   for c in contents)
+
+
+def test_the_same_content_never_pays_twice_whatever_its_path_and_a_changed_file_is_stale(
+        run: Any, sim: Any, tmp_path: Path) -> None:
+    df = files(tmp_path / "in", 4)
+    run(df, "what", prompt="{question}", attach="path")
+    assert sim.stats()["paid"] == 4
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "in", moved)
+    shutil.rmtree(tmp_path / "in")
+    df = df.with_columns(pl.col("path").str.replace(str(tmp_path / "in"), str(moved), literal=True))
+    out = run(df, "what", prompt="{question}", attach="path")
+    assert sim.stats()["paid"] == 4 and not out["what_stale"].any(), "same files elsewhere: nothing to pay"
+
+    changed = png(40, 40, seed=99)
+    Path(df["path"][2]).write_bytes(changed)
+    with pytest.warns(llmledger.StaleAnswersWarning, match="1 DONE row is stale"):
+        out = run(df, "what", prompt="{question}", attach="path")
+    assert out["what_stale"].to_list() == [False, False, True, False] and sim.stats()["paid"] == 4
+    out = run(df, "what", prompt="{question}", attach="path", redo="stale")
+    assert sim.stats()["paid"] == 5 and not out["what_stale"].any()
+    assert sent_files(sim)[-1] == changed, "the redo sent the file as it is now"
+
+
+def test_a_file_changed_after_it_was_recorded_is_never_sent_under_the_old_request(
+        client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    df = files(tmp_path / "in", 4)
+    sim.configure(poison="What is this?")  # every request refused: the rows stay FAILED with their requests
+    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
+              progress=False, max_attempts=5)
+    Path(df["path"][0]).write_bytes(png(8, 8, seed=7))  # changed behind the ledger's back
+    sim.configure(poison=None)
+    sim.reset_stats()
+    report = resume(store, "t", "what", client=client, progress=False, max_attempts=5)
+    assert report.done == 3 and sim.stats()["paid"] == 3
+    (status, error), = sql(store, "SELECT what_status, what_error FROM t WHERE id = 0")
+    assert status == "FAILED" and "not sent" in error and "holds other content now" in error
+    assert png(8, 8, seed=7) not in sent_files(sim)
+    out = apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
+                    progress=False, max_attempts=5)  # records the file as it is now, and sends it
+    assert out["what_status"].to_list() == ["DONE"] * 4 and sent_files(sim)[-1] == png(8, 8, seed=7)
+
+
+def test_a_bytes_column_is_sent_but_not_kept_in_the_ledger(client: Any, sim: Any, store: Path) -> None:
+    images = [png(10 + i, 10, seed=i) for i in range(3)]
+    df = pl.DataFrame({"id": [1, 2, 3], "image": images, "note": ["a", "b", "c"]})
+    out = apply_llm(df, "caption", prompt="Caption ({note})", attach="image", client=client, store=store,
+                    table="t", progress=False)
+    assert out["caption_status"].to_list() == ["DONE"] * 3 and sorted(sent_files(sim)) == sorted(images)
+    columns = [c for (c,) in sql(store, "SELECT column_name FROM (DESCRIBE t)")]
+    assert "image" not in columns and "note" in columns
+    # a run from the store alone cannot send them: each row fails saying how to finish it, and nothing is sent
+    with pytest.warns(llmledger.StaleAnswersWarning):  # records the new requests; stale rows are not re-sent
+        apply_llm(df.with_columns(note=pl.lit("d")), "caption", prompt="Caption ({note})", attach="image",
+                  client=client, store=store, table="t", progress=False)
+    resume(store, "t", "caption", client=client, progress=False, redo="stale")
+    assert sim.stats()["paid"] == 3
+    errors = [e for (e,) in sql(store, "SELECT caption_error FROM t")]
+    assert len(errors) == 3 and all("came as bytes in the frame" in e for e in errors), errors
+
+
+def test_two_rows_with_the_same_file_and_text_share_one_call(run: Any, sim: Any, tmp_path: Path) -> None:
+    path = tmp_path / "same.png"
+    path.write_bytes(png(12, 12))
+    copy = tmp_path / "copy.png"
+    copy.write_bytes(png(12, 12))
+    df = pl.DataFrame({"id": [1, 2, 3], "path": [str(path), str(copy), str(path)]})
+    out = run(df, "what", prompt="Describe it", attach="path")
+    assert out["what_status"].to_list() == ["DONE"] * 3 and sim.stats()["paid"] == 1
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("missing.png", "cannot be read"),
+    ("notes.txt", "is not a PNG, JPEG, GIF or WebP image or a PDF"),
+])
+def test_a_file_that_cannot_be_sent_is_refused_before_anything_is_written(
+        run: Any, sim: Any, tmp_path: Path, store: Path, bad: str, message: str) -> None:
+    (tmp_path / "notes.txt").write_text("plain text")
+    good = tmp_path / "ok.png"
+    good.write_bytes(png(4, 4))
+    df = pl.DataFrame({"id": [1, 2], "path": [str(good), str(tmp_path / bad)]})
+    with pytest.raises(PromptError, match=message) as caught:
+        run(df, "what", prompt="Describe it", attach="path")
+    assert "key {'id': 2}" in str(caught.value) and bad in str(caught.value)
+    assert not store.exists() and sim.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("attach, message", [
+    ("nope", "attach names column 'nope'"),
+    ("id", "attach column 'id' is Int64"),
+    (["path", "path"], "names a column twice"),
+    (3, "attach must name a column"),
+])
+def test_attach_names_columns_of_paths_urls_or_bytes(run: Any, tmp_path: Path, store: Path, attach: Any,
+                                                      message: str) -> None:
+    df = pl.DataFrame({"id": [1], "path": [str(tmp_path / "x.png")]})
+    with pytest.raises(PromptError, match=message):
+        run(df, "what", prompt="Describe it", attach=attach)
+    assert not store.exists()
+
+
+def test_files_go_through_message_batches_too(run: Any, sim: Any, tmp_path: Path) -> None:
+    df = files(tmp_path / "in", 4)
+    out = run(df, "what", prompt="{question}", attach="path", mode="batch")
+    assert out["what_status"].to_list() == ["DONE"] * 4 and sim.stats()["batch_paid"] == 4
+    assert run(df, "what", prompt="{question}", attach="path", mode="batch") is not None
+    assert sim.stats()["batch_paid"] == 4
+
+
+def test_estimate_counts_the_files(client: Any, tmp_path: Path, store: Path) -> None:
+    path = tmp_path / "big.png"
+    path.write_bytes(png(1000, 750))
+    df = pl.DataFrame({"id": [1], "path": [str(path)]})
+    with_file = estimate(df, "what", prompt="Describe it", attach="path", store=store, client=client)
+    without = estimate(df, "what", prompt="Describe it", store=store, client=client)
+    assert with_file["input_tokens"][0] - without["input_tokens"][0] == 1000, "1000 x 750 px / 750 per token"
+
+
+def test_attachments_on_postgresql(client: Any, sim: Any, tmp_path: Path, pg_url: str) -> None:
+    df = files(tmp_path / "in", 4)
+    out = apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=pg_url, table="t",
+                    progress=False)
+    assert out["what_status"].to_list() == ["DONE"] * 4 and sim.stats()["paid"] == 4
+    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=pg_url, table="t",
+              progress=False)
+    assert sim.stats()["paid"] == 4
+    fps = llmledger.sql(pg_url, "SELECT what_prompt, what_request_fingerprint::text AS fp FROM t")
+    assert fps is not None
+    for stored, fp in fps.iter_rows():
+        body = {"model": llmledger.DEFAULT_MODEL, "max_tokens": 1024,
+                "messages": [{"role": "user", "content": json.loads(stored)}]}
+        assert fp == md5_uuid(canonical_json(body)), "PostgreSQL computes the same fingerprint as DuckDB"
