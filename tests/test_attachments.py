@@ -192,3 +192,39 @@ def test_attachments_on_postgresql(client: Any, sim: Any, tmp_path: Path, pg_url
         body = {"model": llmledger.DEFAULT_MODEL, "max_tokens": 1024,
                 "messages": [{"role": "user", "content": json.loads(stored)}]}
         assert fp == md5_uuid(canonical_json(body)), "PostgreSQL computes the same fingerprint as DuckDB"
+
+
+def test_a_column_of_pathlib_paths_is_kept_as_text_so_a_resume_finds_the_files(
+        client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    df = files(tmp_path / "in", 2)
+    df = df.with_columns(pl.Series("path", [Path(p) for p in df["path"]], dtype=pl.Object))
+    sim.configure(poison="What is this?")
+    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
+              progress=False)
+    sim.configure(poison=None)
+    assert resume(store, "t", "what", client=client, progress=False).done == 2
+    assert sql(store, "SELECT typeof(path) FROM t LIMIT 1") == [("VARCHAR",)]
+
+
+def test_urls_are_fetched_and_recorded_by_content(run: Any, sim: Any, tmp_path: Path) -> None:
+    import functools
+    import http.server
+    import threading
+
+    df = files(tmp_path / "in", 2)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "in"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        urls = df.with_columns(pl.col("path").str.replace(r"^.*/", base + "/"))
+        out = run(urls, "what", prompt="{question}", attach="path")
+        assert out["what_status"].to_list() == ["DONE"] * 2
+        assert sorted(sent_files(sim)) == sorted(Path(p).read_bytes() for p in df["path"])
+        out = run(df, "what", prompt="{question}", attach="path")  # the same files as paths: the same requests
+        assert sim.stats()["paid"] == 2 and not out["what_stale"].any()
+        missing = urls.with_columns(pl.col("path") + ".gone")
+        with pytest.raises(PromptError, match="cannot be read: HTTPError"):
+            run(missing, "what", prompt="{question}", attach="path")
+    finally:
+        server.shutdown()

@@ -57,3 +57,38 @@ def test_after_a_small_first_run_the_estimate_is_what_the_rest_costs(run, sim: S
     assert abs(figures["cost_usd"] - report.cost_usd) <= 0.25 * report.cost_usd
     assert abs(figures["input_tokens"] - report.input_tokens) <= 0.25 * report.input_tokens
     assert figures["cost_usd_batch"] == pytest.approx(figures["cost_usd"] / 2)
+
+
+def test_a_pipeline_is_estimated_as_a_whole_then_paid_as_estimated(client, sim: Simulator, store: Path,
+                                                                     reviews: pl.DataFrame) -> None:
+    df = reviews.head(200)
+    steps = {"extract": {"prompt": "Extract the product and sentiment from: {text}",
+                         "output": {"product": str, "sentiment": str}},
+             "reply": {"prompt": "Write a reply to a {extract.sentiment} review of {extract.product}: {text}",
+                       "max_tokens": 60}}
+    common = {"key": "review_id", "store": store, "table": "reviews", "client": client}
+    figures = llmledger.estimate(df, steps, **common)
+    assert not store.exists() and sim.stats()["requests"] == 0, "nothing sent or written"
+    assert figures["step"].to_list() == ["extract", "reply", "total"]
+    extract, reply, total = figures.iter_rows(named=True)
+    distinct = df["text"].n_unique()
+    assert extract["calls"] == distinct and extract["waiting"] == 0
+    assert reply["waiting"] == 200 and reply["calls"] == 200, "the second step's rows wait for the first's answers"
+    assert "200 rows waiting for extract counted as sent" in reply["output_basis"]
+    assert total["calls"] == extract["calls"] + reply["calls"]
+    assert total["cost_usd"] == pytest.approx(extract["cost_usd"] + reply["cost_usd"])
+    assert reply["input_tokens"] > 200 * len("Write a reply to a review of: ") / 4
+
+    # once the first step has answers, the second is estimated from its real prompts
+    llmledger.apply_llm(df, "extract", **steps["extract"], **common, progress=False)
+    before = sim.stats()
+    figures = llmledger.estimate(df, steps, **common)
+    assert figures["to_send"].to_list() == [0, 200, 200] and figures["waiting"][1] == 0
+    llmledger.pipeline(df, steps, **common, progress=False)
+    paid = sim.stats()["input_tokens"] - before["input_tokens"]
+    assert sim.stats()["paid"] - before["paid"] == figures["calls"][1] > 190, "identical prompts share a call"
+    assert 0.8 < paid / figures["input_tokens"][2] < 1.25, (paid, figures["input_tokens"][2])
+
+    again = llmledger.estimate(df, steps, **common)
+    assert again["calls"].to_list() == [0, 0, 0] and again["done"].to_list()[:2] == [200, 200]
+    assert again["cost_usd"][2] == 0

@@ -149,7 +149,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                     table_columns=stored_columns, frame_columns=frame.columns)
     check_prompt(prompt, frame.columns, steps)
     check_prefix(prefix, frame.columns)
-    attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys)
+    frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys)
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
     check_max_tokens(max_tokens)

@@ -227,7 +227,8 @@ class Attachments:
             problems.append(f"{place!r} holds other content now" if isinstance(place, str) else "changed bytes")
         if not places:
             raise AttachmentError(f"the file recorded as sha256:{sha[:12]}… came as bytes in the frame, which the "
-                                  "ledger does not keep: finish this step with apply_llm on that frame")
+                                  "ledger does not keep (it keeps paths and URLs): finish this step with apply_llm "
+                                  "on that frame")
         raise AttachmentError(f"the file recorded as sha256:{sha[:12]}… is not where it was ("
                               f"{'; '.join(problems)}): run apply_llm again so the ledger records the file as it "
                               "is now (the row then reports stale), or put the file back")

@@ -9,6 +9,7 @@ prefix or shared text is paid in full once and at the cache-read price by every 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -87,12 +88,18 @@ def cached(prefix: tuple[dict[str, Any], ...], ttl: str | None) -> tuple[dict[st
 
 
 def attachments(attach: Any, frame: pl.DataFrame, prompt: Prompt, steps: Collection[str],
-                key: Sequence[str]) -> Attachments | None:
-    """The checked attach= columns, every file read and hashed now: a missing or unreadable file, or one the API
-    does not take, is refused before anything is written (and a rerun finds the hashes of unchanged files)."""
+                key: Sequence[str]) -> tuple[pl.DataFrame, Attachments | None]:
+    """The frame (a column of `pathlib.Path`s made text, so the ledger keeps the paths) and the checked attach=
+    columns, every file read and hashed now: a missing or unreadable file, or one the API does not take, is
+    refused before anything is written (and a rerun finds the hashes of unchanged files)."""
     columns = check_attach(attach, frame)
     if not columns:
-        return None
+        return frame, None
+    paths = [c for c in columns if frame.schema[c] == pl.Object and all(
+        v is None or isinstance(v, os.PathLike) for v in frame[c])]
+    if paths:
+        frame = frame.with_columns(pl.Series(c, [None if v is None else os.fspath(v) for v in frame[c]],
+                                             dtype=pl.String) for c in paths)
     reading = [f for f in template_fields(prompt) if f in steps] if isinstance(prompt, str) else []
     if reading:
         raise PromptError(f"a step with attach= cannot read another step ({{{reading[0]}}}): its message holds "
@@ -102,4 +109,4 @@ def attachments(attach: Any, frame: pl.DataFrame, prompt: Prompt, steps: Collect
     part = frame.select([*key, *columns])
     for index, row in enumerate(part.iter_rows(named=True)):
         found.blocks(row, str({k: row[k] for k in key}), part, index)
-    return found
+    return frame, found

@@ -20,7 +20,7 @@ from ._ledger.graph import field_paths
 from ._output import OutputSpec, resolved, spec_from_request
 from ._prompt import template_fields
 from ._report import PipelineReport, RunReport
-from ._run import last_report, set_last_report
+from ._run import Plan, last_report, set_last_report
 from .errors import InvalidInputError, PromptError
 
 _PER_CALL = {"background"}
@@ -37,24 +37,8 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
     `common` options (store, table, key, model, client, ...) apply to every step; a step's own
     options win. A rerun pays only for what is not DONE and fresh, step by step.
     """
-    if not isinstance(steps, Mapping) or not steps:
-        raise InvalidInputError("steps must be a non-empty mapping of step name -> apply_llm options, e.g. "
-                                "{'summary': {'prompt': 'Summarize: {text}'}}")
-    for name in _PER_CALL & set(common):
-        raise InvalidInputError(f"pipeline takes no {name}=; it runs its steps one after another")
+    check_pipeline(df, steps, common)
     names = list(steps)
-    for i, (name, options) in enumerate(steps.items()):
-        if not isinstance(options, Mapping) or ("prompt" not in options and "messages" not in options):
-            raise InvalidInputError(f"step {name!r} needs a mapping of apply_llm options with a prompt= (or "
-                                    f"messages=), got {options!r}")
-        messages = options.get("messages")
-        prompt = options.get("prompt") if "prompt" in options or not isinstance(messages, list | tuple) or \
-            not messages or not isinstance(messages[-1], dict) else messages[-1].get("content")
-        later = [f for f in template_fields(prompt) if f in names[i:]] if isinstance(prompt, str) else []
-        if later:
-            raise InvalidInputError(f"step {name!r} reads {later}, which run at or after it; order the steps "
-                                    "so that each comes after the steps it reads")
-    _check_every_step(df, steps, common)
     outputs = []
     frame = None
     reports: dict[str, RunReport] = {}
@@ -81,12 +65,36 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
     return out[[c for c in out.columns if c not in step_columns] + step_columns]
 
 
-def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[str, Any]) -> None:
+def check_pipeline(df: Any, steps: Any, common: Mapping[str, Any]) -> dict[str, Plan]:
+    """Every step of a pipeline checked as apply_llm checks one, in order, before any runs; each step's Plan."""
+    if not isinstance(steps, Mapping) or not steps:
+        raise InvalidInputError("steps must be a non-empty mapping of step name -> apply_llm options, e.g. "
+                                "{'summary': {'prompt': 'Summarize: {text}'}}")
+    for name in _PER_CALL & set(common):
+        raise InvalidInputError(f"pipeline takes no {name}=; it runs its steps one after another")
+    names = list(steps)
+    for i, (name, options) in enumerate(steps.items()):
+        if not isinstance(options, Mapping) or ("prompt" not in options and "messages" not in options):
+            raise InvalidInputError(f"step {name!r} needs a mapping of apply_llm options with a prompt= (or "
+                                    f"messages=), got {options!r}")
+        messages = options.get("messages")
+        prompt = options.get("prompt") if "prompt" in options or not isinstance(messages, list | tuple) or \
+            not messages or not isinstance(messages[-1], dict) else messages[-1].get("content")
+        later = [f for f in template_fields(prompt) if f in names[i:]] if isinstance(prompt, str) else []
+        if later:
+            raise InvalidInputError(f"step {name!r} reads {later}, which run at or after it; order the steps "
+                                    "so that each comes after the steps it reads")
+    return _check_every_step(df, steps, common)
+
+
+def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]],
+                      common: Mapping[str, Any]) -> dict[str, Plan]:
     """Check every step's call as apply_llm would, before the first one runs: a mistake in a later step must
     not leave a store behind with earlier steps paid for. (A `where=` is checked against the table when its
     step runs: a new table does not exist until then.)"""
     earlier: dict[str, OutputSpec | None] = {}
     stored: dict[tuple[str, str], dict[str, OutputSpec | None]] = {}
+    plans: dict[str, Plan] = {}
     for name, options in steps.items():
         try:
             bound = inspect.signature(apply_llm).bind(df, name, **{**common, **options})
@@ -94,6 +102,7 @@ def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: M
             raise InvalidInputError(f"step {name!r}: {exc}") from None
         bound.apply_defaults()
         plan = checked_plan({**bound.arguments, "earlier_steps": list(earlier)})
+        plans[name] = plan
         assert plan.definition is not None
         prompt = plan.definition.prompt.prompt
         if isinstance(prompt, str):
@@ -102,6 +111,7 @@ def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: M
                 stored[where] = stored_outputs(plan.store, plan.table)
             _check_fields(name, prompt, {**stored[where], **earlier})
         earlier[name] = spec_from_request(plan.definition.request.options)
+    return plans
 
 
 def _check_fields(step: str, prompt: str, earlier: Mapping[str, OutputSpec | None]) -> None:
