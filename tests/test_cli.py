@@ -36,6 +36,9 @@ def test_status_draws_each_step_with_its_counts_and_errors_by_kind(run, sim: Sim
     coloured = _cli("status", str(store), "--color", "always")
     assert "\x1b[31m" in coloured.stdout and "DONE\x1b[0m 8" in coloured.stdout
 
+    typo = _cli("status", str(store), "--table", "mesages")
+    assert typo.returncode == 2 and "no table 'mesages'; its tables: ['messages']" in typo.stderr
+
 
 def test_status_of_a_missing_or_foreign_file_is_a_clear_error(tmp_path: Path) -> None:
     missing = _cli("status", str(tmp_path / "nope.duckdb"))

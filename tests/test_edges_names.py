@@ -46,6 +46,8 @@ def test_a_step_whose_columns_would_be_another_steps_or_an_inputs_is_refused(
     with pytest.raises(StepNameError, match=r"clashes with step 's'|over the input column") as caught:
         apply_llm(df, name, prompt="Other: {text}", store=target, table="t", client=client, progress=False)
     assert "Nothing was written" in str(caught.value)
+    if name.lower() in ("text", "label"):  # the input named as it is, not as the step spells it
+        assert f"over the input column {name.lower()!r}" in str(caught.value)
     assert snapshot(target) == before and sim.stats()["paid"] == paid
     # the step it would have broken still sends what it recorded, and its rows are still its own answers
     report = llmledger.resume(target, "t", "s", client=client, progress=False)

@@ -89,4 +89,5 @@ def test_show_of_a_store_without_steps_or_with_a_bad_argument(tmp_path: Path, cl
     llmledger.apply_llm(frame(2), "s", prompt="{text}", client=client, store=tmp_path / "one.duckdb", progress=False)
     with pytest.raises(llmledger.InvalidInputError, match="every= is the seconds between redraws"):
         llmledger.show(tmp_path / "one.duckdb", every=0)
-    assert "no llmledger steps for table 'other'" in str(llmledger.show(tmp_path / "one.duckdb", table="other"))
+    with pytest.raises(llmledger.InvalidInputError, match=r"no table 'other'; its tables: \['ledger'\]"):
+        llmledger.show(tmp_path / "one.duckdb", table="other")

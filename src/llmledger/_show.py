@@ -63,6 +63,11 @@ class StoreView:
         self.name = redacted(str(store)) if is_url(store) else Path(store).name
         self._ledger = open_existing(store)
         self.overview: Overview = self._ledger.overview(table)
+        if table is not None and table not in self.overview.tables:
+            from .errors import InvalidInputError
+
+            raise InvalidInputError(f"the store has no table {table!r}; its tables: {self.overview.tables}. "
+                                    "Leave out table= to see every one.")
         self.read_at: datetime = utcnow()
         self._widget: Any = None
         self._stop = threading.Event()

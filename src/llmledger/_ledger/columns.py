@@ -155,12 +155,14 @@ def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new
     mine_in_table = {c.lower() for c in table_columns} - theirs
     if not is_new:  # the step's own columns are in the table already
         mine_in_table -= set(mine)
-    taken = [mine[c] for c in mine if c in mine_in_table]
+    inputs = {c.lower(): c for c in [*table_columns, *(frame_columns if is_new else ())]}
+    taken = [(mine[c], inputs[c]) for c in mine if c in mine_in_table]
     if is_new:
-        taken += [mine[c.lower()] for c in frame_columns if c.lower() in mine and mine[c.lower()] not in taken]
+        taken += [(mine[c.lower()], c) for c in frame_columns
+                  if c.lower() in mine and mine[c.lower()] not in [t for t, _ in taken]]
     if taken:
         raise StepNameError(
-            f"step name {step!r} would write its column {taken[0]!r} over the input column {taken[0]!r} of table "
+            f"step name {step!r} would write its column {taken[0][0]!r} over the input column {taken[0][1]!r} of table "
             f"{table!r} (a step owns its name and its name + _status, _prompt, _flag, ...); {suggestion}, or "
             "rename the input column. Nothing was written.")
     every = {c.lower(): c for s in [step, *other_steps] for c in owned_names(s)}

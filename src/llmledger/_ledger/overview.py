@@ -68,7 +68,7 @@ class BatchOverview:
 class Overview:
     steps: list[StepOverview]
     batches: list[BatchOverview]
-    tables: list[str]  # every table in the store (to name when it has no steps)
+    tables: list[str]  # the store's tables but its bookkeeping (to name when it has no steps)
 
 
 def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> Overview:
@@ -85,7 +85,7 @@ def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> O
     batches = _batches(con, table) if table_exists(con, BATCHES_TABLE) else []
     known = con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
                         "ORDER BY table_name").fetchall()
-    return Overview(steps, batches, [r[0] for r in known])
+    return Overview(steps, batches, [r[0] for r in known if not r[0].startswith("llmledger_")])
 
 
 def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview, key_columns: list[str]) -> None:
