@@ -217,6 +217,12 @@ def test_null_template_fields_are_counted_and_skipped_in_one_word(run: Any, sim:
     report = llmledger.last_report()
     assert report is not None and report.null_rows == 3 and report.calls == 2
     assert "3 rows of the frame have a null in {text}, {lang}: left unsent" in "\n".join(report.hints())
+    # the step remembers: finishing it from the store alone (resume, `llmledger run`, workers) skips them too
+    resumed = llmledger.resume(run.keywords["store"], "messages", "s", client=run.keywords["client"],
+                               progress=False)
+    assert resumed.calls == 0 and sim.stats()["paid"] == 2
+    assert llmledger.sql(run.keywords["store"], "SELECT count(*) AS n FROM messages "
+                         "WHERE s_status = 'NOT_STARTED'")["n"][0] == 3
     run(df, "s", prompt="{text} ({lang})")
     report = llmledger.last_report()
     assert report is not None and report.calls == 3 and "Pass skip_nulls=True" in "\n".join(report.hints())

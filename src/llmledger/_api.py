@@ -453,6 +453,8 @@ def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> None:
     frame = plan.frame
     assert frame is not None
     fields = [f for f in template_fields(prompt) if f in frame.columns] if isinstance(prompt, str) else []
+    if skip and plan.definition is not None:  # recorded with the step: resume and `llmledger run` skip them too
+        plan.definition = dataclasses.replace(plan.definition, skip_nulls=tuple(fields))
     nulls = [f for f in fields if frame[f].null_count()]
     if not nulls:
         return

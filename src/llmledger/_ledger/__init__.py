@@ -57,6 +57,7 @@ class StepDefinition:
     key: list[str]
     request: RequestSpec
     prompt: PromptPlan
+    skip_nulls: tuple[str, ...] = ()  # columns whose nulls leave a row unsent (not part of the request)
 
     @cached_property
     def version(self) -> str:

@@ -150,9 +150,11 @@ def _v9_batch_sources(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _v10_request_shapes(con: duckdb.DuckDBPyConnection) -> None:
-    """No table changes: a stored request may now hold a `messages=` prefix and the columns whose files a row's
-    message carries (`llmledger_attach`), and a row's stored message may be JSON content blocks. An older
-    llmledger would send such a request wrongly, so the store is marked as one only this version reads."""
+    """A stored request may now hold a `messages=` prefix and the columns whose files a row's message carries
+    (`llmledger_attach`), and a row's stored message may be JSON content blocks: an older llmledger would send
+    such a request wrongly, so the store is marked as one only this version reads. Steps record the columns
+    whose nulls skip_nulls=True leaves unsent, so `resume` and `llmledger run` leave them unsent too."""
+    con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS skip_nulls VARCHAR[]")
 
 
 MIGRATIONS = (
@@ -268,19 +270,27 @@ def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:
 
 def record_step(con: duckdb.DuckDBPyConnection, *, table: str, step: str, key: list[str], version: str,
                 model: str, system: str | None, max_tokens: int, options: str, request: str, prompt: str,
-                prompt_kind: str, upstream: list[str], now: datetime) -> None:
-    """Record this definition of the step (one row per version) and mark it the step's current one."""
+                prompt_kind: str, upstream: list[str], now: datetime, skip_nulls: list[str] | None = None) -> None:
+    """Record this definition of the step (one row per version) and mark it the step's current one, with the
+    columns whose nulls this call leaves unsent (`skip_nulls`)."""
     known = one(con, f"SELECT count(*) FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? AND version = ?",
                 [table, step, version])[0]
     if known:
-        con.execute(f"UPDATE {STEPS_TABLE} SET last_prepared_at = ? WHERE table_name = ? AND step = ? "
-                    "AND version = ?", [now, table, step, version])
+        con.execute(f"UPDATE {STEPS_TABLE} SET last_prepared_at = ?, skip_nulls = ? WHERE table_name = ? "
+                    "AND step = ? AND version = ?", [now, skip_nulls, table, step, version])
     else:
         con.execute(f"INSERT INTO {STEPS_TABLE} (table_name, step, key, created_at, model, prompt, system, version, "
-                    "max_tokens, options, request, prompt_kind, last_prepared_at, upstream) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "max_tokens, options, request, prompt_kind, last_prepared_at, upstream, skip_nulls) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [table, step, key, now, model, prompt, system, version, max_tokens, options, request,
-                     prompt_kind, now, upstream])
+                     prompt_kind, now, upstream, skip_nulls])
+
+
+def skipped_nulls(con: duckdb.DuckDBPyConnection, table: str, step: str) -> list[str]:
+    """The columns whose nulls the step's last apply_llm left unsent (skip_nulls=True)."""
+    rows = con.execute(f"SELECT skip_nulls FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
+                       "AND version IS NOT NULL ORDER BY last_prepared_at DESC LIMIT 1", [table, step]).fetchall()
+    return list(rows[0][0] or []) if rows else []
 
 
 def current_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> tuple[str, str, list[str]] | None:

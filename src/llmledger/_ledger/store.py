@@ -58,6 +58,7 @@ from .schema import (
     migrate_for_readers,
     owned_columns,
     record_step,
+    skipped_nulls,
 )
 from .states import Redo, Status
 from .survey import Layout, check_where, flag_sql, survey
@@ -146,7 +147,8 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                         model=request.model, system=request.system, max_tokens=request.max_tokens,
                         options=canonical_json(request.options),
                         request=request.to_json(), prompt=definition.prompt.text,
-                        prompt_kind=definition.prompt.kind, upstream=list(definition.prompt.upstream), now=now)
+                        prompt_kind=definition.prompt.kind, upstream=list(definition.prompt.upstream), now=now,
+                        skip_nulls=list(definition.skip_nulls) or None)
             graph = StepGraph.load(con, layout.table, layout.step)
             layout = fed_layout(layout, graph)
             check_where(con, layout.table, params.where)
@@ -246,19 +248,23 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                                         f"prepared; it has: {known or 'no steps'}. Run apply_llm once to record "
                                         "the step and its requests.")
             version, request, key = found
+            skipped = skipped_nulls(con, table, step)  # apply_llm's skip_nulls=True holds here too
+            where = " AND ".join([f"({params.where})"] * bool(params.where) + [f"{q(c)} IS NOT NULL" for c in skipped
+                                                                                if c in column_types(con, table)])
+            where = where or None
             graph = StepGraph.load(con, table, step)
             layout = fed_layout(Layout(table, step, key, []), graph)
             if graph.upstream.get(step):  # the steps it reads may have moved since apply_llm rendered it
                 render_dependent(con, layout, stored_template(graph.templates[step] or "", graph.upstream[step]),
                                  version, RequestSpec.from_json(request), graph)
-            check_where(con, table, params.where)
+            check_where(con, table, where)
             work_sql = params.sql(version)
             key_list = ", ".join(q(k) for k in key)
             key_types = dict(con.sql(f"SELECT {key_list} FROM {q(table)} LIMIT 0").pl().schema)
             merged[:] = merge_journals(con, layout, self.path, key_types)
             recover_claims(con, layout, params)
             unsimulated = set_aside_simulated(con, layout, params.source, params.run_started)
-            flags = flag_sql(layout, params.where)
+            flags = flag_sql(layout, where)
             open_ended = dialect(con) == "postgres"  # claims take rows from the table: no list of keys to hold
             work = con.sql(f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
                            f"AND {flags['eligible']} AND {flags['in_where']}{' LIMIT 0' if open_ended else ''}",
@@ -281,7 +287,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                 running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
                 waiting=int(waiting), in_batches=int(submitted),
                 known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers
-                else {}, open_ended=open_ended, pending=int(pending), where=params.where,
+                else {}, open_ended=open_ended, pending=int(pending), where=where,
                 reuse=open_ended and dedupe and params.redo.reuses_answers, source=params.source,
                 unsimulated=unsimulated, dedupe=dedupe)
 
