@@ -74,3 +74,17 @@ def test_background_run_while_other_cells_query(tmp_path: Path, monkeypatch) -> 
     assert "running" in cell["outputs"][0]["data"]["text/plain"]
     assert "llmledger-summary" in text and "completed" in text
     assert os.path.exists(tmp_path / "background.duckdb")
+
+
+@pytest.mark.slow
+def test_documents_are_paid_once_whatever_their_path_and_a_changed_file_is_stale(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    text = text_of(execute("07_documents.ipynb", tmp_path / "documents.duckdb", monkeypatch))
+    assert paid(text, "this run") == 12 and "12 calls; 0 rows were DONE already" in text
+    assert paid(text, "the same cell again") == 0
+    assert paid(text, "after moving the files") == 0 and "0 rows are stale" in text
+    assert paid(text, "after the re-scan") == 0 and re.search(r"stale rows: \[\d+\]", text), "exactly one row"
+    assert paid(text, "the redo of the stale rows") == 1
+    assert paid(text, "the conversation step") == 12
+    assert "sha256:" in text, "the ledger shows the recorded hash, not the bytes"
+    assert "llmledger-store" in text

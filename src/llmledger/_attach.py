@@ -224,6 +224,9 @@ class Attachments:
                 continue
             if hashlib.sha256(data).hexdigest() == sha:
                 return data
+            if isinstance(place, str):  # a rewrite that kept size and mtime: hash it afresh next time
+                for stamp in [s for s in _HASHED if s[0] == str(Path(place).expanduser().absolute())]:
+                    _HASHED.pop(stamp, None)
             problems.append(f"{place!r} holds other content now" if isinstance(place, str) else "changed bytes")
         if not places:
             raise AttachmentError(f"the file recorded as sha256:{sha[:12]}… came as bytes in the frame, which the "

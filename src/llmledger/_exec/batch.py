@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -100,18 +100,17 @@ class BatchSender:
             rest = [r for r in rows if r["fingerprint"] not in known]
             if self.cfg.dedupe and pending:
                 rest = await self._attach(selection, rest, pending)
-            chunks, unsendable = await asyncio.to_thread(_chunks, rest, selection, self.batch_size,
-                                                         dedupe=self.cfg.dedupe, files=self.cfg.attachments)
+            unsendable: list[tuple[dict[str, Any], str]] = []
+            chunks = _chunks(rest, selection, self.batch_size, dedupe=self.cfg.dedupe, files=self.cfg.attachments,
+                             unsendable=unsendable)  # one batch's bodies in memory at a time (files: their bytes)
+            while not self.stopped and (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                sent = await self._send(selection, chunk)
+                if sent is not None and self.cfg.dedupe:
+                    pending.update({fp: (custom_id_of(sent[0], fp, None), sent[1]) for fp, _, _ in chunk})
             if unsendable:  # a file that is no longer as its row's request recorded it: that row fails, unsent
                 results = [recorder.result(r, None, error, reused=False) for r, error in unsendable]
                 await asyncio.to_thread(self.ledger.commit, selection, result_frame(results, selection.key_types),
                                         now=utcnow())
-            for chunk in chunks:
-                if self.stopped:
-                    break
-                sent = await self._send(selection, chunk)
-                if sent is not None and self.cfg.dedupe:
-                    pending.update({fp: (custom_id_of(sent[0], fp, None), sent[1]) for fp, _, _ in chunk})
         await asyncio.to_thread(self.ledger.release, selection, claimant=str(self.claimant))
 
     async def _attach(self, selection: Selection, rows: list[dict[str, Any]],
@@ -233,33 +232,33 @@ class BatchSender:
 
 
 def _chunks(rows: list[dict[str, Any]], selection: Selection, size: int, *, dedupe: bool,
-            files: Attachments | None = None) -> tuple[list[list[Group]], list[tuple[dict[str, Any], str]]]:
-    """Claimed rows as batches of (fingerprint, body, rows) within the limits: with `dedupe`, one request per
-    distinct request (its rows share the answer), else one per row. Also the rows that cannot be sent (an attached
-    file no longer as recorded), each with why."""
-    groups: dict[Any, Group] = {}
-    unsendable: list[tuple[dict[str, Any], str]] = []
-    files = files or Attachments(())
+            files: Attachments | None = None,
+            unsendable: list[tuple[dict[str, Any], str]] | None = None) -> Iterator[list[Group]]:
+    """Claimed rows as batches of (fingerprint, body, rows) within the limits, one batch at a time: with `dedupe`,
+    one request per distinct request (its rows share the answer), else one per row. Rows that cannot be sent (an
+    attached file no longer as recorded) go to `unsendable`, each with why."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
     for n, row in enumerate(rows):
-        fp = row["fingerprint"] if dedupe else n
-        if fp not in groups:
-            spec = selection.requests[row["version"]]
-            body = spec.body(row["prompt"])
-            if spec.attach:
-                try:
-                    body = files.for_columns(spec.attach).resolve(body, row)
-                except AttachmentError as exc:
-                    unsendable.append((row, f"not sent: {exc}"))
-                    continue
-            groups[fp] = (row["fingerprint"], body, [])
-        groups[fp][2].append(row)
-    chunks: list[list[Group]] = [[]]
+        groups.setdefault(row["fingerprint"] if dedupe else n, []).append(row)
+    files = files or Attachments(())
+    chunk: list[Group] = []
     weight = 0
-    for group in groups.values():
-        cost = len(json.dumps(group[1])) + 100
-        if chunks[-1] and (len(chunks[-1]) >= size or weight + cost > MAX_BYTES * 0.95):
-            chunks.append([])
-            weight = 0
-        chunks[-1].append(group)
+    for members in groups.values():
+        first = members[0]
+        spec = selection.requests[first["version"]]
+        body = spec.body(first["prompt"])
+        if spec.attach:
+            try:
+                body = files.for_columns(spec.attach).resolve(body, first)
+            except AttachmentError as exc:
+                if unsendable is not None:
+                    unsendable.extend((r, f"not sent: {exc}") for r in members)
+                continue
+        cost = len(json.dumps(body)) + 100
+        if chunk and (len(chunk) >= size or weight + cost > MAX_BYTES * 0.95):
+            yield chunk
+            chunk, weight = [], 0
+        chunk.append((first["fingerprint"], body, members))
         weight += cost
-    return [c for c in chunks if c], unsendable
+    if chunk:
+        yield chunk
