@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ._sim_media import MARKER, attachment, block_cost, content_problem, count_tokens, files_in, stated_value
+
 _POSITIVE = {"great", "love", "excellent", "perfect", "happy", "fast", "recommend", "works", "best", "good"}
 _NEGATIVE = {"broke", "broken", "refund", "late", "never", "worst", "bad", "poor", "slow", "disappointed"}
 
@@ -27,18 +29,23 @@ def default_reply(prompt: str, system: str | None = None) -> str:
 
     Sentiment prompts get a label counted from a small lexicon; everything else
     gets a short extract of the prompt's last line, so different rows get
-    different, reproducible answers.
+    different, reproducible answers. Attached files (user_text's markers) count
+    too: their text is read for sentiment, and a summary says what it was shown,
+    so the same text with another file gets another answer.
     """
+    files = files_in(prompt)
+    prompt = MARKER.sub("", prompt)
     lowered = prompt.lower()
     if "sentiment" in lowered or ("positive" in lowered and "negative" in lowered):
-        body = lowered.rsplit(":", 1)[-1]
+        body = " ".join([lowered.rsplit(":", 1)[-1], *(text.lower() for _, text in files)])
         words = re.findall(r"[a-z']+", body)
         score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
         return "positive" if score > 0 else "negative" if score < 0 else "neutral"
     last = prompt.strip().splitlines()[-1] if prompt.strip() else ""
     words = last.split(": ", 1)[-1].split()
     extract = " ".join(words[:12]) + (" …" if len(words) > 12 else "")
-    return f"Summary: {extract}"
+    shown = "; ".join(f"{head}: {' '.join(text.split()[:12])}" if text else head for head, text in files)
+    return f"Summary: {extract}" + (f" (attached: {shown})" if files else "")
 
 
 def output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -87,7 +94,8 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
     answered before) gets another one, as a real model's sampling would give.
     """
     defs = schema.get("$defs") or {}
-    words = re.findall(r"[A-Za-z0-9']+", prompt.rsplit(":", 1)[-1]) or ["nothing"]
+    files = [text for _, text in files_in(prompt)]
+    words = re.findall(r"[A-Za-z0-9']+", " ".join([MARKER.sub("", prompt).rsplit(":", 1)[-1], *files])) or ["nothing"]
     salt = f"\x00{variant}" if variant else ""
     again = f" (take {variant + 1})" if variant else ""
 
@@ -111,6 +119,10 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
             return values[pick(path, len(values))]
         kind = node.get("type")
         rules = _stated_rules(node)  # constraints the schema states in its description (what a model reads)
+        stated = stated_value(files, path.rsplit(".", 1)[-1], kind in ("integer", "number")) \
+            if files and kind in ("integer", "number", "string") and "format" not in node else None
+        if stated is not None and (kind != "integer" or float(stated).is_integer()):
+            return int(stated) if kind == "integer" else stated
         if kind == "object":
             return {name: make(sub, f"{path}.{name}") for name, sub in (node.get("properties") or {}).items()}
         if kind == "array":
@@ -178,11 +190,6 @@ def _number(rules: dict[str, float], integer: bool, share: float) -> float | int
         low, high = math.ceil(low), math.floor(high)
         return int(low + round(share * max(high - low, 0)))
     return round(low + share * (high - low), 6) if high > low else low
-
-
-def count_tokens(text: str) -> int:
-    """Roughly four characters a token, as a stand-in for the real tokenizer."""
-    return max(1, math.ceil(len(text) / 4))
 
 
 @dataclass(frozen=True)
@@ -305,25 +312,37 @@ class Faults:
 
 
 def request_tokens(body: dict[str, Any]) -> int:
-    """The input tokens of a request (system, messages and output schema), as billed and rate-limited."""
-    system = body.get("system")
-    text = system if isinstance(system, str) else "".join(
-        b.get("text", "") for b in system or [] if isinstance(b, dict))
+    """The input tokens of a request (tools, system, messages and output schema), as billed and rate-limited: text
+    blocks by their text, images and PDFs by the API's formulas (_sim_media.py), never their base64."""
+    system, tools = body.get("system"), body.get("tools")
+    text = (json.dumps(tools) if tools else "") + (system if isinstance(system, str) else "".join(
+        b.get("text", "") for b in system or [] if isinstance(b, dict)))
+    files = 0
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
-        text += content if isinstance(content, str) else json.dumps(content)
+        if isinstance(content, list):
+            for block in content:
+                said, tokens = block_cost(block)
+                text, files = text + said, files + tokens
+        else:
+            text += content if isinstance(content, str) else json.dumps(content)
     schema = output_schema(body)
-    return count_tokens(text + (json.dumps(schema) if schema else ""))
+    return count_tokens(text + (json.dumps(schema) if schema else "")) + files
 
 
 def user_text(body: dict[str, Any]) -> str:
-    messages = body.get("messages") or []
-    for message in reversed(messages):
-        if message.get("role") == "user":
+    """The last user message's text, as replies, the request log and `stats()["prompts"]` see it: each image or
+    document it carries comes first, one marker a line (`[image/png 64x48 sha256:1a2b3c4d]`,
+    `[application/pdf 2 pages sha256:…: <its first 200 characters>]`), so another file is another prompt."""
+    for message in reversed(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user":
             content = message.get("content")
             if isinstance(content, str):
                 return content
-            return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
+            blocks = [b for b in content or [] if isinstance(b, dict)] if isinstance(content, list) else []
+            markers = [found.marker for found in map(attachment, blocks) if found is not None]
+            text = "".join(b["text"] for b in blocks if isinstance(b.get("text"), str))
+            return "\n".join([*markers, text]) if markers else text
     return ""
 
 
@@ -348,6 +367,9 @@ def validate(body: Any) -> str | None:
         return "max_tokens: Input should be a positive integer"
     if not isinstance(body["messages"], list) or not body["messages"]:
         return "messages: at least one message is required"
+    problem = content_problem(body)  # content blocks: text, images, documents, cache breakpoints
+    if problem:
+        return problem
     if not user_text(body):
         return "messages: text content blocks must be non-empty"
     if "temperature" in body and not (isinstance(body["temperature"], int | float) and 0 <= body["temperature"] <= 1):

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-from ._sim_api import ErrorSpec, count_tokens
+from ._sim_api import ErrorSpec
+from ._sim_media import block_cost, block_key, count_tokens
 
 
 class PromptCache:
-    """The API's prompt cache, as billing sees it: a system prefix marked with `cache_control` and long enough
-    for the model is written by the first request (billed as a cache write) and read by later ones within its
-    ttl (billed as a cache read), each read renewing the ttl."""
+    """The API's prompt cache, as billing sees it. The prompt is read in the API's order (tools, system, then the
+    messages' blocks); each block with `cache_control` ends a prefix that, when long enough for the model, the
+    first request writes (billed as a cache write) and later ones read within its ttl (billed as a cache read),
+    each read renewing the ttl. With several breakpoints the longest prefix cached is read and the part after
+    it, up to the last breakpoint, written: a few-shot prefix after a cached system prompt is billed so."""
 
     TTL: ClassVar[dict[str, float]] = {"5m": 300.0, "1h": 3600.0}
 
@@ -25,22 +29,44 @@ class PromptCache:
         """(tokens written 5m, tokens written 1h, tokens read) for this request's cached prefix."""
         from ._prices import min_cacheable_tokens
 
-        blocks = body.get("system") if isinstance(body.get("system"), list) else []
-        marked = [i for i, b in enumerate(blocks) if isinstance(b, dict) and b.get("cache_control")]
-        if not marked:
+        model, blocks = str(body.get("model")), _prompt_blocks(body)
+        text, files, keys, points = "", 0, [], []  # points: (key, tokens up to it, ttl) per breakpoint
+        for role, block in blocks:
+            said, tokens = block_cost(block)
+            text, files = text + said, files + tokens
+            keys.append((role, block_key(block)))
+            control = block.get("cache_control") if isinstance(block, dict) else None
+            upto = (count_tokens(text) if text else 0) + files
+            if control and upto >= min_cacheable_tokens(model):  # shorter: billed as plain input
+                points.append((json.dumps(keys, sort_keys=True), upto, control.get("ttl", "5m")))
+        if not points:
             return 0, 0, 0
-        prefix = "".join(b.get("text", "") for b in blocks[: marked[-1] + 1])
-        ttl = blocks[marked[-1]]["cache_control"].get("ttl", "5m")
-        tokens = count_tokens(prefix)
-        if tokens < min_cacheable_tokens(str(body.get("model"))):
-            return 0, 0, 0  # too short to cache: billed as plain input, without an error
-        key, now = (str(body.get("model")), prefix), time.time()
+        now, written, read = time.time(), {"5m": 0, "1h": 0}, 0
         with self.lock:
-            hit = self.expiry.get(key, 0.0) > now
-            self.expiry[key] = now + self.TTL[ttl]
-        if hit:
-            return 0, 0, tokens
-        return (0, tokens, 0) if ttl == "1h" else (tokens, 0, 0)
+            hit = max((n for n, (key, _, _) in enumerate(points) if self.expiry.get((model, key), 0.0) > now),
+                      default=-1)
+            for n, (key, tokens, ttl) in enumerate(points):
+                before = points[n - 1][1] if n else 0
+                if n <= hit:
+                    read += tokens - before
+                else:
+                    written[ttl] += tokens - before
+                self.expiry[(model, key)] = now + self.TTL[ttl]
+        return written["5m"], written["1h"], read
+
+
+def _prompt_blocks(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(role, block) of the whole prompt in the order the API caches it: tools, system, then each message."""
+    system = body.get("system")
+    blocks: list[tuple[str, Any]] = [("tools", tool) for tool in body.get("tools") or []]
+    blocks += [("system", {"type": "text", "text": system})] if isinstance(system, str) else \
+        [("system", b) for b in system or [] if isinstance(b, dict)]
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        role = str(message.get("role")) if isinstance(message, dict) else ""
+        blocks += [(role, {"type": "text", "text": content})] if isinstance(content, str) else \
+            [(role, b) for b in content or []] if isinstance(content, list) else []
+    return blocks
 
 
 class Bucket:

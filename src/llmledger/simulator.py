@@ -16,6 +16,10 @@ was sent.
         ...
         assert sim.stats()["paid"] == 10
 
+Image and document (PDF, text) content blocks are refused, billed and answered as
+the API does (`_sim_media.py`); `png`, `pdf` and `sample_documents` make files to
+send it.
+
 Faults can also be changed while it runs: `sim.configure(fail_next=[529] * 5)`,
 or `POST /_sim/config` with the same keys as JSON when it runs in another
 process (`llmledger simulator --port 8765`).
@@ -48,10 +52,12 @@ from ._sim_api import (
 from ._sim_batches import SimBatches
 from ._sim_http import QuietServer, make_handler
 from ._sim_limits import Bucket, PromptCache, TokenLimits
+from ._sim_media import pdf, png, sample_documents
 
 Responder = Callable[[str, str | None], str]
 
-__all__ = ["ERRORS", "ErrorSpec", "Simulator", "count_tokens", "default_reply", "simulate"]
+__all__ = ["ERRORS", "ErrorSpec", "Simulator", "count_tokens", "default_reply", "pdf", "png", "sample_documents",
+           "simulate"]
 
 
 class Simulator:
