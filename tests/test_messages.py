@@ -60,6 +60,9 @@ def test_a_long_conversation_is_sent_as_a_cached_prefix(run: Any, sim: Any) -> N
     assert body["messages"][1]["content"] == [{"type": "text", "text": "Understood.",
                                                 "cache_control": {"type": "ephemeral", "ttl": "5m"}}]
     assert "cache_control" not in str(body["messages"][2])
+    stats = sim.stats()
+    assert stats["cache_write_tokens"] > 6000 and stats["cache_read_tokens"] == 3 * stats["cache_write_tokens"], \
+        "the first row writes the prefix, the other three read it"
     est = llmledger.estimate(frame(4, start=10), "label2", messages=messages, system="You label messages.",
                              store=run.keywords["store"], client=run.keywords["client"])
     assert est["cost_usd"][0] is not None

@@ -85,6 +85,6 @@ def test_documents_are_paid_once_whatever_their_path_and_a_changed_file_is_stale
     assert paid(text, "after moving the files") == 0 and "0 rows are stale" in text
     assert paid(text, "after the re-scan") == 0 and re.search(r"stale rows: \[\d+\]", text), "exactly one row"
     assert paid(text, "the redo of the stale rows") == 1
-    assert paid(text, "the conversation step") == 12
+    assert paid(text, "the conversation step") == 12 and "it agrees with the file names on 12 of 12" in text
     assert "sha256:" in text, "the ledger shows the recorded hash, not the bytes"
     assert "llmledger-store" in text

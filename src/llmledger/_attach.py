@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import os
 import re
 import struct
@@ -35,6 +36,7 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 PDF = "application/pdf"
 MAX_IMAGE_BYTES = 5 * 1024 * 1024  # the API refuses a larger image
 MAX_PDF_BYTES = 32 * 1024 * 1024  # the API's limit on a whole request, so on any PDF in it
+IMAGE_TOKEN_CAP = 1_600  # the vision docs: larger images are scaled down to about this
 PDF_PAGE_TOKENS = 1_600  # a page is also sent as an image; text tokens come on top (the PDF support docs)
 URL_TIMEOUT = 60.0
 
@@ -97,10 +99,10 @@ def image_size(data: bytes, kind: str) -> tuple[int, int] | None:
 
 
 def image_tokens(width: int, height: int) -> int:
-    """The API's count for an image: scaled to at most 1568 px a side and about 1.15 megapixels, then one token
-    per 750 pixels (the vision docs)."""
-    scale = min(1.0, 1568 / max(width, height, 1), (1_150_000 / max(width * height, 1)) ** 0.5)
-    return max(1, round(width * scale) * round(height * scale) // 750)
+    """The API's count for an image: one token per 750 pixels once scaled to at most 1568 px a side, and at most
+    about 1,600 (the vision docs)."""
+    scale = min(1.0, 1568 / max(width, height, 1))
+    return max(1, min(IMAGE_TOKEN_CAP, math.ceil(round(width * scale) * round(height * scale) / 750)))
 
 
 def blob_of(data: bytes, what: str) -> Blob:

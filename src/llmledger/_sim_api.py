@@ -22,6 +22,7 @@ from ._sim_media import MARKER, attachment, block_cost, content_problem, count_t
 
 _POSITIVE = {"great", "love", "excellent", "perfect", "happy", "fast", "recommend", "works", "best", "good"}
 _NEGATIVE = {"broke", "broken", "refund", "late", "never", "worst", "bad", "poor", "slow", "disappointed"}
+_ONE_OF = re.compile(r"one word: ((?:[A-Za-z-]+, )*[A-Za-z-]+ or [A-Za-z-]+)")
 
 
 def default_reply(prompt: str, system: str | None = None) -> str:
@@ -29,7 +30,9 @@ def default_reply(prompt: str, system: str | None = None) -> str:
 
     Sentiment prompts get a label counted from a small lexicon; everything else
     gets a short extract of the prompt's last line, so different rows get
-    different, reproducible answers. Attached files (user_text's markers) count
+    different, reproducible answers; one asked for "one word: A, B or C" (in its
+    system prompt or its text) gets the option its last line or its files name,
+    else the last one. Attached files (user_text's markers) count
     too: their text is read for sentiment, and a summary says what it was shown,
     so the same text with another file gets another answer.
     """
@@ -41,6 +44,12 @@ def default_reply(prompt: str, system: str | None = None) -> str:
         words = re.findall(r"[a-z']+", body)
         score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
         return "positive" if score > 0 else "negative" if score < 0 else "neutral"
+    choice = _ONE_OF.search(f"{system or ''}\n{prompt}")
+    if choice:  # "Answer with one word: invoice or receipt": the option the row (or its file) names, else the last
+        options = [o.strip() for o in re.split(r",| or ", choice.group(1)) if o.strip()]
+        seen = " ".join([prompt.rsplit("\n", 1)[-1], *(text for _, text in files)]).lower()
+        seen = seen.replace(choice.group(0).lower(), " ")  # the question names every option
+        return next((o for o in options if re.search(rf"\b{re.escape(o.lower())}\b", seen)), options[-1])
     last = prompt.strip().splitlines()[-1] if prompt.strip() else ""
     words = last.split(": ", 1)[-1].split()
     extract = " ".join(words[:12]) + (" …" if len(words) > 12 else "")
