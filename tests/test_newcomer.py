@@ -4,6 +4,7 @@ refuses for its shape stops the run once instead of failing every row, and what 
 from __future__ import annotations
 
 import datetime
+import re
 import subprocess
 import sys
 import time
@@ -270,6 +271,8 @@ class Constrained(pydantic.BaseModel):
     tags: list[str] = pydantic.Field(min_length=2, max_length=3)
     when: datetime.date
     ref: uuid.UUID
+    sku: str = pydantic.Field(pattern=r"^[A-Z]{3}-\d{4}$")
+    currency: str = pydantic.Field(pattern=r"^(EUR|USD|GBP)$")
 
 
 def test_simulated_typed_answers_honour_every_constraint_the_schema_states(run: Any, sim: Simulator) -> None:
@@ -285,6 +288,8 @@ def test_simulated_typed_answers_honour_every_constraint_the_schema_states(run: 
     assert all(0 < v < 10 and (v * 2).is_integer() for v in out["s"].struct.field("half").to_list())
     assert all(4 <= len(v) <= 6 for v in out["s"].struct.field("code").to_list())
     assert all(2 <= len(v) <= 3 for v in out["s"].struct.field("tags").to_list())
+    assert all(re.fullmatch(r"[A-Z]{3}-\d{4}", v) for v in out["s"].struct.field("sku").to_list())
+    assert set(out["s"].struct.field("currency").to_list()) <= {"EUR", "USD", "GBP"}
 
 
 def test_the_default_table_refuses_another_dataset_that_would_rewrite_answered_rows(client: Any, store: Path,

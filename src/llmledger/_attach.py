@@ -169,6 +169,7 @@ class Attachments:
     # sha256 -> a path or URL, or a function returning the bytes (a bytes column the ledger does not keep)
     known: dict[str, str | Callable[[], bytes]] = field(default_factory=dict)
     blobs: dict[str, Blob] = field(default_factory=dict)
+    fetched: dict[str, Blob] = field(default_factory=dict)  # URLs fetched by this call: once, not in a transaction
 
     def blocks(self, row: dict[str, Any], where: str, frame: pl.DataFrame | None = None,
                index: int | None = None) -> list[dict[str, Any]]:
@@ -189,7 +190,9 @@ class Attachments:
                 if text is None:
                     raise PromptError(f"{what} is a {type(value).__name__}; an attached column holds file paths "
                                       "or URLs (text) or file contents (bytes)")
-                found = blob_at(text, f"{what} ({text!r})")
+                found = self.fetched.get(text) or blob_at(text, f"{what} ({text!r})")
+                if is_url(text):
+                    self.fetched[text] = found
                 self.known.setdefault(found.sha256, text)
             self.blobs[found.sha256] = found
             out.append(found.block())
@@ -197,7 +200,7 @@ class Attachments:
 
     def for_columns(self, columns: tuple[str, ...]) -> Attachments:
         """The same bytes this process knows, for a request attaching `columns` (another version's, resume's)."""
-        return self if columns == self.columns else Attachments(columns, self.known, self.blobs)
+        return self if columns == self.columns else Attachments(columns, self.known, self.blobs, self.fetched)
 
     def resolve(self, body: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
         """`body` as sent: each recorded hash replaced by the file's bytes, read now and checked against it.

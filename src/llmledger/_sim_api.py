@@ -147,6 +147,10 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
             return None
         if node.get("format") in _FORMATTED:
             return _FORMATTED[node["format"]](pick(path, 1_000_000))
+        pattern = _stated_pattern(node)
+        built = matching(pattern, pick(path, 1_000)) if pattern else None
+        if built is not None:
+            return built
         start = pick(path, len(words))
         text = " ".join(words[start:start + 3]) + again
         text = text.ljust(int(rules.get("minLength", 0)), "x")
@@ -167,6 +171,62 @@ _FORMATTED: dict[str, Any] = {  # string formats structured outputs support, eac
     "ipv6": lambda n: f"2001:db8::{n % 65536:x}",
     "uuid": lambda n: str(uuid.UUID(int=n * 7919 + 1)),
 }
+
+
+def _stated_pattern(node: dict[str, Any]) -> str | None:
+    """A `pattern` the description states (`api_schema` moves it there), which a model follows."""
+    hint = (node.get("description") or "").rsplit("\n\n", 1)[-1].strip()
+    found = re.search(r"(?:^\{|, )pattern: (.*?)(?:, [A-Za-z_]+: |\}$)", hint) if hint.startswith("{") else None
+    return found.group(1) if found else None
+
+
+def matching(pattern: str, seed: int = 0) -> str | None:
+    """A short string `pattern` matches in full, built from its parsed form (None for what it cannot build, such
+    as lookarounds or backreferences)."""
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser  # type: ignore[attr-defined]
+
+    categories = {c.CATEGORY_DIGIT: "0123456789", c.CATEGORY_WORD: "abcxyz", c.CATEGORY_SPACE: " ",
+                  c.CATEGORY_NOT_DIGIT: "a", c.CATEGORY_NOT_WORD: "-", c.CATEGORY_NOT_SPACE: "a"}
+
+    def build(items: Any, n: int) -> str:
+        out = []
+        for op, arg in items:
+            if op is c.LITERAL:
+                out.append(chr(arg))
+            elif op is c.ANY:
+                out.append("a")
+            elif op is c.IN:
+                choices = []
+                if arg and arg[0][0] is c.NEGATE:
+                    raise ValueError("negated class")
+                for kind, value in arg:
+                    if kind is c.LITERAL:
+                        choices.append(chr(value))
+                    elif kind is c.RANGE:
+                        choices.extend(chr(x) for x in range(value[0], min(value[1], value[0] + 25) + 1))
+                    elif kind is c.CATEGORY:
+                        choices.extend(categories[value])
+                out.append(choices[n % len(choices)])
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT):
+                low, high, sub = arg
+                times = low if high == c.MAXREPEAT else min(high, low + n % 3)
+                out.extend(build(sub, n + i) for i in range(max(times, 1 if low else 0)))
+            elif op is c.SUBPATTERN:
+                out.append(build(arg[-1], n))
+            elif op is c.BRANCH:
+                out.append(build(arg[1][n % len(arg[1])], n))
+            elif op is c.AT:
+                continue
+            else:
+                raise ValueError(f"cannot build {op}")
+        return "".join(out)
+
+    try:
+        text = build(_parser.parse(pattern), seed)
+    except (ValueError, KeyError, re.error, IndexError):
+        return None
+    return text if re.fullmatch(pattern, text) or re.search(pattern, text) else None
 
 
 def _stated_rules(node: dict[str, Any]) -> dict[str, float]:
