@@ -234,6 +234,11 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
             assert billed > 0 and abs(estimated - billed) <= 0.25 * billed
             assert re.search(r"batch prices \$0\.0[1-9]", text), "the batch discount is counted as avoided"
             assert re.search(r"the rerun paid 0 calls and avoided \$0\.0[1-9]", text)
+        if name.startswith("07"):
+            assert paid(text, "this run") == 12 and paid(text, "after moving the files") == 0
+            assert paid(text, "the redo of the stale rows") == 1 and "agrees with the file names on 12 of 12" in text
+            done = [s for bar in measured for s in bar["segments"] if s["status"] == "DONE"]
+            assert [s["count"] for s in done] == [12, 12], "llmledger.show: both steps, every document DONE"
         assert all(p.stat().st_size > 5_000 for p in screenshots(lab, page, name))
     finally:
         shut_down_kernels(lab)
