@@ -268,3 +268,21 @@ def test_a_nul_character_is_refused_on_postgresql_before_anything_is_written(pg_
     with pytest.raises(llmledger.InvalidInputError, match=r"column 'text' holds a NUL character .* 1 row"):
         apply_llm(df, "s", prompt="A: {text}", store=pg_url, table="t", client=client, progress=False)
     assert llmledger._ledger.open_ledger(pg_url).steps() == [] and sim.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("key", ["id", "p", "fp"])
+def test_columns_named_like_the_ledgers_own_sql_never_stand_in_for_a_prompt(
+        key: str, target: Any, client: anthropic.AsyncAnthropic, sim: Simulator) -> None:
+    """A frame column `p` was sent, paid and kept DONE instead of every row's prompt: the ledger's SQL named the
+    rendered prompt `p` in a SELECT beside the frame's columns. Such names are now the ledger's own."""
+    df = pl.DataFrame({key: [1, 2] if key != "p" else ["a", "b"], "text": ["great", "awful"],
+                       **{c: ["x", "y"] for c in ("p", "fp", "up", "prompt", "legacy") if c != key}})
+    apply_llm(df, "s", prompt="Classify: {text}", key=key, store=target, table="t", client=client, progress=False)
+    apply_llm(df, "t", prompt="Again ({s}): {text}", key=key, store=target, table="t", client=client,
+              progress=False)
+    sent = sorted(entry["prompt"] for entry in sim.log())
+    assert sent == sorted(["Classify: great", "Classify: awful", f"Again ({default_reply('Classify: great')}): great",
+                           f"Again ({default_reply('Classify: awful')}): awful"])
+    with pytest.raises(llmledger.InvalidInputError, match="starts with 'llmledger_'"):
+        apply_llm(df.with_columns(llmledger_p=pl.lit(1)), "s", prompt="{text}", key=key, store=target, table="t",
+                  client=client, progress=False)

@@ -4,7 +4,7 @@
     out = apply_llm(df, "summary", prompt="Summarize: {text}", key="id", store="data/ledger.duckdb")
 """
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async, resume
 from ._copy import copy

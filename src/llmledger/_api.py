@@ -409,8 +409,12 @@ def _check_identifier(name: Any, what: str, error: type[InvalidInputError], exam
 
 def _check_frame_columns(columns: Sequence[str]) -> None:
     """Column names the store keeps apart, on either engine: at most 63 bytes (PostgreSQL cuts longer ones, so
-    two could become one), and not two that differ only in case (DuckDB does not tell them apart)."""
+    two could become one), not two that differ only in case (DuckDB does not tell them apart), and none named
+    like the ledger's own (llmledger_...), which its SQL uses beside the frame's columns."""
     for c in columns:
+        if c.lower().startswith("llmledger_"):
+            raise InvalidInputError(f"the frame's column {c!r} starts with 'llmledger_', which names the ledger's "
+                                    "own tables and columns: rename it, e.g. df.rename(...)")
         if len(c.encode()) > NAME_BYTES:
             raise InvalidInputError(f"the frame's column {c[:40] + '...'!r} has a name of {len(c.encode())} bytes; "
                                     f"the store keeps at most {NAME_BYTES} (PostgreSQL's limit): rename it, e.g. "

@@ -146,10 +146,11 @@ class PromptPlan:
         return render(self.prompt, frame, key, self.attachments)
 
     def render_chunks(self, frame: pl.DataFrame, key: Sequence[str]) -> Iterator[pl.DataFrame]:
-        """(key..., prompt) frames of at most RENDER_CHUNK rows, so big frames never hold every prompt at once."""
+        """(key..., llmledger_prompt) frames of at most RENDER_CHUNK rows: big frames never hold every prompt at
+        once."""
         for start in range(0, frame.height, RENDER_CHUNK):
             part = frame.slice(start, RENDER_CHUNK)
-            yield part.select(key).with_columns(self.render(part, key).alias("prompt"))
+            yield part.select(key).with_columns(self.render(part, key).alias("llmledger_prompt"))
 
 
 def plan_prompt(prompt: Prompt, frame: pl.DataFrame, steps: Collection[str] = ()) -> PromptPlan:

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from .graph import StepGraph
 
 INCOMING = "llmledger_incoming"
+# Names of intermediate columns, beside the frame's own in the same SELECT: a frame column may be named anything
+# but llmledger_... (refused up front), so a column `p` can never stand in for a row's prompt.
+P, FP, UP, LEGACY = "llmledger_p", "llmledger_fp", "llmledger_up", "llmledger_legacy"
+RENDERED = "llmledger_prompt"  # a chunk of prompts rendered in Python (PromptPlan.render_chunks)
 _NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
             "UHUGEINT"}
 _SINGLE = {"FLOAT", "REAL"}  # DuckDB's two names for a 4-byte float (PostgreSQL's REAL)
@@ -114,9 +118,9 @@ def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
             prompt = definition.prompt.sql()
             con.execute(
                 f"INSERT INTO {q(layout.table)} ({col_list}, {c['_prompt']}, {c['_request_fingerprint']}, "
-                f"{c['_version']}) SELECT {col_list}, p, {definition.request.fingerprint_sql('p', dialect(con))}, "
+                f"{c['_version']}) SELECT {col_list}, {P}, {definition.request.fingerprint_sql(P, dialect(con))}, "
                 f"$version "
-                f"FROM (SELECT {col_list}, {prompt} AS p FROM {INCOMING}) AS r", {"version": definition.version})
+                f"FROM (SELECT {col_list}, {prompt} AS {P} FROM {INCOMING}) AS r", {"version": definition.version})
         else:
             con.execute(f"INSERT INTO {q(layout.table)} ({col_list}) SELECT {col_list} FROM {INCOMING}")
 
@@ -147,7 +151,7 @@ def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
         with registered(con, INCOMING, keys):
             prompt = definition.prompt.sql("s")
             _update(con, layout, definition, legacy_signature,
-                    f"(SELECT {', '.join('s.' + q(k) for k in layout.key)}, {prompt} AS p "
+                    f"(SELECT {', '.join('s.' + q(k) for k in layout.key)}, {prompt} AS {P} "
                     f"FROM {q(layout.table)} AS s WHERE EXISTS (SELECT 1 FROM {INCOMING} AS k "
                     f"WHERE {layout.key_join('s', 'k')}))",
                     "true", version)
@@ -155,8 +159,8 @@ def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
     for chunk in definition.prompt.render_chunks(frame, layout.key):
         with registered(con, INCOMING, chunk):
             _update(con, layout, definition, legacy_signature,
-                    f"(SELECT {', '.join(q(k) for k in layout.key)}, prompt AS p FROM {INCOMING})",
-                    f"{c['_version']} IS DISTINCT FROM $version OR {c['_request_fingerprint']} IS DISTINCT FROM r.fp",
+                    f"(SELECT {', '.join(q(k) for k in layout.key)}, {RENDERED} AS {P} FROM {INCOMING})",
+                    f"{c['_version']} IS DISTINCT FROM $version OR {c['_request_fingerprint']} IS DISTINCT FROM r.{FP}",
                     version)
 
 
@@ -169,30 +173,30 @@ def render_dependent(con: duckdb.DuckDBPyConnection, layout: Layout, plan: Promp
     """
     c = names(layout.step)
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
-    source = (f"SELECT {keys}, {plan.sql('t', graph.field_sql)} AS p, {graph.digest_sql(layout.step)} AS up "
+    source = (f"SELECT {keys}, {plan.sql('t', graph.field_sql)} AS {P}, {graph.digest_sql(layout.step)} AS {UP} "
               f"FROM {q(layout.table)} AS t")
     rows = con.execute(
-        f"UPDATE {q(layout.table)} AS t SET {c['_prompt']} = r.p, {c['_request_fingerprint']} = r.fp, "
-        f"{c['_version']} = $version, {c['_upstream_fingerprint']} = r.up "
-        f"FROM (SELECT *, {request.fingerprint_sql('p', dialect(con))} AS fp FROM ({source}) AS s) AS r "
+        f"UPDATE {q(layout.table)} AS t SET {c['_prompt']} = r.{P}, {c['_request_fingerprint']} = r.{FP}, "
+        f"{c['_version']} = $version, {c['_upstream_fingerprint']} = r.{UP} "
+        f"FROM (SELECT *, {request.fingerprint_sql(P, dialect(con))} AS {FP} FROM ({source}) AS s) AS r "
         f"WHERE {layout.key_join('t', 'r')} AND (t.{c['_version']} IS DISTINCT FROM $version "
-        f"OR t.{c['_request_fingerprint']} IS DISTINCT FROM r.fp "
-        f"OR t.{c['_upstream_fingerprint']} IS DISTINCT FROM r.up) RETURNING 1", {"version": version}).fetchall()
+        f"OR t.{c['_request_fingerprint']} IS DISTINCT FROM r.{FP} "
+        f"OR t.{c['_upstream_fingerprint']} IS DISTINCT FROM r.{UP}) RETURNING 1", {"version": version}).fetchall()
     return len(rows)
 
 
 def _update(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
             legacy_signature: str | None, source: str, condition: str, params: dict[str, str]) -> None:
     c = names(layout.step)
-    sets = [f"{c['_prompt']} = r.p", f"{c['_request_fingerprint']} = r.fp", f"{c['_version']} = $version"]
+    sets = [f"{c['_prompt']} = r.{P}", f"{c['_request_fingerprint']} = r.{FP}", f"{c['_version']} = $version"]
     extra = ""
     if legacy_signature is not None:
-        extra = (f", md5('{LEGACY_FINGERPRINT_PREFIX}' || md5({sql_literal(legacy_signature)} || p))::UUID "
-                 "AS legacy")
-        sets.append(f"{c['_fingerprint']} = CASE WHEN t.{c['_fingerprint']} = r.legacy THEN r.fp "
+        extra = (f", md5('{LEGACY_FINGERPRINT_PREFIX}' || md5({sql_literal(legacy_signature)} || {P}))::UUID "
+                 f"AS {LEGACY}")
+        sets.append(f"{c['_fingerprint']} = CASE WHEN t.{c['_fingerprint']} = r.{LEGACY} THEN r.{FP} "
                     f"ELSE t.{c['_fingerprint']} END")
     con.execute(f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM "
-                f"(SELECT *, {definition.request.fingerprint_sql('p', dialect(con))} AS fp{extra} FROM {source} AS s) "
+                f"(SELECT *, {definition.request.fingerprint_sql(P, dialect(con))} AS {FP}{extra} FROM {source} AS s) "
                 "AS r "
                 f"WHERE {layout.key_join('t', 'r')} AND ({condition})", params)
 
