@@ -270,7 +270,7 @@ def test_a_nul_character_is_refused_on_postgresql_before_anything_is_written(pg_
     assert llmledger._ledger.open_ledger(pg_url).steps() == [] and sim.stats()["requests"] == 0
 
 
-@pytest.mark.parametrize("key", ["id", "p", "fp"])
+@pytest.mark.parametrize("key", ["id", "p", "up"])
 def test_columns_named_like_the_ledgers_own_sql_never_stand_in_for_a_prompt(
         key: str, target: Any, client: anthropic.AsyncAnthropic, sim: Simulator) -> None:
     """A frame column `p` was sent, paid and kept DONE instead of every row's prompt: the ledger's SQL named the
@@ -286,3 +286,14 @@ def test_columns_named_like_the_ledgers_own_sql_never_stand_in_for_a_prompt(
     with pytest.raises(llmledger.InvalidInputError, match="starts with 'llmledger_'"):
         apply_llm(df.with_columns(llmledger_p=pl.lit(1)), "s", prompt="{text}", key=key, store=target, table="t",
                   client=client, progress=False)
+
+
+@pytest.mark.parametrize("key", ["status", "output", "fingerprint", "version", "custom_id", "batch_id", "prompt"])
+def test_a_key_named_like_the_ledgers_bookkeeping_is_refused_before_anything_is_written(
+        key: str, run: Any, store: Path, sim: Simulator) -> None:
+    """Keys named like the columns claims and commits carry beside the key failed with raw DuckDB errors midway
+    (status: 'Could not convert string DONE to INT64'), or lost the answers of a batch."""
+    df = pl.DataFrame({key: [1, 2], "text": ["great", "awful"]})
+    with pytest.raises(llmledger.KeyColumnError, match=f"key column '{key}' has a name the ledger gives"):
+        run(df, "s", prompt="{text}", key=key)
+    assert not store.exists() and sim.stats()["requests"] == 0

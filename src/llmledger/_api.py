@@ -24,7 +24,7 @@ from ._exec.batch import MAX_REQUESTS
 from ._exec.online import RetryPolicy
 from ._exec.scheduler import RunConfig
 from ._ledger import StepDefinition, known_table, locate
-from ._ledger.columns import MAX_STEP_NAME, NAME_BYTES, check_step_name, owned_names, q
+from ._ledger.columns import KEY_RESERVED, MAX_STEP_NAME, NAME_BYTES, check_step_name, owned_names, q
 from ._ledger.states import Redo
 from ._ledger.where import check_where_shape
 from ._messages import attachments as attachments_of
@@ -495,6 +495,10 @@ def _resolve_key(frame: pl.DataFrame, key: str | Sequence[str] | None, step: str
             raise KeyColumnError(f"key column {k!r} is not in the frame; columns: {frame.columns}{in_index(k)}")
         if k in owned_names(step):
             raise KeyColumnError(f"key column {k!r} clashes with a column of step {step!r}; rename it")
+        if k.lower() in KEY_RESERVED:
+            raise KeyColumnError(f"key column {k!r} has a name the ledger gives its own bookkeeping (the rows it "
+                                 f"claims and commits carry {k!r} beside the key): rename it, e.g. "
+                                 f"df.rename({{{k!r}: {k + '_id'!r}}}) and key={k + '_id'!r}")
     nulls = frame.select(pl.any_horizontal(pl.col(k).is_null() for k in keys).arg_true().head(3)).to_series()
     if len(nulls):
         raise KeyColumnError(f"key {keys} is null in row(s) {nulls.to_list()} (0-based); every row needs a key. "

@@ -108,6 +108,10 @@ def step_columns(step: str) -> list[str]:
     return [step + c.suffix for c in STEP_COLUMNS]
 
 
+# Names the ledger gives its own columns in the frames it joins on the key (claimed rows, results, batch
+# assignments): a key column of such a name would be confused with them, so keys may not be named so.
+KEY_RESERVED = frozenset({*RESULT_SCHEMA, "prompt", "version", "was_done", "fp"})
+
 RETURNED_ONLY = ("_stale",)  # columns apply_llm returns beside the stored ones (`{step}_stale`)
 
 
