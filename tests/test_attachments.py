@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -93,11 +94,12 @@ def test_a_file_changed_after_it_was_recorded_is_never_sent_under_the_old_reques
     Path(df["path"][0]).write_bytes(png(8, 8, seed=7))  # changed behind the ledger's back
     sim.configure(poison=None)
     sim.reset_stats()
-    report = resume(store, "t", "what", client=client, progress=False, max_attempts=5)
-    assert report.done == 3 and sim.stats()["paid"] == 3
-    (status, error), = sql(store, "SELECT what_status, what_error FROM t WHERE id = 0")
-    assert status == "FAILED" and "not sent" in error and "holds other content now" in error
-    assert png(8, 8, seed=7) not in sent_files(sim)
+    for _ in range(3):  # as often as a user retries `llmledger run`: nothing is sent, no attempt is used up
+        report = resume(store, "t", "what", client=client, progress=False, max_attempts=5)
+        assert sim.stats()["paid"] == 3 and png(8, 8, seed=7) not in sent_files(sim)
+        assert any("not sent" in e and "holds other content now" in e for e in report.errors), report.errors
+    (status, attempts), = sql(store, "SELECT what_status, what_attempts FROM t WHERE id = 0")
+    assert status == "FAILED" and attempts == 1, "given back as it was (its one refused attempt)"
     out = apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
                     progress=False, max_attempts=5)  # records the file as it is now, and sends it
     assert out["what_status"].to_list() == ["DONE"] * 4 and sent_files(sim)[-1] == png(8, 8, seed=7)
@@ -115,10 +117,10 @@ def test_a_bytes_column_is_sent_but_not_kept_in_the_ledger(client: Any, sim: Any
     with pytest.warns(llmledger.StaleAnswersWarning):  # records the new requests; stale rows are not re-sent
         apply_llm(df.with_columns(note=pl.lit("d")), "caption", prompt="Caption ({note})", attach="image",
                   client=client, store=store, table="t", progress=False)
-    resume(store, "t", "caption", client=client, progress=False, redo="stale")
-    assert sim.stats()["paid"] == 3
-    errors = [e for (e,) in sql(store, "SELECT caption_error FROM t")]
-    assert len(errors) == 3 and all("came as bytes in the frame" in e for e in errors), errors
+    report = resume(store, "t", "caption", client=client, progress=False, redo="stale")
+    assert sim.stats()["paid"] == 3 and report.calls == 0
+    assert report.errors and all("came as bytes in the frame" in e for e in report.errors), report.errors
+    assert sql(store, "SELECT DISTINCT caption_status FROM t") == [("DONE",)], "the rows keep their answers"
 
 
 def test_two_rows_with_the_same_file_and_text_share_one_call(run: Any, sim: Any, tmp_path: Path) -> None:
@@ -228,3 +230,71 @@ def test_urls_are_fetched_and_recorded_by_content(run: Any, sim: Any, tmp_path: 
             run(missing, "what", prompt="{question}", attach="path")
     finally:
         server.shutdown()
+
+
+def test_a_rewrite_that_keeps_size_and_mtime_is_still_seen(run: Any, sim: Any, tmp_path: Path) -> None:
+    """Hashes are remembered by path, inode, size, mtime and ctime: putting the mtime back does not hide a change."""
+    import os
+
+    path = tmp_path / "f.png"
+    path.write_bytes(png(10, 10, seed=1))
+    df = pl.DataFrame({"id": [1], "path": [str(path)]})
+    run(df, "what", prompt="Describe it", attach="path")
+    st = path.stat()
+    path.write_bytes(png(10, 10, seed=2))  # the same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.warns(llmledger.StaleAnswersWarning):
+        out = run(df, "what", prompt="Describe it", attach="path")
+    assert out["what_stale"].to_list() == [True]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: p.mkdir(), "not a regular file"),
+    (lambda p: p.write_bytes(b"%PDF-1.4 but never ended"), "is not a PNG"),
+    (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n"), "its size cannot be read"),
+    (lambda p: p.write_bytes(png(8001, 1)), "at most 8000 px a side"),
+    (lambda p: p.write_bytes(b"x" * (33 * 2**20)), "33.0 MB"),
+])
+def test_files_the_api_would_refuse_are_refused_up_front(run: Any, sim: Any, tmp_path: Path, store: Path,
+                                                         make: Any, message: str) -> None:
+    path = tmp_path / "bad.png"
+    make(path)
+    with pytest.raises(PromptError, match=message):
+        run(pl.DataFrame({"id": [1], "path": [str(path)]}), "what", prompt="Describe it", attach="path")
+    assert not store.exists() and sim.stats()["requests"] == 0
+
+
+def test_rows_sharing_a_file_are_sent_from_whichever_copy_still_holds_it(
+        client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    a.write_bytes(png(9, 9))
+    b.write_bytes(png(9, 9))
+    df = pl.DataFrame({"id": [1, 2], "path": [str(a), str(b)]})
+    apply_llm(df, "what", prompt="Describe it", attach="path", client=client, store=store, table="t",
+              progress=False, where="id < 0")  # recorded, not sent
+    a.write_bytes(png(7, 7))
+    report = resume(store, "t", "what", client=client, progress=False, mode="batch")
+    assert report.done == 2 and sim.stats()["batch_paid"] == 1 and sent_files(sim) == []
+    assert sql(store, "SELECT DISTINCT what_status FROM t") == [("DONE",)]
+
+
+def test_paths_in_pandas_and_mixed_columns_are_kept_as_text(client: Any, sim: Any, tmp_path: Path,
+                                                           store: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    df = files(tmp_path / "in", 2)
+    frame = pd.DataFrame({"id": [0, 1], "path": [Path(df["path"][0]), df["path"][1]]})  # a Path and a str
+    out = apply_llm(frame, "what", prompt="Describe it", attach="path", client=client, store=store, table="t",
+                    progress=False)
+    assert list(out["what_status"]) == ["DONE", "DONE"]
+    mixed = pl.DataFrame({"id": [0, 1], "path": pl.Series([Path(df["path"][0]), df["path"][1]], dtype=pl.Object)})
+    apply_llm(mixed, "what", prompt="Describe it", attach="path", client=client, store=store, table="u",
+              progress=False)
+    assert sql(store, "SELECT path FROM u ORDER BY id") == [(p,) for p in df["path"]], "kept, so resume finds them"
+
+
+def test_skip_nulls_leaves_rows_without_a_file_unsent(run: Any, sim: Any, tmp_path: Path) -> None:
+    df = files(tmp_path / "in", 2).with_columns(pl.when(pl.col("id") == 1).then(None).otherwise(pl.col("path"))
+                                                .alias("path"))
+    out = run(df, "what", prompt="{question}", attach="path", skip_nulls=True)
+    assert out["what_status"].to_list() == ["DONE", "NOT_STARTED"] and sim.stats()["paid"] == 1

@@ -78,6 +78,8 @@ def test_a_pipeline_is_estimated_as_a_whole_then_paid_as_estimated(client, sim: 
     assert total["calls"] == extract["calls"] + reply["calls"]
     assert total["cost_usd"] == pytest.approx(extract["cost_usd"] + reply["cost_usd"])
     assert reply["input_tokens"] > 200 * len("Write a reply to a review of: ") / 4
+    some = llmledger.estimate(df, steps, **common, where="review_id <= 50")
+    assert some["waiting"][1] == 50 == df.filter(pl.col("review_id") <= 50).height, "where= counts for later steps"
 
     # once the first step has answers, the second is estimated from its real prompts
     llmledger.apply_llm(df, "extract", **steps["extract"], **common, progress=False)

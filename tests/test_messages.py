@@ -88,6 +88,9 @@ def test_short_conversations_are_not_marked_for_caching(run: Any, sim: Any) -> N
     ({"messages": [{"role": "user", "content": ""}, ROW]}, "non-empty text content"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}, ROW]}, "attach="),
     ({"messages": [{"role": "user", "content": "a\x00b"}, {"role": "assistant", "content": "ok"}, ROW]}, "NUL"),
+    ({"messages": [{"role": "user", "content": "a\ud800b"}, {"role": "assistant", "content": "ok"}, ROW]},
+     "surrogate"),
+    ({"messages": [ROW], "system": "x\udfffy"}, "system holds '.udfff', half of a UTF-16 surrogate"),
 ])
 def test_bad_conversations_are_refused_before_anything_is_written(run: Any, store: Path, options: dict[str, Any],
                                                                   message: str) -> None:

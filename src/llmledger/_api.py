@@ -355,6 +355,11 @@ def _as_polars(df: Any) -> tuple[pl.DataFrame, bool]:
     if isinstance(df, pl.LazyFrame):
         return df.collect(), False
     if type(df).__module__.split(".")[0] == "pandas" and type(df).__name__ == "DataFrame":
+        paths = [c for c in df.columns if df[c].dtype == object and df[c].map(
+            lambda v: isinstance(v, os.PathLike)).any()]  # pathlib.Path values (attach=), which Arrow cannot hold
+        if paths:
+            df = df.assign(**{str(c): df[c].map(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)
+                              for c in paths})
         return pl.from_pandas(df), True
     raise InvalidInputError(f"df must be a Parquet path (or glob) or a polars or pandas DataFrame, "
                             f"got {type(df).__name__}")
@@ -444,6 +449,12 @@ def _check_no_nul(prompt: Prompt, system: str | None, options: dict[str, Any],
         if "\x00" in text:
             raise InvalidInputError(f"{what} holds a NUL character (\\x00), which the store cannot keep; remove it, "
                                     "e.g. text.replace('\\x00', '')")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ('\ud800'): no UTF-8 store or API request holds one
+            bad = text[exc.start:exc.end]
+            raise InvalidInputError(f"{what} holds {bad!r}, half of a UTF-16 surrogate pair, which UTF-8 text "
+                                    "cannot hold; remove it (it usually comes from a broken decode)") from None
 
 
 def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> None:
@@ -457,6 +468,8 @@ def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> None:
     frame = plan.frame
     assert frame is not None
     fields = [f for f in template_fields(prompt) if f in frame.columns] if isinstance(prompt, str) else []
+    if plan.definition is not None:  # a row without its file (a null path or URL) is left unsent too
+        fields += [c for c in plan.definition.request.attach if c in frame.columns and c not in fields]
     if skip and plan.definition is not None:  # recorded with the step: resume and `llmledger run` skip them too
         plan.definition = dataclasses.replace(plan.definition, skip_nulls=tuple(fields))
     nulls = [f for f in fields if frame[f].null_count()]

@@ -20,6 +20,7 @@ import hashlib
 import math
 import os
 import re
+import stat
 import struct
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -36,9 +37,13 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 PDF = "application/pdf"
 MAX_IMAGE_BYTES = 5 * 1024 * 1024  # the API refuses a larger image
 MAX_PDF_BYTES = 32 * 1024 * 1024  # the API's limit on a whole request, so on any PDF in it
+MAX_IMAGE_SIDE = 8_000  # pixels; the API refuses a larger image
 IMAGE_TOKEN_CAP = 1_600  # the vision docs: larger images are scaled down to about this
 PDF_PAGE_TOKENS = 1_600  # a page is also sent as an image; text tokens come on top (the PDF support docs)
 URL_TIMEOUT = 60.0
+
+
+NOT_SENT = "not sent: "  # the start of the error of a row whose file could not be sent (no attempt is counted)
 
 
 class AttachmentError(Exception):
@@ -71,7 +76,7 @@ def media_type(data: bytes) -> str | None:
         return "image/gif"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "image/webp"
-    if data[:1024].lstrip().startswith(b"%PDF-") or b"%PDF-" in data[:1024]:
+    if b"%PDF-" in data[:1024] and b"%%EOF" in data[-1024:]:  # the header may follow other bytes; the end marks it
         return PDF
     return None
 
@@ -121,7 +126,13 @@ def blob_of(data: bytes, what: str) -> Blob:
         tokens = pages * PDF_PAGE_TOKENS + text
     else:
         size = image_size(data, kind)
-        tokens = image_tokens(*size) if size else 1_600
+        if size is None or min(size) < 1:
+            raise PromptError(f"{what} starts like a {kind} but its size cannot be read from it: a damaged or cut-off "
+                              "file, which the API refuses. Replace it, or leave the row out.")
+        if max(size) > MAX_IMAGE_SIDE:
+            raise PromptError(f"{what} is {size[0]} x {size[1]} px; the API takes at most {MAX_IMAGE_SIDE} px a side. "
+                              "Scale it down, or leave the row out.")
+        tokens = image_tokens(*size)
     return Blob(hashlib.sha256(data).hexdigest(), kind, len(data), tokens)
 
 
@@ -133,13 +144,14 @@ def read_location(value: str) -> bytes:
     """The bytes at a path or an http(s) URL; OSError when they cannot be had."""
     if is_url(value):
         with urllib.request.urlopen(value, timeout=URL_TIMEOUT) as response:
-            return bytes(response.read())
+            return bytes(response.read(MAX_PDF_BYTES + 1))  # more is refused anyway: never read on
     return Path(value).expanduser().read_bytes()
 
 
-# Hashes of files already read in this process, by (absolute path, size, mtime): a rerun stats its files
-# instead of reading them all again. A file rewritten in place changes its mtime, so it is read afresh.
-_HASHED: dict[tuple[str, int, int], Blob] = {}
+# Hashes of files already read in this process, by (absolute path, inode, size, mtime, ctime): a rerun stats its
+# files instead of reading them all again. A file rewritten in place changes its ctime (even when its size and
+# mtime are put back), a repointed symlink its inode, so either is read afresh.
+_HASHED: dict[tuple[str, int, int, int, int], Blob] = {}
 
 
 def blob_at(value: str, what: str) -> Blob:
@@ -148,7 +160,14 @@ def blob_at(value: str, what: str) -> Blob:
         if not is_url(value):
             path = Path(value).expanduser().absolute()
             st = path.stat()
-            stamp = (str(path), st.st_size, st.st_mtime_ns)
+            if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a device never end
+                raise PromptError(f"{what} is not a regular file (a {'directory' if path.is_dir() else 'special file'}"
+                                  "); attach files, or leave the row out (where=, or a null).")
+            if st.st_size > MAX_PDF_BYTES:  # refused unread, whatever it is
+                raise PromptError(f"{what} is {st.st_size / 2**20:.1f} MB; the API takes at most "
+                                  f"{MAX_IMAGE_BYTES // 2**20} MB for an image and {MAX_PDF_BYTES // 2**20} MB for a "
+                                  "PDF. Make it smaller, or leave the row out.")
+            stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             if stamp in _HASHED:
                 return _HASHED[stamp]
             found = blob_of(path.read_bytes(), what)
@@ -202,30 +221,34 @@ class Attachments:
         """The same bytes this process knows, for a request attaching `columns` (another version's, resume's)."""
         return self if columns == self.columns else Attachments(columns, self.known, self.blobs, self.fetched)
 
-    def resolve(self, body: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    def resolve(self, body: dict[str, Any], *rows: dict[str, Any]) -> dict[str, Any]:
         """`body` as sent: each recorded hash replaced by the file's bytes, read now and checked against it.
 
-        The bytes come from this process (the frame apply_llm was given) or from the row's stored path or URL
-        columns (`input.<column>`, as claims return them). AttachmentError when no such file hashes as recorded.
+        The bytes come from this process (the frame apply_llm was given) or from the stored path or URL columns
+        (`input.<column>`, as claims return them) of any of `rows`, the rows asking this very request.
+        AttachmentError when no such file hashes as recorded.
         """
         messages = body["messages"]
         content = messages[-1]["content"]
         if not isinstance(content, list) or not any(_ref(b) for b in content):
             return body
-        sent = [_with_data(b, self._bytes(_ref(b), row)) if _ref(b) else b for b in content]
+        sent = [_with_data(b, self._bytes(_ref(b), rows)) if _ref(b) else b for b in content]
         return {**body, "messages": [*messages[:-1], {**messages[-1], "content": sent}]}
 
-    def _bytes(self, sha: str, row: dict[str, Any]) -> bytes:
+    def _bytes(self, sha: str, rows: Sequence[dict[str, Any]]) -> bytes:
         places: list[str | Callable[[], bytes]] = []
         if sha in self.known:
             places.append(self.known[sha])
-        places += [v for c in self.columns if isinstance(v := row.get("input." + c), str) and v not in places]
+        for row in rows:
+            places += [v for c in self.columns if isinstance(v := row.get("input." + c), str) and v not in places]
         problems = []
         for place in places:
             try:
                 data = place() if callable(place) else read_location(place)
             except OSError as exc:
-                problems.append(f"{place!r}: {type(exc).__name__}: {exc}")
+                relative = isinstance(place, str) and not is_url(place) and not os.path.isabs(place)
+                problems.append(f"{place!r}{f' (relative to {os.getcwd()})' if relative else ''}: "
+                                f"{type(exc).__name__}: {exc}")
                 continue
             if hashlib.sha256(data).hexdigest() == sha:
                 return data

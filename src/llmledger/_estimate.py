@@ -98,9 +98,9 @@ def _pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[s
         stored, _ = known_table(plan.store, plan.table)
         if all(s in stored for s in upstream):
             figures = _figures(plan)
-        else:  # an earlier step is not in the store yet: every row waits for it
+        else:  # an earlier step is not in the store yet: every row (that where= takes) waits for it
             figures = {"rows": plan.frame.height, "to_send": 0, "calls": 0, "reused": 0, "done": 0, "stale": 0,
-                       "waiting": plan.frame.height, "needs_review": 0, "in_batches": 0, "input_tokens": 0,
+                       "waiting": _in_where(plan), "needs_review": 0, "in_batches": 0, "input_tokens": 0,
                        "output_tokens": 0, "output_basis": "", "cost_usd": 0.0, "cost_usd_batch": 0.0}
         if upstream and figures["waiting"]:
             figures = _with_waiting(plan, figures, answer_tokens, shapes)
@@ -145,6 +145,22 @@ def _with_waiting(plan: Plan, figures: dict[str, Any], answer_tokens: Mapping[st
             "input_tokens": figures["input_tokens"] + extra["input_tokens"],
             "output_tokens": figures["output_tokens"] + extra["output_tokens"], **cost,
             "output_basis": f"{basis}; {waiting:,} rows waiting for {', '.join(upstream)} counted as sent"}
+
+
+def _in_where(plan: Plan) -> int:
+    """How many of the frame's rows `where=` takes, judged on the frame's own columns; all of them when it reads
+    anything else (another step's columns, which do not exist yet)."""
+    assert plan.frame is not None
+    if not plan.where:
+        return plan.frame.height
+    con = duckdb.connect()
+    try:
+        con.register("llmledger_frame", plan.frame)
+        return int(con.execute(f"SELECT count(*) FROM llmledger_frame WHERE {plan.where}").fetchone()[0])
+    except duckdb.Error:
+        return plan.frame.height
+    finally:
+        con.close()
 
 
 def _fields(plan: Plan) -> list[str]:

@@ -96,7 +96,7 @@ def attachments(attach: Any, frame: pl.DataFrame, prompt: Prompt, steps: Collect
     if not columns:
         return frame, None
     paths = [c for c in columns if frame.schema[c] == pl.Object and all(
-        v is None or isinstance(v, os.PathLike) for v in frame[c])]
+        v is None or isinstance(v, os.PathLike | str) for v in frame[c])]
     if paths:
         frame = frame.with_columns(pl.Series(c, [None if v is None else os.fspath(v) for v in frame[c]],
                                              dtype=pl.String) for c in paths)

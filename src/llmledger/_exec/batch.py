@@ -22,7 +22,7 @@ from typing import Any
 import anthropic
 import polars as pl
 
-from .._attach import AttachmentError, Attachments
+from .._attach import NOT_SENT, AttachmentError, Attachments
 from .._ledger import Ledger, Selection
 from .._ledger.claims import Claimant
 from .._ledger.columns import RESULT_SCHEMA
@@ -107,10 +107,8 @@ class BatchSender:
                 sent = await self._send(selection, chunk)
                 if sent is not None and self.cfg.dedupe:
                     pending.update({fp: (custom_id_of(sent[0], fp, None), sent[1]) for fp, _, _ in chunk})
-            if unsendable:  # a file that is no longer as its row's request recorded it: that row fails, unsent
-                results = [recorder.result(r, None, error, reused=False) for r, error in unsendable]
-                await asyncio.to_thread(self.ledger.commit, selection, result_frame(results, selection.key_types),
-                                        now=utcnow())
+            for row, error in unsendable:  # a file not as its request recorded it: the row goes back as it was
+                recorder.note_error(error, row)
         await asyncio.to_thread(self.ledger.release, selection, claimant=str(self.claimant))
 
     async def _attach(self, selection: Selection, rows: list[dict[str, Any]],
@@ -249,10 +247,10 @@ def _chunks(rows: list[dict[str, Any]], selection: Selection, size: int, *, dedu
         body = spec.body(first["prompt"])
         if spec.attach:
             try:
-                body = files.for_columns(spec.attach).resolve(body, first)
+                body = files.for_columns(spec.attach).resolve(body, *members)
             except AttachmentError as exc:
                 if unsendable is not None:
-                    unsendable.extend((r, f"not sent: {exc}") for r in members)
+                    unsendable.extend((r, f"{NOT_SENT}{exc}") for r in members)
                 continue
         cost = len(json.dumps(body)) + 100
         if chunk and (len(chunk) >= size or weight + cost > MAX_BYTES * 0.95):

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import anthropic
 
-from .._attach import AttachmentError, Attachments
+from .._attach import NOT_SENT, AttachmentError, Attachments
 from .._ledger import KnownAnswer
 from .._ledger.states import Outcome
 from .._output import OutputError, OutputSpec
@@ -75,6 +75,7 @@ class Sink(Protocol):
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None: ...
     def stop(self, outcome: Outcome, message: str) -> None: ...
     def note_retry(self, message: str, row: dict[str, Any]) -> None: ...
+    def note_unsent(self, message: str, row: dict[str, Any]) -> None: ...
     def set_in_flight(self, delta: int) -> None: ...
     def may_spend(self) -> bool: ...
     def bill(self, reply: Reply) -> None: ...
@@ -134,8 +135,9 @@ class OnlineSender:
         if spec.attach:  # the recorded hashes become the files' bytes, read now and checked against them
             try:
                 body = await asyncio.to_thread(self.files.for_columns(spec.attach).resolve, body, row)
-            except AttachmentError as exc:
-                return None, f"not sent: {exc}"
+            except AttachmentError as exc:  # the row goes back as it was, unpaid and with no attempt used up
+                self.sink.note_unsent(f"{NOT_SENT}{exc}", row)
+                return None
         answer = await self._send(body, row)
         if answer is None or answer[0] is None or self.output is None:
             return answer

@@ -117,6 +117,10 @@ class Scheduler:
             self.report.message = message
         self._wake.set()
 
+    def note_unsent(self, message: str, row: dict[str, Any]) -> None:
+        """A row the run gives back unsent (its file is not as recorded): the summary says why."""
+        self.recorder.note_error(message, row)
+
     def note_retry(self, message: str, row: dict[str, Any]) -> None:
         self.report.retries += 1
         self.recorder.note_error(message, row, retried=True)
