@@ -266,3 +266,36 @@ def test_runs_sharing_a_step_never_hold_one_request_at_once_and_claim_each_row_o
 def _covers(where: str | None, row: int, text: str) -> bool:
     """Whether a run's `where=` (one of the property's) selects the row."""
     return where is None or (where == "id % 2 = 0" and row % 2 == 0) or (where == "text <> 'a'" and text != "a")
+
+
+# -- column and key names --------------------------------------------------------------------------------------------
+# Names the ledger's SQL or its frames use beside the frame's own columns, SQL words, and odd spellings: a frame
+# column `p` once replaced every row's prompt (the rendered prompt's alias), a key `status` broke commits.
+NAMES = ["p", "fp", "up", "legacy", "prompt", "status", "output", "version", "attempts", "fingerprint", "custom_id",
+         "batch_id", "was_done", "error", "t", "i", "r", "s", "k", "w", "n", "one", "key", "select", "from", "order",
+         "group", "table", "value", "exists", "changed", "current", "eligible", "in_where", "waiting", "stale",
+         "llmledger_x", "Text", "TEXT", "a b", "ü", "col-1", "1st", "x_status", "s_prompt", "id", "text"]
+
+
+@settings(max_examples=_examples(40))
+@given(key=st.sampled_from(NAMES), field=st.sampled_from(NAMES), other=st.sampled_from(NAMES),
+       key_is_text=st.booleans())
+def test_any_column_and_key_names_are_refused_or_every_row_is_sent_its_own_prompt(
+        tmp_path_factory: pytest.TempPathFactory, client: anthropic.AsyncAnthropic, sim: Simulator, key: str,
+        field: str, other: str, key_is_text: bool) -> None:
+    assume(len({key, field, other}) == 3)
+    keys = [f"k{i}" for i in range(4)] if key_is_text else list(range(4))
+    df = pl.DataFrame({key: keys, field: [f"row {i} says {i * 7}" for i in range(4)], other: ["x"] * 4})
+    store = tmp_path_factory.mktemp("names") / "ledger.duckdb"
+    template = "Q: {" + field + "}" if field.isidentifier() else "Q: fixed"
+    before = len(sim.log())
+    try:
+        apply_llm(df, "step", prompt=template, key=key, store=store, table="t", client=client, progress=False)
+    except LedgerError:
+        assert not store.exists() and len(sim.log()) == before, "refused, and nothing written or sent"
+        return
+    expected = sorted(template.format(**{field: v}) if field.isidentifier() else template for v in df[field])
+    assert sorted(e["prompt"] for e in sim.log()[before:]) == sorted(set(expected)), "each row's own prompt, sent"
+    with duckdb.connect(str(store), read_only=True) as con:
+        stored = con.execute('SELECT step_prompt, step_status FROM "t"').fetchall()
+    assert sorted(p for p, _ in stored) == expected and {s for _, s in stored} == {"DONE"}
