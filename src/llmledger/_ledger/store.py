@@ -435,15 +435,18 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         def work(con: duckdb.DuckDBPyConnection) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
-            c, t = names(step), names(step, "t")
-            answer = output_as_text(t[""], column_types(con, table)[step])
+            c, t, o = names(step), names(step, "t"), names(step, "o")
+            kind = column_types(con, table)[step]
             # Rows given the very same answer to the very same request (twins answered together, or reused) hold
-            # the answer the person rejected: they are flagged with it, so no row keeps showing it.
+            # the answer the person rejected: they are flagged with it, so no row keeps showing it. (EXISTS, not
+            # a row-value IN: DuckDB 1.2 fails on (UUID, VARCHAR) IN (SELECT ...).)
             return len(con.execute(
                 f"UPDATE {q(layout.table)} AS t SET {c['_flag']} = $reason, {c['_flagged_at']} = $now, "
                 f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) OR ({t['_status']} = 'DONE' AND "
-                f"({t['_fingerprint']}, {answer}) IN (SELECT {t['_fingerprint']}, {answer} FROM {q(layout.table)} "
-                f"AS t WHERE {t['_status']} = 'DONE' AND coalesce(({where}), false))) RETURNING 1",
+                f"EXISTS (SELECT 1 FROM {q(layout.table)} AS o WHERE {o['_status']} = 'DONE' "
+                f"AND {o['_fingerprint']} = {t['_fingerprint']} "
+                f"AND {output_as_text(o[''], kind)} = {output_as_text(t[''], kind)} "
+                f"AND coalesce(({where}), false))) RETURNING 1",
                 {"reason": reason, "now": now, "by": by}).fetchall())
 
         return self.conn.transaction(work, wait=60.0, exclusive=True)
