@@ -98,6 +98,8 @@ def test_a_file_changed_after_it_was_recorded_is_never_sent_under_the_old_reques
         report = resume(store, "t", "what", client=client, progress=False, max_attempts=5)
         assert sim.stats()["paid"] == 3 and png(8, 8, seed=7) not in sent_files(sim)
         assert any("not sent" in e and "holds other content now" in e for e in report.errors), report.errors
+        assert "1 not sent (their files are not as recorded)" in str(report)
+        assert "Run apply_llm again with the frame" in "\n".join(report.hints())
     (status, attempts), = sql(store, "SELECT what_status, what_attempts FROM t WHERE id = 0")
     assert status == "FAILED" and attempts == 1, "given back as it was (its one refused attempt)"
     out = apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
@@ -298,3 +300,40 @@ def test_skip_nulls_leaves_rows_without_a_file_unsent(run: Any, sim: Any, tmp_pa
                                                 .alias("path"))
     out = run(df, "what", prompt="{question}", attach="path", skip_nulls=True)
     assert out["what_status"].to_list() == ["DONE", "NOT_STARTED"] and sim.stats()["paid"] == 1
+
+
+def test_a_file_swapped_for_a_fifo_after_it_was_recorded_is_given_back_not_waited_on(
+        client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    df = files(tmp_path / "in", 2)
+    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
+              progress=False, where="id < 0")  # recorded, not sent
+    Path(df["path"][0]).unlink()
+    os.mkfifo(df["path"][0])
+    report = resume(store, "t", "what", client=client, progress=False)
+    assert report.done == 1 and report.unsent == 1 and "no longer a regular file" in report.unsent_why
+    assert sql(store, "SELECT what_status, what_attempts FROM t ORDER BY id") == [("NOT_STARTED", 0), ("DONE", 1)]
+
+
+def _webp(chunk: bytes, payload: bytes) -> bytes:
+    body = b"WEBP" + chunk + len(payload).to_bytes(4, "little") + payload
+    return b"RIFF" + len(body).to_bytes(4, "little") + body
+
+
+@pytest.mark.parametrize("data, size", [
+    (_webp(b"VP8 ", b"\x00" * 3 + b"\x9d\x01\x2a" + (640).to_bytes(2, "little") + (480).to_bytes(2, "little")),
+     (640, 480)),
+    (_webp(b"VP8L", b"\x2f" + ((300 - 1) | ((200 - 1) << 14)).to_bytes(4, "little")), (300, 200)),
+])
+def test_plain_webp_files_are_read_with_their_size(data: bytes, size: tuple[int, int]) -> None:
+    from llmledger._attach import blob_of, image_size, image_tokens
+
+    assert image_size(data, "image/webp") == size
+    assert blob_of(data, "x").tokens == image_tokens(*size)
+
+
+def test_a_cut_off_png_is_refused_up_front(run: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    path = tmp_path / "cut.png"
+    path.write_bytes(png(40, 40)[:60])
+    with pytest.raises(PromptError, match="damaged or cut-off"):
+        run(pl.DataFrame({"id": [1], "path": [str(path)]}), "what", prompt="Describe it", attach="path")
+    assert not store.exists()

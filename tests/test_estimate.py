@@ -94,3 +94,17 @@ def test_a_pipeline_is_estimated_as_a_whole_then_paid_as_estimated(client, sim: 
     again = llmledger.estimate(df, steps, **common)
     assert again["calls"].to_list() == [0, 0, 0] and again["done"].to_list()[:2] == [200, 200]
     assert again["cost_usd"][2] == 0
+
+
+def test_a_pipeline_estimate_prices_waiting_rows_at_the_steps_own_answers(client, sim: Simulator, store: Path,
+                                                                          reviews: pl.DataFrame) -> None:
+    df = reviews.head(60)
+    steps = {"extract": {"prompt": "Extract the product from: {text}", "output": {"product": str}},
+             "reply": {"prompt": "Reply in a few words about {extract.product}", "max_tokens": 300}}
+    common = {"key": "review_id", "store": store, "table": "reviews", "client": client}
+    llmledger.pipeline(df, steps, **common, progress=False, where="review_id <= 20")
+    (average,), = sql(store, "SELECT avg(reply_output_tokens) FROM reviews WHERE reply_status = 'DONE'")
+    figures = llmledger.estimate(df, steps, **common).filter(pl.col("step") == "reply").row(0, named=True)
+    assert figures["waiting"] == 40 and figures["output_basis"].startswith("the step's 20 answers so far")
+    assert figures["output_tokens"] == pytest.approx(average * figures["calls"], abs=2), \
+        "the waiting rows are reckoned at the step's own answers, not the 150-token guess"

@@ -322,3 +322,16 @@ def test_sample_documents_writes_invoices_and_receipts(tmp_path: Path) -> None:
             assert _chunks(data)[0][0] == b"IHDR"
     again = sample_documents(tmp_path / "again", 10, seed=3)
     assert [Path(p).read_bytes() for p in again["path"]] == [Path(p).read_bytes() for p in frame["path"]]
+
+
+def test_the_simulator_reads_the_key_from_a_bearer_token_too() -> None:
+    """Newer SDKs send `Authorization: Bearer <key>`; a simulator told api_key= must accept that as the API does."""
+    import httpx
+
+    with Simulator(api_key="sk-right") as sim:
+        body = {"model": "claude-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        ok = httpx.post(f"{sim.base_url}/v1/messages", json=body, headers={"Authorization": "Bearer sk-right",
+                                                                            "anthropic-version": "2023-06-01"})
+        wrong = httpx.post(f"{sim.base_url}/v1/messages", json=body, headers={"Authorization": "Bearer sk-wrong",
+                                                                               "anthropic-version": "2023-06-01"})
+    assert ok.status_code == 200 and wrong.status_code == 401

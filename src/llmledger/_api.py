@@ -360,7 +360,12 @@ def _as_polars(df: Any) -> tuple[pl.DataFrame, bool]:
         if paths:
             df = df.assign(**{str(c): df[c].map(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)
                               for c in paths})
-        return pl.from_pandas(df), True
+        try:
+            return pl.from_pandas(df), True
+        except (TypeError, ValueError, pl.exceptions.PolarsError) as exc:  # pyarrow's errors are ValueErrors
+            raise InvalidInputError(f"the pandas frame cannot become a polars frame: {type(exc).__name__}: {exc}. "
+                                    "A column mixing types (paths and bytes, text and numbers) is the usual cause: "
+                                    "make each column one type") from None
     raise InvalidInputError(f"df must be a Parquet path (or glob) or a polars or pandas DataFrame, "
                             f"got {type(df).__name__}")
 

@@ -88,8 +88,14 @@ def image_size(data: bytes, kind: str) -> tuple[int, int] | None:
             return struct.unpack(">II", data[16:24])
         if kind == "image/gif":
             return struct.unpack("<HH", data[6:10])
-        if kind == "image/webp" and data[12:16] == b"VP8X":
+        if kind == "image/webp" and data[12:16] == b"VP8X":  # extended
             return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+        if kind == "image/webp" and data[12:16] == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":  # lossy
+            width, height = struct.unpack("<HH", data[26:30])
+            return width & 0x3FFF, height & 0x3FFF
+        if kind == "image/webp" and data[12:16] == b"VP8L" and data[20:21] == b"\x2f":  # lossless
+            bits = int.from_bytes(data[21:25], "little")
+            return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
         if kind == "image/jpeg":
             i = 2
             while i + 9 < len(data):
@@ -126,7 +132,9 @@ def blob_of(data: bytes, what: str) -> Blob:
         tokens = pages * PDF_PAGE_TOKENS + text
     else:
         size = image_size(data, kind)
-        if size is None or min(size) < 1:
+        cut = (kind == "image/png" and b"IEND" not in data[-16:]) or (kind == "image/jpeg" and b"\xff\xd9" not in
+                                                                        data[-1024:])
+        if size is None or min(size) < 1 or cut:
             raise PromptError(f"{what} starts like a {kind} but its size cannot be read from it: a damaged or cut-off "
                               "file, which the API refuses. Replace it, or leave the row out.")
         if max(size) > MAX_IMAGE_SIDE:
@@ -145,7 +153,14 @@ def read_location(value: str) -> bytes:
     if is_url(value):
         with urllib.request.urlopen(value, timeout=URL_TIMEOUT) as response:
             return bytes(response.read(MAX_PDF_BYTES + 1))  # more is refused anyway: never read on
-    return Path(value).expanduser().read_bytes()
+    path = Path(value).expanduser()
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO or a device since it was recorded: never block on it
+        raise OSError(f"{value!r} is no longer a regular file")
+    if st.st_size > MAX_PDF_BYTES:
+        raise OSError(f"{value!r} is {st.st_size / 2**20:.1f} MB now, more than the API takes")
+    with path.open("rb") as f:
+        return f.read(MAX_PDF_BYTES + 1)
 
 
 # Hashes of files already read in this process, by (absolute path, inode, size, mtime, ctime): a rerun stats its
@@ -157,6 +172,8 @@ _HASHED: dict[tuple[str, int, int, int, int], Blob] = {}
 def blob_at(value: str, what: str) -> Blob:
     """The Blob of the file at a path or URL (PromptError naming `what` when it cannot be read)."""
     try:
+        if not value.strip():
+            raise PromptError(f"{what} is an empty path; leave the row out (where=, or a null) or fix the path")
         if not is_url(value):
             path = Path(value).expanduser().absolute()
             st = path.stat()
@@ -175,7 +192,7 @@ def blob_at(value: str, what: str) -> Blob:
             return found
         return blob_of(read_location(value), what)
     except OSError as exc:
-        where = "" if is_url(value) or os.path.isabs(value) else f" (relative to {os.getcwd()})"
+        where = "" if is_url(value) or os.path.isabs(os.path.expanduser(value)) else f" (relative to {os.getcwd()})"
         raise PromptError(f"{what} cannot be read{where}: {type(exc).__name__}: {exc}. Fix the path, or leave the "
                           "row out (where=, or a null).") from None
 
@@ -246,7 +263,7 @@ class Attachments:
             try:
                 data = place() if callable(place) else read_location(place)
             except OSError as exc:
-                relative = isinstance(place, str) and not is_url(place) and not os.path.isabs(place)
+                relative = isinstance(place, str) and not is_url(place) and not os.path.isabs(os.path.expanduser(place))
                 problems.append(f"{place!r}{f' (relative to {os.getcwd()})' if relative else ''}: "
                                 f"{type(exc).__name__}: {exc}")
                 continue

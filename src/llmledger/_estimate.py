@@ -54,10 +54,13 @@ def estimate(df: Any, step: str | Mapping[str, Mapping[str, Any]], **options: An
     if isinstance(step, Mapping):
         return _pipeline(df, step, options)
     plan = _plan(df, step, options)
-    return pl.DataFrame([_figures(plan)], schema_overrides=_TYPES)
+    figures = _figures(plan)
+    del figures[PER_CALL]
+    return pl.DataFrame([figures], schema_overrides=_TYPES)
 
 
 _TYPES = {"cost_usd": pl.Float64, "cost_usd_batch": pl.Float64}
+PER_CALL = "per_call"  # in the figures, not the frame: output tokens a call is reckoned at (answers so far, or a guess)
 
 
 def _plan(df: Any, step: str, options: Mapping[str, Any]) -> Plan:
@@ -101,11 +104,11 @@ def _pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[s
         else:  # an earlier step is not in the store yet: every row (that where= takes) waits for it
             figures = {"rows": plan.frame.height, "to_send": 0, "calls": 0, "reused": 0, "done": 0, "stale": 0,
                        "waiting": _in_where(plan), "needs_review": 0, "in_batches": 0, "input_tokens": 0,
-                       "output_tokens": 0, "output_basis": "", "cost_usd": 0.0, "cost_usd_batch": 0.0}
+                       "output_tokens": 0, "output_basis": "", "cost_usd": 0.0, "cost_usd_batch": 0.0,
+                       PER_CALL: min(plan.definition.request.max_tokens, GUESS_CAP) / 2}
         if upstream and figures["waiting"]:
             figures = _with_waiting(plan, figures, answer_tokens, shapes)
-        answer_tokens[name] = (figures["output_tokens"] / figures["calls"] if figures["calls"] else
-                               min(plan.definition.request.max_tokens, GUESS_CAP) / 2)
+        answer_tokens[name] = figures.pop(PER_CALL)
         rows.append({"step": name, **figures})
     frame = pl.DataFrame(rows, schema_overrides=_TYPES)
     costs = {c: None if frame[c].null_count() else frame[c].sum() for c in _TYPES}
@@ -136,9 +139,7 @@ def _with_waiting(plan: Plan, figures: dict[str, Any], answer_tokens: Mapping[st
     per_row = (sum(estimate_tokens(t) for t in texts) / max(len(texts), 1)) + fields
     fixed = estimate_tokens(json.dumps(request.options["output_config"])) if "output_config" in request.options else 0
     waiting = figures["waiting"]
-    per_call = min(request.max_tokens, GUESS_CAP) / 2 if not figures["calls"] else \
-        figures["output_tokens"] / figures["calls"]
-    extra = _priced(request, waiting, round((per_row + fixed) * waiting), per_call)
+    extra = _priced(request, waiting, round((per_row + fixed) * waiting), figures[PER_CALL])
     cost = {c: None if figures[c] is None or extra[c] is None else figures[c] + extra[c] for c in _TYPES}
     basis = figures["output_basis"] or "a guess (the step has no answers yet)"
     return {**figures, "to_send": figures["to_send"] + waiting, "calls": figures["calls"] + waiting,
@@ -205,7 +206,7 @@ def _look(con: duckdb.DuckDBPyConnection, selection: Selection, plan: Plan) -> d
             "stale": selection.stale, "waiting": selection.waiting, "needs_review": selection.needs_review,
             "in_batches": selection.in_batches, "input_tokens": usage["input_tokens"],
             "output_tokens": usage["output_tokens"], "output_basis": basis, "cost_usd": usage["cost_usd"],
-            "cost_usd_batch": usage["cost_usd_batch"]}
+            "cost_usd_batch": usage["cost_usd_batch"], PER_CALL: per_call}
 
 
 def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> dict[str, Any]:

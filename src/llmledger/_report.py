@@ -64,6 +64,8 @@ class RunReport:
     max_cost_usd: float | None = None  # the run's budget
     spent_before_usd: float = 0.0  # what earlier runs of the step spent, when the budget is the step's
     simulated: bool = False  # answered by the bundled simulator (`llmledger.simulate()`, or a client pointed at one)
+    unsent: int = 0  # rows given back unsent because their files are not as recorded (attach=)
+    unsent_why: str = ""  # the last such reason
     unsimulated: int = 0  # rows whose simulated answer this run (against a real endpoint) set aside to ask for real
     in_flight: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -203,6 +205,7 @@ class RunReport:
         counts = [(self.unsimulated, "simulated answers set aside to ask for real"), (self.stale, "stale"),
                   (self.waiting, "waiting"), (self.running_elsewhere, "running elsewhere"),
                   (self.unprepared, "not prepared"), (self.remaining if self.outcome != "completed" else 0, "not sent"),
+                  (self.unsent, "not sent (their files are not as recorded)"),
                   (self.reused, "reused"), (self.collected, "of them from batches"), (self.submitted, batches),
                   (self.in_batches, "in batches still processing")]
         parts.extend(f"{n:,} {what}" for n, what in counts if n)
@@ -220,6 +223,10 @@ class RunReport:
     def hints(self) -> list[str]:
         """Next steps worth telling the user about."""
         out = []
+        if self.unsent:
+            out.append(f"{rows(self.unsent)} not sent, left as they were and unpaid: their files are not as the "
+                       f"ledger recorded them ({self.unsent_why.removeprefix('not sent: ')}). Run apply_llm again "
+                       "with the frame to record the files as they are now; then they are sent.")
         if self.stale:
             verb = "is" if self.stale == 1 else "are"
             out.append(f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
@@ -233,8 +240,8 @@ class RunReport:
             fields = ", ".join(f"{{{f}}}" for f in self.null_fields)
             out.append(f"{rows(self.null_rows)} of the frame {'has' if self.null_rows == 1 else 'have'} a null in "
                        f"{fields}: " + ("left unsent (skip_nulls=True)." if self.skip_nulls else
-                                        "the prompt shows it as empty text. Pass skip_nulls=True to leave such "
-                                        "rows unsent."))
+                                        "the prompt shows it as empty text (an attached column: no file). Pass "
+                                        "skip_nulls=True to leave such rows unsent."))
         if self.unsimulated:
             out.append(f"{rows(self.unsimulated)} of the step held answers made by the simulator; a run against "
                        "the real API never counts those as done: they were set back to NOT_STARTED (the simulated "

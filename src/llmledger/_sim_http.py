@@ -70,6 +70,11 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
 
+        def _api_key(self) -> str | None:
+            """The key as the API reads it: `x-api-key`, or an `Authorization: Bearer` token (newer SDKs)."""
+            bearer = self.headers.get("authorization") or ""
+            return self.headers.get("x-api-key") or (bearer[7:] if bearer.lower().startswith("bearer ") else None)
+
         def _body(self) -> Any:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""  # always read it all: the connection is reused
@@ -79,7 +84,7 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             """The Message Batches endpoints; False when the path is not one of them."""
             if not self.path.startswith("/v1/messages/batches"):
                 return False
-            if sim.faults.api_key is not None and self.headers.get("x-api-key") != sim.faults.api_key:
+            if sim.faults.api_key is not None and self._api_key() != sim.faults.api_key:
                 self._error(ERRORS[401])
                 return True
             try:
@@ -154,7 +159,7 @@ def make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             problem = validate(body)
             prompt = user_text(body) if isinstance(body, dict) else ""
             tokens_in, max_out = (request_tokens(body), int(body["max_tokens"])) if problem is None else (0, 0)
-            action, spec = sim._decide(prompt, self.headers.get("x-api-key"), tokens_in, max_out)
+            action, spec = sim._decide(prompt, self._api_key(), tokens_in, max_out)
             f = sim.faults
             delay = f.latency + (sim._rng.random() * f.jitter if f.jitter else 0.0)
             if action == "drop":

@@ -108,6 +108,8 @@ class BatchSender:
                 if sent is not None and self.cfg.dedupe:
                     pending.update({fp: (custom_id_of(sent[0], fp, None), sent[1]) for fp, _, _ in chunk})
             for row, error in unsendable:  # a file not as its request recorded it: the row goes back as it was
+                self.report.unsent += 1
+                self.report.unsent_why = error
                 recorder.note_error(error, row)
         await asyncio.to_thread(self.ledger.release, selection, claimant=str(self.claimant))
 

@@ -119,6 +119,8 @@ class Scheduler:
 
     def note_unsent(self, message: str, row: dict[str, Any]) -> None:
         """A row the run gives back unsent (its file is not as recorded): the summary says why."""
+        self.report.unsent += 1
+        self.report.unsent_why = message
         self.recorder.note_error(message, row)
 
     def note_retry(self, message: str, row: dict[str, Any]) -> None:
