@@ -187,7 +187,8 @@ def blob_at(value: str, what: str) -> Blob:
             stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             if stamp in _HASHED:
                 return _HASHED[stamp]
-            found = blob_of(path.read_bytes(), what)
+            with path.open("rb") as f:  # at most what may be sent, whatever the file became since its stat
+                found = blob_of(f.read(MAX_PDF_BYTES + 1), what)
             _HASHED[stamp] = found
             return found
         return blob_of(read_location(value), what)
