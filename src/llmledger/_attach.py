@@ -154,11 +154,25 @@ def read_location(value: str) -> bytes:
         with urllib.request.urlopen(value, timeout=URL_TIMEOUT) as response:
             return bytes(response.read(MAX_PDF_BYTES + 1))  # more is refused anyway: never read on
     path = Path(value).expanduser()
+    checked_stat(path, since_recorded=True)  # swapped for a FIFO or a huge file since: never block on it
+    return read_at_most(path)
+
+
+def checked_stat(path: Path, *, since_recorded: bool = False) -> os.stat_result:
+    """The stat of a file that may be read: OSError for anything but a regular file (a FIFO would block, a device
+    never end) and for one larger than any file the API takes (refused unread)."""
     st = path.stat()
-    if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO or a device since it was recorded: never block on it
-        raise OSError(f"{value!r} is no longer a regular file")
+    not_, now = ("no longer", " now") if since_recorded else ("not", "")
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{str(path)!r} is {not_} a regular file (a {'directory' if path.is_dir() else 'special file'})")
     if st.st_size > MAX_PDF_BYTES:
-        raise OSError(f"{value!r} is {st.st_size / 2**20:.1f} MB now, more than the API takes")
+        raise OSError(f"{str(path)!r} is {st.st_size / 2**20:.1f} MB{now}; the API takes at most "
+                      f"{MAX_IMAGE_BYTES // 2**20} MB for an image and {MAX_PDF_BYTES // 2**20} MB for a PDF")
+    return st
+
+
+def read_at_most(path: Path) -> bytes:
+    """The file's bytes, at most one more than any file the API takes, whatever it became since its stat."""
     with path.open("rb") as f:
         return f.read(MAX_PDF_BYTES + 1)
 
@@ -176,19 +190,11 @@ def blob_at(value: str, what: str) -> Blob:
             raise PromptError(f"{what} is an empty path; leave the row out (where=, or a null) or fix the path")
         if not is_url(value):
             path = Path(value).expanduser().absolute()
-            st = path.stat()
-            if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a device never end
-                raise PromptError(f"{what} is not a regular file (a {'directory' if path.is_dir() else 'special file'}"
-                                  "); attach files, or leave the row out (where=, or a null).")
-            if st.st_size > MAX_PDF_BYTES:  # refused unread, whatever it is
-                raise PromptError(f"{what} is {st.st_size / 2**20:.1f} MB; the API takes at most "
-                                  f"{MAX_IMAGE_BYTES // 2**20} MB for an image and {MAX_PDF_BYTES // 2**20} MB for a "
-                                  "PDF. Make it smaller, or leave the row out.")
+            st = checked_stat(path)
             stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             if stamp in _HASHED:
                 return _HASHED[stamp]
-            with path.open("rb") as f:  # at most what may be sent, whatever the file became since its stat
-                found = blob_of(f.read(MAX_PDF_BYTES + 1), what)
+            found = blob_of(read_at_most(path), what)
             _HASHED[stamp] = found
             return found
         return blob_of(read_location(value), what)
