@@ -337,3 +337,21 @@ def test_a_cut_off_png_is_refused_up_front(run: Any, sim: Any, tmp_path: Path, s
     with pytest.raises(PromptError, match="damaged or cut-off"):
         run(pl.DataFrame({"id": [1], "path": [str(path)]}), "what", prompt="Describe it", attach="path")
     assert not store.exists()
+
+
+def test_bytes_are_hashed_once_per_call_and_bad_bytes_are_refused_up_front(
+        client: Any, sim: Any, store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmledger._attach as attach
+
+    hashed = []
+    real = attach.blob_of
+    monkeypatch.setattr(attach, "blob_of", lambda data, what: hashed.append(what) or real(data, what))
+    df = pl.DataFrame({"id": [1, 2, 3], "image": [png(5 + i, 5, seed=i) for i in range(3)]})
+    apply_llm(df, "caption", prompt="Caption", attach="image", client=client, store=store, table="t",
+              progress=False)
+    assert len(hashed) == 3, hashed
+    bad = pl.DataFrame({"id": [1], "image": [b"plain text, not an image"]})
+    with pytest.raises(PromptError, match="is not a PNG"):
+        apply_llm(bad, "caption", prompt="Caption", attach="image", client=client, store=store, table="u",
+                  progress=False)
+    assert sql(store, "SELECT count(*) FROM information_schema.tables WHERE table_name = 'u'") == [(0,)]

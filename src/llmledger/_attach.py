@@ -213,6 +213,7 @@ class Attachments:
     known: dict[str, str | Callable[[], bytes]] = field(default_factory=dict)
     blobs: dict[str, Blob] = field(default_factory=dict)
     fetched: dict[str, Blob] = field(default_factory=dict)  # URLs fetched by this call: once, not in a transaction
+    in_frame: dict[tuple[str, str], Blob] = field(default_factory=dict)  # bytes values hashed, by (column, row key)
 
     def blocks(self, row: dict[str, Any], where: str, frame: pl.DataFrame | None = None,
                index: int | None = None) -> list[dict[str, Any]]:
@@ -224,10 +225,11 @@ class Attachments:
                 continue
             what = f"{column} of the row with key {where}"
             if isinstance(value, bytes | bytearray | memoryview):
-                data = bytes(value)
-                found = blob_of(data, what)
-                if found.sha256 not in self.known:
-                    self.known[found.sha256] = _holder(frame, column, index, data)
+                found = self.in_frame.get((column, where))  # hashed by the up-front check: not again
+                if found is None:
+                    data = bytes(value)
+                    found = self.in_frame[column, where] = blob_of(data, what)
+                    self.known.setdefault(found.sha256, _holder(frame, column, index, data))
             else:
                 text = str(value) if isinstance(value, os.PathLike | str) else None
                 if text is None:
@@ -243,7 +245,8 @@ class Attachments:
 
     def for_columns(self, columns: tuple[str, ...]) -> Attachments:
         """The same bytes this process knows, for a request attaching `columns` (another version's, resume's)."""
-        return self if columns == self.columns else Attachments(columns, self.known, self.blobs, self.fetched)
+        return self if columns == self.columns else Attachments(columns, self.known, self.blobs, self.fetched,
+                                                                 self.in_frame)
 
     def resolve(self, body: dict[str, Any], *rows: dict[str, Any]) -> dict[str, Any]:
         """`body` as sent: each recorded hash replaced by the file's bytes, read now and checked against it.
