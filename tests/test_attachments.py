@@ -355,3 +355,9 @@ def test_bytes_are_hashed_once_per_call_and_bad_bytes_are_refused_up_front(
         apply_llm(bad, "caption", prompt="Caption", attach="image", client=client, store=store, table="u",
                   progress=False)
     assert sql(store, "SELECT count(*) FROM information_schema.tables WHERE table_name = 'u'") == [(0,)]
+
+
+def test_a_column_of_paths_may_be_the_key_too(run: Any, sim: Any, tmp_path: Path) -> None:
+    df = files(tmp_path / "in", 2).select("path")
+    out = run(df, "what", prompt="Describe it", attach="path", key="path")
+    assert out["what_status"].to_list() == ["DONE", "DONE"] and sim.stats()["paid"] == 2

@@ -297,3 +297,11 @@ def test_a_key_named_like_the_ledgers_bookkeeping_is_refused_before_anything_is_
     with pytest.raises(llmledger.KeyColumnError, match=f"key column '{key}' has a name the ledger gives"):
         run(df, "s", prompt="{text}", key=key)
     assert not store.exists() and sim.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("name", ["", " "])
+def test_a_column_without_a_name_is_refused_before_anything_is_written(name: str, run: Any, store: Path) -> None:
+    df = pl.DataFrame({"id": [1], "text": ["a"], name: ["unused"]})
+    with pytest.raises(llmledger.InvalidInputError, match="which the store cannot name"):
+        run(df, "s", prompt="{text}")
+    assert not store.exists()

@@ -422,6 +422,9 @@ def _check_frame_columns(columns: Sequence[str]) -> None:
     two could become one), not two that differ only in case (DuckDB does not tell them apart), and none named
     like the ledger's own (llmledger_...), which its SQL uses beside the frame's columns."""
     for c in columns:
+        if not c.strip():
+            raise InvalidInputError(f"the frame has a column named {c!r}, which the store cannot name: rename it, "
+                                    "e.g. df.rename({" + repr(c) + ": 'notes'})")
         if c.lower().startswith("llmledger_"):
             raise InvalidInputError(f"the frame's column {c!r} starts with 'llmledger_', which names the ledger's "
                                     "own tables and columns: rename it, e.g. df.rename(...)")

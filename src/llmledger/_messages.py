@@ -106,7 +106,7 @@ def attachments(attach: Any, frame: pl.DataFrame, prompt: Prompt, steps: Collect
                           "files, and one reading other steps is rendered in SQL. Copy that step's answers into "
                           "a column of the frame first.")
     found = Attachments(columns)
-    part = frame.select([*key, *columns])
+    part = frame.select(list(dict.fromkeys([*key, *columns])))  # a column of paths may be the key itself
     for index, row in enumerate(part.iter_rows(named=True)):
         found.blocks(row, str({k: row[k] for k in key}), part, index)
     return frame, found
