@@ -132,7 +132,7 @@ def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> Iterator[None]:
     """Diagnostics: if a test runs for over 120 s, print the background loop's asyncio tasks."""
     import threading
 
-    from llmledger import _loop
+    from llmledger._run import loop as _loop
 
     done = threading.Event()
 

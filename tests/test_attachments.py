@@ -15,7 +15,7 @@ import pytest
 
 import llmledger
 from llmledger import PromptError, apply_llm, estimate, resume
-from llmledger._request import canonical_json, md5_uuid
+from llmledger._step.request import canonical_json, md5_uuid
 from llmledger.simulator import pdf, png
 
 from .conftest import sql
@@ -325,7 +325,7 @@ def _webp(chunk: bytes, payload: bytes) -> bytes:
     (_webp(b"VP8L", b"\x2f" + ((300 - 1) | ((200 - 1) << 14)).to_bytes(4, "little")), (300, 200)),
 ])
 def test_plain_webp_files_are_read_with_their_size(data: bytes, size: tuple[int, int]) -> None:
-    from llmledger._attach import blob_of, image_size, image_tokens
+    from llmledger._step.attach import blob_of, image_size, image_tokens
 
     assert image_size(data, "image/webp") == size
     assert blob_of(data, "x").tokens == image_tokens(*size)
@@ -341,7 +341,7 @@ def test_a_cut_off_png_is_refused_up_front(run: Any, sim: Any, tmp_path: Path, s
 
 def test_bytes_are_hashed_once_per_call_and_bad_bytes_are_refused_up_front(
         client: Any, sim: Any, store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import llmledger._attach as attach
+    import llmledger._step.attach as attach
 
     hashed = []
     real = attach.blob_of

@@ -10,10 +10,10 @@ import pytest
 
 import llmledger
 from llmledger import Simulator
-from llmledger._display import Bar, Dashboard, run_html
+from llmledger._draw import FAILURE_COLOUR, Timeline, bar_text, parts
 from llmledger._ledger.states import Outcome
-from llmledger._report import RunReport
-from llmledger._view import FAILURE_COLOUR, Timeline, bar_text, parts
+from llmledger._report import RunReport, run_html
+from llmledger._view.live import Bar, Dashboard
 
 from .conftest import frame
 

@@ -21,8 +21,8 @@ import llmledger
 from llmledger import Simulator, apply_llm
 from llmledger._ledger.claims import host_name, process_start
 from llmledger._ledger.columns import STEP_COLUMNS
+from llmledger._ledger.engine.postgres import is_url, journal_base
 from llmledger._ledger.journal import journal_folder
-from llmledger._ledger.postgres import is_url, journal_base
 from llmledger._time import utcnow
 from llmledger.simulator import default_reply
 
@@ -118,7 +118,7 @@ def test_reset_running_judges_holders_elsewhere_in_the_databases_clock_and_by_th
     """On PostgreSQL claims are written in the server's clock. A person whose machine's clock runs two hours fast
     does not take back a claim renewed a minute ago (0.7.0 compared the claim with the caller's clock); a claim
     whose own lease has lapsed is taken back even when renewed recently, as a worker would take it."""
-    import llmledger._query
+    import llmledger._ledger.query
 
     apply_llm(frame(3), "s", prompt=PROMPT, store=pg_url, table="t", client=client, progress=False, where="false")
     for row, holder, lease in ((0, "another-host/12/deadbeef0005-9", "10 minutes"),
@@ -127,8 +127,8 @@ def test_reset_running_judges_holders_elsewhere_in_the_databases_clock_and_by_th
                               f"'{holder}', s_running_started_at = (now() AT TIME ZONE 'UTC') - INTERVAL '1 minute', "
                               f"s_lease_until = (now() AT TIME ZONE 'UTC') + INTERVAL '{lease}' WHERE id = {row}",
                       write=True)
-    real = llmledger._query.utcnow
-    monkeypatch.setattr(llmledger._query, "utcnow", lambda: real() + timedelta(hours=2))
+    real = llmledger._ledger.query.utcnow
+    monkeypatch.setattr(llmledger._ledger.query, "utcnow", lambda: real() + timedelta(hours=2))
     assert llmledger.reset(pg_url, "t", "s", where="id < 2", running=True, stale_after=timedelta(minutes=30)) == 1
     statuses = dict(llmledger.sql(pg_url, "SELECT id, s_status FROM t ORDER BY id").rows())
     assert statuses == {0: "RUNNING", 1: "NOT_STARTED", 2: "NOT_STARTED"}
@@ -147,8 +147,8 @@ def _ledger_params(**changes: Any) -> Any:
 def _claimed(target: Any, lease: timedelta) -> Any:
     """A ledger in which a live run (another host's, so only its lease speaks for it) claimed every row."""
     from llmledger._ledger import StepDefinition, open_ledger
-    from llmledger._prompt import plan_prompt
-    from llmledger._request import RequestSpec
+    from llmledger._step.prompt import plan_prompt
+    from llmledger._step.request import RequestSpec
 
     df = pl.DataFrame({"id": [1, 2, 3, 4], "text": ["a", "b", "c", "d"]})
     ledger = open_ledger(target)

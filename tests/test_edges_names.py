@@ -18,7 +18,7 @@ import pytest
 
 import llmledger
 from llmledger import Simulator, StepNameError, WhereClauseError, apply_llm
-from llmledger._ledger.postgres import _refused_for_good
+from llmledger._ledger.engine.postgres import _refused_for_good
 from llmledger.simulator import default_reply
 
 from .conftest import frame

@@ -18,7 +18,7 @@ import pytest
 
 import llmledger
 from llmledger import Simulator, apply_llm, last_report
-from llmledger._exec.api import answer_source
+from llmledger._exec.client import answer_source
 from llmledger._ledger import open_ledger
 
 from .conftest import frame, subprocess_env

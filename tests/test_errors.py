@@ -127,7 +127,7 @@ def test_the_sdk_sees_the_simulators_errors_as_the_real_apis(sim: Simulator) -> 
 
 
 def test_request_timeouts_are_bounded_but_never_lengthened() -> None:
-    from llmledger._exec.api import bounded_timeout
+    from llmledger._exec.client import bounded_timeout
 
     t = bounded_timeout(anthropic.Timeout(600, connect=5.0), max_tokens=1024)
     assert (t.read, t.connect, t.write, t.pool) == (102.4, 10.0, 30.0, 10.0)

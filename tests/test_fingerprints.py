@@ -14,7 +14,7 @@ import pytest
 import llmledger
 from llmledger import InvalidInputError, Simulator, last_report
 from llmledger._ledger import open_ledger
-from llmledger._ledger.connection import registered
+from llmledger._ledger.engine.duckdb import registered
 
 from .conftest import frame, sql
 
@@ -102,7 +102,7 @@ def test_the_sql_fingerprint_equals_pythons_for_any_text(engine: str, request: p
     first = 1 if engine == "postgresql" else 0  # PostgreSQL's text cannot hold chr(0)
     alphabet = [chr(c) for c in range(first, 0x80)] + ["é", "€", "😀", "\u2028", "\ufeff", "\\u000B", '\\"']
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(2000)]
-    spec = llmledger._request.RequestSpec(model="m", max_tokens=9, system="s\x0b'\" 100%",
+    spec = llmledger._step.request.RequestSpec(model="m", max_tokens=9, system="s\x0b'\" 100%",
                                           options={"stop_sequences": ["\x1f"]})
     prompts = pl.DataFrame({"p": texts}).with_row_index("i")
     if engine == "postgresql":

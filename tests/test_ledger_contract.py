@@ -14,8 +14,8 @@ from llmledger._ledger import Ledger, RunParams, StepDefinition, open_ledger
 from llmledger._ledger.batches import BatchChanged
 from llmledger._ledger.columns import RESULT_SCHEMA
 from llmledger._ledger.states import Redo
-from llmledger._prompt import plan_prompt
-from llmledger._request import RequestSpec
+from llmledger._step.prompt import plan_prompt
+from llmledger._step.request import RequestSpec
 from llmledger._time import utcnow
 
 FRAME = pl.DataFrame({"id": [1, 2, 3, 4], "text": ["a", "b", "c", "d"]})

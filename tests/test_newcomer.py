@@ -20,8 +20,7 @@ import pytest
 
 import llmledger
 from llmledger import InvalidInputError, KeyColumnError, PromptError, RequestRefused, Simulator
-from llmledger._display import run_html
-from llmledger._report import RunReport
+from llmledger._report import RunReport, run_html
 
 from .conftest import frame, hold_store, sql
 
@@ -165,7 +164,7 @@ def test_flags_show_in_progress_status_and_show(run: Any, store: Path) -> None:
 
 
 def test_running_rows_are_called_claimed_where_they_are_shown() -> None:
-    from llmledger._view import legend_text, parts
+    from llmledger._draw import legend_text, parts
 
     assert "RUNNING (claimed) 175" in legend_text(parts({"RUNNING": 175, "DONE": 3}))
 

@@ -128,7 +128,13 @@ def test_four_workers_share_a_step_and_a_late_one_joins_in(pg_url: str, sim: Sim
     sim.reset_stats()
     workers = [_worker(pg_url, sim, f"machine-{i}") for i in range(3)]
     _wait_until(lambda: _done(pg_url) >= 24, 60, "the first answers")
+    # The late worker must find work left however long its start takes on a loaded machine: answers slow down
+    # until it holds a claim, then speed up again.
+    sim.configure(latency=2.0)
     workers.append(_worker(pg_url, sim, "machine-late"))
+    _wait_until(lambda: _pg(pg_url, "SELECT count(*) FROM m WHERE summary_claimed_by LIKE 'machine-late/%'")[0][0] > 0,
+                90, "the late worker's first claim")
+    sim.configure(latency=0.2)
     _finish(workers)
     assert _done(pg_url) == rows
     assert sim.stats()["paid"] == rows, "no row was paid twice"

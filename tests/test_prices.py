@@ -11,7 +11,7 @@ import pytest
 
 import llmledger
 from llmledger import InvalidInputError, Simulator, UnknownPriceWarning, last_report
-from llmledger._prices import price_of
+from llmledger._step.prices import price_of
 
 from .conftest import frame, sql
 
@@ -64,7 +64,7 @@ def test_set_price_overrides_and_prices_shows_it(run, store: Path) -> None:
         assert (row["input"], row["cache_write_5m"], row["cache_read"], row["source"]) == (2.0, 2.5, 0.2,
                                                                                           "set_price")
     finally:
-        llmledger._prices._overrides.pop("claude-house-model", None)
+        llmledger._step.prices._overrides.pop("claude-house-model", None)
 
 
 def test_cache_tokens_and_the_batch_rate_are_priced() -> None:

@@ -214,8 +214,8 @@ def test_runs_sharing_a_step_never_hold_one_request_at_once_and_claim_each_row_o
     from llmledger._ledger import RunParams, StepDefinition, open_ledger
     from llmledger._ledger.columns import RESULT_SCHEMA
     from llmledger._ledger.states import Redo
-    from llmledger._prompt import plan_prompt
-    from llmledger._request import RequestSpec
+    from llmledger._step.prompt import plan_prompt
+    from llmledger._step.request import RequestSpec
     from llmledger._time import utcnow
 
     df = pl.DataFrame({"id": list(range(len(texts))), "text": texts})

@@ -16,10 +16,10 @@ import pytest
 
 import llmledger
 from llmledger import Simulator
+from llmledger._draw import FAILURE_COLOUR
 from llmledger._ledger import RunParams, open_ledger
 from llmledger._ledger.states import Redo
 from llmledger._time import utcnow
-from llmledger._view import FAILURE_COLOUR
 
 from .conftest import frame, subprocess_env
 

@@ -4,24 +4,24 @@
     out = apply_llm(df, "summary", prompt="Summarize: {text}", key="id", store="data/ledger.duckdb")
 """
 
-__version__ = "0.9.0"
-
-from ._api import DEFAULT_STORE, DEFAULT_TABLE, apply_llm, apply_llm_async, resume
-from ._copy import copy
-from ._estimate import estimate
-from ._exec.api import DEFAULT_MODEL
-from ._exec.online import RetryPolicy
-from ._ledger.states import Outcome, Redo, Status
-from ._parquet import export, restore
-from ._pipeline import pipeline
-from ._prices import UnknownPriceWarning, prices, set_price
-from ._query import flag, history, progress, reset, sql
-from ._report import PipelineReport, RunReport
-from ._request import fingerprint
-from ._run import Run, last_report
-from ._show import StoreView, show
-from ._worker import work
-from .errors import (
+from llmledger._exec.client import DEFAULT_MODEL
+from llmledger._exec.config import RetryPolicy
+from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE
+from llmledger._ledger.copy import copy
+from llmledger._ledger.parquet import export, restore
+from llmledger._ledger.query import flag, history, progress, reset, sql
+from llmledger._ledger.states import Outcome, Redo, Status
+from llmledger._report import PipelineReport, RunReport
+from llmledger._run.api import apply_llm, apply_llm_async, resume
+from llmledger._run.estimate import estimate
+from llmledger._run.pipeline import pipeline
+from llmledger._run.run import Run, last_report
+from llmledger._run.worker import work
+from llmledger._step.prices import UnknownPriceWarning, prices, set_price
+from llmledger._step.request import fingerprint
+from llmledger._version import __version__
+from llmledger._view.overview import StoreView, show
+from llmledger.errors import (
     AuthenticationFailed,
     InvalidInputError,
     KeyColumnError,
@@ -40,7 +40,7 @@ from .errors import (
     StoreNotFound,
     WhereClauseError,
 )
-from .simulator import Simulator, simulate
+from llmledger.simulator import Simulator, simulate
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
-import duckdb
 import polars as pl
 
-from ._api import apply_llm
-from ._run import last_report
-from ._view import rows as n_rows
-from .simulator import Simulator
+from llmledger._draw import rows as n_rows
+from llmledger._ledger.query import sql
+from llmledger._run.api import apply_llm
+from llmledger._run.run import last_report
+from llmledger.simulator import Simulator
 
 PROMPT = "Classify the sentiment of this product review as positive, negative or neutral. Review: {text}"
 SYSTEM = "Answer with one word: positive, negative or neutral."
@@ -75,24 +75,22 @@ def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
             "First run on a store that already holds this step: only rows not DONE are sent")
         run(df, "Second run, same cell: every row the first run finished is DONE, so it pays nothing for them")
 
-        with duckdb.connect(str(path), read_only=True) as con:
-            _show("Progress by SQL: SELECT sentiment_status, count(*) FROM reviews GROUP BY ALL",
-                  con.sql("SELECT sentiment_status, count(*) AS n FROM reviews GROUP BY ALL ORDER BY n DESC").pl())
-            _show("Failed rows: SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
-                  "WHERE sentiment_status = 'FAILED'",
-                  con.sql("SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
-                          "WHERE sentiment_status = 'FAILED' ORDER BY review_id").pl())
+        _show("Progress by SQL: SELECT sentiment_status, count(*) FROM reviews GROUP BY ALL",
+              sql(path, "SELECT sentiment_status, count(*) AS n FROM reviews GROUP BY ALL ORDER BY n DESC"))
+        _show("Failed rows: SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
+              "WHERE sentiment_status = 'FAILED'",
+              sql(path, "SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
+                        "WHERE sentiment_status = 'FAILED' ORDER BY review_id"))
 
         if broken_ids:
             fixed = df.with_columns(pl.col("text").str.replace_all(BROKEN, "", literal=True))
             run(fixed, f"Third run: the {len(broken_ids)} broken reviews are cleaned" +
                 ("; only they are sent" if fresh else ""))
 
-        with duckdb.connect(str(path), read_only=True) as con:
-            _show("Answers and cost by SQL",
-                  con.sql("SELECT sentiment, count(*) AS n, sum(sentiment_input_tokens) AS tokens_in, "
-                          "sum(sentiment_output_tokens) AS tokens_out, round(sum(sentiment_cost_usd), 4) AS usd "
-                          "FROM reviews GROUP BY ALL ORDER BY n DESC").pl())
+        _show("Answers and cost by SQL",
+              sql(path, "SELECT sentiment, count(*) AS n, sum(sentiment_input_tokens) AS tokens_in, "
+                        "sum(sentiment_output_tokens) AS tokens_out, round(sum(sentiment_cost_usd), 4) AS usd "
+                        "FROM reviews GROUP BY ALL ORDER BY n DESC"))
         if sim:
             paid = sim.paid_prompts()
             twice = sum(1 for n in paid.values() if n > 1)

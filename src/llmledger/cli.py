@@ -30,12 +30,12 @@ from datetime import timedelta
 
 import polars as pl
 
-from ._ledger import shown
-from ._ledger.connection import db_errors
-from ._show import show, use_colour
-from ._sim_api import Faults
-from ._view import rows
-from .errors import InvalidInputError, LedgerError
+from llmledger._draw import rows
+from llmledger._ledger import shown
+from llmledger._ledger.engine.duckdb import db_errors
+from llmledger._view.overview import show, use_colour
+from llmledger.errors import InvalidInputError, LedgerError
+from llmledger.simulator.replies import Faults
 
 _TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100, "tbl_cols": -1,
                  "fmt_str_lengths": 80, "tbl_width_chars": 200}
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(status(args.store, args.table, colour=colour))
         elif args.command == "run":
-            from ._api import resume
+            from llmledger._run.api import resume
 
             redo = {"stale": "stale", "flagged": "flagged", "all": True, None: False}[args.redo]
             try:
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 return 130
         elif args.command == "worker":
-            from ._worker import work
+            from llmledger._run.worker import work
 
             try:
                 report = work(args.store, args.table, args.step, concurrency=args.concurrency,
@@ -189,20 +189,20 @@ def main(argv: list[str] | None = None) -> int:
                   f"{report.calls:,} paid calls, {report.failed:,} FAILED, {report.needs_review:,} NEEDS_REVIEW",
                   flush=True)
         elif args.command == "copy":
-            from ._copy import copy
+            from llmledger._ledger.copy import copy
 
             copied = copy(args.source, args.target)
             tables = ", ".join(f"{table} ({rows(n)})" for table, n in copied.items())
             print(f"copied {tables} into {shown(args.target)}")
         elif args.command == "sql":
-            from ._query import sql
+            from llmledger._ledger.query import sql
 
             result = sql(args.store, args.query, write=args.write)
             if result is not None:
                 with pl.Config(**_TABLE_FORMAT):
                     print(result)
         elif args.command in ("flag", "reset"):
-            from ._query import flag, reset
+            from llmledger._ledger.query import flag, reset
 
             if args.command == "flag":
                 n = flag(args.store, args.table, args.step, where=args.where, reason=args.reason, by=args.by)
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                           stale_after=timedelta(seconds=args.stale_after))
             print(f"{args.command}: {rows(n)} of {args.table}.{args.step}")
         elif args.command == "history":
-            from ._query import history
+            from llmledger._ledger.query import history
 
             key = args.key
             if key is not None and key.lstrip("-").isdigit():
@@ -221,19 +221,19 @@ def main(argv: list[str] | None = None) -> int:
             with pl.Config(**_TABLE_FORMAT):  # the whole frame is llmledger.history(); here what fits a terminal
                 print(found.select(*keys, "replaced_at", "reason", "old_output", "output", "status"))
         elif args.command == "export":
-            from ._parquet import export
+            from llmledger._ledger.parquet import export
 
             print(f"wrote {export(args.store, args.table, args.path, step=args.step, overwrite=args.overwrite)}")
         elif args.command == "restore":
-            from ._parquet import restore
+            from llmledger._ledger.parquet import restore
 
             print(f"restored table {restore(args.path, args.store)!r} into {shown(args.store)}")
         elif args.command == "demo":
-            from ._demo import run_demo
+            from llmledger._demo import run_demo
 
             run_demo(store=args.store, rows=args.rows)
         elif args.command == "simulator":
-            from .simulator import Simulator
+            from llmledger.simulator import Simulator
 
             faults = {name: value for name, value in vars(args).items()
                       if (name in _FAULTS or name in _FAULTS_AS_TOLD) and value not in (None, [])}
@@ -285,7 +285,7 @@ _INFERRED = "(default: the only one the store has)"
 
 def _infer_names(args: argparse.Namespace, *, step: bool) -> None:
     """--table (and --step) may be left out when the store has just one: as a shell user expects."""
-    from ._ledger import open_existing
+    from llmledger._ledger import open_existing
 
     steps = open_existing(args.store).steps(args.table)
     if args.table is None:

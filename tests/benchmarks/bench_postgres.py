@@ -88,7 +88,7 @@ def _fill(url: str, rows: int) -> None:
 
 def _request_sql(con: object) -> tuple[str, str]:
     from llmledger._ledger.schema import current_version
-    from llmledger._request import RequestSpec
+    from llmledger._step.request import RequestSpec
 
     version, request, _ = current_version(con, "t", "summary")  # type: ignore[arg-type, misc]
     return RequestSpec.from_json(request).fingerprint_sql("pr", "postgres"), version

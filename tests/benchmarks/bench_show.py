@@ -26,10 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 import llmledger  # noqa: E402
 from llmledger import Simulator  # noqa: E402
-from llmledger._display import run_html  # noqa: E402
+from llmledger._draw import Timeline  # noqa: E402
 from llmledger._ledger.states import Outcome  # noqa: E402
-from llmledger._report import RunReport  # noqa: E402
-from llmledger._view import Timeline  # noqa: E402
+from llmledger._report import RunReport, run_html  # noqa: E402
 
 STEPS = ("summary", "title", "lang")
 KINDS = ("400 BadRequestError (invalid_request_error): prompt is too long",

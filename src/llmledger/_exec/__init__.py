@@ -3,7 +3,8 @@
 `scheduler.py` claims ahead, queues, journals, commits in chunks and keeps the
 run's accounting; it hands each claimed row to a sender. `online.py` is the
 sender that calls the Messages API in real time (dedupe, retries, circuit
-breaker, pacing from `pacing.py`; one call and its error classes in `api.py`).
+breaker, pacing from `pacing.py`; one call and its error classes in `client.py`;
+the options a run sends with in `config.py`).
 `batch.py` is the sender beside it for Message Batches (half price, answers
 within 24 h): it claims like the scheduler and sends batches through the
 ledger's intent and confirm transactions; `collect.py` merges what batches

@@ -22,19 +22,19 @@ from typing import Any
 import anthropic
 import polars as pl
 
-from .._attach import NOT_SENT, AttachmentError, Attachments
-from .._ledger import Ledger, Selection
-from .._ledger.claims import Claimant
-from .._ledger.columns import RESULT_SCHEMA
-from .._ledger.states import Outcome
-from .._output import OutputSpec
-from .._report import RunReport
-from .._time import utcnow
-from .api import CallFailed, Kind, classify, known_reply
-from .pacing import backoff
-from .reconcile import Undecided
-from .recorder import Recorder
-from .scheduler import RunConfig
+from llmledger._exec.client import CallFailed, Kind, classify, known_reply
+from llmledger._exec.config import RunConfig
+from llmledger._exec.pacing import backoff
+from llmledger._exec.reconcile import Undecided
+from llmledger._exec.recorder import Recorder
+from llmledger._ledger import Ledger, Selection
+from llmledger._ledger.claims import Claimant
+from llmledger._ledger.columns import RESULT_SCHEMA
+from llmledger._ledger.states import Outcome
+from llmledger._report import RunReport
+from llmledger._step.attach import NOT_SENT, AttachmentError, Attachments
+from llmledger._step.output import OutputSpec
+from llmledger._time import utcnow
 
 log = logging.getLogger("llmledger")
 

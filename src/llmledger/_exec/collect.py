@@ -35,20 +35,20 @@ from typing import Any
 import anthropic
 import polars as pl
 
-from .._ledger import Ledger, Selection
-from .._ledger.batches import BatchChanged, BatchRecord, BatchRows
-from .._ledger.claims import is_abandoned, is_alive_here
-from .._ledger.columns import SIMULATOR
-from .._ledger.states import Outcome
-from .._output import OutputError, OutputSpec
-from .._report import RunReport
-from .._time import utcnow
-from .._view import rows as rows_text
-from .api import NEVER_IN_THIS_SIMULATOR, REFUSAL, Reply, reply_from
-from .batch import fingerprint_of, result_frame
-from .reconcile import Reading, Reconciler, Undecided, tag_of
-from .recorder import Recorder
-from .scheduler import RunConfig
+from llmledger._draw import rows as rows_text
+from llmledger._exec.batch import fingerprint_of, result_frame
+from llmledger._exec.client import NEVER_IN_THIS_SIMULATOR, REFUSAL, Reply, reply_from
+from llmledger._exec.config import RunConfig
+from llmledger._exec.reconcile import Reading, Reconciler, Undecided, tag_of
+from llmledger._exec.recorder import Recorder
+from llmledger._ledger import Ledger, Selection
+from llmledger._ledger.batches import BatchChanged, BatchRecord, BatchRows
+from llmledger._ledger.claims import is_abandoned, is_alive_here
+from llmledger._ledger.columns import SIMULATOR
+from llmledger._ledger.states import Outcome
+from llmledger._report import RunReport
+from llmledger._step.output import OutputError, OutputSpec
+from llmledger._time import utcnow
 
 log = logging.getLogger("llmledger")
 

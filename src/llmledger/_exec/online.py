@@ -14,18 +14,18 @@ import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anthropic
 
-from .._attach import NOT_SENT, AttachmentError, Attachments
-from .._ledger import KnownAnswer
-from .._ledger.states import Outcome
-from .._output import OutputError, OutputSpec
-from .._request import RequestSpec
-from .api import CallFailed, Kind, NotSent, Reply, known_reply, send
-from .pacing import Pacer, backoff
+from llmledger._exec.client import CallFailed, Kind, NotSent, Reply, known_reply, send
+from llmledger._exec.config import RetryPolicy
+from llmledger._exec.pacing import Pacer, backoff
+from llmledger._ledger import KnownAnswer
+from llmledger._ledger.states import Outcome
+from llmledger._step.attach import NOT_SENT, AttachmentError, Attachments
+from llmledger._step.output import OutputError, OutputSpec
+from llmledger._step.request import RequestSpec
 
 log = logging.getLogger("llmledger")
 
@@ -51,20 +51,6 @@ _STOP_ADVICE = {
 # Distinct requests refused alike, none answered, that stop a run (`OnlineSender._refused_alike`): enough that a
 # few bad rows at the head of a frame, refused faster than the rest are answered, do not pass for a bad call.
 REFUSED_ALIKE = 8
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard to retry the API's own failures (429, 529, 5xx, timeouts, dropped connections).
-
-    The circuit breaker trips when `outage_failures` transient failures in a row
-    have happened and nothing succeeded for `outage_after` seconds.
-    """
-
-    base_delay: float = 1.0
-    max_delay: float = 30.0
-    outage_after: float = 60.0
-    outage_failures: int = 10
 
 
 class Sink(Protocol):

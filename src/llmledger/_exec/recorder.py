@@ -11,16 +11,16 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from .._ledger import Selection
-from .._ledger.states import Status, attempts_after, status_after_failure
-from .._output import OutputSpec
-from .._prices import cost_usd, price_of
-from .._report import RunReport
-from .._time import utcnow
-from .api import Reply
+from llmledger._exec.client import Reply
+from llmledger._ledger import Selection
+from llmledger._ledger.states import Status, attempts_after, status_after_failure
+from llmledger._report import RunReport
+from llmledger._step.output import OutputSpec
+from llmledger._step.prices import cost_usd, price_of
+from llmledger._time import utcnow
 
 if TYPE_CHECKING:
-    from .scheduler import RunConfig
+    from llmledger._exec.config import RunConfig
 
 
 class Recorder:

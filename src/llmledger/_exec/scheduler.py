@@ -20,7 +20,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,21 +27,20 @@ from typing import Any
 import anthropic
 import polars as pl
 
-from .._attach import Attachments
-from .._ledger import Ledger, Selection
-from .._ledger.claims import Claimant
-from .._ledger.columns import RESULT_SCHEMA
-from .._ledger.journal import Journal
-from .._ledger.states import Outcome
-from .._report import RunReport
-from .._time import utcnow
-from ..errors import StoreBusy
-from .api import Reply
-from .online import OnlineSender, RetryPolicy
-from .recorder import Recorder
+from llmledger._exec.client import Reply
+from llmledger._exec.config import RunConfig
+from llmledger._exec.online import OnlineSender
+from llmledger._exec.recorder import Recorder
+from llmledger._ledger import Ledger, Selection
+from llmledger._ledger.claims import Claimant
+from llmledger._ledger.columns import RESULT_SCHEMA
+from llmledger._ledger.journal import Journal
+from llmledger._ledger.states import Outcome
+from llmledger._report import RunReport
+from llmledger._time import utcnow
+from llmledger.errors import StoreBusy
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
-RENEW_EVERY = 60.0  # at most this many seconds between heartbeats on a run's claims (a quarter of stale_after if less)
 BUDGET_GRACE = 600.0  # seconds a stopped run waits for the answers already in flight
 # Stops that wait for every request in flight: its answer is billed whatever stopped the run (the budget, the
 # account's spend cap, `x-should-retry: false`, an outage, credentials or a missing model), and an answer not
@@ -50,34 +48,6 @@ BUDGET_GRACE = 600.0  # seconds a stopped run waits for the answers already in f
 # error stops at once (nothing could be committed).
 DRAINING = frozenset({Outcome.BUDGET, Outcome.SPEND_LIMIT, Outcome.RETRY_REFUSED, Outcome.OUTAGE, Outcome.AUTH,
                       Outcome.NO_MODEL, Outcome.BAD_REQUEST})
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    chunk_size: int
-    concurrency: int
-    max_attempts: int
-    commit_every: float
-    retry: RetryPolicy
-    dedupe: bool = True  # rows with identical requests share one call
-    grace: float = 1.0  # seconds in-flight requests get to finish after an interrupt
-    validate: Callable[[dict[str, Any], Any], str | None] | None = None  # apply_llm's validate=
-    max_cost_usd: float | None = None  # stop starting requests once this much is spent
-    budget_scope: str = "run"  # "step": the budget also counts what earlier runs of the step spent, and
-    # what its concurrent runs reserved
-    spent_before_usd: float = 0.0  # that, as the ledger holds it when the run starts
-    average_before_usd: float = 0.0  # the step's average paid answer so far (what a request costs, before this
-    # run's first answer says)
-    output_model: Any = field(default=None, compare=False)  # the pydantic model of output= (apply_llm only)
-    stale_after: float = 1800.0  # seconds after which another run may take back a claim that stopped beating
-    source: str | None = None  # where the run's answers come from (`answer_source`), stored with each answer
-    attachments: Attachments | None = field(default=None, compare=False)  # attach=: where this process has the
-    # bytes of the files its rows' requests name
-
-    @property
-    def renew_every(self) -> float:
-        """The heartbeat: often enough that a live claim never looks lapsed, even after a missed beat or two."""
-        return min(RENEW_EVERY, self.stale_after / 4)
 
 
 class Scheduler:

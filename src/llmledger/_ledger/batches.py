@@ -17,55 +17,23 @@ either confirms it or, when the API never got it, abandons the intent.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
-from .._request import RequestSpec
-from .columns import names, q
-from .connection import Connection, column_types, one, registered, table_exists
-from .postgres import PgConnection
-from .schema import BATCHES_TABLE
-from .survey import Layout
-from .verbs import commit_results, give_back, input_columns, requests_of
+from llmledger._ledger.columns import names, q
+from llmledger._ledger.engine.duckdb import Connection, column_types, one, registered, table_exists
+from llmledger._ledger.engine.postgres import PgConnection
+from llmledger._ledger.schema import BATCHES_TABLE
+from llmledger._ledger.survey import Layout
+from llmledger._ledger.types import BatchRecord, BatchRows
+from llmledger._ledger.verbs import commit_results, give_back, input_columns, requests_of
 
 ASSIGNED = "llmledger_assigned"
 NO_LIMIT = 1 << 30  # max_attempts for giving back batch rows: each had its prior status recorded by its claim
 OPEN_STATES = ("submitting", "submitted")
-
-
-@dataclass(frozen=True)
-class BatchRecord:
-    """One row of `llmledger_batches`: a batch this store sent (or meant to send)."""
-
-    intent: str  # our id, the prefix of every custom id in the batch
-    batch_id: str | None  # the API's id; None while only the intent is known
-    table: str
-    step: str
-    claimant: str
-    requests: int
-    rows: int
-    created_at: datetime
-    state: str  # submitting, submitted, merged, abandoned
-    version: str  # the step definition its requests were rendered for
-    validated: bool  # sent by a run with validate=: merged only by a run that has it too
-    adopted: bool  # its batch id was found by reconciliation, not told by the API: checked when merged
-    rejected: list[str]  # batch ids reconciliation adopted wrongly (their results were another's)
-    source: str | None = None  # where it was sent: "simulator" or the endpoint (None: sent before 0.8 recorded it)
-
-
-@dataclass
-class BatchRows:
-    """The rows a batch holds, with what merging its results needs."""
-
-    layout: Layout
-    rows: pl.DataFrame  # key columns, custom_id, attempts, was_done, input.<col>...
-    requests: dict[str, RequestSpec]
-    key_types: dict[str, pl.DataType]
-    inputs: list[str]
 
 
 class BatchChanged(Exception):

@@ -18,33 +18,22 @@ same room under MVCC and both take it.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import duckdb
 
-from .claims import is_abandoned, is_alive_here
-from .columns import q
-from .connection import Connection, lock_step, one, table_exists
-from .postgres import PgConnection
-from .schema import BATCHES_TABLE, HISTORY_TABLE
-from .verbs import clock
+from llmledger._ledger.claims import is_abandoned, is_alive_here
+from llmledger._ledger.columns import q
+from llmledger._ledger.engine.duckdb import Connection, lock_step, one, table_exists
+from llmledger._ledger.engine.postgres import PgConnection
+from llmledger._ledger.schema import BATCHES_TABLE, HISTORY_TABLE
+from llmledger._ledger.types import BudgetLook
+from llmledger._ledger.verbs import clock
 
 RESERVATIONS_TABLE = "llmledger_budget_reservations"
 _PG_LOCK_CLASS = 0x6C6C6D62  # "llmb": advisory locks on a step's budget (the second key is the step's crc32)
 _duckdb_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class BudgetLook:
-    """What one reservation found and left: dollars the step has spent (in the ledger), reserved by other
-    live runs, and now reserved by this run; `fits`: whether what the run needed could be reserved."""
-
-    spent_usd: float
-    others_usd: float
-    held_usd: float
-    fits: bool
 
 
 def _spent_sql(table: str, step: str, with_batches: bool) -> str:
@@ -126,6 +115,13 @@ class BudgetVerbs:
         with self.conn.open(wait=60.0) as con:
             sql = _spent_sql(table, step, table_exists(con, BATCHES_TABLE))
             return float(one(con, f"SELECT CAST({sql} AS DOUBLE)", {"table": table, "step": step})[0] or 0.0)
+
+    def average_paid(self, table: str, step: str) -> float:
+        """The step's average paid answer (what sending a DONE row again would cost), 0.0 when unknown."""
+        cost, status = q(step + "_cost_usd"), q(step + "_status")
+        with self.conn.open(wait=30.0, read_only=True) as con:
+            value = one(con, f"SELECT avg({cost}) FROM {q(table)} WHERE {status} = 'DONE' AND {cost} > 0")[0]
+        return float(value) if value is not None else 0.0
 
     def reserve_budget(self, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
                        budget_usd: float, now: datetime, stale_after: timedelta) -> BudgetLook:

@@ -14,11 +14,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-
-def q(name: str) -> str:
-    """Quote an identifier for SQL."""
-    return '"' + name.replace('"', '""') + '"'
-
+from llmledger._step.sqltext import q
 
 SIMULATOR = "simulator"  # `{step}_source` of an answer the bundled simulator made
 
@@ -143,7 +139,7 @@ def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new
     Names are compared without case (DuckDB's identifiers ignore it). The frame's own columns count only for a
     new step: a frame passed back in after a run of the step carries the step's own output columns.
     """
-    from ..errors import StepNameError
+    from llmledger.errors import StepNameError
 
     mine = {c.lower(): c for c in owned_names(step)}
     suggestion = f"choose another name, e.g. {step.rstrip('_') + '_v2'!r}" if not step.endswith("_v2") else \

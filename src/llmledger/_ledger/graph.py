@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from ..errors import PromptError
-from .columns import names, q
-from .connection import column_types, dialect, table_exists
-from .schema import STEPS_TABLE
+from llmledger._ledger.columns import names, q
+from llmledger._ledger.engine.duckdb import column_types, dialect, table_exists
+from llmledger._ledger.schema import STEPS_TABLE
+from llmledger.errors import PromptError
 
 _NESTED = ("STRUCT", "MAP", "JSON", "UNION")
 
@@ -172,7 +172,7 @@ def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, st
 
 def _jsonb_field_sql(con: duckdb.DuckDBPyConnection, table: str, parts: list[str], step: str) -> str:
     """PostgreSQL: a structured step is a JSONB column; its fields are checked against the step's output schema."""
-    from .schema import current_output_spec
+    from llmledger._ledger.schema import current_output_spec
 
     root = "t." + q(parts[0])
     if len(parts) == 1:  # a text answer, or a whole structured one as JSON

@@ -14,11 +14,11 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from ..errors import InvalidInputError
-from .columns import names, output_as_text, output_from_text, q
-from .connection import column_types
-from .schema import HISTORY_TABLE
-from .survey import Layout
+from llmledger._ledger.columns import names, output_as_text, output_from_text, q
+from llmledger._ledger.engine.duckdb import column_types
+from llmledger._ledger.schema import HISTORY_TABLE
+from llmledger._ledger.survey import Layout
+from llmledger.errors import InvalidInputError
 
 _COLUMNS = ("table_name, step, row_key, output, model, fingerprint, input_tokens, output_tokens, cost_usd, "
             "finished_at, replaced_at, reason, status, raw, source, stop_reason")

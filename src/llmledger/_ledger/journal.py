@@ -85,7 +85,7 @@ def read(path: Path, schema: dict[str, pl.DataType], *, key: Sequence[str] = ())
     of the right types). A torn last line (a crash mid-write) is skipped silently; any other line that is not a
     whole answer is never merged (a key alone would set the row's status to NULL): the file is copied beside
     itself as `<name>.bad` and a DamagedJournalWarning names it and the lines."""
-    from .states import STATUSES
+    from llmledger._ledger.states import STATUSES
 
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")

@@ -3,72 +3,24 @@ claims, its errors by kind, and the Message Batches still processing (`llmledger
 
 Plain SQL that DuckDB and PostgreSQL both run, one scan per question, none of them sorting every row. An
 error's kind is the text before its first colon ("429 RateLimitError (rate_limit_error)", "refusal", "the
-answer does not match the output schema"), the rule the live view of a run groups by (`_view.error_kind`),
+answer does not match the output schema"), the rule the live view of a run groups by (`_draw.error_kind`),
 so both show one line per kind.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import duckdb
 
-from .columns import q
-from .connection import table_exists
-from .schema import BATCHES_TABLE, list_steps
-from .survey import Layout
-from .verbs import status_counts
+from llmledger._ledger.columns import q
+from llmledger._ledger.engine.duckdb import table_exists
+from llmledger._ledger.schema import BATCHES_TABLE, list_steps
+from llmledger._ledger.survey import Layout
+from llmledger._ledger.types import BatchOverview, Claims, ErrorKind, Overview, StepOverview
+from llmledger._ledger.verbs import status_counts
 
 ERROR_KINDS = 5  # kinds shown per step, the commonest first
-
-
-@dataclass(frozen=True)
-class ErrorKind:
-    kind: str
-    rows: int
-    example_key: str  # the key of one row with this kind of error, as JSON
-    example: str  # that row's whole error
-
-
-@dataclass(frozen=True)
-class Claims:
-    """Rows one process holds (RUNNING), by its claim id (host/pid/run)."""
-
-    claimed_by: str
-    rows: int
-    since: datetime | None  # the oldest claim (or lease renewal) among them
-
-
-@dataclass
-class StepOverview:
-    table: str
-    step: str
-    counts: dict[str, int]  # by status, plus "stale", "waiting" (None-free) and "total"
-    cost_usd: float = 0.0
-    paid_rows: int = 0  # rows whose answer was paid for (reused answers cost 0)
-    claims: list[Claims] = field(default_factory=list)
-    errors: list[ErrorKind] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class BatchOverview:
-    batch_id: str | None  # None while only the intent is recorded (being created)
-    table: str
-    step: str
-    rows: int
-    requests: int
-    state: str
-    processing_status: str | None
-    submitted_at: datetime | None
-
-
-@dataclass
-class Overview:
-    steps: list[StepOverview]
-    batches: list[BatchOverview]
-    tables: list[str]  # the store's tables but its bookkeeping (to name when it has no steps)
 
 
 def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> Overview:

@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING
 import duckdb
 import polars as pl
 
-from .._request import sql_literal
-from ..errors import InvalidInputError, KeyColumnError
-from .columns import JSONB, index_name, names, output_as_text, output_from_text, q
-from .connection import column_types, dialect, registered, table_exists
-from .history import archive
-from .schema import LEGACY_FINGERPRINT_PREFIX, canonical_type, ensure_step_columns, list_steps
-from .survey import Layout
+from llmledger._ledger.columns import JSONB, index_name, names, output_as_text, output_from_text, q
+from llmledger._ledger.engine.duckdb import column_types, dialect, registered, table_exists
+from llmledger._ledger.history import archive
+from llmledger._ledger.schema import LEGACY_FINGERPRINT_PREFIX, canonical_type, ensure_step_columns, list_steps
+from llmledger._ledger.survey import Layout
+from llmledger._step.request import sql_literal
+from llmledger.errors import InvalidInputError, KeyColumnError
 
 if TYPE_CHECKING:
-    from .._prompt import PromptPlan
-    from .._request import RequestSpec
-    from . import StepDefinition
-    from .graph import StepGraph
+    from llmledger._ledger.graph import StepGraph
+    from llmledger._ledger.types import StepDefinition
+    from llmledger._step.prompt import PromptPlan
+    from llmledger._step.request import RequestSpec
 
 INCOMING = "llmledger_incoming"
 # Names of intermediate columns, beside the frame's own in the same SELECT: a frame column may be named anything

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from .._request import RequestSpec
-from .._time import utcnow
-from ..errors import StoreError
-from .columns import STEP_COLUMNS, add_column_ddl, index_name, q
-from .connection import column_types, dialect, one, table_exists
+from llmledger._ledger.columns import STEP_COLUMNS, add_column_ddl, index_name, q
+from llmledger._ledger.engine.duckdb import column_types, dialect, one, table_exists
+from llmledger._step.request import RequestSpec
+from llmledger._time import utcnow
+from llmledger.errors import StoreError
 
 if TYPE_CHECKING:
-    from .._output import OutputSpec
+    from llmledger._step.output import OutputSpec
 
 
 MIGRATIONS_TABLE = "llmledger_migrations"
@@ -194,7 +194,7 @@ def migrate(con: duckdb.DuckDBPyConnection, now: datetime) -> int:
                          f"up to {LATEST}). Upgrade llmledger (pip install -U llmledger) to use it.")
     if current == LATEST:
         return 0
-    from .. import __version__
+    from llmledger._version import __version__
 
     if current == 0 and dialect(con) == "postgres":
         con.execute(_PG_JSONB_FUNCTION)
@@ -238,7 +238,7 @@ def list_steps(con: duckdb.DuckDBPyConnection, table: str | None = None) -> list
 
 def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[str]:
     """Columns the ledger owns for the table's steps, stored or only returned (never copied from a frame)."""
-    from .columns import owned_names
+    from llmledger._ledger.columns import owned_names
 
     owned = set(owned_names(step))
     for _, other, _ in list_steps(con, table):

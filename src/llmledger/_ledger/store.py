@@ -1,6 +1,6 @@
 """The verbs of the `Ledger` interface, on an embedded DuckDB file or a PostgreSQL database.
 
-Every verb is one transaction (`connection.py` for DuckDB, `postgres.py` for
+Every verb is one transaction (`engine/duckdb.py` for DuckDB, `engine/postgres.py` for
 PostgreSQL): a row's output and its status land together. A DuckDB file is
 opened only for that transaction, so it is free for the duckdb CLI or another
 notebook between claims and commits; PostgreSQL lets many processes claim and
@@ -18,15 +18,10 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from .._prompt import stored_template
-from .._request import RequestSpec, canonical_json, sql_literal
-from .._time import utcnow
-from ..errors import InvalidInputError
-from . import RunParams, Selection, StepDefinition
-from .batches import BatchVerbs
-from .budget import BudgetVerbs, drop, settle, touch
-from .columns import names, output_as_text, q
-from .connection import (
+from llmledger._ledger.batches import BatchVerbs
+from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
+from llmledger._ledger.columns import names, output_as_text, q
+from llmledger._ledger.engine.duckdb import (
     Connection,
     column_types,
     dialect,
@@ -36,11 +31,11 @@ from .connection import (
     table_exists,
     writes_refused,
 )
-from .graph import StepGraph
-from .history import side_by_side
-from .overview import Overview, read_overview
-from .postgres import PgConnection
-from .prepare import (
+from llmledger._ledger.engine.postgres import PgConnection
+from llmledger._ledger.graph import StepGraph
+from llmledger._ledger.history import side_by_side
+from llmledger._ledger.overview import Overview, read_overview
+from llmledger._ledger.prepare import (
     establish_table,
     frame_columns,
     insert_rows,
@@ -50,7 +45,8 @@ from .prepare import (
     render_rows,
     set_output_type,
 )
-from .schema import (
+from llmledger._ledger.rehearsal import rehearse as rehearsal
+from llmledger._ledger.schema import (
     RUNS_TABLE,
     current_version,
     list_steps,
@@ -60,9 +56,10 @@ from .schema import (
     record_step,
     skipped_nulls,
 )
-from .states import Redo, Status
-from .survey import Layout, check_where, flag_sql, survey
-from .verbs import (
+from llmledger._ledger.states import Redo, Status
+from llmledger._ledger.survey import Layout, check_where, flag_sql, survey
+from llmledger._ledger.types import RunParams, Selection, StepDefinition
+from llmledger._ledger.verbs import (
     CLAIM_LOCK,
     claim_open,
     claim_rows,
@@ -83,6 +80,10 @@ from .verbs import (
     start_over,
     status_counts,
 )
+from llmledger._step.prompt import stored_template
+from llmledger._step.request import RequestSpec, canonical_json, sql_literal
+from llmledger._time import utcnow
+from llmledger.errors import InvalidInputError
 
 _READS = {"SELECT", "EXPLAIN", "PRAGMA"}  # statement types llmledger.sql runs without write=True (DuckDB)
 
@@ -116,13 +117,13 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
     # -- preparing a run ---------------------------------------------------------------------------------
     def prepare(self, definition: StepDefinition, frame: pl.DataFrame, params: RunParams, *,
                 dedupe: bool, source: pl.DataFrame | None = None, inputs: bool = False,
-                look: Callable[[duckdb.DuckDBPyConnection, Selection], Any] | None = None) -> Any:
+                rehearse: bool = False) -> Any:
         """One transaction: schema, the frame's rows and requests, journals of dead runs, lost claims, the work.
 
         `frame` holds the columns the ledger can store; `source` (the same rows, in the same order) is
         what a prompt rendered in Python sees, Python objects included. With `inputs`, claims return
-        each row's stored input columns too (for a `validate=` callable). With `look`, nothing is kept:
-        the transaction is rolled back and `look(con, selection)`, run inside it, is returned (estimate).
+        each row's stored input columns too (for a `validate=` callable). With `rehearse`, nothing is kept:
+        the transaction is rolled back and a `Rehearsal` read inside it is returned (estimate).
         """
         self.conn.check()
         existed = self.conn.exists()
@@ -168,16 +169,16 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             selection = self._selection(con, layout, definition.version, frame.select(layout.key), found,
                                         sql_params, key_types, params, dedupe, inputs)
             selection.unsimulated = unsimulated[0]
-            return selection if look is None else look(con, selection)
+            return rehearsal(con, selection) if rehearse else selection
 
         try:
-            selection = self.conn.transaction(work, commit=look is None, exclusive=True)
+            selection = self.conn.transaction(work, commit=not rehearse, exclusive=True)
         except InvalidInputError:
             if not existed:
                 self.conn.remove()
             raise
-        if look is not None:
-            if not existed:  # a look leaves no file behind either
+        if rehearse:
+            if not existed:  # a rehearsal leaves no file behind either
                 self.conn.remove()
             return selection
         for path in merged:

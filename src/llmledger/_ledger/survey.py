@@ -19,10 +19,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from .._request import sql_literal
-from ..errors import WhereClauseError
-from .columns import names, q
-from .connection import (
+from llmledger._ledger.columns import names, q
+from llmledger._ledger.engine.duckdb import (
     JOIN_MEMORY_LIMIT,
     SCAN_MEMORY_LIMIT,
     arrow_batches,
@@ -32,8 +30,10 @@ from .connection import (
     memory_limited,
     registered,
 )
-from .states import STATUSES, eligible_sql, stale_sql
-from .where import check_where_shape
+from llmledger._ledger.states import STATUSES, eligible_sql, stale_sql
+from llmledger._ledger.where import check_where_shape
+from llmledger._step.request import sql_literal
+from llmledger.errors import WhereClauseError
 
 BATCH_ROWS = 250_000
 STATUS_TYPE = pl.Enum(STATUSES)
@@ -226,7 +226,7 @@ def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
 def _structured(con: Any, layout: Layout, found: pl.DataFrame) -> pl.DataFrame:
     """PostgreSQL keeps a structured answer as JSONB: give it the polars Struct the step's schema makes on DuckDB,
     converted by DuckDB itself, so a frame comes back the same from either store."""
-    from .schema import current_output_spec
+    from llmledger._ledger.schema import current_output_spec
 
     spec = current_output_spec(con, layout.table, layout.step)
     if spec is None or column_types(con, layout.table).get(layout.step) != "JSONB":

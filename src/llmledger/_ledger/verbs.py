@@ -15,18 +15,23 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from .._request import RequestSpec, sql_literal
-from .._time import utcnow
-from ..errors import PromptError
-from . import KnownAnswer, RunParams, Selection
-from .claims import is_abandoned, is_alive_here
-from .columns import ANSWERED, RESULT_SCHEMA, SIMULATOR, commit_assignments, names, output_as_text, q, same_source_sql
-from .connection import column_types, db_errors, dialect, one, registered, table_exists
-from .graph import StepGraph
-from .history import REUSABLE_REASONS, SIMULATED, archive, redo_reason
-from .journal import pending as pending_journals
-from .journal import read as read_journal
-from .schema import (
+from llmledger._ledger.claims import is_abandoned, is_alive_here
+from llmledger._ledger.columns import (
+    ANSWERED,
+    RESULT_SCHEMA,
+    SIMULATOR,
+    commit_assignments,
+    names,
+    output_as_text,
+    q,
+    same_source_sql,
+)
+from llmledger._ledger.engine.duckdb import column_types, db_errors, dialect, one, registered, table_exists
+from llmledger._ledger.graph import StepGraph
+from llmledger._ledger.history import REUSABLE_REASONS, SIMULATED, archive, redo_reason
+from llmledger._ledger.journal import pending as pending_journals
+from llmledger._ledger.journal import read as read_journal
+from llmledger._ledger.schema import (
     HISTORY_TABLE,
     LEGACY_FINGERPRINT_PREFIX,
     MIGRATIONS_TABLE,
@@ -34,8 +39,12 @@ from .schema import (
     owned_columns,
     requests_by_version,
 )
-from .states import CLAIMABLE, COUNTED, STATUSES, prior_status_sql
-from .survey import Layout, flag_sql
+from llmledger._ledger.states import CLAIMABLE, COUNTED, STATUSES, prior_status_sql
+from llmledger._ledger.survey import Layout, flag_sql
+from llmledger._ledger.types import KnownAnswer, RunParams, Selection
+from llmledger._step.request import RequestSpec, sql_literal
+from llmledger._time import utcnow
+from llmledger.errors import PromptError
 
 CLAIM_LOCK = 0x6C6C6D63  # "llmc": the PostgreSQL advisory lock that serialises a step's claims (`claim_twins`)
 BATCH = "llmledger_batch"

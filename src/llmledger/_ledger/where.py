@@ -10,7 +10,7 @@ dollar quoting there, stays one parenthesised expression wherever it is pasted; 
 
 from __future__ import annotations
 
-from ..errors import WhereClauseError
+from llmledger.errors import WhereClauseError
 
 _EXAMPLE = "pass one condition such as \"label = 'spam'\" or \"id IN (3, 7)\""
 

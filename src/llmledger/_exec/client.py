@@ -1,0 +1,245 @@
+"""One Messages API call, and what its errors mean for the run.
+
+We turn the SDK's own retries off (`max_retries=0`) and retry in the online
+sender instead, so that every 429/529 is seen by the pacer and the circuit
+breaker, and a row that keeps failing for the API's reasons never counts
+against the row. Every option goes through `extra_body`, so whatever the
+installed SDK's signature, the body sent is exactly the one fingerprinted.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anthropic
+
+from llmledger._exec.pacing import Pacer, retry_after
+from llmledger._ledger import KnownAnswer
+from llmledger._ledger.columns import SIMULATOR
+from llmledger._ledger.states import Outcome
+
+DEFAULT_MODEL = "claude-haiku-4-5"
+
+# error.details.error_code values that mean "this account cannot spend more now"
+SPEND_LIMIT_CODES = {"enforced_spend_limit_reached", "contract_spend_limit_reached",
+                     "linked_organization_spend_limit_reached", "linked_organization_billing_unavailable"}
+# A 400 whose message says the account's usage limit or credit is exhausted (older accounts get no error_code).
+_USAGE_LIMIT = re.compile(r"usage limit|credit balance is too low|spend limit", re.IGNORECASE)
+_TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
+
+
+class Kind(Enum):
+    TRANSIENT = "transient"  # the API's fault: retry, never counts against the row
+    PERMANENT = "permanent"  # the row's fault: FAILED, counts toward max_attempts
+    FATAL = "fatal"  # the account's or the caller's: stop the whole run
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    stop_reason: str | None
+    model: str
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0  # the part of cache_write_tokens written with a 1 h ttl
+    cache_read_tokens: int = 0
+    calls: int = 1  # requests this answer took (2 when a structured answer needed its one retry)
+    batch: bool = False  # answered in a Message Batch (billed at the batch rate)
+
+    def plus(self, later: Reply) -> Reply:
+        """`later` (an answer to a follow-up request), carrying the usage of both."""
+        return Reply(later.text, self.input_tokens + later.input_tokens, self.output_tokens + later.output_tokens,
+                     later.stop_reason, later.model, self.cache_write_tokens + later.cache_write_tokens,
+                     self.cache_write_1h_tokens + later.cache_write_1h_tokens,
+                     self.cache_read_tokens + later.cache_read_tokens, self.calls + later.calls, later.batch)
+
+
+class CallFailed(Exception):
+    def __init__(self, kind: Kind, message: str, retry_after: float | None = None,
+                 stop: Outcome | None = None, reply: Reply | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after = retry_after
+        self.stop = stop  # for FATAL: the outcome the run ends with
+        self.reply = reply  # an answer that was billed although it is no use (a refusal)
+
+
+def _error_fields(exc: anthropic.APIStatusError) -> tuple[str, str, str | None]:
+    """(type, message, details.error_code) from the error body, whatever the SDK version parses itself."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    error = body.get("error") if isinstance(body.get("error"), dict) else body
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    code = details.get("error_code")
+    return (str(error.get("type") or type(exc).__name__), str(error.get("message") or exc.message),
+            code if isinstance(code, str) else None)
+
+
+def classify(exc: BaseException) -> CallFailed:
+    """Map an SDK exception to what the run should do about it."""
+    if isinstance(exc, anthropic.APIStatusError):
+        status, headers = exc.status_code, exc.response.headers
+        kind, message, code = _error_fields(exc)
+        request_id = headers.get("request-id") or (exc.body.get("request_id") if isinstance(exc.body, dict) else None)
+        detail = f"{status} {type(exc).__name__} ({kind}): {message}" + (f" [{code}]" if code else "") + \
+            (f" (request {request_id})" if request_id else "")
+        should_retry = (headers.get("x-should-retry") or "").lower()
+        if code == "organization_on_hold" or status in (401, 403):
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.AUTH)
+        if status == 404:  # the Messages endpoint exists, so it is the model: every row would fail alike
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.NO_MODEL)
+        if code in SPEND_LIMIT_CODES or status == 402 or (status == 400 and _USAGE_LIMIT.search(message)):
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.SPEND_LIMIT)
+        transient = status in _TRANSIENT_STATUS or status >= 500
+        if transient and should_retry == "false":
+            return CallFailed(Kind.FATAL, detail + " (x-should-retry: false)", stop=Outcome.RETRY_REFUSED)
+        if transient or should_retry == "true":
+            return CallFailed(Kind.TRANSIENT, detail, retry_after(headers))
+        return CallFailed(Kind.PERMANENT, detail)
+    if isinstance(exc, anthropic.APIConnectionError):  # includes APITimeoutError
+        return CallFailed(Kind.TRANSIENT, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, anthropic.APIResponseValidationError):
+        return CallFailed(Kind.PERMANENT, f"invalid response: {exc}")
+    return CallFailed(Kind.PERMANENT, f"{type(exc).__name__}: {exc}")
+
+
+class NotSent(Exception):
+    """The run stopped while the request waited for its turn: it was never sent."""
+
+
+async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, Any],
+               go: Callable[[], bool] | None = None) -> Reply:
+    """One request with exactly `body`. Raises CallFailed with its kind on any failure.
+
+    `go`, asked once the pacer lets the request start: False raises NotSent, so a run that stopped while
+    its requests waited for their turn (a retry-after pause) starts none of them.
+    """
+    await pacer.wait()
+    if go is not None and not go():
+        raise NotSent
+    required = {name: body[name] for name in ("model", "max_tokens", "messages")}
+    extra = {name: value for name, value in body.items() if name not in required}
+    try:
+        raw = await client.messages.with_raw_response.create(**required, extra_body=extra or None)
+        message = raw.parse()
+        if inspect.isawaitable(message):  # anthropic >= 0.4x made parse() a coroutine on async clients
+            message = await message
+    except anthropic.APIStatusError as exc:
+        failure = classify(exc)
+        pacer.observe(exc.response.headers)
+        if failure.kind is Kind.TRANSIENT and failure.retry_after:
+            pacer.pause(failure.retry_after)
+        raise failure from exc
+    except anthropic.AnthropicError as exc:
+        raise classify(exc) from exc
+    finally:
+        pacer.answered()
+    reply = reply_from(message, body["model"])
+    pacer.observe(raw.headers, reply.input_tokens, reply.output_tokens)
+    if message.stop_reason == "refusal":
+        raise CallFailed(Kind.PERMANENT, REFUSAL, reply=reply)
+    return reply
+
+
+REFUSAL = "refusal: the model declined to answer this prompt"
+
+
+def known_reply(answer: KnownAnswer) -> Reply:
+    """A stored answer to an identical request, as a reply (its usage is this row's: none)."""
+    return Reply(answer.output, 0, 0, answer.stop_reason, answer.model)
+
+
+def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
+    """The text and usage of an SDK Message (an online answer, or a batch result's)."""
+    usage = message.usage
+    cache = getattr(usage, "cache_creation", None)
+    text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
+    text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would break the journal and the store
+    text = text.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL: the paid answer keeps the rest
+    return Reply(text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                 stop_reason=message.stop_reason, model=message.model or model,
+                 cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
+                 cache_write_1h_tokens=(cache.get("ephemeral_1h_input_tokens") if isinstance(cache, dict)  # older SDKs
+                                        else getattr(cache, "ephemeral_1h_input_tokens", None)) or 0,
+                 cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0, batch=batch)
+
+
+def bounded_timeout(timeout: Any, *, max_tokens: int) -> anthropic.Timeout:
+    """The client's timeout, bounded so that no request can stall a run for long.
+
+    Waiting for a pooled connection, a connect or a write ends before the API
+    has the request, so those are short. The read (the model's answer) is
+    bounded by the time to generate `max_tokens` at 10 tokens/s, at least 60 s:
+    longer than any healthy answer, and a retry after it is a retry the SDK
+    would make after its own 600 s anyway.
+    """
+    read = timeout.read if isinstance(timeout, anthropic.Timeout) else timeout
+    ceiling = max(60.0, max_tokens / 10.0)
+    read = ceiling if read is None else min(float(read), ceiling)
+    return anthropic.Timeout(read, connect=10.0, write=30.0, pool=10.0)
+
+
+# The base URL of the simulator `llmledger.simulate()` started for this session (None: the environment's API).
+_session_base_url: str | None = None
+
+
+def use_session_simulator(base_url: str | None) -> None:
+    """Send this session's default requests to `base_url` (a simulator), or back to the environment's API."""
+    global _session_base_url
+    _session_base_url = base_url
+
+
+def simulated() -> bool:
+    """Whether this session's default client answers from `llmledger.simulate()`'s simulator."""
+    return _session_base_url is not None
+
+
+SIMULATOR_PATH = "/llmledger-simulator"  # the path a Simulator's base_url ends in, so any client pointed at one
+# The simulator's 404 for a batch id it never had (not one deleted): its batches live as long as it does, so a
+# batch a simulator of another kernel or process made is gone with it (the collector asks its rows again).
+NEVER_IN_THIS_SIMULATOR = "this simulator never had it (a simulator keeps its batches only while it runs)"
+# (in this process, a subprocess, a kernel) is recognised as simulated
+ANTHROPIC_API = "https://api.anthropic.com"  # the SDK's default base URL
+
+
+def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
+    """Where a run's answers come from, as stored in `{step}_source`: "simulator", or the endpoint's base URL.
+
+    The simulator is recognised by the path its base URL ends in (`Simulator.base_url`), or by
+    `llmledger.simulate()` when no client is passed. A real endpoint is recorded as its base URL without
+    credentials, query or trailing slash ("https://api.anthropic.com"): enough to tell which endpoint
+    answered, nothing secret in the store.
+    """
+    if client is None:
+        if simulated():
+            return SIMULATOR
+        url = os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_API  # what the SDK itself reads
+    else:
+        url = str(getattr(client, "base_url", "") or ANTHROPIC_API)
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if path.endswith(SIMULATOR_PATH):
+        return SIMULATOR
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, path, "", "")) or url
+
+
+def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
+    """The real SDK, configured from the environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or pointed at
+    the simulator `llmledger.simulate()` started (no key needed, nothing paid)."""
+    kwargs: dict[str, Any] = {"max_retries": 0}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if _session_base_url is not None:
+        kwargs.update(base_url=_session_base_url, api_key="simulated")
+    return anthropic.AsyncAnthropic(**kwargs)

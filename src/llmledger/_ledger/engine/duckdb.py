@@ -1,0 +1,369 @@
+"""Opening a DuckDB ledger file: briefly, politely, one transaction at a time.
+
+DuckDB lets one process at a time open a file read-write, so the ledger is
+opened only for one claim, one commit or one query, and a run waits (and says
+so) while someone else (the duckdb CLI, another notebook) holds it. Threads of
+one process share a lock per file, so a background run and `llmledger.sql`
+in the same kernel take turns instead of failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+import polars as pl
+
+from llmledger.errors import StoreBusy, StoreError, StoreNotFound
+
+T = TypeVar("T")
+_DUCKDB_MAGIC = b"DUCK"
+_locks: dict[Path, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+# DuckDB's own limit (80 % of RAM) unless LLMLEDGER_DUCKDB_MEMORY says otherwise (any DuckDB size, e.g. "4GB").
+MEMORY_LIMIT = os.environ.get("LLMLEDGER_DUCKDB_MEMORY")
+# DuckDB keeps every page it reads cached until the connection closes. A sequential scan needs almost no
+# working memory, and a hash join spills what does not fit, so reading a whole fact table for a frame runs
+# under these limits and leaves a notebook its memory.
+SCAN_MEMORY_LIMIT = 256_000_000  # bytes
+JOIN_MEMORY_LIMIT = 512_000_000  # bytes
+
+
+def check_store_path(path: Path, *, must_exist: bool = False) -> None:
+    """Refuse a path that exists but is not a DuckDB file, before DuckDB touches it."""
+    if path.is_dir():
+        raise StoreError(f"store {str(path)!r} is a directory; pass a file path such as "
+                         f"{str(path / 'ledger.duckdb')!r}.")
+    if must_exist and not path.exists():
+        raise StoreNotFound(f"no store at {str(path)!r}; apply_llm(..., store=...) creates it")
+    if path.exists() and path.stat().st_size > 0:
+        with path.open("rb") as fh:
+            head = fh.read(12)
+        if head[8:12] != _DUCKDB_MAGIC:
+            raise StoreError(f"store {str(path)!r} exists but is not a DuckDB database file; "
+                             "pass a new path (it will be created) or an existing .duckdb ledger.")
+
+
+def remove_store(path: Path, folders: Sequence[Path] = ()) -> None:
+    """Delete a store file (and its WAL) that a refused call created, and the `folders` made for it (deepest
+    first, each only while empty): a bad call leaves no file behind."""
+    for leftover in (path, path.with_name(path.name + ".wal")):
+        leftover.unlink(missing_ok=True)
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty: someone else put something there meanwhile
+            folder.rmdir()
+
+
+def make_folders(path: Path) -> list[Path]:
+    """Create the missing folders above `path`; return those created, deepest first (for `remove_store`)."""
+    missing = []
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+# What DuckDB says about a file it cannot read (cut short, overwritten, not a database) or cannot write. Only
+# `_CORRUPT` never names the file; the others count only when they name the store (or its .wal), so that a
+# user's own query reading some other file keeps its error.
+_CORRUPT = ("corrupt database file", "not a valid duckdb database file")
+_CUT_SHORT = ("could not read enough bytes",)
+_UNWRITABLE = ("permission denied", "operation not permitted", "read-only file system")
+
+
+def store_error(path: Path, exc: BaseException) -> StoreError | None:
+    """The llmledger error for a DuckDB error that means the file itself is damaged or cannot be written
+    (None for any other error): DuckDB's own words hide which file and what to do."""
+    text = str(exc)
+    lower = text.lower()
+    about_store = str(path) in text
+    if any(word in lower for word in _CORRUPT) or (about_store and any(word in lower for word in _CUT_SHORT)):
+        return StoreError(f"store {str(path)!r} is damaged (cut short or overwritten): {text}. Restore it from a "
+                          "backup or from an llmledger.export folder (llmledger.restore), or pass a new store= "
+                          "path to start a new ledger.")
+    if about_store and any(word in lower for word in _UNWRITABLE):
+        return StoreError(f"store {str(path)!r} cannot be written: {text}. DuckDB writes the file and a "
+                          f"{path.name}.wal beside it, so both the file and its folder {str(path.parent)!r} "
+                          "must be writable by this user; fix the permissions or copy the store to a writable "
+                          "folder. Reading it works as it is: llmledger.sql, progress, show, history and "
+                          "export (and llmledger status) open it read-only.")
+    return None
+
+
+class Patience:
+    """Trying again to open a store that another process holds (DuckDB) or that cannot be reached (PostgreSQL):
+    backing off, saying so once after a second, giving up after `wait` seconds (None: when `should_stop` says)."""
+
+    def __init__(self, wait: float | None, should_stop: Callable[[], bool] | None,
+                 on_wait: Callable[[str], None] | None, *, longest: float) -> None:
+        self.wait, self.should_stop, self.on_wait, self.longest = wait, should_stop, on_wait, longest
+        self.start, self.delay, self.told = time.monotonic(), 0.02, False
+
+    @property
+    def waited(self) -> float:
+        return time.monotonic() - self.start
+
+    def again(self, note: str) -> bool:
+        """Pause before the next try and return True; False when it is time to give up."""
+        waited = self.waited
+        if waited >= self.wait if self.wait is not None else bool(self.should_stop and self.should_stop()):
+            return False
+        if not self.told and waited > 1 and self.on_wait:
+            self.on_wait(note)
+            self.told = True
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 1.5, self.longest)
+        return True
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    """Another process holds the file ("Could not set lock on file ..."); a word, not a substring: a damaged
+    file's "checksum ... in block at location" (an IOException too on DuckDB 1.2) is no lock to wait for."""
+    return re.search(r"\block\b", str(exc).lower()) is not None
+
+
+def lock_holder(exc: Exception) -> str:
+    """Who holds a DuckDB file, from its lock error ("Conflicting lock is held in <program> (PID n)"), and what to do
+    about it; DuckDB's own advice (open it read-only) does not help a writer."""
+    found = re.search(r"held in (.+?) \(PID (\d+)\)", str(exc))
+    if found is None:
+        return f"another process holds it ({str(exc).split(':', 1)[-1].strip()})"
+    program, pid = found.group(1), found.group(2)
+    with contextlib.suppress(OSError):  # Linux: the whole command line says which notebook or script it is
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        program = " ".join(w for w in words if w)[:120] or program
+    return (f"held by process {pid} ({program}). A DuckDB file has one process at a time, and any connection left "
+            "open holds it, even duckdb.connect(..., read_only=True): close that connection (con.close()), or "
+            "read with llmledger.sql(...), which holds the file only while it reads")
+
+
+def _is_other_configuration(exc: Exception) -> bool:
+    """DuckDB refuses a read-only connection to a file this process has open read-write (and the reverse)."""
+    return "different configuration" in str(exc).lower()
+
+
+def writes_refused(exc: Exception) -> bool:
+    """A statement that writes, run on a connection opened read-only."""
+    text = str(exc).lower()
+    return "read-only mode" in text or "read-only transaction" in text  # DuckDB, PostgreSQL
+
+
+class Connection:
+    """One DuckDB file, opened briefly for each transaction."""
+
+    def __init__(self, path: str | Path, *, on_wait: Callable[[str], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> None:
+        self.path = Path(path).expanduser().resolve()
+        self.on_wait = on_wait
+        self.should_stop = should_stop
+        self.made: list[Path] = []  # folders this object created for the file (removed with it on a refusal)
+        with _locks_guard:
+            self._lock = _locks.setdefault(self.path, threading.Lock())
+
+    @contextlib.contextmanager
+    def open(self, *, wait: float | None = None, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Open the file, waiting while another process holds it.
+
+        `wait` bounds the wait in seconds (None: until `should_stop` says so, or forever);
+        past it, `StoreBusy` is raised so that callers can keep their data. `read_only` is for readers: a
+        store on a read-only medium, or another user's, can be read; another process holding the file
+        read-write makes it wait as a writer would.
+
+        A DuckDB error that means the file is damaged or cannot be written becomes a `StoreError` naming it.
+        """
+        with self._lock:
+            con = self._connect(wait, read_only)
+            try:
+                yield con
+            except duckdb.Error as exc:
+                error = store_error(self.path, exc)
+                if error is None:
+                    raise
+                raise error from exc
+            finally:
+                con.close()
+
+    def _connect(self, wait: float | None, read_only: bool) -> duckdb.DuckDBPyConnection:
+        if not read_only and not self.path.parent.exists():
+            self.made = make_folders(self.path)
+        patience = Patience(wait, self.should_stop, self.on_wait, longest=0.5)
+        while True:
+            try:
+                con = duckdb.connect(str(self.path), read_only=read_only)
+                if MEMORY_LIMIT:
+                    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+                return con
+            except duckdb.ConnectionException as exc:
+                if not _is_other_configuration(exc):
+                    raise
+                if not read_only:
+                    raise StoreError(
+                        f"this process has {str(self.path)!r} open read-only (a duckdb.connect(..., read_only=True) "
+                        "left open, e.g. in another cell), and DuckDB cannot open it for writing beside that: close "
+                        "that connection (con.close()) and call again, or read with llmledger.sql(...), which holds "
+                        "the file only while it reads") from None
+                read_only = False  # this process holds it read-write (its own duckdb.connect): read through that
+            except duckdb.Error as exc:
+                if not isinstance(exc, duckdb.IOException) or not _is_lock_error(exc):
+                    raise store_error(self.path, exc) or StoreError(
+                        f"cannot open store {str(self.path)!r}: {exc}") from exc
+                if not patience.again(f"waiting for {self.path.name}: {lock_holder(exc)}"):
+                    raise StoreBusy(f"store {str(self.path)!r}: {lock_holder(exc)} (waited {patience.waited:.0f}s)"
+                                    ) from exc
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def check(self, *, must_exist: bool = False) -> None:
+        check_store_path(self.path, must_exist=must_exist)
+
+    def remove(self) -> None:
+        """Delete the file a refused call created, and the folders created for it."""
+        remove_store(self.path, self.made)
+        self.made = []
+
+    def transaction(self, work: Callable[[duckdb.DuckDBPyConnection], T], *, wait: float | None = None,
+                    commit: bool = True, exclusive: bool = False, read_only: bool = False) -> T:
+        """Run `work` in one transaction, retrying on a write conflict (`commit=False`: roll it back).
+
+        `exclusive` is for PostgreSQL (one such transaction at a time); a DuckDB file has one writer anyway.
+        `read_only`: `work` only reads (the file is opened read-only, see `open`).
+
+        DuckDB reports a conflict on the statement, and a COMMIT after it would
+        silently roll back, so the conflict is caught here and the work redone.
+        """
+        for attempt in range(20):
+            with self.open(wait=wait, read_only=read_only) as con:
+                con.execute("BEGIN TRANSACTION")
+                try:
+                    result = work(con)
+                    con.execute("COMMIT" if commit else "ROLLBACK")
+                    return result
+                except duckdb.TransactionException as exc:
+                    with contextlib.suppress(duckdb.Error):  # a failed COMMIT ended it: keep its reason
+                        con.execute("ROLLBACK")
+                    if "conflict" not in str(exc).lower():
+                        raise
+                    time.sleep(0.01 * (attempt + 1))
+                except BaseException:
+                    with contextlib.suppress(duckdb.Error):
+                        con.execute("ROLLBACK")
+                    raise
+        raise StoreError(f"store {str(self.path)!r}: gave up after 20 write conflicts")
+
+
+def dialect(con: Any) -> str:
+    """"duckdb" or "postgres": which engine a connection handed to the ledger's SQL talks to."""
+    return getattr(con, "dialect", "duckdb")
+
+
+def db_errors() -> tuple[type[Exception], ...]:
+    """The errors a statement of either engine raises."""
+    try:
+        import psycopg
+    except ImportError:
+        return (duckdb.Error,)
+    return (duckdb.Error, psycopg.Error)
+
+
+def lock_step(con: duckdb.DuckDBPyConnection, lock_class: int, table: str, step: str) -> None:
+    """PostgreSQL: take the transaction-scoped advisory lock `lock_class` on one step (the second key is the
+    step's crc32), so the transactions that take it run one at a time. On DuckDB, which has one writing
+    process per file, nothing."""
+    if dialect(con) == "postgres":
+        con.execute("SELECT pg_advisory_xact_lock(CAST(? AS INTEGER), CAST(? AS INTEGER))",
+                    [lock_class, zlib.crc32(f"{table}\x00{step}".encode()) - 2 ** 31])
+
+
+def one(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> tuple[Any, ...]:
+    """The single row of a query, fetched to the end: a half-read result blocks the connection."""
+    return tuple(con.execute(sql, params).fetchall()[0])
+
+
+def table_exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    return bool(one(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ? "
+                         "AND table_schema = current_schema()", [table])[0])
+
+
+def column_types(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+    """Column name -> type (DuckDB's names on either engine: VARCHAR, BIGINT, ...)."""
+    from llmledger._step.sqltext import q
+
+    if dialect(con) == "postgres":
+        return con.types(f"SELECT * FROM {q(relation)}")  # type: ignore[attr-defined]
+    rows = con.execute(f"DESCRIBE SELECT * FROM {q(relation)}").fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+@contextlib.contextmanager
+def memory_limited(con: duckdb.DuckDBPyConnection, limit: int) -> Iterator[None]:
+    """Run a full-table read under `limit` bytes (the pages it evicts are clean: reading them back is cheap).
+    A `limit` of 0 is none: for a transaction that has written rows, whose changes cannot be evicted (a limit
+    below them fails, which aborts the transaction, or leaves the read no room). PostgreSQL manages its own
+    memory."""
+    if dialect(con) == "postgres" or not limit:
+        yield
+        return
+    before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    con.execute(f"SET memory_limit = '{limit // 1_000_000}MB'")
+    try:
+        yield
+    finally:  # after a failed statement the transaction is aborted; its rollback resets the setting anyway
+        with contextlib.suppress(duckdb.Error):
+            con.execute(f"SET memory_limit = '{before}'")
+
+
+def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:
+    """A query's result as Arrow record batches, without materialising it whole (DuckDB 1.x and 2.x)."""
+    if not isinstance(relation, duckdb.DuckDBPyRelation):  # PostgreSQL's rows are in memory already
+        yield from relation.pl().to_arrow().to_batches(rows)
+        return
+    # DuckDB 2 deprecates fetch_arrow_reader for to_arrow_reader, which 1.x lacks
+    read = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
+    yield from read(rows)
+
+
+def frames(con: Any, query: str, rows: int) -> Iterator[pl.DataFrame]:
+    """A query's rows as polars frames of at most `rows`, without holding the whole result (on PostgreSQL,
+    through a server-side cursor)."""
+    if dialect(con) == "postgres":
+        yield from con.chunks(query, rows)
+        return
+    for batch in arrow_batches(con.sql(query), rows):
+        frame = pl.from_arrow(batch)
+        assert isinstance(frame, pl.DataFrame)
+        yield frame
+
+
+@contextlib.contextmanager
+def registered(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> Iterator[None]:
+    """`frame` queryable as `name` inside the block, without copying it.
+
+    Handing DuckDB the polars frame itself makes polars convert every text column to Arrow's
+    large strings first (a full copy); Arrow string views, which polars stores natively, DuckDB
+    scans in place.
+    """
+    if dialect(con) == "postgres":
+        con.register(name, frame)
+    else:
+        con.register(name, frame.to_arrow(compat_level=pl.CompatLevel.newest()) if _STRING_VIEWS else frame)
+    try:
+        yield
+    finally:  # never hide the error that ended the block behind "transaction aborted"
+        with contextlib.suppress(*db_errors()):
+            con.unregister(name)
+
+
+# Before 1.5, DuckDB pushed filters on a registered Arrow table into pyarrow, which has no kernels for views.
+_STRING_VIEWS = tuple(int(p) for p in duckdb.__version__.split(".")[:2]) >= (1, 5)

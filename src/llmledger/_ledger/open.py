@@ -1,0 +1,100 @@
+"""Opening a store: a `store=` argument checked and located, a ledger opened on it (DuckDB or PostgreSQL), and
+what a call reads of a store before it writes anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from llmledger._ledger.types import Ledger, Store
+from llmledger.errors import InvalidInputError
+
+
+def locate(store: str | Path, *, must_exist: bool = False) -> Store:
+    """A `store=` argument as the ledger opens it, checked: a DuckDB file path, or a PostgreSQL URL as given.
+
+    A path that is a directory or another kind of file is refused; with `must_exist`, so is a store
+    without a ledger (for PostgreSQL this connects to find out).
+    """
+    from llmledger._ledger.engine.duckdb import check_store_path
+    from llmledger._ledger.engine.postgres import PgConnection, _psycopg, is_url
+
+    if is_url(store):
+        _psycopg()
+        if must_exist:
+            PgConnection(str(store)).check(must_exist=True)
+        return str(store)
+    if not isinstance(store, str | Path):
+        raise InvalidInputError(f"store must be a DuckDB file path or a postgresql:// URL, got {store!r}")
+    path = Path(store).expanduser()
+    check_store_path(path, must_exist=must_exist)
+    return path
+
+
+def open_existing(store: str | Path) -> Ledger:
+    """The ledger in `store`, which must hold one (StoreNotFound otherwise), checked on the connection it is
+    then used through (a PostgreSQL store is not connected to twice)."""
+    ledger = open_ledger(locate(store))
+    ledger.conn.check(must_exist=True)  # type: ignore[attr-defined]
+    return ledger
+
+
+def shown(store: str | Path) -> str:
+    """A store as messages name it: a PostgreSQL URL without its password, a path as it is."""
+    from llmledger._ledger.engine.postgres import is_url, redacted
+
+    return redacted(str(store)) if is_url(store) else str(store)
+
+
+def known_steps(store: str | Path, table: str) -> list[str]:
+    """The steps a store has on `table` (none when the store does not exist yet), without writing anything."""
+    return known_table(store, table)[0]
+
+
+def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
+    """The steps and the columns a store's `table` has (none when the store or table does not exist yet),
+    read without writing anything: what a new step's name is checked against before a call writes."""
+    from llmledger._ledger.engine.duckdb import column_types, table_exists
+    from llmledger._ledger.schema import list_steps
+
+    location = locate(store)
+    if isinstance(location, Path) and not location.exists():
+        return [], []
+    ledger = open_ledger(location)
+    with ledger.conn.open(wait=60.0, read_only=True) as con:  # type: ignore[attr-defined]
+        alike = [t for (t,) in con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                                           "current_schema()").fetchall() if t.lower() == table.lower() and t != table]
+        if alike:  # DuckDB takes them for one table, PostgreSQL for two: neither is what was meant
+            raise InvalidInputError(f"table {table!r} differs only in case from the store's table {alike[0]!r}; "
+                                    f"pass table={alike[0]!r}, or a name of its own")
+        steps = [step for _, step, _ in list_steps(con, table)]
+        columns = list(column_types(con, table)) if table_exists(con, table) else []
+    return steps, columns
+
+
+def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
+    """Each step of a store's `table` and the structured output (`OutputSpec`) its current definition asks for,
+    None for text answers; read without writing (a pipeline checks the fields its templates read against it)."""
+    from llmledger._ledger.engine.duckdb import table_exists
+    from llmledger._ledger.schema import STEPS_TABLE, current_output_spec, list_steps
+
+    location = locate(store)
+    if isinstance(location, Path) and not location.exists():
+        return {}
+    ledger = open_ledger(location)
+    with ledger.conn.open(wait=60.0, read_only=True) as con:  # type: ignore[attr-defined]
+        if not table_exists(con, STEPS_TABLE):
+            return {}
+        return {step: current_output_spec(con, table, step) for _, step, _ in list_steps(con, table)}
+
+
+def open_ledger(store: str | Path, *, on_wait: Callable[[str], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> Ledger:
+    from llmledger._ledger.engine.duckdb import Connection
+    from llmledger._ledger.engine.postgres import PgConnection, is_url
+    from llmledger._ledger.store import SQLLedger
+
+    if is_url(store):
+        return SQLLedger(PgConnection(str(store), on_wait=on_wait, should_stop=should_stop))
+    return SQLLedger(Connection(store, on_wait=on_wait, should_stop=should_stop))

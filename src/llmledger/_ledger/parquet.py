@@ -1,0 +1,238 @@
+"""Parquet in and out: a Parquet file as input, a ledger exported for archiving or a warehouse, and restored.
+
+`export(store, table, folder)` writes the fact table and its bookkeeping, one
+Parquet file each (as DuckDB's `EXPORT DATABASE` does):
+
+    folder/<table>.parquet              the fact table: keys, inputs, every step's columns (STRUCTs kept)
+    folder/llmledger_steps.parquet      the table's step definitions and their requests
+    folder/llmledger_history.parquet    the answers redos replaced
+    folder/llmledger_runs.parquet       one row per run
+
+`restore(folder, store)` rebuilds that table in a store (new, or one without
+that table) with statuses, outputs, usage, flags and history as they were, so
+a rerun of the same cell pays nothing. A path ending in `.parquet` is one file
+instead, which any Parquet reader opens: the fact table (every step's columns),
+or with `step=S` one step's view (key, inputs, output, status, error, usage, cost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from llmledger._ledger.columns import STEP_COLUMNS, q
+from llmledger._ledger.engine.duckdb import (
+    check_store_path,
+    column_types,
+    dialect,
+    frames,
+    make_folders,
+    remove_store,
+    table_exists,
+)
+from llmledger._ledger.engine.postgres import is_url
+from llmledger._ledger.open import open_existing, open_ledger
+from llmledger._ledger.schema import (
+    HISTORY_TABLE,
+    RUNS_TABLE,
+    STEPS_TABLE,
+    ensure_step_columns,
+    list_steps,
+    migrate,
+    owned_columns,
+)
+from llmledger._step.prompt import template_fields
+from llmledger._step.request import sql_literal
+from llmledger._time import utcnow
+from llmledger.errors import InvalidInputError, LedgerError
+
+_BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE)
+_STEP_VIEW = ("", "_status", "_error", "_attempts", "_input_tokens", "_output_tokens", "_cost_usd", "_model",
+              "_finished_at", "_raw", "_flag")
+
+
+def is_parquet_path(df: Any) -> bool:
+    return isinstance(df, str | Path) and (str(df).endswith(".parquet") or any(c in str(df) for c in "*?["))
+
+
+def read_parquet_input(path: str | Path, *, key: str | Sequence[str] | None, prompt: Any,
+                       where: str | None, every_column: bool = False) -> pl.DataFrame:
+    """The columns of a Parquet file (or glob) a step needs: its key, what the prompt and `where` name.
+
+    A callable prompt (or a `validate=` callable, `every_column`) may read any column, so it gets them all.
+    """
+    try:
+        lazy = pl.scan_parquet(str(path))
+        names = list(lazy.collect_schema().names())
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise InvalidInputError(f"df={str(path)!r} could not be read as Parquet: {exc}") from None
+    if callable(prompt) or every_column:
+        return lazy.collect()
+    wanted = [key] if isinstance(key, str) else list(key) if key is not None else ["id"]
+    if isinstance(prompt, str):
+        with contextlib.suppress(InvalidInputError):  # apply_llm reports a bad template itself
+            wanted += template_fields(prompt)
+    if where:
+        wanted += [w.strip('"') for w in re.findall(r'"[^"]+"|[A-Za-z_][A-Za-z0-9_]*', where)]
+    keep = [n for n in names if n in set(wanted)]
+    return lazy.select(keep or names).collect()
+
+
+def export(store: str | Path, table: str, path: str | Path, *, step: str | None = None,
+           overwrite: bool = False) -> Path:
+    """Write `table` (with its steps' bookkeeping) to the folder `path`; to a `path` ending in `.parquet`, the
+    table alone as one file (or with `step=`, one step's view).
+
+    An existing file, or a folder export wrote before, is replaced only with `overwrite=True` (a folder holding
+    anything else is never emptied). Returns the path written. See the module docstring for the layout.
+    """
+    if not isinstance(overwrite, bool):
+        raise InvalidInputError(f"overwrite must be True or False, got {overwrite!r}")
+    ledger = open_existing(store)
+    ledger.migrated()  # every column an export lists
+    steps = {s: key for _, s, key in ledger.steps(table)}
+    if not steps:
+        raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
+    out = Path(path).expanduser()
+    if step is not None and out.suffix.lower() != ".parquet":
+        raise InvalidInputError(f"export(step=...) writes one Parquet file: pass a path ending in .parquet, got "
+                                f"{str(path)!r}")
+    if not is_url(store) and out.resolve() == Path(store).expanduser().resolve():
+        raise InvalidInputError(f"{str(path)!r} is the store itself; export to another path")
+    with ledger.conn.open(wait=60.0, read_only=True) as con:
+        if step is not None:
+            if step not in steps:
+                raise InvalidInputError(f"table {table!r} has no step {step!r}; it has {sorted(steps)}")
+            owned = owned_columns(con, table, step)
+            inputs = [c for c in column_types(con, table) if c not in owned]
+            cols = [*inputs, *(step + suffix for suffix in _STEP_VIEW)]
+            _check_file(out, overwrite)
+            _make_folder(out.parent, out)
+            _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
+            return out
+        if out.suffix.lower() == ".parquet":  # one file a Parquet reader opens (a folder there holds mixed schemas)
+            if out.is_dir():
+                raise InvalidInputError(f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
+                                        "a folder path (not ending in .parquet) for the table with its bookkeeping")
+            _check_file(out, overwrite)
+            _make_folder(out.parent, out)
+            _copy(con, f"SELECT * FROM {q(table)}", out)
+            return out
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            exported = out.is_dir() and (out / f"{STEPS_TABLE}.parquet").exists() and all(
+                f.is_file() and f.suffix == ".parquet" for f in out.iterdir())
+            if not (overwrite and exported):
+                raise InvalidInputError(
+                    f"{str(out)!r} exists and is not an empty folder; export writes a folder of Parquet files (a "
+                    "path ending in .parquet gets a single file). " + (
+                        "Pass overwrite=True to replace that earlier export." if exported else
+                        "It is not a folder export wrote, so it is never emptied: choose another path."))
+            for old in out.glob("*.parquet"):
+                old.unlink()
+        _make_folder(out, out)
+        _copy(con, f"SELECT * FROM {q(table)}", out / f"{table}.parquet")
+        for name in _BOOKKEEPING:
+            if table_exists(con, name):
+                _copy(con, f"SELECT * FROM {name} WHERE table_name = '{table.replace(chr(39), chr(39) * 2)}'",
+                      out / f"{name}.parquet")
+    return out
+
+
+def _check_file(out: Path, overwrite: bool) -> None:
+    if out.exists() and not overwrite:
+        raise InvalidInputError(f"{str(out)!r} exists; pass overwrite=True to replace it, or choose a new path")
+    if out.is_dir():
+        raise InvalidInputError(f"{str(out)!r} is a folder; pass a file path ending in .parquet")
+
+
+def restore(path: str | Path, store: str | Path) -> str:
+    """Rebuild the table exported to the folder `path` in `store`; return the table's name.
+
+    The store is created if missing; it must not have a table of that name already.
+    """
+    folder = Path(path).expanduser()
+    facts = [p for p in folder.glob("*.parquet") if p.stem not in _BOOKKEEPING] if folder.is_dir() else []
+    if len(facts) != 1 or not (folder / f"{STEPS_TABLE}.parquet").exists():
+        raise InvalidInputError(f"{str(folder)!r} is not a folder written by llmledger.export (it needs one "
+                                f"<table>.parquet and {STEPS_TABLE}.parquet)")
+    table = facts[0].stem
+    if is_url(store):
+        raise InvalidInputError("restore writes into a DuckDB file; to bring an export into PostgreSQL, restore it "
+                                "into a new .duckdb file, then: llmledger copy FILE postgresql://...")
+    target = Path(store).expanduser()
+    check_store_path(target)
+    made = make_folders(target)
+    ledger = open_ledger(target)
+    existed = target.exists()
+
+    def work(con: Any) -> None:
+        migrate(con, utcnow())
+        if table_exists(con, table):
+            raise InvalidInputError(f"store {str(target)!r} already has a table {table!r}; restore into another "
+                                    "store")
+        con.execute(f"CREATE TABLE {q(table)} AS SELECT * FROM read_parquet({sql_literal(str(facts[0]))})")
+        for name in _BOOKKEEPING:
+            part = folder / f"{name}.parquet"
+            if part.exists():
+                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM read_parquet({sql_literal(str(part))})")
+        types = column_types(con, table)
+        for _, step, _ in list_steps(con, table):  # an export from an older llmledger lacks newer columns
+            ensure_step_columns(con, table, step, types.get(step, STEP_COLUMNS[0].sql_type))
+            for column in STEP_COLUMNS:  # Parquet keeps no column defaults; new rows need them
+                if column.default is not None:
+                    con.execute(f"ALTER TABLE {q(table)} ALTER COLUMN {q(step + column.suffix)} "
+                                f"SET DEFAULT {column.default}")
+
+    try:
+        ledger.conn.transaction(work, wait=60.0)
+    except InvalidInputError:
+        if not existed:
+            remove_store(target, made)
+        raise
+    return table
+
+
+def _make_folder(folder: Path, out: Path) -> None:
+    """Create the folder an export writes into: a path that cannot be written is the call's mistake."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write the export to {str(out)!r}: {exc}") from None
+
+
+def _copy(con: Any, query: str, path: Path) -> None:
+    """Write a query's rows to a Parquet file; failing to write it (not to read the store) is the path's fault."""
+    try:
+        _write(con, query, path)
+    except (OSError, duckdb.IOException) as exc:
+        if isinstance(exc, LedgerError) or path.name not in str(exc):
+            raise
+        raise InvalidInputError(f"cannot write the export to {str(path)!r}: {exc}") from None
+
+
+def _write(con: Any, query: str, path: Path) -> None:
+    """By DuckDB itself, or from PostgreSQL chunk by chunk (structured answers, JSONB there, as JSON text)."""
+    if dialect(con) == "duckdb":
+        con.execute(f"COPY ({query}) TO {sql_literal(str(path))} (FORMAT parquet)")
+        return
+    import pyarrow.parquet as pq
+
+    writer = None
+    try:
+        for chunk in frames(con, query, 100_000):
+            table = chunk.to_arrow()
+            writer = writer or pq.ParquetWriter(str(path), table.schema)
+            writer.write_table(table)
+        if writer is None:  # no rows: an empty file with the columns
+            empty = con.sql(f"SELECT * FROM ({query}) AS q LIMIT 0").pl().to_arrow()
+            writer = pq.ParquetWriter(str(path), empty.schema)
+            writer.write_table(empty)
+    finally:
+        if writer is not None:
+            writer.close()

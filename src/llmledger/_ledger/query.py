@@ -1,0 +1,99 @@
+"""SQL over a store from Python, safe to call while a run (in this kernel or another process) is going.
+
+The file is opened only for one query; a run in progress holds it only
+between claims and commits, so these wait at most a moment.
+"""
+
+from __future__ import annotations
+
+import getpass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from llmledger._ledger.open import open_existing
+from llmledger._ledger.where import check_where_shape
+from llmledger._time import utcnow
+from llmledger.errors import InvalidInputError
+
+
+def sql(store: str | Path, query: str, params: Any = None, *, wait: float = 60.0,
+        write: bool = False) -> pl.DataFrame | None:
+    """Run `query` on the store and return the result as a polars frame (None for statements without rows).
+
+    Read-only unless `write=True`: a statement that writes is refused (InvalidInputError, nothing changed), since
+    editing the ledger's own columns by hand can undo its promises; `flag`, `reset` and `redo=` are the ways to
+    change answers."""
+    if not isinstance(write, bool):
+        raise InvalidInputError(f"write must be True or False, got {write!r}")
+    return open_existing(store).query(query, params, wait=wait, write=write)
+
+
+def progress(store: str | Path, table: str | None = None) -> pl.DataFrame:
+    """Rows per status for every (table, step) in the store."""
+    return open_existing(store).counts(table)
+
+
+def history(store: str | Path, table: str, step: str, key: Any = None) -> pl.DataFrame:
+    """Every answer of one step that was replaced (by a redo, a reset, a schema change), next to the current one.
+
+    One row per replaced answer, oldest first: the row's key columns, `replaced_at`, `reason`,
+    `old_output` (same type as the step's output), `old_status`, `old_model`, `old_fingerprint`,
+    `old_input_tokens`, `old_output_tokens`, `old_cost_usd`, `old_finished_at`, then the row's
+    current `output`, `status` and `finished_at`. `key=` narrows it to one row.
+    """
+    return open_existing(store).history(table, step, key)
+
+
+def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, by: str | None = None) -> int:
+    """Flag the answers of `step` on rows matching `where` for redo; return how many rows were flagged.
+
+    Rows showing the very same answer to the very same request (twins answered together, or reused) are flagged
+    with them, so no row keeps a rejected answer; and no later row is handed a flagged answer.
+
+    The flag (`{step}_flag`, `_flagged_at`, `_flagged_by`) is plain SQL to query; `apply_llm(...,
+    redo="flagged")` re-sends exactly the flagged rows and clears each flag when its row is DONE again
+    (the replaced answer goes to the history with the flag's reason).
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInputError("flag needs a reason= saying what is wrong, e.g. reason='company name is wrong'")
+    _check_where(where)
+    return open_existing(store).flag(table, step, where=where, reason=reason, by=by or _who(),
+                                              now=utcnow())
+
+
+def reset(store: str | Path, table: str, step: str, *, where: str, running: bool = False,
+          stale_after: timedelta = timedelta(minutes=30)) -> int:
+    """Put `step` back to NOT_STARTED on rows matching `where` (not rows being sent); return how many.
+
+    Their answers, usage and errors are cleared from the fact table after being copied to the history.
+    Rows in a Message Batch (SUBMITTED) are taken out of it: its answers to them are then not merged.
+    With `running=True`, RUNNING rows are taken back too when their holder is gone: a process on this host that
+    no longer runs (by PID and start time), or a holder elsewhere whose claims were not renewed for `stale_after`
+    or whose own leases have lapsed, judged in the clock the claims were written in (PostgreSQL's), not this
+    machine's. Rows of a holder that still runs on this host are never taken (its answers would be paid twice).
+    """
+    _check_where(where)
+    if not isinstance(running, bool):
+        raise InvalidInputError(f"running must be True or False, got {running!r}")
+    if not isinstance(stale_after, timedelta) or stale_after <= timedelta(0):
+        raise InvalidInputError(f"stale_after must be a positive timedelta, got {stale_after!r}")
+    now = utcnow()
+    return open_existing(store).reset(table, step, where=where, now=now,
+                                      running_stale_after=stale_after if running else None)
+
+
+def _check_where(where: Any) -> None:
+    if not isinstance(where, str) or not where.strip():
+        raise InvalidInputError(f"where= must be a SQL predicate over the fact table such as \"id IN (3, 7)\" "
+                                f"(use \"true\" for every row), got {where!r}")
+    check_where_shape(where)
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"

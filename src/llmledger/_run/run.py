@@ -1,0 +1,442 @@
+"""A run from start to end: prepare (or resume), send, commit, report — in front or in the background.
+
+`Run` is also the handle `apply_llm(..., background=True)` returns: the user
+keeps working in other cells while it goes, and can look at `progress()`,
+`wait()`, `cancel()` it (which stops like Ctrl-C) or show its dashboard. Its
+report belongs to the handle; `last_report()` only ever shows the last run
+this thread waited for, so background runs never race with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import anthropic
+import polars as pl
+
+from llmledger._exec.batch import AUTO_BATCH_ROWS, MAX_REQUESTS, BatchSender
+from llmledger._exec.client import SIMULATOR, answer_source, bounded_timeout, default_client
+from llmledger._exec.collect import BatchCollector
+from llmledger._exec.config import RunConfig
+from llmledger._exec.scheduler import Scheduler
+from llmledger._ledger import Ledger, RunParams, Selection, StepDefinition, Store, open_ledger
+from llmledger._ledger.claims import Claimant
+from llmledger._ledger.states import Outcome, Redo
+from llmledger._ledger.verbs import named_outputs
+from llmledger._report import PipelineReport, RunReport, Watcher
+from llmledger._run.loop import background_loop, run_blocking
+from llmledger._time import utcnow
+from llmledger.errors import (
+    AuthenticationFailed,
+    ModelNotFound,
+    OutageError,
+    RequestRefused,
+    RetryRefused,
+    SpendLimitReached,
+    StaleAnswersWarning,
+    StoreBusy,
+    warn,
+)
+
+_local = threading.local()
+RESEND_ROUNDS = 3  # a waiting batch run sends rows its batches gave back again, this many times in all
+_STOPPED = {Outcome.AUTH: AuthenticationFailed, Outcome.OUTAGE: OutageError,
+            Outcome.SPEND_LIMIT: SpendLimitReached, Outcome.RETRY_REFUSED: RetryRefused,
+            Outcome.NO_MODEL: ModelNotFound, Outcome.BAD_REQUEST: RequestRefused}
+
+
+def last_report() -> RunReport | PipelineReport | None:
+    """The report of the last run this thread waited for (a foreground apply_llm, resume or apply_llm_async; after
+    `pipeline()`, a `PipelineReport` of all its steps, with their totals).
+
+    Background runs keep theirs on their handle (`run.report`).
+    """
+    return getattr(_local, "report", None)
+
+
+def set_last_report(report: RunReport | PipelineReport) -> None:
+    _local.report = report
+
+
+@dataclass
+class Plan:
+    """A checked call: everything a run needs, nothing written yet."""
+
+    store: Store
+    table: str
+    step: str
+    cfg: RunConfig
+    max_attempts: int
+    redo: Redo
+    stale: timedelta
+    where: str | None
+    client: anthropic.AsyncAnthropic | None
+    progress: bool
+    mode: str = "online"  # "online", "batch" or "auto" (batch from AUTO_BATCH_ROWS rows to send)
+    wait: bool = True  # batch mode: wait for the batches to end (else return once they are submitted)
+    batch_size: int = MAX_REQUESTS
+    # apply_llm only: what the user passed, the frame as the ledger sees it, and the step's definition
+    df: Any = None
+    user_frame: pl.DataFrame | None = None  # the frame as the user gave it, in polars
+    frame: pl.DataFrame | None = None  # the columns the ledger stores
+    from_pandas: bool = False
+    definition: StepDefinition | None = None
+    null_fields: tuple[str, ...] = ()  # template fields that are null in some rows of the frame
+    null_rows: int = 0  # rows of the frame with a null in a field the template reads
+    skip_nulls: bool = False  # those rows are left unsent (apply_llm's skip_nulls=True)
+    default_table: bool = False  # apply_llm was not given table=: it refuses to rewrite answered rows' inputs
+
+    @property
+    def entry(self) -> str:
+        return "apply_llm" if self.definition is not None else "resume"
+
+
+# Makes what a run reports to (`_view.live.make_display`), from (progress wanted, the report, in the background).
+Watch = Callable[[bool, RunReport, bool], Watcher]
+
+
+class Run:
+    """One apply_llm (or resume) call. In the background: `progress()`, `wait()`, `cancel()`, `result()`.
+
+    It is handed `watch`, which makes its view: the run never imports one, so it runs the same under a
+    notebook widget, a terminal bar, a worker or a test.
+    """
+
+    def __init__(self, plan: Plan, *, watch: Watch) -> None:
+        self.plan = plan
+        self._watch = watch
+        self.stop_flag = threading.Event()
+        rows = plan.frame.height if plan.frame is not None else 0
+        # where this run's answers come from, fixed now: a later llmledger.simulate() does not change it
+        plan.cfg = dataclasses.replace(plan.cfg, source=answer_source(plan.client))
+        self.report = RunReport(table=plan.table, step=plan.step, rows=rows, max_cost_usd=plan.cfg.max_cost_usd,
+                                simulated=plan.cfg.source == SIMULATOR, null_fields=plan.null_fields,
+                                null_rows=plan.null_rows, skip_nulls=plan.skip_nulls)
+        self.report.outcome = Outcome.PREPARING
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._display: Watcher | None = None
+
+    # -- the handle -------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def progress(self) -> pl.DataFrame:
+        """This run's numbers so far, as a one-row frame."""
+        return self.report.progress_frame()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the run ends; return its frame (or raise what stopped it).
+
+        Like `concurrent.futures.Future.result`, raises `TimeoutError` if the run still goes after `timeout`
+        seconds; the run goes on.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"run {self.plan.table}.{self.plan.step} is still going after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    result = wait
+
+    def cancel(self, timeout: float = 30.0) -> None:
+        """Stop like Ctrl-C: commit what finished, release the other claims."""
+        self.stop_flag.set()
+        self._done.wait(timeout)
+
+    def dashboard(self) -> Any:
+        """The live dashboard widget (or None outside a notebook front end)."""
+        return getattr(self._display, "widget", None)
+
+    def _ipython_display_(self) -> None:
+        watcher = self._display or self._watch(False, self.report, True)
+        watcher.show(self.report, running=not self.done)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "running"
+        return f"<llmledger Run {self.plan.table}.{self.plan.step} ({state}): {self.report}>"
+
+    # -- running ----------------------------------------------------------------------------------
+    def start_background(self) -> Run:
+        self._display = self._watch(self.plan.progress, self.report, True)  # in the caller's cell
+        self._thread = threading.Thread(target=self._background, name="llmledger-run", daemon=True)
+        self._thread.start()
+        return self
+
+    def _background(self) -> None:
+        with contextlib.suppress(BaseException):
+            self.execute(foreground=False)
+
+    def execute(self, *, foreground: bool) -> Any:
+        """Prepare, run and finish; keep the result or the error for `wait()`; return or raise it."""
+        try:
+            self._result = self._execute(foreground=foreground)
+            return self._result
+        except BaseException as exc:
+            self._error = exc
+            if self.report.outcome is Outcome.PREPARING and self._display is not None:  # it never started
+                self.report.outcome, self.report.message = Outcome.ERROR, f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):
+                    self._display.close(self.report)
+            raise
+        finally:
+            self._done.set()
+            if foreground:
+                set_last_report(self.report)
+
+    def _execute(self, *, foreground: bool) -> Any:
+        plan, report = self.plan, self.report
+        ledger = open_ledger(plan.store, should_stop=self.stop_flag.is_set)
+        if self._display is None:
+            self._display = self._watch(plan.progress, report, False)
+        display = self._display
+        started_view = threading.Event()
+
+        def waiting(message: str) -> None:  # the store is held: say so at once, before the view is up too
+            if started_view.is_set():
+                display.note(message)
+            elif plan.progress:
+                print(f"llmledger: {message}", file=sys.stderr, flush=True)
+
+        ledger.on_wait = waiting
+        interrupted = False
+        with Claimant.new() as claimant:
+            started = utcnow()
+            params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
+                               stale_before=started - plan.stale, where=plan.where, source=plan.cfg.source,
+                               lease=plan.stale, guard_inputs=plan.default_table)
+            if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
+                interrupted = self._run_async(lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag,
+                                                               display, wait=False), foreground=foreground)
+            if plan.definition is not None and plan.frame is not None:
+                selection = ledger.prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe,
+                                           source=plan.user_frame, inputs=plan.cfg.validate is not None)
+            else:
+                selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe,
+                                          inputs=plan.cfg.validate is not None)
+            self._take_counts(selection)
+            done_before = selection.done_skipped - report.done  # not the rows just merged from batches
+            average = ledger.average_paid(plan.table, plan.step) \
+                if done_before > 0 or plan.cfg.max_cost_usd is not None else 0.0
+            report.done_saved_usd = max(done_before, 0) * average
+            report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
+            batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
+            report.mode = "batch" if batch else "online"
+            if plan.cfg.max_cost_usd is not None:
+                plan.cfg = dataclasses.replace(
+                    plan.cfg, average_before_usd=average,
+                    spent_before_usd=ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0)
+                report.spent_before_usd = plan.cfg.spent_before_usd
+            if selection.to_send or (batch and plan.wait):
+                selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
+            report.outcome = Outcome.RUNNING
+            report.started = time.monotonic()
+            if selection.to_send or (batch and plan.wait):  # it will send: a killed run leaves its row
+                self._record(ledger, selection, claimant, started, finished=False)
+            display.start()
+            started_view.set()
+            try:
+                if self.stop_flag.is_set():
+                    report.outcome = Outcome.INTERRUPTED
+                elif batch and (selection.to_send or plan.wait):
+                    interrupted = self._run_async(lambda: _batches(ledger, selection, plan, claimant, report,
+                                                                   self.stop_flag, display, wait=plan.wait),
+                                                  foreground=foreground)
+                elif selection.to_send:
+                    interrupted = self._run_async(lambda: _send_all(ledger, selection, plan, claimant, report,
+                                                                    self.stop_flag, display),
+                                                  foreground=foreground)
+                if report.outcome == Outcome.RUNNING:
+                    report.outcome = Outcome.COMPLETED
+                if report.collected and not selection.to_send:
+                    report.mode = "batch"  # all it paid for came from batches sent earlier
+                if report.outcome == Outcome.INTERRUPTED and not foreground:
+                    report.outcome = Outcome.CANCELLED
+            except BaseException:
+                if report.outcome in (Outcome.PREPARING, Outcome.RUNNING):  # the view must not say "running"
+                    report.outcome = Outcome.ERROR
+                raise
+            finally:
+                report.seconds = time.monotonic() - report.started
+                display.close(report)
+                self._record(ledger, selection, claimant, started)
+            outputs = self._outputs(ledger, selection)
+            if plan.redo is not Redo.NONE and report.done:  # answers replaced: say what went stale downstream
+                report.downstream_stale = ledger.downstream_stale(plan.table, plan.step)
+        if plan.progress or interrupted:  # after Ctrl-C the summary is the only word on what happened
+            display.summary(report)
+        elif report.stale and outputs is not None:  # quiet, but stale answers are never passed off as fresh
+            warn(report.hints()[0], StaleAnswersWarning)
+        if interrupted:
+            raise KeyboardInterrupt(str(report))
+        stopped = _STOPPED.get(report.outcome)  # type: ignore[call-overload]
+        if stopped is not None:
+            raise stopped(f"{report.message} {report.remaining:,} of {report.selected:,} selected rows remain.",
+                          report=report)
+        return report if outputs is None else outputs
+
+    def _run_async(self, make: Any, *, foreground: bool) -> bool:
+        """Run a coroutine on llmledger's loop; True when Ctrl-C interrupted it (foreground only)."""
+        if foreground:
+            return run_blocking(make, self.stop_flag.set)[1]
+        asyncio.run_coroutine_threadsafe(make(), background_loop()).result()
+        return False
+
+    def _take_counts(self, selection: Selection) -> None:
+        report = self.report
+        report.selected = selection.to_send
+        report.stale = selection.stale
+        report.unsimulated = selection.unsimulated
+        report.waiting = selection.waiting
+        report.running_elsewhere = selection.running_elsewhere
+        report.unprepared = selection.unprepared
+        if self.plan.frame is None:
+            report.rows = report.selected + report.running_elsewhere
+        report.in_batches = selection.in_batches
+        report.early_finished = report.done + report.failed + report.needs_review  # by batches merged first
+        report.skipped = max(0, report.rows - report.selected - report.running_elsewhere - report.in_batches
+                             - report.early_finished)
+
+    def _record(self, ledger: Ledger, selection: Selection, claimant: Claimant, started: Any, *,
+                finished: bool = True) -> None:
+        """The run's row in llmledger_runs: written as it starts sending (outcome 'running', so a run that is
+        killed still shows, with when it began), replaced with its figures when it ends."""
+        report, plan = self.report, self.plan
+        request = selection.requests.get(selection.version)
+        row = {"run_id": claimant.run_id, "table_name": plan.table, "step": plan.step, "claimant": str(claimant),
+               "model": request.model if request else None, "started_at": started,
+               "finished_at": utcnow() if finished else None,
+               "outcome": str(report.outcome), "rows_in_frame": report.rows, "rows_selected": report.selected,
+               "done": report.done, "failed": report.failed, "needs_review": report.needs_review,
+               "stale": report.stale, "calls": report.calls, "reused": report.reused, "retries": report.retries,
+               "input_tokens": report.input_tokens, "output_tokens": report.output_tokens,
+               "cost_usd": report.cost_usd, "version": selection.version, "entry": plan.entry, "mode": report.mode}
+        try:
+            ledger.record_run(row)
+        except StoreBusy:
+            report.message += " (the store stayed locked, so this run is missing from llmledger_runs)"
+
+    def _outputs(self, ledger: Ledger, selection: Selection) -> Any:
+        """The frame with the step's output and status appended (None for resume)."""
+        plan = self.plan
+        if plan.frame is None:
+            return None
+        step = plan.step
+        if not selection.work.height and selection.survey is not None:  # nothing was sent: what prepare saw is current
+            found = named_outputs(selection.survey, step)
+        else:
+            found = ledger.outputs(selection, plan.frame.select(selection.layout.key))
+        self.report.stale = int(found[f"{step}_stale"].sum())  # after the run: what a redo='stale' would re-send
+        if found[step].dtype == pl.Null:  # no row has an answer yet, so nothing said its type
+            found = found.with_columns(pl.col(step).cast(pl.String))
+        return _attach(plan, found)
+
+
+async def _send_all(ledger: Ledger, selection: Selection, plan: Plan, claimant: Claimant, report: RunReport,
+                    stop_flag: threading.Event, display: Any) -> RunReport:
+    api, own = run_client(plan.client)
+    max_tokens = max((r.max_tokens for r in selection.requests.values()), default=1024)
+    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=max_tokens))
+    try:
+        scheduler = Scheduler(ledger=ledger, selection=selection, cfg=plan.cfg, client=api, claimant=claimant,
+                              report=report, stop_flag=stop_flag, on_progress=display.update)
+        return await scheduler.run()
+    finally:
+        if own:
+            await api.close()
+
+
+async def _batches(ledger: Ledger, selection: Selection | None, plan: Plan, claimant: Claimant, report: RunReport,
+                   stop_flag: threading.Event, display: Any, *, wait: bool) -> None:
+    """Batch mode: submit the selection (if any), then wait for the step's batches or just merge what ended.
+
+    With `wait`, rows a batch gives back (expired, canceled, the API's own errors) are sent again, up to
+    RESEND_ROUNDS times, so a waiting call finishes its rows. Without a selection: merge what has ended.
+    """
+    api, own = run_client(plan.client)
+    api = api.with_options(max_retries=0)  # a retried create could make two batches: batch.py retries itself
+    version = plan.definition.version if plan.definition is not None else None
+    try:
+        collector = BatchCollector(ledger=ledger, table=plan.table, step=plan.step, cfg=plan.cfg, client=api,
+                                   report=report, stop_flag=stop_flag, version=version,
+                                   output_model=plan.cfg.output_model, on_progress=display.update,
+                                   stale_after=plan.stale)
+        if selection is None:
+            await collector.collect()
+            if collector.due is not None and not collector.stopped:  # a stopped run's batch may still be being
+                # created: wait (at most ABANDON_AFTER) to tell, rather than leave its rows held by nobody
+                display.note(f"waiting {collector.due:.0f}s to tell whether a stopped run's Message Batch reached "
+                             "the API (its rows are sent again if not)")
+                await asyncio.to_thread(stop_flag.wait, collector.due + 0.1)
+                await collector.collect()
+            return
+        request = selection.requests.get(selection.version)
+        output = collector.output_for(selection.version, request.output_spec() if request is not None else None)
+        sender = BatchSender(ledger=ledger, cfg=plan.cfg, client=api, claimant=claimant, report=report,
+                             stop_flag=stop_flag, output=output, find=collector.find, mine=collector.mine,
+                             batch_size=plan.batch_size,
+                             on_progress=display.update)
+        for _ in range(RESEND_ROUNDS):
+            if selection.remaining:
+                await sender.submit(selection)
+            if not wait:
+                report.in_batches = sum(b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table,
+                                                                                plan.step))
+                return
+            open_batches = await collector.collect()
+            if collector.waiting_on(open_batches):
+                display.note(f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
+                             "interrupting stops the waiting, not the batches (run the same call again to "
+                             "collect them)")
+                await collector.wait(open_batches)
+            if not collector.returned or collector.stopped:
+                return
+            selection.work = pl.concat(collector.returned).cast(selection.key_types)  # send those again
+            selection.cursor, selection.open_ended = 0, False
+            collector.returned.clear()
+    finally:
+        if own:
+            await api.close()
+
+
+def run_client(client: anthropic.AsyncAnthropic | None) -> tuple[anthropic.AsyncAnthropic, bool]:
+    """The client a run sends with, and whether the run must close it.
+
+    A run gets a connection pool of its own, opened and closed on llmledger's event loop. Sharing
+    the caller's pool across runs let a client the caller dropped without closing (one per cell, say)
+    have its sockets finalized by the garbage collector while still registered with the loop; a new
+    connection reusing such a socket's file descriptor then never heard its answer (a stall until the
+    read timeout, and a request paid twice). A client with an http_client of the caller's own (a proxy,
+    say) is used as given.
+    """
+    if client is None:
+        return default_client(), True
+    http = getattr(client, "_client", None)
+    if http is not None and type(http).__name__ != "AsyncHttpxClientWrapper":
+        return client, False
+    return client.with_options(http_client=anthropic.DefaultAsyncHttpxClient()), True
+
+
+def _attach(plan: Plan, found: pl.DataFrame) -> Any:
+    """The input rows in their order, with the step's output and status appended."""
+    names = [plan.step, f"{plan.step}_status", f"{plan.step}_stale"]
+    if plan.from_pandas:
+        out = plan.df.copy()
+        for name in names:  # text, or dicts for a structured output
+            column = found[name]
+            out[name] = (column.cast(pl.String) if column.dtype in (pl.Enum, pl.Categorical) else column).to_list()
+        return out
+    assert plan.user_frame is not None
+    return pl.concat([plan.user_frame.drop(names, strict=False), found], how="horizontal")

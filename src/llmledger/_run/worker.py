@@ -1,0 +1,63 @@
+"""Workers: any number of processes, on any number of machines, draining one step of a shared store together.
+
+A worker is `resume` run again and again until nothing of the step is left.
+Each pass claims rows no one holds; on PostgreSQL, rows another worker is
+claiming that instant are skipped (`FOR UPDATE SKIP LOCKED`), not waited for,
+so workers started together, or late, never send a row twice. While other
+workers still hold rows, a worker waits `poll` seconds and looks again: a
+worker that died (kill -9, a lost machine) stops renewing its claims, and once
+they are older than `stale_after` the next pass of any live worker takes them
+back and sends them. Each worker paces itself by the rate-limit headers the
+API returns to every worker of the account, and backs off with jitter, so a
+429 does not send them all back at the same moment.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from llmledger._ledger.states import Outcome
+from llmledger._report import RunReport
+from llmledger.errors import InvalidInputError
+
+
+def work(store: str | Path, table: str, step: str, *, poll: float = 5.0,
+         stale_after: timedelta | float = timedelta(minutes=30), progress: bool = True, **options: Any) -> RunReport:
+    """Work on `table`.`step` of `store` alongside other workers until no row of it needs an answer.
+
+    Takes `resume`'s options (`concurrency`, `where`, `redo`, `client`, `mode`, ...). Returns one report
+    for everything this worker did. A worker that never finds rows to send returns at once when no
+    other worker holds any either; while others do, it waits for them (they may die) and returns when
+    they are done. Ctrl-C stops it like any run: what was answered is kept, the rest given back.
+    """
+    from llmledger._run.api import resume
+
+    if isinstance(poll, bool) or not isinstance(poll, int | float) or poll <= 0:
+        raise InvalidInputError(f"poll must be a positive number of seconds, got {poll!r}")
+    if options.get("redo", False) not in (False, "stale"):
+        raise InvalidInputError(f"work() takes redo=False or 'stale', not {options['redo']!r}: a worker sends rows "
+                                "until none are left, so redo=True or 'flagged' would send its own answers again on "
+                                "every pass. Run llmledger.resume(..., redo=...) once instead.")
+    if options.get("background"):
+        raise InvalidInputError("work() runs in the foreground; start it in a process of its own "
+                                "(llmledger worker STORE --table T --step S) or use apply_llm(..., background=True)")
+    total: RunReport | None = None
+    while True:
+        report = resume(store, table, step, stale_after=stale_after, progress=progress, **options)
+        if total is None:
+            total = report
+        else:
+            total.absorb(report)
+            total.selected += report.selected
+            total.outcome, total.message = report.outcome, report.message
+            total.running_elsewhere = report.running_elsewhere
+        if report.outcome is not Outcome.COMPLETED:  # interrupted, an outage, a budget...: stop like a run does
+            return total
+        if report.selected:  # rows may have come back meanwhile (a lapsed claim): look again at once
+            continue
+        if not report.running_elsewhere:
+            return total
+        time.sleep(poll)  # other workers hold rows: wait for them to finish, or for their claims to lapse

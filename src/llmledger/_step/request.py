@@ -1,0 +1,220 @@
+"""The Messages request of a step, and its fingerprint.
+
+A row's request is the step's request body (model, max_tokens, system, every
+option) with the row's rendered prompt as the single user message. Its
+fingerprint is
+
+    fingerprint = md5(canonical JSON of the whole request body), written as a UUID
+    canonical JSON = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+so anything that changes what is sent changes the fingerprint, and two rows
+share one answer only when their requests are identical byte for byte. A file
+attached to a row (`attach=`) is in that body as the hash of its bytes
+(`"data": "sha256:<hex>"`, see attach.py): the body recorded and fingerprinted
+names the file's content, and its bytes are put in only as it is sent. The
+ledger computes it in SQL (`fingerprint_sql`), which gives the same bytes as
+Python's `json.dumps` for every string (tested); `fingerprint()` is the
+reference implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from llmledger.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from llmledger._step.output import OutputSpec
+
+# Body fields llmledger sets itself, and SDK arguments that are not body fields.
+_OWN_FIELDS = {"model": "model=", "max_tokens": "max_tokens=", "system": "system=",
+               "messages": "prompt= (or messages=)", "llmledger_attach": "attach="}
+_NOT_BODY = {"stream", "extra_headers", "extra_query", "extra_body", "timeout", "betas"}
+_SENTINEL = "\x00llmledger-prompt\x00"
+ATTACH_KEY = "llmledger_attach"  # in a stored request: the columns whose files go in the row's message
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def md5_uuid(text: str) -> str:
+    return str(uuid.UUID(hashlib.md5(text.encode("utf-8")).hexdigest()))
+
+
+def fingerprint(body: dict[str, Any]) -> str:
+    """The fingerprint of a whole Messages request body (see the module docstring)."""
+    return md5_uuid(canonical_json(body))
+
+
+def check_request_options(options: Any) -> dict[str, Any]:
+    """Extra Messages API body fields, checked before anything is written."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise InvalidInputError(f"request_options must be a dict of Messages API fields such as "
+                                f"{{'temperature': 0.0, 'stop_sequences': ['END']}}, got {type(options).__name__}")
+    for name in options:
+        if not isinstance(name, str):
+            raise InvalidInputError(f"request_options keys must be strings, got {name!r}")
+        if name in _OWN_FIELDS:
+            raise InvalidInputError(f"request_options sets {name!r}, which apply_llm sets itself; "
+                                    f"pass {_OWN_FIELDS[name]} instead")
+        if name in _NOT_BODY:
+            hint = ("llmledger does not stream" if name == "stream" else
+                    "set SDK options on the client, e.g. client.with_options(...)")
+            raise InvalidInputError(f"request_options[{name!r}] is not a Messages API body field ({hint})")
+    try:
+        canonical_json(options)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"request_options must be JSON values (str, number, bool, None, list, dict): "
+                                f"{exc}") from None
+    for name, (low, high) in _RANGES.items():
+        value = options.get(name)
+        if name in options and (isinstance(value, bool) or not isinstance(value, int | float)
+                                or not low <= value <= (high if high is not None else value)):
+            bounds = f"between {low} and {high}" if high is not None else f"{low} or more"
+            raise InvalidInputError(f"request_options[{name!r}] must be a number {bounds} (the API refuses "
+                                    f"anything else), got {value!r}")
+    return dict(options)
+
+
+# Sampling fields the Messages API bounds; a value outside makes it refuse every request with a 400.
+_RANGES: dict[str, tuple[float, float | None]] = {"temperature": (0.0, 1.0), "top_p": (0.0, 1.0), "top_k": (0, None)}
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """Everything in a step's request except the row's own message.
+
+    `prefix`: messages sent before the row's (`messages=`: few-shot examples, a shared text), exactly as sent,
+    a cache breakpoint included. `attach`: the columns whose files go in the row's message; the row's message
+    is then recorded as JSON content blocks (files by their hash, see attach.py) instead of a string.
+    """
+
+    model: str
+    max_tokens: int
+    system: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    cache_ttl: str | None = None  # "5m" or "1h": the system prompt is sent as a cached prefix
+    prefix: tuple[dict[str, Any], ...] = ()
+    attach: tuple[str, ...] = ()
+
+    def _static(self) -> dict[str, Any]:
+        """The body without the row's message."""
+        body: dict[str, Any] = {**self.options, "model": self.model, "max_tokens": self.max_tokens}
+        if self.system is not None and self.cache_ttl is not None:
+            body["system"] = [{"type": "text", "text": self.system,
+                               "cache_control": {"type": "ephemeral", "ttl": self.cache_ttl}}]
+        elif self.system is not None:
+            body["system"] = self.system
+        return body
+
+    @property
+    def cached_ttl(self) -> str | None:
+        """The ttl of the cached prefix (system prompt, or the `messages=` prefix with it), if one is sent."""
+        if self.cache_ttl is not None or not self.prefix:
+            return self.cache_ttl
+        content = self.prefix[-1]["content"]
+        control = content[-1].get("cache_control") if isinstance(content, list) else None
+        return control["ttl"] if control else None
+
+    def static_text(self) -> str:
+        """The text sent the same in every row's request: the system prompt and the `messages=` prefix."""
+        parts = [self.system or ""]
+        for message in self.prefix:
+            content = message["content"]
+            parts.append(content if isinstance(content, str) else "".join(b.get("text", "") for b in content))
+        return "".join(parts)
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        """The body for a row's stored message (`{step}_prompt`): its text, or its content blocks as JSON."""
+        content = json.loads(prompt) if self.attach else prompt
+        return {**self._static(), "messages": [*self.prefix, {"role": "user", "content": content}]}
+
+    def to_json(self) -> str:
+        """The body without the row's message, as stored in `llmledger_steps.request` (a `messages=` prefix and
+        attached columns included, under `messages` and `llmledger_attach`, only when the step has them)."""
+        body = self._static()
+        if self.prefix:
+            body["messages"] = list(self.prefix)
+        if self.attach:
+            body[ATTACH_KEY] = list(self.attach)
+        return canonical_json(body)
+
+    @classmethod
+    def from_json(cls, text: str) -> RequestSpec:
+        body = json.loads(text)
+        model, max_tokens, system = body.pop("model"), body.pop("max_tokens"), body.pop("system", None)
+        prefix, attach = tuple(body.pop("messages", ())), tuple(body.pop(ATTACH_KEY, ()))
+        ttl = None
+        if isinstance(system, list):  # [{"type": "text", "text": ..., "cache_control": {...}}], as body() makes it
+            ttl = system[0]["cache_control"]["ttl"]
+            system = system[0]["text"]
+        return cls(model=model, max_tokens=max_tokens, system=system, options=body, cache_ttl=ttl, prefix=prefix,
+                   attach=attach)
+
+    def fingerprint(self, prompt: str) -> str:
+        return fingerprint(self.body(prompt))
+
+    def output_spec(self) -> OutputSpec | None:
+        """The structured output this request asks for (`output_config`), if any."""
+        from llmledger._step.output import spec_from_request
+
+        return spec_from_request(self.options)
+
+    @cached_property
+    def _around_prompt(self) -> tuple[str, str]:
+        """The canonical JSON before and after the prompt's JSON string: the prompt is its only varying part."""
+        text = canonical_json({**self._static(),
+                               "messages": [*self.prefix, {"role": "user", "content": _SENTINEL}]})
+        head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
+        return head, tail
+
+    def fingerprint_sql(self, prompt_sql: str, dialect: str = "duckdb") -> str:
+        """SQL computing the fingerprint of this request for the prompt expression `prompt_sql`."""
+        head, tail = self._around_prompt
+        if self.attach:  # the stored message is the content's canonical JSON already
+            text = prompt_sql
+        else:
+            text = (json_string_sql(prompt_sql) if dialect == "duckdb"
+                    else f"CAST(to_json(CAST({prompt_sql} AS TEXT)) AS TEXT)")
+        return f"md5({sql_literal(head)} || {text} || {sql_literal(tail)})::UUID"
+
+
+def sql_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+# PostgreSQL's to_json writes the same bytes as Python's json.dumps(ensure_ascii=False) for every string.
+# DuckDB's does too, except for these
+# control characters, which it escapes with upper-case hex; strings holding one are escaped by hand.
+_UPPER_HEX_CONTROLS = "[" + "".join(chr(c) for c in (11, 14, 15)) + chr(26) + "-" + chr(31) + "]"
+_SHORT = {8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}
+
+
+def json_string_sql(expr: str) -> str:
+    """SQL for the JSON string literal of `expr`, byte-identical to Python's json.dumps(ensure_ascii=False)."""
+    manual = f"replace(replace({expr}, '\\', '\\\\'), '\"', '\\\"')"
+    for code in range(32):
+        escaped = _SHORT.get(code, f"\\u{code:04x}")
+        manual = f"replace({manual}, chr({code}), {sql_literal(escaped)})"
+    return (f"(CASE WHEN regexp_matches({expr}, {sql_literal(_UPPER_HEX_CONTROLS)}) "
+            f"THEN '\"' || {manual} || '\"' ELSE to_json({expr})::VARCHAR END)")
+
+
+MAX_TOKENS_BOUND = 1_000_000  # above every model's output limit; also what the ledger's INTEGER column holds
+
+
+def check_max_tokens(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or math.isinf(value):
+        raise InvalidInputError(f"max_tokens must be a positive integer, got {value!r}")
+    if value > MAX_TOKENS_BOUND:
+        raise InvalidInputError(f"max_tokens={value:,} is more than any model writes in one answer; pass at most "
+                                f"{MAX_TOKENS_BOUND:,} (the model's own limit, e.g. 64,000, is checked by the API)")

@@ -1,0 +1,45 @@
+"""What the HTTP handler and the batch endpoints need of a running simulator.
+
+`server.Simulator` holds the state (faults, counters, the token buckets, the prompt cache) and is the only
+implementation; `http.py` and `batches.py` are typed against this protocol instead of importing it, so the
+package's modules import one way only: server → http → batches → core → replies, limits, media.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any, Protocol
+
+from llmledger.simulator.limits import TokenLimits
+from llmledger.simulator.replies import ErrorSpec, Faults
+
+
+class SimulatorCore(Protocol):
+    faults: Faults
+    batches: Any  # the SimBatches serving /v1/messages/batches
+    _lock: threading.Lock
+    _rng: random.Random
+    _tokens: TokenLimits
+    _stats: dict[str, Any]
+
+    def configure(self, **changes: Any) -> None: ...
+
+    def reset_stats(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def take(self, fault: str) -> bool: ...
+
+    def count(self, name: str, n: int = 1) -> None: ...
+
+    def shuffle(self, items: list[Any]) -> None: ...
+
+    def _note(self, body: Any, status: int) -> None: ...
+
+    def _decide(self, prompt: str, api_key: str | None, tokens_in: int = 0,
+                max_out: int = 0) -> tuple[str, ErrorSpec | None]: ...
+
+    def _ratelimit_headers(self) -> dict[str, str]: ...
+
+    def _answer(self, body: dict[str, Any]) -> dict[str, Any]: ...

@@ -1,0 +1,192 @@
+"""The simulator's HTTP side: routes, bodies read in full, answers and errors as the API sends them.
+
+HTTP/1.1 with keep-alive, as the real API: every request body is read to the end so the connection
+can be reused, and a dropped connection is a `shutdown(SHUT_RDWR)` the client sees as a reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+import time
+import uuid
+from dataclasses import asdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from llmledger._exec.client import SIMULATOR_PATH
+from llmledger.simulator.batches import _Refused
+from llmledger.simulator.core import SimulatorCore
+from llmledger.simulator.replies import ERRORS, ErrorSpec, request_tokens, unknown_model, user_text, validate
+
+
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # many clients connect at once; the default backlog of 5 refuses some
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up (killed, cancelled) is normal here, not worth a traceback."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the real API
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+        def parse_request(self) -> bool:
+            """Serve the same routes with or without the path a Simulator's base_url ends in."""
+            ok = super().parse_request()
+            if ok and self.path.startswith(SIMULATOR_PATH + "/"):
+                self.path = self.path[len(SIMULATOR_PATH):]
+            return ok
+
+        def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None,
+                  request_id: str | None = None) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.send_header("request-id", request_id or _request_id())
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, spec: ErrorSpec, headers: dict[str, str] | None = None) -> None:
+            request_id = _request_id()
+            self._send(spec.status, spec.body(request_id), {**(headers or {}), **spec.headers()}, request_id)
+
+        def _drop(self) -> None:
+            """Hang up without an answer, the way a reset connection looks to the client."""
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def _api_key(self) -> str | None:
+            """The key as the API reads it: `x-api-key`, or an `Authorization: Bearer` token (newer SDKs)."""
+            bearer = self.headers.get("authorization") or ""
+            return self.headers.get("x-api-key") or (bearer[7:] if bearer.lower().startswith("bearer ") else None)
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""  # always read it all: the connection is reused
+            return json.loads(raw or b"null")
+
+        def _batches(self, method: str, body: Any = None, size: int = 0) -> bool:
+            """The Message Batches endpoints; False when the path is not one of them."""
+            if not self.path.startswith("/v1/messages/batches"):
+                return False
+            if sim.faults.api_key is not None and self._api_key() != sim.faults.api_key:
+                self._error(ERRORS[401])
+                return True
+            try:
+                answer = sim.batches.route(method, self.path, body, size, f"http://{self.headers.get('host')}")
+            except _Refused as refused:
+                self._error(refused.spec)
+                return True
+            if method == "POST" and self.path.rstrip("/").endswith("/batches") and sim.take("batch_lose_response"):
+                self._drop()  # the batch exists; the client never hears of it
+                return True
+            if isinstance(answer, bytes):
+                self._send_bytes(answer, "application/binary")
+            else:
+                self._send(200, answer)
+            return True
+
+        def _send_bytes(self, data: bytes, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(data)))
+            self.send_header("request-id", _request_id())
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_DELETE(self) -> None:
+            self._body()
+            if not self._batches("DELETE"):
+                self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
+
+        def do_GET(self) -> None:
+            if self._batches("GET"):
+                return
+            if self.path == "/_sim/stats":
+                self._send(200, sim.stats())
+            elif self.path == "/v1/models":
+                self._send(200, {"data": [], "has_more": False, "first_id": None, "last_id": None})
+            else:
+                self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
+
+        def do_POST(self) -> None:
+            size = int(self.headers.get("content-length") or 0)
+            try:
+                body = self._body()
+            except json.JSONDecodeError as exc:
+                self._error(ErrorSpec(400, "invalid_request_error", f"request body is not valid JSON: {exc}"))
+                return
+            if self._batches("POST", body, size):
+                return
+            if self.path == "/_sim/config":
+                try:
+                    sim.configure(**body)
+                except (TypeError, ValueError) as exc:
+                    self._error(ErrorSpec(400, "invalid_request_error", str(exc)))
+                    return
+                self._send(200, asdict(sim.faults))
+            elif self.path == "/_sim/reset":
+                sim.reset_stats()
+                self._send(200, sim.stats())
+            elif self.path.split("?")[0] == "/v1/messages":
+                with sim._lock:
+                    sim._stats["_concurrent"] += 1
+                    sim._stats["max_concurrent"] = max(sim._stats["max_concurrent"], sim._stats["_concurrent"])
+                try:
+                    self._messages(body)
+                finally:
+                    with sim._lock:
+                        sim._stats["_concurrent"] -= 1
+            else:
+                self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
+
+        def _messages(self, body: Any) -> None:
+            problem = validate(body)
+            prompt = user_text(body) if isinstance(body, dict) else ""
+            tokens_in, max_out = (request_tokens(body), int(body["max_tokens"])) if problem is None else (0, 0)
+            action, spec = sim._decide(prompt, self._api_key(), tokens_in, max_out)
+            f = sim.faults
+            delay = f.latency + (sim._rng.random() * f.jitter if f.jitter else 0.0)
+            if action == "drop":
+                sim._note(body, 0)
+                with sim._lock:
+                    sim._stats["dropped"] += 1
+                if delay:
+                    time.sleep(delay)
+                self._drop()
+                return
+            headers = sim._ratelimit_headers()
+            if spec is None and problem:
+                spec = ErrorSpec(400, "invalid_request_error", problem)
+            if spec is None:
+                spec = unknown_model(body, f.models)
+            if spec is not None:
+                sim._note(body, spec.status)
+                self._error(spec, headers)
+                return
+            if delay:
+                time.sleep(delay)
+            answer = sim._answer(body)
+            sim._tokens.settle(max_out, answer["usage"]["output_tokens"])
+            headers = sim._ratelimit_headers()
+            sim._note(body, 200)
+            self._send(200, answer, headers)
+
+    return Handler
+
+
+def _request_id() -> str:
+    return f"req_sim_{uuid.uuid4().hex[:24]}"

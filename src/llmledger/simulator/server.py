@@ -1,0 +1,324 @@
+"""An offline stand-in for the Anthropic Messages API, for tests, demos and benchmarks.
+
+It speaks `POST /v1/messages` and the Message Batches endpoints
+(`/v1/messages/batches`: `batches.py`) with the real API's JSON shapes, error bodies
+(`request_id`, `details.error_code`) and headers (`request-id`,
+`anthropic-ratelimit-*`, `retry-after`, `retry-after-ms`, `x-should-retry`),
+keeps connections alive as the API does, answers deterministically, and can
+be told to misbehave: latency, a rate limit, error bursts (any status, or a
+named case such as `"enforced_spend_limit_reached"`), dropped connections, an
+outage window, a poison substring. It counts every answer and logs every
+request body, so a test can assert exactly how many calls were paid and what
+was sent.
+
+    with Simulator(latency=0.05, rate_limit=50) as sim:
+        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="sim")
+        ...
+        assert sim.stats()["paid"] == 10
+
+Image and document (PDF, text) content blocks are refused, billed and answered as
+the API does (`media.py`); `png`, `pdf` and `sample_documents` make files to
+send it.
+
+Faults can also be changed while it runs: `sim.configure(fail_next=[529] * 5)`,
+or `POST /_sim/config` with the same keys as JSON when it runs in another
+process (`llmledger simulator --port 8765`).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from llmledger._exec.client import SIMULATOR_PATH, use_session_simulator
+from llmledger.simulator.batches import SimBatches
+from llmledger.simulator.http import QuietServer, make_handler
+from llmledger.simulator.limits import Bucket, PromptCache, TokenLimits
+from llmledger.simulator.media import pdf, png, sample_documents
+from llmledger.simulator.replies import (
+    ERRORS,
+    ErrorSpec,
+    Faults,
+    count_tokens,
+    default_reply,
+    error_spec,
+    fake_json,
+    output_schema,
+    request_tokens,
+    user_text,
+)
+
+Responder = Callable[[str, str | None], str]
+
+__all__ = ["ERRORS", "ErrorSpec", "Simulator", "count_tokens", "default_reply", "pdf", "png", "sample_documents",
+           "simulate"]
+
+
+class Simulator:
+    """A local Messages API server on 127.0.0.1, started in a background thread."""
+
+    def __init__(self, *, port: int = 0, responder: Responder | None = None, **faults: Any) -> None:
+        self.responder = responder or default_reply
+        if "outage_for" in faults:  # seconds from now, as configure() takes it
+            faults["outage_until"] = time.time() + float(faults.pop("outage_for"))
+        unknown = set(faults) - {f.name for f in fields(Faults)}
+        if unknown:
+            raise ValueError(f"unknown simulator setting(s) {sorted(unknown)}; known: "
+                             f"{sorted(f.name for f in fields(Faults))}")
+        self.faults = Faults(**faults)
+        self._lock = threading.Lock()
+        self._rng = random.Random(self.faults.seed)
+        self._bucket: Bucket | None = None
+        self._tokens = TokenLimits(None, None, 60.0)
+        self._reset_bucket()
+        self._stats = self._empty_stats()
+        self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
+        self._cache = PromptCache()
+        self.batches = SimBatches(self)
+        self._server = QuietServer(("127.0.0.1", port), make_handler(self))
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        """Where to point a client. Its path marks the answers as the simulator's wherever the client runs
+        (`{step}_source` = "simulator"); `http://127.0.0.1:{port}` serves the same routes."""
+        return f"http://127.0.0.1:{self.port}{SIMULATOR_PATH}"
+
+    def start(self) -> Simulator:
+        if self._thread is not None:  # started already (e.g. `with llmledger.simulate() as sim:`)
+            return self
+        self._thread = threading.Thread(target=self._server.serve_forever, name="llmledger-simulator",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def stop(self) -> None:
+        if _session[0] is self:  # apply_llm goes back to the environment's API
+            _session[0] = None
+            use_session_simulator(None)
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __repr__(self) -> str:
+        which = " (this session's: apply_llm answers from it)" if _session[0] is self else ""
+        return (f"<llmledger Simulator at {self.base_url}{which}: simulated answers, not Claude's; "
+                "nothing is paid>")
+
+    def __enter__(self) -> Simulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- control -----------------------------------------------------------------------------
+    def configure(self, **changes: Any) -> None:
+        """Change faults while running, e.g. `configure(fail_next=[529] * 3)` or `outage_for=5`."""
+        with self._lock:
+            if "outage_for" in changes:
+                changes["outage_until"] = time.time() + float(changes.pop("outage_for"))
+            known = {f.name for f in fields(Faults)}
+            unknown = set(changes) - known
+            if unknown:
+                raise ValueError(f"unknown simulator setting(s) {sorted(unknown)}; known: {sorted(known)}")
+            for fault in [*changes.get("fail_next", []), changes.get("error_status", 529),
+                          changes.get("outage_status", 529)]:
+                error_spec(fault)  # refuse an unknown fault now, not at the next request
+            for name, value in changes.items():
+                setattr(self.faults, name, list(value) if name == "fail_next" else value)
+            if {"rate_limit", "burst", "input_tokens_per_minute", "output_tokens_per_minute",
+                    "token_burst"} & set(changes):
+                self._reset_bucket()
+            if "seed" in changes:
+                self._rng = random.Random(self.faults.seed)
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._stats = self._empty_stats()
+            self._log.clear()
+
+    def log(self) -> list[dict[str, Any]]:
+        """Every request so far (the last 100,000): time, status, prompt, system, model, max_tokens, body."""
+        with self._lock:
+            return list(self._log)
+
+    def _note(self, body: Any, status: int) -> None:
+        body = body if isinstance(body, dict) else {}
+        with self._lock:
+            self._log.append({"time": time.time(), "status": status, "prompt": user_text(body),
+                              "system": body.get("system"), "model": body.get("model"),
+                              "max_tokens": body.get("max_tokens"), "body": body})
+            if status:
+                self._stats["by_status"][status] += 1
+
+    def stats(self) -> dict[str, Any]:
+        """Counts so far: `requests`, `paid` (answers, online and in batches), `by_status`, `dropped`, tokens,
+        `prompts`, and for Message Batches `batches` (created), `batch_requests`, `batch_paid`."""
+        self.batches.advance_all()
+        with self._lock:
+            s = dict(self._stats)
+            s["by_status"] = dict(s["by_status"])
+            s["prompts"] = dict(s["prompts"])
+            return s
+
+    def paid_prompts(self) -> Counter[str]:
+        """How many paid answers each prompt text got: a value above 1 means a row was paid twice."""
+        with self._lock:
+            return Counter(self._stats["prompts"])
+
+    def take(self, fault: str) -> bool:
+        """Use up one of a counted fault such as `batch_lose_response`: True when one was left."""
+        with self._lock:
+            left = getattr(self.faults, fault)
+            if left > 0:
+                setattr(self.faults, fault, left - 1)
+            return left > 0
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._stats[name] += n
+
+    def shuffle(self, items: list[Any]) -> None:
+        with self._lock:
+            self._rng.shuffle(items)
+
+    @staticmethod
+    def _empty_stats() -> dict[str, Any]:
+        return {"requests": 0, "paid": 0, "dropped": 0, "by_status": Counter(), "input_tokens": 0,
+                "batches": 0, "batch_requests": 0, "batch_paid": 0,
+                "output_tokens": 0, "cache_write_tokens": 0, "cache_read_tokens": 0, "prompts": Counter(),
+                "max_concurrent": 0, "_concurrent": 0}
+
+    def _reset_bucket(self) -> None:
+        f = self.faults
+        rate = f.rate_limit
+        self._bucket = Bucket(rate, f.burst or max(1.0, rate)) if rate else None
+        self._tokens = TokenLimits(f.input_tokens_per_minute, f.output_tokens_per_minute, f.token_burst)
+
+    # -- the API -----------------------------------------------------------------------------
+    def _decide(self, prompt: str, api_key: str | None, tokens_in: int = 0,
+                max_out: int = 0) -> tuple[str, ErrorSpec | None]:
+        """Pick what to do with one request: ("drop" | "error" | "ok", the error to send)."""
+        f = self.faults
+        with self._lock:
+            self._stats["requests"] += 1
+            if f.drop_next > 0:
+                f.drop_next -= 1
+                return "drop", None
+            if f.drop_rate and self._rng.random() < f.drop_rate:
+                return "drop", None
+            if f.api_key is not None and api_key != f.api_key:
+                return "error", ERRORS[401]
+            if f.fail_next:
+                return "error", error_spec(f.fail_next.pop(0))
+            if time.time() < f.outage_until:
+                return "error", error_spec(f.outage_status)
+            if f.error_rate and self._rng.random() < f.error_rate:
+                return "error", error_spec(f.error_status)
+            if self._bucket is not None:
+                granted, wait = self._bucket.take()
+                if not granted:
+                    spec = ERRORS[429]
+                    return "error", ErrorSpec(spec.status, spec.type, spec.message, retry_after=wait)
+            refused = self._tokens.admit(tokens_in, max_out)
+            if refused is not None:
+                if self._bucket is not None:
+                    self._bucket.give_back(1)
+                return "error", refused
+            if f.poison and f.poison in prompt:
+                return "error", ErrorSpec(400, "invalid_request_error",
+                                          f"prompt contains the poison substring {f.poison!r}")
+            return "ok", None
+
+    def _ratelimit_headers(self) -> dict[str, str]:
+        headers = self._bucket.headers("requests") if self._bucket is not None else {}
+        return {**headers, **self._tokens.headers()}
+
+    def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = user_text(body)
+        system = body.get("system")
+        if isinstance(system, list):
+            system = "".join(b.get("text", "") for b in system if isinstance(b, dict))
+        schema = output_schema(body)
+        first = user_text({"messages": (body.get("messages") or [])[:1]})
+        f = self.faults
+        if schema is not None and self.responder is default_reply:
+            with self._lock:
+                asked_before = self._stats["prompts"][first] if len(body.get("messages") or []) == 1 else 0
+            text = fake_json(schema, first, asked_before)
+        else:
+            text = self.responder(prompt, system)
+        if schema is not None and ((f.bad_json and f.bad_json in first) or
+                                   (f.bad_json_once and f.bad_json_once in first and len(body["messages"]) == 1)):
+            text = text.replace("{", "", 1) or "not json"
+        max_tokens = int(body.get("max_tokens") or 0)
+        if f.truncate and f.truncate in first:
+            max_tokens = min(max_tokens, max(1, count_tokens(text) // 2))
+        stop_reason, stop_sequence = "end_turn", None
+        hits = [(text.find(s), s) for s in body.get("stop_sequences") or [] if s in text]
+        if self.faults.refuse and self.faults.refuse in prompt:
+            text, stop_reason = "", "refusal"
+        elif hits:
+            at, stop_sequence = min(hits)
+            text, stop_reason = text[:at], "stop_sequence"
+        elif count_tokens(text) > max_tokens:
+            text, stop_reason = text[: max_tokens * 4], "max_tokens"
+        usage_in = request_tokens(body)
+        usage_out = count_tokens(text) if text else 0
+        write_5m, write_1h, read = self._cache.account(body)
+        usage_in -= write_5m + write_1h + read
+        with self._lock:
+            self._stats["paid"] += 1
+            self._stats["cache_write_tokens"] += write_5m + write_1h
+            self._stats["cache_read_tokens"] += read
+            self._stats["input_tokens"] += usage_in
+            self._stats["output_tokens"] += usage_out
+            self._stats["prompts"][prompt] += 1
+        return {
+            "id": f"msg_sim_{uuid.uuid4().hex[:20]}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": [{"type": "text", "text": text}] if text else [],
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": {"input_tokens": usage_in, "output_tokens": usage_out,
+                      "cache_creation_input_tokens": write_5m + write_1h, "cache_read_input_tokens": read,
+                      "cache_creation": {"ephemeral_5m_input_tokens": write_5m,
+                                         "ephemeral_1h_input_tokens": write_1h}},
+        }
+
+
+_session: list[Simulator | None] = [None]  # the simulator simulate() started for this session
+
+
+def simulate(**faults: Any) -> Simulator:
+    """Start the bundled simulator and make every `apply_llm` (and `resume`, `work`, `pipeline`) of this
+    session use it when no `client=` is passed: no API key, no set-up, nothing paid; answers are simulated.
+
+        llmledger.simulate(latency=0.02)            # the notebook's first cell; delete it for the real API
+
+    `faults` are the Simulator's (latency, rate_limit, error_rate, poison, ...). Calling it again (running
+    the cell again) starts another for the runs that follow; a run already going keeps the one it started
+    with. `.stop()` on the session's simulator sends apply_llm back to ANTHROPIC_API_KEY's API.
+
+    Simulated answers are stored marked as such (`{step}_source = 'simulator'`): a later run against the
+    real API asks for those rows again, and never reuses a simulated answer.
+    """
+    simulator = Simulator(**faults).start()  # a bad fault raises before the session's simulator changes
+    _session[0] = simulator
+    use_session_simulator(simulator.base_url)
+    return simulator
