@@ -28,6 +28,16 @@ TEST_MODELS = ("m", "m2", "claude-test-1", "claude-x", "claude-y", "claude-other
                "claude-house-model", "claude-budget-race", "claude-budget-test", "claude-from-the-future")
 
 
+UNIT = Path(__file__).parent / "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`tests/unit/` is the fast tier: pure unit tests, marked `fast` (`pytest -m fast`)."""
+    for item in items:
+        if UNIT in Path(item.path).parents:
+            item.add_marker(pytest.mark.fast)
+
+
 @pytest.fixture
 def sim() -> Iterator[Simulator]:
     with Simulator(models=TEST_MODELS) as s:

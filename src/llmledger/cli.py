@@ -16,6 +16,7 @@
     llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
     llmledger simulator [--port P] [--FAULT X]  the offline Messages API, for your own tests
 
+`show`, `resume` and `work` are the same verbs as `status`, `run` and `worker`, named like their Python twins.
 --table and --step may be left out when the store has only one.
 STORE is a DuckDB file, or a PostgreSQL URL (postgresql://user@host:5432/db; pip install 'llmledger[postgresql]').
 """
@@ -27,12 +28,12 @@ import dataclasses
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import polars as pl
 
 from llmledger._draw import rows
-from llmledger._ledger import shown
-from llmledger._ledger.engine.duckdb import db_errors
+from llmledger._ledger import db_errors, shown
 from llmledger._view.overview import show, use_colour
 from llmledger.errors import InvalidInputError, LedgerError
 from llmledger.simulator.replies import Faults
@@ -60,19 +61,31 @@ def _watch(store: str, table: str | None, colour: bool, every: float) -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llmledger", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+# Verbs also reachable by their Python twin's name: `llmledger show` is `llmledger status`, and so on.
+_ALIASES = {"status": "show", "run": "resume", "worker": "work"}
 
-    p_status = sub.add_parser("status", help="every step as a bar of rows by status, its cost, claims and errors")
+
+def parser() -> argparse.ArgumentParser:
+    """The whole command line (docs/gen_reference.py writes the CLI reference from its `--help`)."""
+    top = argparse.ArgumentParser(prog="llmledger", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="command", required=True)
+
+    def verb(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        aliases = [_ALIASES[name]] if name in _ALIASES else []
+        made = sub.add_parser(name, aliases=aliases, **kwargs)
+        made.set_defaults(verb=name)
+        return made
+
+    p_status = verb("status", help="llmledger.show(): every step as a bar of rows by status, its cost, claims and "
+                                   "errors")
     p_status.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_status.add_argument("--table", default=None, help="only this table")
     p_status.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                           help="colour the bars (auto: when the terminal shows colour and NO_COLOR is unset)")
     p_status.add_argument("--every", type=float, default=None, help="redraw every N seconds until Ctrl-C")
 
-    p_run = sub.add_parser("run", help="finish a step that apply_llm started, from the store alone")
+    p_run = verb("run", help="llmledger.resume(): finish a step that apply_llm started, from the store alone")
     p_run.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_run.add_argument("--table", default=None, help=_INFERRED)
     p_run.add_argument("--step", default=None, help=_INFERRED)
@@ -88,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--no-wait", action="store_true",
                        help="with --mode batch: return once the batches are submitted")
 
-    p_worker = sub.add_parser("worker", help="work on a step together with other workers until none of it is left "
-                                             "(a PostgreSQL store lets many machines share one step)")
+    p_worker = verb("worker", help="llmledger.work(): work on a step together with other workers until none of it "
+                                   "is left (a PostgreSQL store lets many machines share one step)")
     p_worker.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_worker.add_argument("--table", default=None, help=_INFERRED)
     p_worker.add_argument("--step", default=None, help=_INFERRED)
@@ -105,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
                                "(default 1800; claims are renewed every min(60, stale-after/4) seconds)")
     p_worker.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    p_sql = sub.add_parser("sql", help="run a SQL query on the store and print the result")
+    p_sql = verb("sql", help="run a SQL query on the store and print the result")
     p_sql.add_argument("store")
     p_sql.add_argument("query")
     p_sql.add_argument("--write", action="store_true", help="allow a statement that writes (llmledger.sql(write=True))")
 
-    p_flag = sub.add_parser("flag", help="flag a step's answers on matching rows for redo (redo='flagged')")
-    p_reset = sub.add_parser("reset", help="put a step back to NOT_STARTED on matching rows (answers to history)")
-    p_history = sub.add_parser("history", help="a step's replaced answers next to the current ones")
+    p_flag = verb("flag", help="flag a step's answers on matching rows for redo (redo='flagged')")
+    p_reset = verb("reset", help="put a step back to NOT_STARTED on matching rows (answers to history)")
+    p_history = verb("history", help="a step's replaced answers next to the current ones")
     for p in (p_flag, p_reset, p_history):
         p.add_argument("store", help="the DuckDB file or postgresql:// URL")
         p.add_argument("--table", default=None, help=_INFERRED)
@@ -128,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p_reset.add_argument("--stale-after", type=float, default=1800.0, help="seconds (with --running; default 1800)")
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
-    p_export = sub.add_parser("export", help="write a table (a folder of Parquet files, or one .parquet file) or "
+    p_export = verb("export", help="write a table (a folder of Parquet files, or one .parquet file) or "
                                              "one step (a file)")
     p_export.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_export.add_argument("--table", default=None, help=_INFERRED)
@@ -137,25 +150,29 @@ def main(argv: list[str] | None = None) -> int:
     p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
     p_export.add_argument("--overwrite", action="store_true",
                           help="replace an existing file, or a folder an earlier export wrote")
-    p_restore = sub.add_parser("restore", help="rebuild a table in a store from llmledger export's folder")
+    p_restore = verb("restore", help="rebuild a table in a store from llmledger export's folder")
     p_restore.add_argument("path", help="the folder export wrote")
     p_restore.add_argument("store", help="the DuckDB file or postgresql:// URL (created if missing)")
 
-    p_copy = sub.add_parser("copy", help="copy a whole ledger into a new DuckDB file or an empty PostgreSQL database")
+    p_copy = verb("copy", help="copy a whole ledger into a new DuckDB file or an empty PostgreSQL database")
     p_copy.add_argument("source", help="the DuckDB file or postgresql:// URL to copy")
     p_copy.add_argument("target", help="a new DuckDB file, or a postgresql:// URL of a database without a ledger")
 
-    p_demo = sub.add_parser("demo", help="run a step over the bundled reviews dataset")
+    p_demo = verb("demo", help="run a step over the bundled reviews dataset")
     p_demo.add_argument("--store", default=None, help="ledger file (default: a fresh one in a temp folder)")
     p_demo.add_argument("--rows", type=int, default=None,
                         help="rows to use (default: all 3,000 on the simulator, 20 on the real API)")
 
-    p_sim = sub.add_parser("simulator", help="serve the offline Messages API simulator (every fault simulate() "
+    p_sim = verb("simulator", help="serve the offline Messages API simulator (every fault simulate() "
                                              "takes is an option: --latency 0.1 --rate-limit 50 --error-rate 0.05 ...)")
     p_sim.add_argument("--port", type=int, default=8765)
     _fault_options(p_sim)
+    return top
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.command = getattr(args, "verb", args.command)  # an alias runs its verb
     try:
         if args.command in ("run", "worker", "flag", "reset", "history", "export"):
             _infer_names(args, step=args.command != "export")

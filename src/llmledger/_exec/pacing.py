@@ -28,9 +28,10 @@ def retry_after(headers: Any) -> float | None:
         try:
             return max(0.0, float(value) * scale)
         except ValueError:
-            parsed = email.utils.parsedate_to_datetime(value) if name == "retry-after" else None
-            if parsed is not None:
-                return max(0.0, parsed.timestamp() - time.time())
+            if name == "retry-after":  # an HTTP date; a header neither number nor date (a proxy's) is ignored
+                with contextlib.suppress(ValueError, TypeError, OverflowError):
+                    parsed = email.utils.parsedate_to_datetime(value)
+                    return max(0.0, parsed.timestamp() - time.time())
     return None
 
 

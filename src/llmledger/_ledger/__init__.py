@@ -26,11 +26,13 @@ The values the verbs take are in `types.py`, opening a store in `open.py`; this 
 """
 
 from llmledger._ledger.open import (
+    db_errors,
     known_steps,
     known_table,
     locate,
     open_existing,
     open_ledger,
+    short_name,
     shown,
     stored_outputs,
 )
@@ -56,11 +58,13 @@ __all__ = [
     "Selection",
     "StepDefinition",
     "Store",
+    "db_errors",
     "known_steps",
     "known_table",
     "locate",
     "open_existing",
     "open_ledger",
+    "short_name",
     "shown",
     "stored_outputs",
 ]

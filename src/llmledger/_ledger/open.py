@@ -47,6 +47,20 @@ def shown(store: str | Path) -> str:
     return redacted(str(store)) if is_url(store) else str(store)
 
 
+def short_name(store: str | Path) -> str:
+    """A store as a title names it: a PostgreSQL URL without its password, a DuckDB file by its file name."""
+    from llmledger._ledger.engine.postgres import is_url, redacted
+
+    return redacted(str(store)) if is_url(store) else Path(store).name
+
+
+def db_errors() -> tuple[type[Exception], ...]:
+    """The database errors a command line reports as a message instead of a traceback (both engines')."""
+    from llmledger._ledger.engine.duckdb import db_errors as engine_errors
+
+    return engine_errors()
+
+
 def known_steps(store: str | Path, table: str) -> list[str]:
     """The steps a store has on `table` (none when the store does not exist yet), without writing anything."""
     return known_table(store, table)[0]

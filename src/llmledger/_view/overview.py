@@ -30,9 +30,8 @@ from llmledger._draw import (
     parts,
     rows,
 )
-from llmledger._ledger import DEFAULT_STORE, open_existing
+from llmledger._ledger import DEFAULT_STORE, open_existing, short_name
 from llmledger._ledger.claims import is_abandoned
-from llmledger._ledger.engine.postgres import is_url, redacted
 from llmledger._ledger.overview import BatchOverview, Claims, Overview, StepOverview
 from llmledger._time import utcnow
 from llmledger._view.live import widget_frontend
@@ -59,7 +58,7 @@ class StoreView:
 
     def __init__(self, store: str | Path, *, table: str | None = None, every: float | None = None) -> None:
         self.store, self.table, self.every = store, table, every
-        self.name = redacted(str(store)) if is_url(store) else Path(store).name
+        self.name = short_name(store)
         self._ledger = open_existing(store)
         self.overview: Overview = self._ledger.overview(table)
         if table is not None and table not in self.overview.tables:

@@ -1,0 +1,117 @@
+"""Write the generated reference pages: the command line from `--help`, and the ledger's columns and tables from
+a real store. `python docs/gen_reference.py` rewrites them; `tests/test_docs.py` fails when they are out of date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+PAGES = Path(__file__).parent / "pages" / "reference"
+CLI_INTRO = """# Command line
+
+Each verb is a thin twin of a Python function, named like it: `llmledger status` (or `show`) is `llmledger.show()`
+drawn as text, `run` (or `resume`) is `resume()`, `worker` (or `work`) is `work()`, and `sql`, `flag`, `reset`,
+`history`, `export`, `restore` and `copy` are the functions of the same names. STORE is a DuckDB file or a
+`postgresql://` URL. `--table` and `--step` may be left out when the store has only one. Without
+`ANTHROPIC_API_KEY`, `run` and `worker` say how to set it, or how to point them at `llmledger simulator`.
+
+This page is generated from `--help` (`python docs/gen_reference.py`); a test fails when it is out of date.
+"""
+
+TABLES = {
+    "llmledger_steps": "every definition a step has had: model, system, max_tokens, template, request options, "
+                       "the key, and its `version` (a digest of all of them); the newest row is the current one",
+    "llmledger_runs": "one row per run (apply_llm, resume, a worker's pass): when, its outcome, calls, retries, "
+                      "tokens and cost",
+    "llmledger_history": "every answer that was replaced (by a redo, a reset or a new definition), with why",
+    "llmledger_batches": "every Message Batch a run sent or meant to send: its intent, the API's id, its state",
+    "llmledger_budget_reservations": "what live runs reserved under a step's shared budget",
+    "llmledger_migrations": "the schema migrations applied to this store, with the llmledger version that did",
+}
+
+
+def cli_reference() -> str:
+    """The CLI page: the intro, then each verb's `--help`, as argparse prints it 100 columns wide."""
+    from llmledger.cli import parser
+
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal's width: the page must not depend on it
+    try:
+        return _cli_reference(parser())
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def _cli_reference(top: argparse.ArgumentParser) -> str:
+    verbs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    out = [CLI_INTRO, "## llmledger", "", "```", top.format_help().rstrip(), "```", ""]
+    seen: set[int] = set()
+    for name, sub in verbs.choices.items():
+        if id(sub) in seen:  # an alias
+            continue
+        seen.add(id(sub))
+        out += [f"## llmledger {name}", "", "```", sub.format_help().rstrip(), "```", ""]
+    return "\n".join(out)
+
+
+def ledger_reference() -> str:
+    """The ledger page: the per-step columns from their one definition, and every bookkeeping table's columns as a
+    store made by a real (simulated) run holds them."""
+    import polars as pl
+
+    import llmledger
+    from llmledger._ledger.columns import STEP_COLUMNS
+
+    out = ["# Ledger columns and tables", "",
+           "A store holds one fact table per dataset (`table=`): the key columns, the input columns a step reads, and "
+           "for every step `S` the columns below. Statuses are plain strings, so `WHERE S_status = 'DONE'` works "
+           "from any SQL client. This page is generated from the code and a real store "
+           "(`python docs/gen_reference.py`).", "",
+           "## Per-step columns of a fact table", "", "| column | type | what it holds |", "|---|---|---|"]
+    for c in STEP_COLUMNS:
+        doc = c.doc.replace("|", "\\|")
+        out.append(f"| `S{c.suffix}` | {c.sql_type} | {doc} |")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stderr(io.StringIO()):
+        store = Path(tmp) / "ledger.duckdb"
+        with llmledger.simulate():
+            frame = pl.DataFrame({"id": [1, 2], "text": ["a", "b"]})
+            llmledger.apply_llm(frame, "s", prompt="{text}", store=store, table="t", max_tokens=5, progress=False)
+            llmledger.apply_llm(frame, "s", prompt="{text}", store=store, table="t", max_tokens=5, progress=False,
+                                mode="batch", redo=True)
+            llmledger.apply_llm(frame, "s", prompt="{text}", store=store, table="t", max_tokens=5, progress=False,
+                                max_cost_usd=1.0, budget_scope="step", redo=True)
+        columns = llmledger.sql(store, "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                                       "WHERE table_name LIKE 'llmledger_%' ORDER BY table_name, ordinal_position")
+    out += ["", "## Bookkeeping tables", ""]
+    for table, what in TABLES.items():
+        rows = columns.filter(pl.col("table_name") == table)
+        assert rows.height, f"{table} is not in a store made by a run: update TABLES"
+        out += [f"### `{table}`", "", what[0].upper() + what[1:] + ".", "", "| column | type |", "|---|---|"]
+        out += [f"| `{name}` | {kind} |" for name, kind in rows.select("column_name", "data_type").iter_rows()]
+        out.append("")
+    unknown = set(columns["table_name"]) - set(TABLES)
+    assert not unknown, f"bookkeeping tables without a description here: {unknown}"
+    return "\n".join(out)
+
+
+PAGES_MADE = {"cli.md": cli_reference, "ledger.md": ledger_reference}
+
+
+def main() -> int:
+    for name, make in PAGES_MADE.items():
+        (PAGES / name).write_text(make())
+        print(f"wrote {PAGES / name}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

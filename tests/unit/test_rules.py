@@ -1,0 +1,109 @@
+"""The rules under the ledger and the senders, as pure functions: the shape of `where=`, how a refused row's status
+and attempts move, what a 4xx/5xx means for a run, how long to wait, and how rows are drawn.
+
+The fast tier (`pytest -m fast`): no server, no subprocess, no store on disk.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import anthropic
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmledger._draw import error_kind, rows
+from llmledger._exec.client import Kind, classify
+from llmledger._exec.pacing import backoff, retry_after
+from llmledger._ledger.states import Outcome, Status, attempts_after, status_after_failure
+from llmledger._ledger.where import check_where_shape, where_shape_problem
+from llmledger.errors import WhereClauseError
+
+
+@pytest.mark.parametrize("where", ["label = 'spam'", "id IN (3, 7)", "text = ')' AND (a OR b)", "\"we;ird\" = 1",
+                                   "note = 'it''s -- fine'"])
+def test_one_condition_is_one_self_contained_expression(where: str) -> None:
+    assert where_shape_problem(where) is None
+    check_where_shape(where)
+
+
+@pytest.mark.parametrize("where", ["1=1; DROP TABLE t", "1=1) OR (1=1", "a = 1 -- the rest", "a /* x */ = 1",
+                                   "(a = 1", "a = $$x$$"])
+def test_a_where_that_could_escape_its_parentheses_is_refused(where: str) -> None:
+    assert where_shape_problem(where) is not None
+    with pytest.raises(WhereClauseError):
+        check_where_shape(where)
+
+
+@given(st.integers(0, 10), st.integers(1, 10))
+def test_a_refused_row_needs_review_once_it_used_its_attempts(attempts: int, max_attempts: int) -> None:
+    expected = Status.NEEDS_REVIEW if attempts >= max_attempts else Status.FAILED
+    assert status_after_failure(attempts, max_attempts) is expected
+
+
+def test_a_redo_of_a_done_row_counts_attempts_from_one_again() -> None:
+    assert attempts_after(2, was_done=True) == 1
+    assert attempts_after(2, was_done=False) == 3
+    assert attempts_after(None, was_done=False) == 1
+
+
+def _status_error(status: int, body: dict, headers: dict[str, str] | None = None) -> anthropic.APIStatusError:
+    request = httpx.Request("POST", "https://api.anthropic.com/v1/messages")
+    response = httpx.Response(status, json=body, headers=headers or {}, request=request)
+    return anthropic._client.AsyncAnthropic(api_key="k")._make_status_error("error", body=body, response=response)
+
+
+def _body(kind: str, message: str, code: str | None = None) -> dict:
+    error: dict = {"type": kind, "message": message}
+    if code:
+        error["details"] = {"error_code": code}
+    return {"type": "error", "error": error}
+
+
+def test_an_overload_is_retried_after_what_the_api_asks() -> None:
+    failed = classify(_status_error(529, _body("overloaded_error", "Overloaded"), {"retry-after": "3"}))
+    assert failed.kind is Kind.TRANSIENT and failed.retry_after == 3.0
+
+
+def test_a_spend_limit_stops_the_run_and_is_never_retried() -> None:
+    failed = classify(_status_error(429, _body("rate_limit_error", "limit", "enforced_spend_limit_reached"),
+                                    {"x-should-retry": "false"}))
+    assert failed.kind is Kind.FATAL and failed.stop is Outcome.SPEND_LIMIT
+
+
+@pytest.mark.parametrize(("status", "stop"), [(401, Outcome.AUTH), (403, Outcome.AUTH), (404, Outcome.NO_MODEL)])
+def test_credentials_and_a_missing_model_stop_the_run(status: int, stop: Outcome) -> None:
+    failed = classify(_status_error(status, _body("error", "no")))
+    assert failed.kind is Kind.FATAL and failed.stop is stop
+
+
+def test_a_bad_request_is_the_rows_own_fault_and_a_retryable_one_told_not_to_retry_stops() -> None:
+    assert classify(_status_error(400, _body("invalid_request_error", "prompt is too long"))).kind is Kind.PERMANENT
+    refused = classify(_status_error(500, _body("api_error", "boom"), {"x-should-retry": "false"}))
+    assert refused.kind is Kind.FATAL and refused.stop is Outcome.RETRY_REFUSED
+
+
+def test_retry_after_prefers_milliseconds_then_seconds_then_a_date() -> None:
+    assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+    assert retry_after({"retry-after": "2"}) == 2.0
+    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 <= (retry_after({"retry-after": soon}) or 0) <= 31
+    assert retry_after({"retry-after": "whenever"}) is None
+    assert retry_after({}) is None
+
+
+@given(st.integers(0, 30), st.floats(0.01, 5), st.floats(0.1, 60), st.none() | st.floats(0, 100))
+def test_backoff_stays_under_its_cap_but_never_under_what_the_server_asked(attempt: int, base: float, cap: float,
+                                                                          asked: float | None) -> None:
+    delay = backoff(attempt, base=base, cap=cap, retry_after=asked)
+    assert delay >= (asked or 0.0)
+    assert delay <= max(cap, asked or 0.0)
+
+
+def test_rows_are_counted_in_words_and_errors_grouped_by_their_kind() -> None:
+    assert rows(1) == "1 row" and rows(2_500) == "2,500 rows"
+    assert error_kind("429 RateLimitError (rate_limit_error): slow down") == "429 RateLimitError (rate_limit_error)"
+    assert error_kind("refusal: the model declined") == "refusal"
