@@ -26,9 +26,9 @@ This page is generated from `--help` (`python docs/gen_reference.py`); a test fa
 
 TABLES = {
     "llmledger_steps": "every definition a step has had: model, system, max_tokens, template, request options, "
-                       "the key, and its `version` (a digest of all of them); the newest row is the current one",
+    "the key, and its `version` (a digest of all of them); the newest row is the current one",
     "llmledger_runs": "one row per run (apply_llm, resume, a worker's pass): when, its outcome, calls, retries, "
-                      "tokens and cost",
+    "tokens and cost",
     "llmledger_history": "every answer that was replaced (by a redo, a reset or a new definition), with why",
     "llmledger_batches": "every Message Batch a run sent or meant to send: its intent, the API's id, its state",
     "llmledger_budget_reservations": "what live runs reserved under a step's shared budget",
@@ -71,12 +71,19 @@ def ledger_reference() -> str:
     import llmledger
     from llmledger._ledger.columns import STEP_COLUMNS
 
-    out = ["# Ledger columns and tables", "",
-           "A store holds one fact table per dataset (`table=`): the key columns, the input columns a step reads, and "
-           "for every step `S` the columns below. Statuses are plain strings, so `WHERE S_status = 'DONE'` works "
-           "from any SQL client. This page is generated from the code and a real store "
-           "(`python docs/gen_reference.py`).", "",
-           "## Per-step columns of a fact table", "", "| column | type | what it holds |", "|---|---|---|"]
+    out = [
+        "# Ledger columns and tables",
+        "",
+        "A store holds one fact table per dataset (`table=`): the key columns, the input columns a step reads, and "
+        "for every step `S` the columns below. Statuses are plain strings, so `WHERE S_status = 'DONE'` works "
+        "from any SQL client. This page is generated from the code and a real store "
+        "(`python docs/gen_reference.py`).",
+        "",
+        "## Per-step columns of a fact table",
+        "",
+        "| column | type | what it holds |",
+        "|---|---|---|",
+    ]
     for c in STEP_COLUMNS:
         doc = c.doc.replace("|", "\\|")
         out.append(f"| `S{c.suffix}` | {c.sql_type} | {doc} |")
@@ -85,12 +92,34 @@ def ledger_reference() -> str:
         with llmledger.simulate():
             frame = pl.DataFrame({"id": [1, 2], "text": ["a", "b"]})
             llmledger.apply_llm(frame, "s", prompt="{text}", store=store, table="t", max_tokens=5, progress=False)
-            llmledger.apply_llm(frame, "s", prompt="{text}", store=store, table="t", max_tokens=5, progress=False,
-                                mode="batch", redo=True)
-            llmledger.apply_llm(frame, "s", prompt="{text}", store=store, table="t", max_tokens=5, progress=False,
-                                max_cost_usd=1.0, budget_scope="step", redo=True)
-        columns = llmledger.sql(store, "SELECT table_name, column_name, data_type FROM information_schema.columns "
-                                       "WHERE table_name LIKE 'llmledger_%' ORDER BY table_name, ordinal_position")
+            llmledger.apply_llm(
+                frame,
+                "s",
+                prompt="{text}",
+                store=store,
+                table="t",
+                max_tokens=5,
+                progress=False,
+                mode="batch",
+                redo=True,
+            )
+            llmledger.apply_llm(
+                frame,
+                "s",
+                prompt="{text}",
+                store=store,
+                table="t",
+                max_tokens=5,
+                progress=False,
+                max_cost_usd=1.0,
+                budget_scope="step",
+                redo=True,
+            )
+        columns = llmledger.sql(
+            store,
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "WHERE table_name LIKE 'llmledger_%' ORDER BY table_name, ordinal_position",
+        )
     out += ["", "## Bookkeeping tables", ""]
     for table, what in TABLES.items():
         rows = columns.filter(pl.col("table_name") == table)

@@ -24,8 +24,19 @@ SMS_SPAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "sms_spam.t
 
 # Model ids tests invent (to change a request, or to price a model themselves): the simulator answers them as
 # the API answers the models it has. Any other id it does not know a price for gets the API's 404.
-TEST_MODELS = ("m", "m2", "claude-test-1", "claude-x", "claude-y", "claude-other", "claude-stops-test",
-               "claude-house-model", "claude-budget-race", "claude-budget-test", "claude-from-the-future")
+TEST_MODELS = (
+    "m",
+    "m2",
+    "claude-test-1",
+    "claude-x",
+    "claude-y",
+    "claude-other",
+    "claude-stops-test",
+    "claude-house-model",
+    "claude-budget-race",
+    "claude-budget-test",
+    "claude-from-the-future",
+)
 
 
 UNIT = Path(__file__).parent / "unit"
@@ -90,8 +101,9 @@ def run(client: anthropic.AsyncAnthropic, store: Path) -> Any:
 
 
 def frame(n: int, *, start: int = 0, word: str = "hello") -> pl.DataFrame:
-    return pl.DataFrame({"id": list(range(start, start + n)),
-                         "text": [f"{word} message number {i}" for i in range(start, start + n)]})
+    return pl.DataFrame(
+        {"id": list(range(start, start + n)), "text": [f"{word} message number {i}" for i in range(start, start + n)]}
+    )
 
 
 def sql(store: Path, query: str) -> list[tuple[Any, ...]]:
@@ -102,10 +114,15 @@ def sql(store: Path, query: str) -> list[tuple[Any, ...]]:
 def hold_store(store: Path, seconds: float, *, read_only: bool = False) -> subprocess.Popen[str]:
     """Another process holding the DuckDB file `store` for `seconds` (read-only or read-write): a notebook with a
     connection left open. Returns once it holds the file."""
-    script = ("import duckdb, sys, time; con = duckdb.connect(sys.argv[1], read_only=sys.argv[2] == 'ro'); "
-              "print('held', flush=True); time.sleep(float(sys.argv[3]))")
-    holder = subprocess.Popen([sys.executable, "-c", script, str(store), "ro" if read_only else "rw", str(seconds)],
-                              stdout=subprocess.PIPE, text=True)
+    script = (
+        "import duckdb, sys, time; con = duckdb.connect(sys.argv[1], read_only=sys.argv[2] == 'ro'); "
+        "print('held', flush=True); time.sleep(float(sys.argv[3]))"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(store), "ro" if read_only else "rw", str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     return holder
 
@@ -162,8 +179,15 @@ def _dump_tasks_if_stuck(request: pytest.FixtureRequest) -> Iterator[None]:
             for obj in gc.get_objects():
                 if isinstance(obj, Simulator):
                     log = obj.log()
-                    print("sim", obj.base_url, obj.stats()["requests"], obj.stats()["paid"],
-                          "last:", log[-3:] if log else None, file=sys.stderr)
+                    print(
+                        "sim",
+                        obj.base_url,
+                        obj.stats()["requests"],
+                        obj.stats()["paid"],
+                        "last:",
+                        log[-3:] if log else None,
+                        file=sys.stderr,
+                    )
 
     threading.Thread(target=watch, daemon=True).start()
     yield

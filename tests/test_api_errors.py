@@ -16,17 +16,21 @@ from .conftest import frame, sql
 FAST = RetryPolicy(base_delay=0.01, max_delay=0.05, outage_after=0.5, outage_failures=5)
 
 
-@pytest.mark.parametrize(("fault", "error", "says"), [
-    ("enforced_spend_limit_reached", SpendLimitReached, "enforced_spend_limit_reached"),
-    ("contract_spend_limit_reached", SpendLimitReached, "contract_spend_limit_reached"),
-    ("usage_limit", SpendLimitReached, "usage limits"),
-    ("credit_balance", SpendLimitReached, "credit balance is too low"),
-    (402, SpendLimitReached, r"402 \w+ \(billing_error\)"),
-    ("no_retry", RetryRefused, "x-should-retry: false"),
-    ({"status": 503, "should_retry": False}, RetryRefused, "503"),
-])
-def test_account_level_refusals_stop_the_run_with_nothing_failed(run, sim: Simulator, store: Path, fault, error,
-                                                                 says) -> None:
+@pytest.mark.parametrize(
+    ("fault", "error", "says"),
+    [
+        ("enforced_spend_limit_reached", SpendLimitReached, "enforced_spend_limit_reached"),
+        ("contract_spend_limit_reached", SpendLimitReached, "contract_spend_limit_reached"),
+        ("usage_limit", SpendLimitReached, "usage limits"),
+        ("credit_balance", SpendLimitReached, "credit balance is too low"),
+        (402, SpendLimitReached, r"402 \w+ \(billing_error\)"),
+        ("no_retry", RetryRefused, "x-should-retry: false"),
+        ({"status": 503, "should_retry": False}, RetryRefused, "503"),
+    ],
+)
+def test_account_level_refusals_stop_the_run_with_nothing_failed(
+    run, sim: Simulator, store: Path, fault, error, says
+) -> None:
     run(frame(4), "summary", prompt="Summarize: {text}")
     sim.configure(fail_next=[fault])
     started = time.monotonic()
@@ -37,7 +41,9 @@ def test_account_level_refusals_stop_the_run_with_nothing_failed(run, sim: Simul
     assert "36 of 36 selected rows remain" in str(info.value)
     assert "(request req_sim_" in str(info.value), "the API's request id, for a support ticket"
     assert sql(store, "SELECT summary_status, count(*) FROM messages GROUP BY ALL ORDER BY ALL") == [
-        ("DONE", 4), ("NOT_STARTED", 36)], "no row is FAILED and no claim is left behind"
+        ("DONE", 4),
+        ("NOT_STARTED", 36),
+    ], "no row is FAILED and no claim is left behind"
     assert sim.stats()["requests"] == 5, "the run stopped at the first refusal"
 
     out = run(frame(40), "summary", prompt="Summarize: {text}")  # the limit was raised: a plain rerun resumes
@@ -45,8 +51,9 @@ def test_account_level_refusals_stop_the_run_with_nothing_failed(run, sim: Simul
 
 
 @pytest.mark.parametrize("fault", [504, 409, 529, 500, 503, "retry_after_ms"])
-def test_transient_statuses_are_retried_without_counting_against_the_row(run, sim: Simulator, store: Path,
-                                                                         fault) -> None:
+def test_transient_statuses_are_retried_without_counting_against_the_row(
+    run, sim: Simulator, store: Path, fault
+) -> None:
     sim.configure(fail_next=[fault, fault])
     out = run(frame(3), "summary", prompt="Summarize: {text}", concurrency=1, retry=FAST)
     assert out["summary_status"].to_list() == ["DONE"] * 3

@@ -42,8 +42,9 @@ def sent_files(sim: Any) -> list[bytes]:
     return out
 
 
-def test_files_are_sent_as_content_blocks_and_recorded_by_their_hash(run: Any, sim: Any, tmp_path: Path,
-                                                                      store: Path) -> None:
+def test_files_are_sent_as_content_blocks_and_recorded_by_their_hash(
+    run: Any, sim: Any, tmp_path: Path, store: Path
+) -> None:
     df = files(tmp_path / "in", 4)
     out = run(df, "what", prompt="{question}", attach="path")
     assert out["what_status"].to_list() == ["DONE"] * 4
@@ -52,19 +53,20 @@ def test_files_are_sent_as_content_blocks_and_recorded_by_their_hash(run: Any, s
     kinds = [b["type"] for e in sim.log() for b in e["body"]["messages"][-1]["content"]]
     assert kinds.count("image") == 2 and kinds.count("document") == 2 and kinds.count("text") == 4
     # the ledger holds each file's hash, never its bytes, and the fingerprint is of the request naming that hash
-    for (i, stored, fp) in sql(store, "SELECT id, what_prompt, what_request_fingerprint::VARCHAR FROM messages"):
+    for i, stored, fp in sql(store, "SELECT id, what_prompt, what_request_fingerprint::VARCHAR FROM messages"):
         blocks = json.loads(stored)
         assert blocks[0]["source"]["data"] == "sha256:" + hashlib.sha256(contents[i]).hexdigest()
         assert blocks[-1] == {"type": "text", "text": "What is this?"}
-        body = {"model": llmledger.DEFAULT_MODEL, "max_tokens": 1024,
-                "messages": [{"role": "user", "content": blocks}]}
+        body = {"model": llmledger.DEFAULT_MODEL, "max_tokens": 1024, "messages": [{"role": "user", "content": blocks}]}
         assert fp == md5_uuid(canonical_json(body))
-    assert not any(base64.b64encode(c[:30]).decode()[:20] in str(sql(store, "SELECT * FROM messages"))
-                   for c in contents)
+    assert not any(
+        base64.b64encode(c[:30]).decode()[:20] in str(sql(store, "SELECT * FROM messages")) for c in contents
+    )
 
 
 def test_the_same_content_never_pays_twice_whatever_its_path_and_a_changed_file_is_stale(
-        run: Any, sim: Any, tmp_path: Path) -> None:
+    run: Any, sim: Any, tmp_path: Path
+) -> None:
     df = files(tmp_path / "in", 4)
     run(df, "what", prompt="{question}", attach="path")
     assert sim.stats()["paid"] == 4
@@ -86,11 +88,21 @@ def test_the_same_content_never_pays_twice_whatever_its_path_and_a_changed_file_
 
 
 def test_a_file_changed_after_it_was_recorded_is_never_sent_under_the_old_request(
-        client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    client: Any, sim: Any, tmp_path: Path, store: Path
+) -> None:
     df = files(tmp_path / "in", 4)
     sim.configure(poison="What is this?")  # every request refused: the rows stay FAILED with their requests
-    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
-              progress=False, max_attempts=5)
+    apply_llm(
+        df,
+        "what",
+        prompt="{question}",
+        attach="path",
+        client=client,
+        store=store,
+        table="t",
+        progress=False,
+        max_attempts=5,
+    )
     Path(df["path"][0]).write_bytes(png(8, 8, seed=7))  # changed behind the ledger's back
     sim.configure(poison=None)
     sim.reset_stats()
@@ -100,25 +112,43 @@ def test_a_file_changed_after_it_was_recorded_is_never_sent_under_the_old_reques
         assert any("not sent" in e and "holds other content now" in e for e in report.errors), report.errors
         assert "1 not sent (their files are not as recorded)" in str(report)
         assert "Run apply_llm again with the frame" in "\n".join(report.hints())
-    (status, attempts), = sql(store, "SELECT what_status, what_attempts FROM t WHERE id = 0")
+    ((status, attempts),) = sql(store, "SELECT what_status, what_attempts FROM t WHERE id = 0")
     assert status == "FAILED" and attempts == 1, "given back as it was (its one refused attempt)"
-    out = apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
-                    progress=False, max_attempts=5)  # records the file as it is now, and sends it
+    out = apply_llm(
+        df,
+        "what",
+        prompt="{question}",
+        attach="path",
+        client=client,
+        store=store,
+        table="t",
+        progress=False,
+        max_attempts=5,
+    )  # records the file as it is now, and sends it
     assert out["what_status"].to_list() == ["DONE"] * 4 and sent_files(sim)[-1] == png(8, 8, seed=7)
 
 
 def test_a_bytes_column_is_sent_but_not_kept_in_the_ledger(client: Any, sim: Any, store: Path) -> None:
     images = [png(10 + i, 10, seed=i) for i in range(3)]
     df = pl.DataFrame({"id": [1, 2, 3], "image": images, "note": ["a", "b", "c"]})
-    out = apply_llm(df, "caption", prompt="Caption ({note})", attach="image", client=client, store=store,
-                    table="t", progress=False)
+    out = apply_llm(
+        df, "caption", prompt="Caption ({note})", attach="image", client=client, store=store, table="t", progress=False
+    )
     assert out["caption_status"].to_list() == ["DONE"] * 3 and sorted(sent_files(sim)) == sorted(images)
     columns = [c for (c,) in sql(store, "SELECT column_name FROM (DESCRIBE t)")]
     assert "image" not in columns and "note" in columns
     # a run from the store alone cannot send them: each row fails saying how to finish it, and nothing is sent
     with pytest.warns(llmledger.StaleAnswersWarning):  # records the new requests; stale rows are not re-sent
-        apply_llm(df.with_columns(note=pl.lit("d")), "caption", prompt="Caption ({note})", attach="image",
-                  client=client, store=store, table="t", progress=False)
+        apply_llm(
+            df.with_columns(note=pl.lit("d")),
+            "caption",
+            prompt="Caption ({note})",
+            attach="image",
+            client=client,
+            store=store,
+            table="t",
+            progress=False,
+        )
     report = resume(store, "t", "caption", client=client, progress=False, redo="stale")
     assert sim.stats()["paid"] == 3 and report.calls == 0
     assert report.errors and all("came as bytes in the frame" in e for e in report.errors), report.errors
@@ -135,12 +165,16 @@ def test_two_rows_with_the_same_file_and_text_share_one_call(run: Any, sim: Any,
     assert out["what_status"].to_list() == ["DONE"] * 3 and sim.stats()["paid"] == 1
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("missing.png", "cannot be read"),
-    ("notes.txt", "is not a PNG, JPEG, GIF or WebP image or a PDF"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("missing.png", "cannot be read"),
+        ("notes.txt", "is not a PNG, JPEG, GIF or WebP image or a PDF"),
+    ],
+)
 def test_a_file_that_cannot_be_sent_is_refused_before_anything_is_written(
-        run: Any, sim: Any, tmp_path: Path, store: Path, bad: str, message: str) -> None:
+    run: Any, sim: Any, tmp_path: Path, store: Path, bad: str, message: str
+) -> None:
     (tmp_path / "notes.txt").write_text("plain text")
     good = tmp_path / "ok.png"
     good.write_bytes(png(4, 4))
@@ -151,14 +185,18 @@ def test_a_file_that_cannot_be_sent_is_refused_before_anything_is_written(
     assert not store.exists() and sim.stats()["requests"] == 0
 
 
-@pytest.mark.parametrize("attach, message", [
-    ("nope", "attach names column 'nope'"),
-    ("id", "attach column 'id' is Int64"),
-    (["path", "path"], "names a column twice"),
-    (3, "attach must name a column"),
-])
-def test_attach_names_columns_of_paths_urls_or_bytes(run: Any, tmp_path: Path, store: Path, attach: Any,
-                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    "attach, message",
+    [
+        ("nope", "attach names column 'nope'"),
+        ("id", "attach column 'id' is Int64"),
+        (["path", "path"], "names a column twice"),
+        (3, "attach must name a column"),
+    ],
+)
+def test_attach_names_columns_of_paths_urls_or_bytes(
+    run: Any, tmp_path: Path, store: Path, attach: Any, message: str
+) -> None:
     df = pl.DataFrame({"id": [1], "path": [str(tmp_path / "x.png")]})
     with pytest.raises(PromptError, match=message):
         run(df, "what", prompt="Describe it", attach=attach)
@@ -184,27 +222,30 @@ def test_estimate_counts_the_files(client: Any, tmp_path: Path, store: Path) -> 
 
 def test_attachments_on_postgresql(client: Any, sim: Any, tmp_path: Path, pg_url: str) -> None:
     df = files(tmp_path / "in", 4)
-    out = apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=pg_url, table="t",
-                    progress=False)
+    out = apply_llm(
+        df, "what", prompt="{question}", attach="path", client=client, store=pg_url, table="t", progress=False
+    )
     assert out["what_status"].to_list() == ["DONE"] * 4 and sim.stats()["paid"] == 4
-    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=pg_url, table="t",
-              progress=False)
+    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=pg_url, table="t", progress=False)
     assert sim.stats()["paid"] == 4
     fps = llmledger.sql(pg_url, "SELECT what_prompt, what_request_fingerprint::text AS fp FROM t")
     assert fps is not None
     for stored, fp in fps.iter_rows():
-        body = {"model": llmledger.DEFAULT_MODEL, "max_tokens": 1024,
-                "messages": [{"role": "user", "content": json.loads(stored)}]}
+        body = {
+            "model": llmledger.DEFAULT_MODEL,
+            "max_tokens": 1024,
+            "messages": [{"role": "user", "content": json.loads(stored)}],
+        }
         assert fp == md5_uuid(canonical_json(body)), "PostgreSQL computes the same fingerprint as DuckDB"
 
 
 def test_a_column_of_pathlib_paths_is_kept_as_text_so_a_resume_finds_the_files(
-        client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    client: Any, sim: Any, tmp_path: Path, store: Path
+) -> None:
     df = files(tmp_path / "in", 2)
     df = df.with_columns(pl.Series("path", [Path(p) for p in df["path"]], dtype=pl.Object))
     sim.configure(poison="What is this?")
-    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
-              progress=False)
+    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t", progress=False)
     sim.configure(poison=None)
     assert resume(store, "t", "what", client=client, progress=False).done == 2
     assert sql(store, "SELECT typeof(path) FROM t LIMIT 1") == [("VARCHAR",)]
@@ -250,16 +291,20 @@ def test_a_rewrite_that_keeps_size_and_mtime_is_still_seen(run: Any, sim: Any, t
     assert out["what_stale"].to_list() == [True]
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: os.mkfifo(p), "not a regular file"),
-    (lambda p: p.mkdir(), "not a regular file"),
-    (lambda p: p.write_bytes(b"%PDF-1.4 but never ended"), "is not a PNG"),
-    (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n"), "its size cannot be read"),
-    (lambda p: p.write_bytes(png(8001, 1)), "at most 8000 px a side"),
-    (lambda p: p.write_bytes(b"x" * (33 * 2**20)), "33.0 MB"),
-])
-def test_files_the_api_would_refuse_are_refused_up_front(run: Any, sim: Any, tmp_path: Path, store: Path,
-                                                         make: Any, message: str) -> None:
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: os.mkfifo(p), "not a regular file"),
+        (lambda p: p.mkdir(), "not a regular file"),
+        (lambda p: p.write_bytes(b"%PDF-1.4 but never ended"), "is not a PNG"),
+        (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n"), "its size cannot be read"),
+        (lambda p: p.write_bytes(png(8001, 1)), "at most 8000 px a side"),
+        (lambda p: p.write_bytes(b"x" * (33 * 2**20)), "33.0 MB"),
+    ],
+)
+def test_files_the_api_would_refuse_are_refused_up_front(
+    run: Any, sim: Any, tmp_path: Path, store: Path, make: Any, message: str
+) -> None:
     path = tmp_path / "bad.png"
     make(path)
     with pytest.raises(PromptError, match=message):
@@ -268,45 +313,65 @@ def test_files_the_api_would_refuse_are_refused_up_front(run: Any, sim: Any, tmp
 
 
 def test_rows_sharing_a_file_are_sent_from_whichever_copy_still_holds_it(
-        client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    client: Any, sim: Any, tmp_path: Path, store: Path
+) -> None:
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     a.write_bytes(png(9, 9))
     b.write_bytes(png(9, 9))
     df = pl.DataFrame({"id": [1, 2], "path": [str(a), str(b)]})
-    apply_llm(df, "what", prompt="Describe it", attach="path", client=client, store=store, table="t",
-              progress=False, where="id < 0")  # recorded, not sent
+    apply_llm(
+        df,
+        "what",
+        prompt="Describe it",
+        attach="path",
+        client=client,
+        store=store,
+        table="t",
+        progress=False,
+        where="id < 0",
+    )  # recorded, not sent
     a.write_bytes(png(7, 7))
     report = resume(store, "t", "what", client=client, progress=False, mode="batch")
     assert report.done == 2 and sim.stats()["batch_paid"] == 1 and sent_files(sim) == []
     assert sql(store, "SELECT DISTINCT what_status FROM t") == [("DONE",)]
 
 
-def test_paths_in_pandas_and_mixed_columns_are_kept_as_text(client: Any, sim: Any, tmp_path: Path,
-                                                           store: Path) -> None:
+def test_paths_in_pandas_and_mixed_columns_are_kept_as_text(client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
     pd = pytest.importorskip("pandas")
     df = files(tmp_path / "in", 2)
     frame = pd.DataFrame({"id": [0, 1], "path": [Path(df["path"][0]), df["path"][1]]})  # a Path and a str
-    out = apply_llm(frame, "what", prompt="Describe it", attach="path", client=client, store=store, table="t",
-                    progress=False)
+    out = apply_llm(
+        frame, "what", prompt="Describe it", attach="path", client=client, store=store, table="t", progress=False
+    )
     assert list(out["what_status"]) == ["DONE", "DONE"]
     mixed = pl.DataFrame({"id": [0, 1], "path": pl.Series([Path(df["path"][0]), df["path"][1]], dtype=pl.Object)})
-    apply_llm(mixed, "what", prompt="Describe it", attach="path", client=client, store=store, table="u",
-              progress=False)
+    apply_llm(mixed, "what", prompt="Describe it", attach="path", client=client, store=store, table="u", progress=False)
     assert sql(store, "SELECT path FROM u ORDER BY id") == [(p,) for p in df["path"]], "kept, so resume finds them"
 
 
 def test_skip_nulls_leaves_rows_without_a_file_unsent(run: Any, sim: Any, tmp_path: Path) -> None:
-    df = files(tmp_path / "in", 2).with_columns(pl.when(pl.col("id") == 1).then(None).otherwise(pl.col("path"))
-                                                .alias("path"))
+    df = files(tmp_path / "in", 2).with_columns(
+        pl.when(pl.col("id") == 1).then(None).otherwise(pl.col("path")).alias("path")
+    )
     out = run(df, "what", prompt="{question}", attach="path", skip_nulls=True)
     assert out["what_status"].to_list() == ["DONE", "NOT_STARTED"] and sim.stats()["paid"] == 1
 
 
 def test_a_file_swapped_for_a_fifo_after_it_was_recorded_is_given_back_not_waited_on(
-        client: Any, sim: Any, tmp_path: Path, store: Path) -> None:
+    client: Any, sim: Any, tmp_path: Path, store: Path
+) -> None:
     df = files(tmp_path / "in", 2)
-    apply_llm(df, "what", prompt="{question}", attach="path", client=client, store=store, table="t",
-              progress=False, where="id < 0")  # recorded, not sent
+    apply_llm(
+        df,
+        "what",
+        prompt="{question}",
+        attach="path",
+        client=client,
+        store=store,
+        table="t",
+        progress=False,
+        where="id < 0",
+    )  # recorded, not sent
     Path(df["path"][0]).unlink()
     os.mkfifo(df["path"][0])
     report = resume(store, "t", "what", client=client, progress=False)
@@ -319,11 +384,16 @@ def _webp(chunk: bytes, payload: bytes) -> bytes:
     return b"RIFF" + len(body).to_bytes(4, "little") + body
 
 
-@pytest.mark.parametrize("data, size", [
-    (_webp(b"VP8 ", b"\x00" * 3 + b"\x9d\x01\x2a" + (640).to_bytes(2, "little") + (480).to_bytes(2, "little")),
-     (640, 480)),
-    (_webp(b"VP8L", b"\x2f" + ((300 - 1) | ((200 - 1) << 14)).to_bytes(4, "little")), (300, 200)),
-])
+@pytest.mark.parametrize(
+    "data, size",
+    [
+        (
+            _webp(b"VP8 ", b"\x00" * 3 + b"\x9d\x01\x2a" + (640).to_bytes(2, "little") + (480).to_bytes(2, "little")),
+            (640, 480),
+        ),
+        (_webp(b"VP8L", b"\x2f" + ((300 - 1) | ((200 - 1) << 14)).to_bytes(4, "little")), (300, 200)),
+    ],
+)
 def test_plain_webp_files_are_read_with_their_size(data: bytes, size: tuple[int, int]) -> None:
     from llmledger._step.attach import blob_of, image_size, image_tokens
 
@@ -340,20 +410,21 @@ def test_a_cut_off_png_is_refused_up_front(run: Any, sim: Any, tmp_path: Path, s
 
 
 def test_bytes_are_hashed_once_per_call_and_bad_bytes_are_refused_up_front(
-        client: Any, sim: Any, store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: Any, sim: Any, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import llmledger._step.attach as attach
 
     hashed = []
     real = attach.blob_of
     monkeypatch.setattr(attach, "blob_of", lambda data, what: hashed.append(what) or real(data, what))
     df = pl.DataFrame({"id": [1, 2, 3], "image": [png(5 + i, 5, seed=i) for i in range(3)]})
-    apply_llm(df, "caption", prompt="Caption", attach="image", client=client, store=store, table="t",
-              progress=False)
+    apply_llm(df, "caption", prompt="Caption", attach="image", client=client, store=store, table="t", progress=False)
     assert len(hashed) == 3, hashed
     bad = pl.DataFrame({"id": [1], "image": [b"plain text, not an image"]})
     with pytest.raises(PromptError, match="is not a PNG"):
-        apply_llm(bad, "caption", prompt="Caption", attach="image", client=client, store=store, table="u",
-                  progress=False)
+        apply_llm(
+            bad, "caption", prompt="Caption", attach="image", client=client, store=store, table="u", progress=False
+        )
     assert sql(store, "SELECT count(*) FROM information_schema.tables WHERE table_name = 'u'") == [(0,)]
 
 

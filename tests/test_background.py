@@ -58,11 +58,25 @@ def test_cancel_commits_what_finished_and_releases_the_rest(run, sim: Simulator,
 
 def test_apply_llm_async_and_a_plain_call_inside_a_running_loop(run, client, sim: Simulator, store: Path) -> None:
     async def notebook_cell() -> tuple[pl.DataFrame, pl.DataFrame]:
-        awaited = await apply_llm_async(frame(10), "summary", prompt="Summarize: {text}", client=client,
-                                        store=store, table="messages", progress=False)
+        awaited = await apply_llm_async(
+            frame(10),
+            "summary",
+            prompt="Summarize: {text}",
+            client=client,
+            store=store,
+            table="messages",
+            progress=False,
+        )
         # a plain blocking call while this loop runs, as in a Jupyter cell
-        plain = apply_llm(frame(12), "summary", prompt="Summarize: {text}", client=client, store=store,
-                          table="messages", progress=False)
+        plain = apply_llm(
+            frame(12),
+            "summary",
+            prompt="Summarize: {text}",
+            client=client,
+            store=store,
+            table="messages",
+            progress=False,
+        )
         return awaited, plain
 
     awaited, plain = asyncio.run(notebook_cell())

@@ -24,15 +24,31 @@ from .conftest import frame, hold_store, sql
 CASES = [
     pytest.param(frame(3).rename({"id": "row"}), {}, KeyColumnError, "no 'id' column", id="no-id-no-key"),
     pytest.param(frame(3), {"key": "nope"}, KeyColumnError, "'nope' is not in the frame", id="missing-key"),
-    pytest.param(pl.DataFrame({"id": [1, 1, 2], "text": ["a", "b", "c"]}), {}, KeyColumnError,
-                 r"not unique.*'id': 1.*2 times", id="duplicate-key"),
-    pytest.param(pl.DataFrame({"id": [1, None, 3], "text": ["a", "b", "c"]}), {}, KeyColumnError,
-                 r"null in row\(s\) \[1\]", id="null-key"),
-    pytest.param(frame(3), {"prompt": "Summarize: {txt}"}, PromptError, r"'txt'.*Did you mean \{text\}",
-                 id="unknown-template-column"),
+    pytest.param(
+        pl.DataFrame({"id": [1, 1, 2], "text": ["a", "b", "c"]}),
+        {},
+        KeyColumnError,
+        r"not unique.*'id': 1.*2 times",
+        id="duplicate-key",
+    ),
+    pytest.param(
+        pl.DataFrame({"id": [1, None, 3], "text": ["a", "b", "c"]}),
+        {},
+        KeyColumnError,
+        r"null in row\(s\) \[1\]",
+        id="null-key",
+    ),
+    pytest.param(
+        frame(3),
+        {"prompt": "Summarize: {txt}"},
+        PromptError,
+        r"'txt'.*Did you mean \{text\}",
+        id="unknown-template-column",
+    ),
     pytest.param(frame(3), {"prompt": "Summarize: {}"}, PromptError, "positional field", id="positional-field"),
-    pytest.param(frame(3), {"prompt": "Summarize: {text"}, PromptError, "not a valid format string",
-                 id="broken-template"),
+    pytest.param(
+        frame(3), {"prompt": "Summarize: {text"}, PromptError, "not a valid format string", id="broken-template"
+    ),
     pytest.param(frame(3), {"prompt": lambda row: 1 / 0}, PromptError, "ZeroDivisionError", id="callable-raises"),
     pytest.param(frame(3), {"step": "my step"}, StepNameError, "'my step'", id="step-with-space"),
     pytest.param(frame(3), {"step": "1st"}, StepNameError, "'1st'", id="step-starts-with-digit"),
@@ -42,8 +58,13 @@ CASES = [
     pytest.param(frame(3), {"redo": "yes"}, InvalidInputError, "redo must be", id="redo-value"),
     pytest.param(frame(3), {"concurrency": 0}, InvalidInputError, "concurrency must be a positive", id="concurrency"),
     pytest.param([1, 2, 3], {}, InvalidInputError, "polars or pandas DataFrame, got list", id="not-a-frame"),
-    pytest.param(frame(3), {"client": anthropic.Anthropic(api_key="k")}, InvalidInputError,
-                 "must be an anthropic.AsyncAnthropic", id="sync-client"),
+    pytest.param(
+        frame(3),
+        {"client": anthropic.Anthropic(api_key="k")},
+        InvalidInputError,
+        "must be an anthropic.AsyncAnthropic",
+        id="sync-client",
+    ),
     pytest.param(frame(3), {"table": "llmledger_runs"}, InvalidInputError, "'llmledger_runs'", id="reserved-table"),
 ]
 

@@ -34,8 +34,9 @@ def statuses(store: Path, step: str = "summary") -> dict[str, int]:
     return dict(sql(store, f"SELECT {step}_status, count(*) FROM messages GROUP BY ALL"))
 
 
-def test_a_batch_run_answers_every_row_at_half_the_online_price(run: Any, sim: Simulator, store: Path,
-                                                                tmp_path: Path) -> None:
+def test_a_batch_run_answers_every_row_at_half_the_online_price(
+    run: Any, sim: Simulator, store: Path, tmp_path: Path
+) -> None:
     df = pl.DataFrame({"id": range(60), "text": [f"message {i % 45}" for i in range(60)]})  # 15 duplicates
     out = run(df, "summary", prompt="Summarize: {text}", mode="batch")
     assert out["summary_status"].to_list() == ["DONE"] * 60
@@ -50,11 +51,19 @@ def test_a_batch_run_answers_every_row_at_half_the_online_price(run: Any, sim: S
 
     with Simulator() as other:  # the same rows online, for the price
         online = anthropic.AsyncAnthropic(base_url=other.base_url, api_key="k")
-        llmledger.apply_llm(df, "summary", prompt="Summarize: {text}", store=tmp_path / "online.duckdb",
-                            table="messages", client=online, progress=False)
+        llmledger.apply_llm(
+            df,
+            "summary",
+            prompt="Summarize: {text}",
+            store=tmp_path / "online.duckdb",
+            table="messages",
+            client=online,
+            progress=False,
+        )
     batch_cost = sql(store, "SELECT sum(summary_cost_usd), sum(summary_output_tokens) FROM messages")[0]
-    online_cost = sql(tmp_path / "online.duckdb",
-                      "SELECT sum(summary_cost_usd), sum(summary_output_tokens) FROM messages")[0]
+    online_cost = sql(
+        tmp_path / "online.duckdb", "SELECT sum(summary_cost_usd), sum(summary_output_tokens) FROM messages"
+    )[0]
     assert batch_cost[1] == online_cost[1]  # the same answers and tokens ...
     assert batch_cost[0] == pytest.approx(online_cost[0] / 2)  # ... at half the price
     assert report.avoided_usd == pytest.approx(batch_cost[0] + report.reused * batch_cost[0] / 45, rel=0.01)
@@ -75,8 +84,13 @@ def test_wait_false_returns_at_once_and_a_later_call_collects(run: Any, sim: Sim
 
     time.sleep(1.6)
     env = subprocess_env(sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"}
-    done = subprocess.run([sys.executable, "-m", "llmledger", "run", str(store), "--table", "messages", "--step",
-                           "summary"], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "llmledger", "run", str(store), "--table", "messages", "--step", "summary"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "20 done" in done.stdout and "20 of them from batches" in done.stdout
     assert statuses(store) == {"DONE": 20}
@@ -87,17 +101,22 @@ def test_wait_false_returns_at_once_and_a_later_call_collects(run: Any, sim: Sim
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("die_before", [None, "confirm", "create"])
-def test_a_killed_process_loses_no_batch_and_pays_each_row_once(sim: Simulator, store: Path, run: Any,
-                                                                die_before: str | None,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_killed_process_loses_no_batch_and_pays_each_row_once(
+    sim: Simulator, store: Path, run: Any, die_before: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Killed while waiting, killed after the API took the batch but before the ledger knew its id, or
     killed before sending it: the next run merges every result exactly once (or sends the batch it never sent)."""
     monkeypatch.setattr(collect, "ABANDON_AFTER", timedelta(seconds=3))  # not 20 s: the test's process is long dead
     rows = 30
     sim.configure(batch_delay=2.0)
     args = ["--mode", "batch", *(["--die-before", die_before] if die_before else [])]
-    proc = subprocess.Popen(helper_cmd(str(store), str(rows), *args), env=subprocess_env(sim.base_url),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        helper_cmd(str(store), str(rows), *args),
+        env=subprocess_env(sim.base_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         if die_before is None:  # kill it while it waits for the batch
             deadline = time.monotonic() + 60
@@ -122,8 +141,9 @@ def test_a_killed_process_loses_no_batch_and_pays_each_row_once(sim: Simulator, 
     stats = sim.stats()
     assert stats["batches"] == 1 and stats["batch_paid"] == rows and stats["paid"] == rows
     assert max(sim.paid_prompts().values()) == 1
-    cost, in_tokens, out_tokens = sql(store, "SELECT sum(summary_cost_usd), sum(summary_input_tokens), "
-                                             "sum(summary_output_tokens) FROM messages")[0]
+    cost, in_tokens, out_tokens = sql(
+        store, "SELECT sum(summary_cost_usd), sum(summary_input_tokens), sum(summary_output_tokens) FROM messages"
+    )[0]
     assert cost == pytest.approx((in_tokens * 1.0 + out_tokens * 5.0) / 1e6 / 2)  # Haiku 4.5, at the batch rate
     states = dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL"))
     assert states == ({"abandoned": 1, "merged": 1} if die_before == "create" else {"merged": 1})
@@ -135,10 +155,17 @@ def test_errored_expired_and_canceled_items_are_classified(run: Any, sim: Simula
     sim.configure(poison="POISON", batch_error="FLAKY", batch_expire="OLD")
     out = run(df, "summary", prompt="Summarize: {text}", mode="batch")
     got = dict(zip(out["text"], out["summary_status"].cast(pl.String), strict=True))
-    assert got == {"fine one": "DONE", "fine two": "DONE", "POISON here": "FAILED",  # the row's fault: an attempt
-                   "FLAKY here": "NOT_STARTED", "OLD here": "NOT_STARTED"}  # the API's: back, no attempt
-    rows = dict((r[0], r[1:]) for r in sql(store, "SELECT text, summary_attempts, summary_error, summary_batch_id "
-                                                  "FROM messages"))
+    assert got == {
+        "fine one": "DONE",
+        "fine two": "DONE",
+        "POISON here": "FAILED",  # the row's fault: an attempt
+        "FLAKY here": "NOT_STARTED",
+        "OLD here": "NOT_STARTED",
+    }  # the API's: back, no attempt
+    rows = dict(
+        (r[0], r[1:])
+        for r in sql(store, "SELECT text, summary_attempts, summary_error, summary_batch_id FROM messages")
+    )
     assert rows["POISON here"][0] == 1 and "invalid_request_error" in rows["POISON here"][1]
     assert rows["FLAKY here"][0] == 0 and rows["FLAKY here"][2] is None
     counts = sql(store, "SELECT succeeded, errored, expired FROM llmledger_batches ORDER BY created_at")
@@ -157,8 +184,9 @@ def test_errored_expired_and_canceled_items_are_classified(run: Any, sim: Simula
     run(frame(4), "late", prompt="Summarize: {text}", mode="batch", wait=False)
     time.sleep(1.1)
     out = run(frame(4), "late", prompt="Summarize: {text}", mode="batch", wait=False)
-    assert sql(store, "SELECT succeeded, expired FROM llmledger_batches WHERE step = 'late' AND state = 'merged'") \
-        == [(2, 2)]
+    assert sql(store, "SELECT succeeded, expired FROM llmledger_batches WHERE step = 'late' AND state = 'merged'") == [
+        (2, 2)
+    ]
     assert out["late_status"].to_list() == ["DONE", "DONE", "SUBMITTED", "SUBMITTED"]
     assert sql(store, "SELECT count(late_cost_usd) FROM messages")[0][0] == 2
 
@@ -196,8 +224,10 @@ def test_a_batch_the_api_refuses_leaves_the_rows_as_they_were(run: Any, sim: Sim
     assert out["summary_status"].to_list() == ["NOT_STARTED"] * 5
     report = llmledger.last_report()
     assert report is not None and "did not take the batch" in report.message
-    assert dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL")) == {"merged": 1,
-                                                                                            "abandoned": 1}
+    assert dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL")) == {
+        "merged": 1,
+        "abandoned": 1,
+    }
 
 
 def test_structured_answers_and_validate_in_batches(run: Any, sim: Simulator, store: Path) -> None:
@@ -207,8 +237,14 @@ def test_structured_answers_and_validate_in_batches(run: Any, sim: Simulator, st
     def check(row: dict[str, Any], out: dict[str, Any]) -> str | None:
         return "no Initech please" if "Initech" in row["text"] else None
 
-    out = run(df, "extract", prompt="Extract: {text}", output={"company": str, "year": int | None}, mode="batch",
-              validate=check)
+    out = run(
+        df,
+        "extract",
+        prompt="Extract: {text}",
+        output={"company": str, "year": int | None},
+        mode="batch",
+        validate=check,
+    )
     assert out["extract_status"].cast(pl.String).to_list() == ["DONE", "DONE", "NEEDS_REVIEW", "NEEDS_REVIEW"]
     assert isinstance(out["extract"][0], dict) and set(out["extract"][0]) == {"company", "year"}
     raw, error = sql(store, "SELECT extract_raw, extract_error FROM messages WHERE id = 2")[0]
@@ -217,10 +253,14 @@ def test_structured_answers_and_validate_in_batches(run: Any, sim: Simulator, st
 
 
 def test_bad_batch_arguments_are_refused_before_anything_is_written(run: Any, store: Path) -> None:
-    for kwargs, match in (({"mode": "bulk"}, "mode must be"), ({"mode": "batch", "max_cost_usd": 1.0}, "max_cost_usd"),
-                          ({"mode": "batch", "batch_size": 100_001}, "at most 100,000"),
-                          ({"mode": "batch", "wait": "yes"}, "wait must be"),
-                          ({"wait": False}, "background=True"), ({"batch_size": 10}, "applies to mode='batch'")):
+    for kwargs, match in (
+        ({"mode": "bulk"}, "mode must be"),
+        ({"mode": "batch", "max_cost_usd": 1.0}, "max_cost_usd"),
+        ({"mode": "batch", "batch_size": 100_001}, "at most 100,000"),
+        ({"mode": "batch", "wait": "yes"}, "wait must be"),
+        ({"wait": False}, "background=True"),
+        ({"batch_size": 10}, "applies to mode='batch'"),
+    ):
         with pytest.raises(InvalidInputError, match=match):
             run(frame(3), "summary", prompt="Summarize: {text}", **kwargs)
     assert not store.exists()
@@ -254,23 +294,38 @@ def test_a_create_whose_answer_is_lost_is_found_not_sent_twice(run: Any, sim: Si
     assert sim.stats()["batches"] == 1 and sim.stats()["batch_paid"] == 8
 
 
-def test_another_stores_batch_of_the_same_size_is_never_taken_for_ours(sim: Simulator, store: Path, run: Any,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_stores_batch_of_the_same_size_is_never_taken_for_ours(
+    sim: Simulator, store: Path, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A run dies before sending its batch; meanwhile someone else (another store, another app on the same
     workspace) sends a batch with as many requests. Reconciliation may guess it is ours, but its results
     show other custom ids: the guess is rejected, nothing of it is written, and our rows are sent."""
     monkeypatch.setattr(collect, "ABANDON_AFTER", timedelta(seconds=3))
     rows = 6
-    proc = subprocess.run(helper_cmd(str(store), str(rows), "--mode", "batch", "--die-before", "create"),
-                          env=subprocess_env(sim.base_url), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        helper_cmd(str(store), str(rows), "--mode", "batch", "--die-before", "create"),
+        env=subprocess_env(sim.base_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0 and sim.stats()["batches"] == 0
 
     async def someone_else() -> None:
         async with anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k") as other:
-            await other.messages.batches.create(requests=[
-                {"custom_id": f"theirs-{i}", "params": {"model": "claude-haiku-4-5", "max_tokens": 20,
-                                                        "messages": [{"role": "user", "content": f"not ours {i}"}]}}
-                for i in range(rows)])
+            await other.messages.batches.create(
+                requests=[
+                    {
+                        "custom_id": f"theirs-{i}",
+                        "params": {
+                            "model": "claude-haiku-4-5",
+                            "max_tokens": 20,
+                            "messages": [{"role": "user", "content": f"not ours {i}"}],
+                        },
+                    }
+                    for i in range(rows)
+                ]
+            )
 
     sim.configure(batch_delay=1.0)  # still processing when looked for (an ended one is read, never adopted)
     asyncio.run(someone_else())
@@ -282,8 +337,7 @@ def test_another_stores_batch_of_the_same_size_is_never_taken_for_ours(sim: Simu
     assert sim.stats()["batches"] == 2 and max(sim.paid_prompts().values()) == 1
 
 
-def test_identical_requests_share_one_request_across_batches_and_calls(run: Any, sim: Simulator,
-                                                                      store: Path) -> None:
+def test_identical_requests_share_one_request_across_batches_and_calls(run: Any, sim: Simulator, store: Path) -> None:
     df = pl.DataFrame({"id": range(10), "text": [f"text {i % 5}" for i in range(10)]})
     out = run(df, "summary", prompt="Summarize: {text}", mode="batch", batch_size=5)  # two claims of five rows
     assert out["summary_status"].to_list() == ["DONE"] * 10 and sim.stats()["batch_paid"] == 5
@@ -296,16 +350,21 @@ def test_identical_requests_share_one_request_across_batches_and_calls(run: Any,
     assert sim.stats()["batch_paid"] == 8 and sim.stats()["batches"] == 2  # one batch each call, none more
 
 
-def test_a_batch_the_api_has_lost_keeps_its_rows_until_a_person_resets_them(run: Any, sim: Simulator,
-                                                                            store: Path) -> None:
+def test_a_batch_the_api_has_lost_keeps_its_rows_until_a_person_resets_them(
+    run: Any, sim: Simulator, store: Path
+) -> None:
     sim.configure(batch_delay=0.5)
     run(frame(3), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
     batch_id = sql(store, "SELECT any_value(summary_batch_id) FROM messages")[0][0]
     time.sleep(0.6)
 
     # someone deletes it in the Console before it was collected (plain HTTP: older SDKs have no delete())
-    urllib.request.urlopen(urllib.request.Request(f"{sim.base_url}/v1/messages/batches/{batch_id}",
-                                                  method="DELETE", headers={"x-api-key": "k"}), timeout=10)
+    urllib.request.urlopen(
+        urllib.request.Request(
+            f"{sim.base_url}/v1/messages/batches/{batch_id}", method="DELETE", headers={"x-api-key": "k"}
+        ),
+        timeout=10,
+    )
     out = run(frame(3), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
     assert out["summary_status"].to_list() == ["SUBMITTED"] * 3, "not given up on the API's word alone"
     report = llmledger.last_report()
@@ -313,8 +372,10 @@ def test_a_batch_the_api_has_lost_keeps_its_rows_until_a_person_resets_them(run:
     assert llmledger.reset(store, "messages", "summary", where=f"summary_batch_id = '{batch_id}'") == 3
     out = run(frame(3), "summary", prompt="Summarize: {text}", mode="batch")
     assert out["summary_status"].to_list() == ["DONE"] * 3
-    assert dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL")) == {"merged": 1,
-                                                                                            "abandoned": 1}
+    assert dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL")) == {
+        "merged": 1,
+        "abandoned": 1,
+    }
 
 
 class Company(BaseModel):
@@ -328,8 +389,9 @@ class Company(BaseModel):
         return value
 
 
-def test_batch_answers_are_checked_like_online_ones_and_only_with_validate(run: Any, sim: Simulator, store: Path,
-                                                                          client: anthropic.AsyncAnthropic) -> None:
+def test_batch_answers_are_checked_like_online_ones_and_only_with_validate(
+    run: Any, sim: Simulator, store: Path, client: anthropic.AsyncAnthropic
+) -> None:
     df = pl.DataFrame({"id": range(3), "text": ["Acme sells", "Globex buys", "Initech hires"]})
     seen: list[str] = []
 
@@ -348,13 +410,17 @@ def test_batch_answers_are_checked_like_online_ones_and_only_with_validate(run: 
     batched = run(df, "batched", **options, mode="batch")
     assert seen == ["Company", "Company"], "validate= gets the pydantic model, after its own validators"
     online = run(df, "online", **options, dedupe=False)  # the same requests sent online, for comparison
-    assert batched["batched_status"].to_list() == online["online_status"].to_list() == \
-        ["DONE", "NEEDS_REVIEW", "NEEDS_REVIEW"]
+    assert (
+        batched["batched_status"].to_list()
+        == online["online_status"].to_list()
+        == ["DONE", "NEEDS_REVIEW", "NEEDS_REVIEW"]
+    )
     assert sql(store, "SELECT batched_error FROM messages WHERE id = 2")[0][0] == "no Initech please"
 
 
-def test_a_batch_collected_later_is_counted_once_and_reset_rows_are_still_paid_for(run: Any, sim: Simulator,
-                                                                                 store: Path) -> None:
+def test_a_batch_collected_later_is_counted_once_and_reset_rows_are_still_paid_for(
+    run: Any, sim: Simulator, store: Path
+) -> None:
     sim.configure(batch_delay=0.6)
     run(frame(6), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
     assert llmledger.reset(store, "messages", "summary", where="id >= 4") == 2  # a person takes two rows out
@@ -364,7 +430,8 @@ def test_a_batch_collected_later_is_counted_once_and_reset_rows_are_still_paid_f
     report = llmledger.last_report()
     assert report is not None and report.collected == 4 and report.skipped == 0
     assert report.avoided["rows already done"] == 0, "rows merged by this call are not also 'already done'"
-    unused, unused_cost, cost = sql(store, "SELECT unused, unused_cost_usd, (SELECT sum(summary_cost_usd) "
-                                           "FROM messages) FROM llmledger_batches")[0]
+    unused, unused_cost, cost = sql(
+        store, "SELECT unused, unused_cost_usd, (SELECT sum(summary_cost_usd) FROM messages) FROM llmledger_batches"
+    )[0]
     assert unused == 2 and unused_cost == pytest.approx(cost / 2, rel=0.2), "the two answers nobody took are paid"
     assert report.calls == 6 and report.cost_usd == pytest.approx(cost + unused_cost)

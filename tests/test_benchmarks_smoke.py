@@ -31,8 +31,10 @@ def test_pacing_under_an_output_token_limit_keeps_429s_rare(tmp_path: Path) -> N
 def test_kill_9_repays_only_what_was_in_flight(tmp_path: Path) -> None:
     result = bench.kill9(240, tmp_path, concurrency=8, latency=0.05)
     assert result["repaid"] <= result["in_flight_at_kill"] <= 8, result
-    assert result["journaled_not_committed"] + result["committed"] + result["in_flight_at_kill"] == \
-        result["paid_before_kill"]
+    assert (
+        result["journaled_not_committed"] + result["committed"] + result["in_flight_at_kill"]
+        == result["paid_before_kill"]
+    )
 
 
 def test_postgres_workers_and_claims_benchmark_runs(pg_server: Any) -> None:

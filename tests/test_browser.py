@@ -67,15 +67,24 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     shutil.copytree(ROOT / "notebooks", root / "notebooks")
     shutil.copytree(ROOT / "data", root / "data")
     port, token = _free_port(), "llmledger-test"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ANTHROPIC_API_KEY", "LLMLEDGER_PROGRESS", "LLMLEDGER_STORE")}
-    args = ["--no-browser", "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={root}", "--allow-root", "--LabApp.news_url=",
-            "--LabApp.expose_app_in_browser=True"]
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "LLMLEDGER_PROGRESS", "LLMLEDGER_STORE")
+    }
+    args = [
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--allow-root",
+        "--LabApp.news_url=",
+        "--LabApp.expose_app_in_browser=True",
+    ]
     log_path = tmp / "lab.log"
     log = log_path.open("w")
-    server = subprocess.Popen([sys.executable, "-m", "jupyterlab", *args], env=env, stdout=subprocess.DEVNULL,
-                              stderr=log)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", *args], env=env, stdout=subprocess.DEVNULL, stderr=log
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -87,9 +96,19 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
                 time.sleep(0.3)
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync"])
+            browser = pw.chromium.launch(
+                executable_path=CHROMIUM,
+                headless=True,
+                args=[
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                ],
+            )
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             yield {"page": page, "base": base, "token": token, "tmp": tmp}
             browser.close()
@@ -163,8 +182,9 @@ def paid(text: str, what: str) -> int:
 def shut_down_kernels(lab: dict[str, Any]) -> None:
     url = f"{lab['base']}/api/sessions?token={lab['token']}"
     for session in json.load(urllib.request.urlopen(url, timeout=10)):
-        request = urllib.request.Request(f"{lab['base']}/api/sessions/{session['id']}?token={lab['token']}",
-                                         method="DELETE")
+        request = urllib.request.Request(
+            f"{lab['base']}/api/sessions/{session['id']}?token={lab['token']}", method="DELETE"
+        )
         urllib.request.urlopen(request, timeout=10)
 
 
@@ -193,13 +213,16 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
                 text = cell.locator(".jp-OutputArea").inner_text()
                 assert text.count("calls paid") == 1, f"{name}: the summary is shown twice:\n{text}"
         assert nb.locator(".llmledger-status").count() == 0, "a live view that never became its summary"
-        assert nb.locator(".jp-RenderedHTML .llmledger-summary").count() == nb.locator(".llmledger-summary").count(), \
+        assert nb.locator(".jp-RenderedHTML .llmledger-summary").count() == nb.locator(".llmledger-summary").count(), (
             "every summary is plain HTML, which the saved notebook keeps"
-        assert nb.locator("[data-field='simulated']").count() == nb.locator(".llmledger-summary").count(), \
+        )
+        assert nb.locator("[data-field='simulated']").count() == nb.locator(".llmledger-summary").count(), (
             "every run's view says its answers are simulated"
+        )
 
-        assert nb.locator(".llmledger-view mjx-container, .llmledger-view .MathJax").count() == 0, \
+        assert nb.locator(".llmledger-view mjx-container, .llmledger-view .MathJax").count() == 0, (
             "a view's costs were typeset as math"
+        )
         for view in nb.locator(".llmledger-view").all():  # the text as rendered: each cost a $ and its figure
             shown = view.inner_text()
             assert shown.count("$") == len(re.findall(r"\$\d", shown)), f"{name}: a $ without its figure: {shown}"
@@ -229,8 +252,9 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
         if name.startswith("05"):
             assert nb.locator(".llmledger-batch").count() == 1, "the batch in progress is listed"
             assert re.search(r"9\d\d done · .* · 9\d\d of them from batches", text), "a later cell collected it"
-            estimated, billed = map(float, re.search(r"estimated for the batch: \$([\d.]+); billed: \$([\d.]+)",
-                                                     text).groups())  # type: ignore[union-attr]
+            estimated, billed = map(
+                float, re.search(r"estimated for the batch: \$([\d.]+); billed: \$([\d.]+)", text).groups()
+            )  # type: ignore[union-attr]
             assert billed > 0 and abs(estimated - billed) <= 0.25 * billed
             assert re.search(r"batch prices \$0\.0[1-9]", text), "the batch discount is counted as avoided"
             assert re.search(r"the rerun paid 0 calls and avoided \$0\.0[1-9]", text)

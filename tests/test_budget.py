@@ -25,15 +25,16 @@ def _price() -> Iterator[None]:
 def test_a_run_stops_at_its_budget_and_leaves_the_rest_unsent(run, sim: Simulator, store: Path) -> None:
     out = run(frame(30), "summary", prompt="Summarize: {text}", model=MODEL, max_cost_usd=0.1, concurrency=2)
     report = last_report()
-    assert report is not None and report.outcome == "budget" and "budget of $0.1000 is reached" in str(
-        report.message)
+    assert report is not None and report.outcome == "budget" and "budget of $0.1000 is reached" in str(report.message)
     _adds_up(str(report.message))
     paid = sim.stats()["paid"]
     spent = sql(store, "SELECT sum(summary_cost_usd) FROM messages")[0][0]
     per_row = spent / paid
     assert 0.1 - 2 * per_row <= spent <= 0.1, "stops at the budget, never starting a request that would pass it"
     assert out["summary_status"].value_counts().sort("summary_status").rows() == [
-        ("NOT_STARTED", 30 - paid), ("DONE", paid)]
+        ("NOT_STARTED", 30 - paid),
+        ("DONE", paid),
+    ]
 
     run(frame(30), "summary", prompt="Summarize: {text}", model=MODEL, max_cost_usd=0.1, budget_scope="step")
     assert sim.stats()["paid"] == paid, "the step already spent its budget"
@@ -42,8 +43,9 @@ def test_a_run_stops_at_its_budget_and_leaves_the_rest_unsent(run, sim: Simulato
     assert paid < sim.stats()["paid"] <= 2 * paid + 2, "a run-scoped budget starts from nothing"
 
     report = llmledger.resume(store, "messages", "summary", progress=False, client=run.keywords["client"])
-    assert report.outcome == "completed" and sql(store, "SELECT count(*) FROM messages WHERE "
-                                                        "summary_status = 'DONE'") == [(30,)]
+    assert report.outcome == "completed" and sql(
+        store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'"
+    ) == [(30,)]
 
 
 @pytest.mark.parametrize("bad", [0, -1, "10", True])

@@ -17,15 +17,20 @@ PROMPT = "Summarize: {text}"
 
 
 def _control(sim: Simulator) -> list[object]:
-    return [e["body"]["system"][0].get("cache_control") if isinstance(e["body"].get("system"), list) else None
-            for e in sim.log()]
+    return [
+        e["body"]["system"][0].get("cache_control") if isinstance(e["body"].get("system"), list) else None
+        for e in sim.log()
+    ]
 
 
 def test_a_long_system_prompt_is_written_once_and_read_after(run, sim: Simulator, store: Path) -> None:
     run(frame(10), "summary", prompt=PROMPT, system=LONG_SYSTEM, concurrency=1)
     assert _control(sim) == [{"type": "ephemeral", "ttl": "5m"}] * 10
-    rows = sql(store, "SELECT summary_cache_write_tokens, summary_cache_read_tokens, summary_input_tokens, "
-                      "summary_cost_usd FROM messages ORDER BY summary_finished_at")
+    rows = sql(
+        store,
+        "SELECT summary_cache_write_tokens, summary_cache_read_tokens, summary_input_tokens, "
+        "summary_cost_usd FROM messages ORDER BY summary_finished_at",
+    )
     prefix = rows[0][0]
     assert prefix >= 4096 and rows[0][1] == 0, "the first request writes the cache"
     assert all(r[0] == 0 and r[1] == prefix for r in rows[1:]), "the others read it"
@@ -48,8 +53,9 @@ def test_a_long_system_prompt_is_written_once_and_read_after(run, sim: Simulator
 def test_cache_options_change_the_request_and_so_the_fingerprint(run, sim: Simulator, store: Path) -> None:
     run(frame(3), "summary", prompt=PROMPT, system=LONG_SYSTEM, cache="1h", concurrency=1)
     assert _control(sim) == [{"type": "ephemeral", "ttl": "1h"}] * 3
-    first = sql(store, "SELECT summary_cache_write_tokens, summary_cost_usd FROM messages ORDER BY "
-                       "summary_finished_at LIMIT 1")[0]
+    first = sql(
+        store, "SELECT summary_cache_write_tokens, summary_cost_usd FROM messages ORDER BY summary_finished_at LIMIT 1"
+    )[0]
     price = llmledger.prices().filter(llmledger.prices()["model"] == "claude-haiku-4-5").row(0, named=True)
     assert first[1] > first[0] * price["cache_write_1h"] / 1e6 * 0.99, "1 h writes are priced at the 1 h rate"
 

@@ -18,8 +18,11 @@ from .conftest import frame, helper_cmd, sql, subprocess_env
 
 def _claim(store: Path, ids: list[int], claimant: str, started: datetime) -> None:
     with duckdb.connect(str(store)) as con:
-        con.execute("UPDATE messages SET summary_status = 'RUNNING', summary_claimed_by = ?, "
-                    "summary_running_started_at = ? WHERE list_contains(?, id)", [claimant, started, ids])
+        con.execute(
+            "UPDATE messages SET summary_status = 'RUNNING', summary_claimed_by = ?, "
+            "summary_running_started_at = ? WHERE list_contains(?, id)",
+            [claimant, started, ids],
+        )
 
 
 def _now() -> datetime:
@@ -65,9 +68,16 @@ def test_two_processes_on_one_store_never_send_the_same_row_twice(store: Path) -
     rows = 600
     with Simulator(latency=0.01) as sim:
         env = subprocess_env(sim.base_url)
-        procs = [subprocess.Popen(helper_cmd(str(store), str(rows), "--concurrency", "8", "--chunk-size", "50"),
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+        procs = [
+            subprocess.Popen(
+                helper_cmd(str(store), str(rows), "--concurrency", "8", "--chunk-size", "50"),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
         outputs = [p.communicate(timeout=120) for p in procs]
         for p, (_out, err) in zip(procs, outputs, strict=True):
             assert p.returncode == 0, err

@@ -13,8 +13,9 @@ from .conftest import frame, subprocess_env
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llmledger", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "llmledger", *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_status_draws_each_step_with_its_counts_and_errors_by_kind(run, sim: Simulator, store: Path) -> None:
@@ -55,8 +56,11 @@ def test_demo_runs_offline_and_shows_the_second_run_paying_nothing(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "ANTHROPIC_API_KEY is not set: using llmledger's offline simulator" in out
-    runs = [tuple(int(n.replace(",", "")) for n in re.findall(r"paid ([\d,]+) calls; ([\d,]+) rows? reused", line)[0])
-            for line in out.splitlines() if line.startswith("-> this run paid")]
+    runs = [
+        tuple(int(n.replace(",", "")) for n in re.findall(r"paid ([\d,]+) calls; ([\d,]+) rows? reused", line)[0])
+        for line in out.splitlines()
+        if line.startswith("-> this run paid")
+    ]
     first, second, third = runs
     assert sum(first) == 297 and first[1] > 0, "297 good rows; duplicate reviews reuse one answer"
     assert second == (0, 0)
@@ -76,7 +80,8 @@ def test_demo_run_again_on_its_store_says_what_that_run_did(tmp_path: Path) -> N
     assert "every row is new" not in again.stdout
     assert "a store that already holds this step" in again.stdout
     assert next(line for line in again.stdout.splitlines() if line.startswith("-> this run paid")).startswith(
-        "-> this run paid 0 calls")
+        "-> this run paid 0 calls"
+    )
     assert "answered 0 paid calls" in again.stdout and "nothing was paid twice" in again.stdout
 
 
@@ -90,9 +95,28 @@ def test_the_simulator_command_takes_every_fault_and_refuses_unknown_models_as_t
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llmledger", "simulator", "--port", str(port), "--model", "my-model",
-                             "--refuse", "NO", "--latency", "0.01", "--fail-next", "529,529", "--outage-for", "0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmledger",
+            "simulator",
+            "--port",
+            str(port),
+            "--model",
+            "my-model",
+            "--refuse",
+            "NO",
+            "--latency",
+            "0.01",
+            "--fail-next",
+            "529,529",
+            "--outage-for",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and "listening" in proc.stdout.readline()
         api = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}/llmledger-simulator", api_key="k", max_retries=0)
@@ -117,8 +141,9 @@ def test_the_simulator_command_takes_every_fault_and_refuses_unknown_models_as_t
         proc.wait()
 
 
-def test_table_and_step_are_inferred_and_a_shell_user_without_a_key_is_told_what_to_do(tmp_path: Path,
-                                                                                       sim: Simulator) -> None:
+def test_table_and_step_are_inferred_and_a_shell_user_without_a_key_is_told_what_to_do(
+    tmp_path: Path, sim: Simulator
+) -> None:
     """`run`, `flag`, ... needed --table and --step even when the store has one of each; with no key, the error
     named a Python function (llmledger.simulate) to a shell user."""
     import anthropic
@@ -134,9 +159,12 @@ def test_table_and_step_are_inferred_and_a_shell_user_without_a_key_is_told_what
     env.pop("ANTHROPIC_BASE_URL")
     env.pop("ANTHROPIC_API_KEY", None)
     nokey = _cli("run", str(store), env=env)
-    assert nokey.returncode == 2 and "export ANTHROPIC_API_KEY" in nokey.stderr and "llmledger simulator" in \
-        nokey.stderr and "simulate()" not in nokey.stderr
+    assert (
+        nokey.returncode == 2
+        and "export ANTHROPIC_API_KEY" in nokey.stderr
+        and "llmledger simulator" in nokey.stderr
+        and "simulate()" not in nokey.stderr
+    )
     apply_llm(frame(2), "title", prompt="T: {text}", store=store, table="notes", client=client, progress=False)
     ambiguous = _cli("run", str(store), env=subprocess_env(sim.base_url))
-    assert ambiguous.returncode == 2 and "pass --step: table 'notes' has steps ['summary', 'title']" in \
-        ambiguous.stderr
+    assert ambiguous.returncode == 2 and "pass --step: table 'notes' has steps ['summary', 'title']" in ambiguous.stderr

@@ -50,9 +50,12 @@ def _wait_for_done(store: Path, at_least: int, proc: subprocess.Popen, timeout: 
 def test_kill_9_loses_at_most_what_was_in_flight(store: Path) -> None:
     rows, concurrency, commit_every, latency = 400, 4, 0.2, 0.05
     with Simulator(latency=latency) as sim:
-        proc = subprocess.Popen(helper_cmd(str(store), str(rows), "--concurrency", str(concurrency),
-                                           "--commit-every", str(commit_every)),
-                                env=subprocess_env(sim.base_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            helper_cmd(str(store), str(rows), "--concurrency", str(concurrency), "--commit-every", str(commit_every)),
+            env=subprocess_env(sim.base_url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         reads = _wait_for_done(store, 60, proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -63,8 +66,15 @@ def test_kill_9_loses_at_most_what_was_in_flight(store: Path) -> None:
         assert 60 <= done < rows
         paid_before = sim.stats()["paid"]
 
-        out = apply_llm(frame(rows), "summary", prompt="Summarize: {text}", store=store, table="messages",
-                        client=_client(sim), progress=False)
+        out = apply_llm(
+            frame(rows),
+            "summary",
+            prompt="Summarize: {text}",
+            store=store,
+            table="messages",
+            client=_client(sim),
+            progress=False,
+        )
         assert out["summary_status"].to_list() == ["DONE"] * rows
         repaid = sim.stats()["paid"] - rows
         # answers that arrived but were not committed yet were journaled: only requests in flight are lost
@@ -74,9 +84,12 @@ def test_kill_9_loses_at_most_what_was_in_flight(store: Path) -> None:
 
 def test_commits_arrive_about_every_commit_interval_not_at_the_end(store: Path) -> None:
     with Simulator(latency=0.05) as sim:
-        proc = subprocess.Popen(helper_cmd(str(store), "120", "--concurrency", "2", "--chunk-size", "1000",
-                                           "--commit-every", "0.5"),
-                                env=subprocess_env(sim.base_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            helper_cmd(str(store), "120", "--concurrency", "2", "--chunk-size", "1000", "--commit-every", "0.5"),
+            env=subprocess_env(sim.base_url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         _wait_for_done(store, 1, proc)
         seen = set()
         while proc.poll() is None:
@@ -103,9 +116,14 @@ def test_a_run_waits_for_a_store_another_process_holds(run, sim: Simulator, stor
 def test_ctrl_c_stops_quickly_commits_and_releases(store: Path) -> None:
     rows = 300
     with Simulator(latency=0.3) as sim:
-        proc = subprocess.Popen(helper_cmd(str(store), str(rows), "--concurrency", "8"),
-                                env=subprocess_env(sim.base_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, preexec_fn=sigint_as_a_terminal_sends_it)
+        proc = subprocess.Popen(
+            helper_cmd(str(store), str(rows), "--concurrency", "8"),
+            env=subprocess_env(sim.base_url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=sigint_as_a_terminal_sends_it,
+        )
         _wait_for_done(store, 16, proc)
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -123,8 +141,15 @@ def test_ctrl_c_stops_quickly_commits_and_releases(store: Path) -> None:
         done = statuses.get("DONE", 0)
         assert done >= 16 and statuses.get("NOT_STARTED", 0) == rows - done
 
-        apply_llm(frame(rows), "summary", prompt="Summarize: {text}", store=store, table="messages",
-                  client=_client(sim), progress=False)
+        apply_llm(
+            frame(rows),
+            "summary",
+            prompt="Summarize: {text}",
+            store=store,
+            table="messages",
+            client=_client(sim),
+            progress=False,
+        )
         assert sim.stats()["paid"] - rows <= 8, "at most the requests cut off in flight were paid twice"
 
 

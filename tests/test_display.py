@@ -21,9 +21,25 @@ SEGMENT = re.compile(r"data-status='(\w+)' data-count='(\d+)'[^>]*flex:([\d.]+) 
 
 
 def _report() -> RunReport:
-    report = RunReport(table="reviews", step="sentiment", rows=100, selected=40, done=25, failed=2, needs_review=1,
-                       calls=20, reused=5, retries=3, input_tokens=1234, output_tokens=56, cost_usd=0.0123,
-                       done_before=50, stale=4, waiting=3, max_cost_usd=0.05)
+    report = RunReport(
+        table="reviews",
+        step="sentiment",
+        rows=100,
+        selected=40,
+        done=25,
+        failed=2,
+        needs_review=1,
+        calls=20,
+        reused=5,
+        retries=3,
+        input_tokens=1234,
+        output_tokens=56,
+        cost_usd=0.0123,
+        done_before=50,
+        stale=4,
+        waiting=3,
+        max_cost_usd=0.05,
+    )
     report.outcome = Outcome.RUNNING
     report.in_flight = 6
     report.note_error("529 OverloadedError (overloaded_error): Overloaded <b>", example_key="id=7", retried=True)
@@ -41,8 +57,15 @@ def test_the_live_view_draws_the_frame_as_a_bar_and_turns_into_the_summary() -> 
     live = run_html(report, timeline=dashboard.timeline, live=True)
     bar = segments(live)
     # 50 DONE before + 25 now; 4 stale; 6 in flight; 2 FAILED; 1 NEEDS_REVIEW; 3 waiting; the rest not started
-    assert {k: n for k, (n, _) in bar.items()} == {"DONE": 75, "stale": 4, "RUNNING": 6, "FAILED": 2,
-                                                   "NEEDS_REVIEW": 1, "waiting": 3, "NOT_STARTED": 9}
+    assert {k: n for k, (n, _) in bar.items()} == {
+        "DONE": 75,
+        "stale": 4,
+        "RUNNING": 6,
+        "FAILED": 2,
+        "NEEDS_REVIEW": 1,
+        "waiting": 3,
+        "NOT_STARTED": 9,
+    }
     assert all(flex == pytest.approx(n) for n, flex in bar.values()), "widths are shares of the frame's 100 rows"
     assert "data-status='FAILED' data-count='2' title='FAILED: 2 rows (2.0%)" in live
     assert f"background:{FAILURE_COLOUR}" in live.split("data-status='FAILED'")[1].split(">")[0]
@@ -62,8 +85,16 @@ def test_the_live_view_draws_the_frame_as_a_bar_and_turns_into_the_summary() -> 
 
 def test_errors_are_grouped_by_kind_with_a_row_example(client: Any, sim: Simulator, tmp_path: Any) -> None:
     sim.configure(poison="number 3", fail_next=[429, 429, 529])
-    llmledger.apply_llm(frame(12), "summary", prompt="Summarize: {text}", client=client, store=tmp_path / "l.duckdb",
-                        progress=False, max_attempts=1, retry=llmledger.RetryPolicy(base_delay=0.01))
+    llmledger.apply_llm(
+        frame(12),
+        "summary",
+        prompt="Summarize: {text}",
+        client=client,
+        store=tmp_path / "l.duckdb",
+        progress=False,
+        max_attempts=1,
+        retry=llmledger.RetryPolicy(base_delay=0.01),
+    )
     report = llmledger.last_report()
     assert report is not None
     lines = {(e.kind, e.retried): e for e in report.error_lines()}
@@ -108,8 +139,9 @@ def test_the_bar_draws_each_row_of_the_frame_once_in_real_runs(client: Any, sim:
     store = tmp_path / "l.duckdb"
 
     def drawn(**options: Any) -> dict[str, int]:
-        llmledger.apply_llm(frame(12), options.pop("step", "summary"), client=client, store=store, table="m",
-                            progress=False, **options)
+        llmledger.apply_llm(
+            frame(12), options.pop("step", "summary"), client=client, store=store, table="m", progress=False, **options
+        )
         report = llmledger.last_report()
         assert report is not None
         bar = {seg.name: n for seg, n in report.bar() if n}

@@ -39,8 +39,11 @@ def test_every_public_name_is_in_the_reference() -> None:
 
 
 def test_every_error_and_warning_class_is_in_the_reference() -> None:
-    classes = {name for name, obj in vars(llmledger.errors).items() if inspect.isclass(obj)
-               and issubclass(obj, Exception | Warning) and obj.__module__ == "llmledger.errors"}
+    classes = {
+        name
+        for name, obj in vars(llmledger.errors).items()
+        if inspect.isclass(obj) and issubclass(obj, Exception | Warning) and obj.__module__ == "llmledger.errors"
+    }
     assert classes <= set(llmledger.__all__), f"export these from llmledger: {sorted(classes - set(llmledger.__all__))}"
     missing = sorted(classes - _documented())
     assert not missing, f"add these to docs/pages/reference/errors.md: {missing}"
@@ -49,8 +52,9 @@ def test_every_error_and_warning_class_is_in_the_reference() -> None:
 @pytest.mark.parametrize("page", ["cli.md", "ledger.md"])
 def test_the_generated_reference_pages_are_current(page: str) -> None:
     made = _generator().PAGES_MADE[page]()
-    assert (REFERENCE / page).read_text() == made, f"docs/pages/reference/{page} is out of date: run " \
-                                                   f"`python docs/gen_reference.py`"
+    assert (REFERENCE / page).read_text() == made, (
+        f"docs/pages/reference/{page} is out of date: run `python docs/gen_reference.py`"
+    )
 
 
 def test_every_cli_verb_and_its_options_are_in_the_cli_reference() -> None:

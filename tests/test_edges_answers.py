@@ -21,8 +21,16 @@ def test_an_answer_holding_a_nul_is_kept_on_both_engines(client: Any, sim: Simul
     assert out["s_status"].to_list() == ["DONE"] * 8 and sim.stats()["paid"] == 8
     assert out["s"][3] == "bad\ufffdanswer Q: hello message number 3"
     sim.responder = lambda prompt, system: '{"name": "a\\u0000b"}'
-    out = apply_llm(frame(3), "t", prompt="Name in: {text}", output={"name": str}, store=target, table="m",
-                    client=client, progress=False)
+    out = apply_llm(
+        frame(3),
+        "t",
+        prompt="Name in: {text}",
+        output={"name": str},
+        store=target,
+        table="m",
+        client=client,
+        progress=False,
+    )
     assert out["t_status"].to_list() == ["DONE"] * 3
     assert out["t"].struct.field("name").to_list() == ["a\ufffdb"] * 3
 
@@ -35,8 +43,9 @@ def test_a_flagged_answer_is_never_handed_to_another_row(client: Any, sim: Simul
     sim.responder = lambda prompt, system: f"answer {next(answers)}"
 
     def run(df: pl.DataFrame, table: str = "t", **options: Any) -> pl.DataFrame:
-        return apply_llm(df, "s", prompt="Q: {text}", store=store, table=table, client=client, progress=False,
-                         **options)
+        return apply_llm(
+            df, "s", prompt="Q: {text}", store=store, table=table, client=client, progress=False, **options
+        )
 
     same = pl.DataFrame({"id": [1, 2], "text": ["the same text"] * 2})
     assert run(same)["s"].to_list() == ["answer 1"] * 2, "twins share one paid answer"
@@ -53,8 +62,16 @@ def test_a_flagged_answer_is_never_handed_to_another_row(client: Any, sim: Simul
 def test_a_validate_reason_holding_a_nul_is_kept_on_both_engines(client: Any, sim: Simulator, target: Any) -> None:
     """A NUL in a validate= reason made the commit fail on PostgreSQL, losing the paid answers and blocking the
     step while its journal was merged; the reason keeps U+FFFD in its place."""
-    out = apply_llm(frame(2), "s", prompt="Q: {text}", store=target, table="m", client=client, progress=False,
-                    validate=lambda row, output: "bad\x00reason")
+    out = apply_llm(
+        frame(2),
+        "s",
+        prompt="Q: {text}",
+        store=target,
+        table="m",
+        client=client,
+        progress=False,
+        validate=lambda row, output: "bad\x00reason",
+    )
     assert out["s_status"].to_list() == ["NEEDS_REVIEW"] * 2 and sim.stats()["paid"] == 2
     errors = llmledger.sql(target, "SELECT DISTINCT s_error FROM m")["s_error"].to_list()  # type: ignore[index]
     assert errors == ["bad\ufffdreason"]

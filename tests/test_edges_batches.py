@@ -63,6 +63,7 @@ def run(client: anthropic.AsyncAnthropic, store: str) -> Callable[..., pl.DataFr
         options.setdefault("client", client)
         options.setdefault("mode", "batch")
         return apply_llm(df, "summary", prompt=PROMPT, store=store, table=table, progress=False, **options)
+
     return apply
 
 
@@ -72,11 +73,19 @@ def _quick_give_up(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(collect, "ABANDON_AFTER", timedelta(seconds=1))
 
 
-def dead_run(run: Callable[..., pl.DataFrame], sim: Simulator, df: pl.DataFrame, monkeypatch: pytest.MonkeyPatch,
-             *, reaches_api: bool, **options: Any) -> None:
+def dead_run(
+    run: Callable[..., pl.DataFrame],
+    sim: Simulator,
+    df: pl.DataFrame,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    reaches_api: bool,
+    **options: Any,
+) -> None:
     """A run that writes its intent and dies: before `batches.create` left it, or after the API made the batch
     but before its answer came back (the simulator drops the connection after creating it). It settles no earlier
     run's intent first (a run does, since 0.7: these stand for runs that were under way together)."""
+
     async def create(self: BatchSender, requests: list[dict[str, Any]], *args: Any) -> None:
         if reaches_api:
             sim.configure(batch_lose_response=1)
@@ -94,6 +103,7 @@ def dead_run(run: Callable[..., pl.DataFrame], sim: Simulator, df: pl.DataFrame,
 def beside_the_others(patch: pytest.MonkeyPatch) -> None:
     """A run under way beside the runs before it: it settles none of their intents (a run does, since 0.7, after
     waiting out the moment their creates could still be under way)."""
+
     async def settles_nothing(self: collect.BatchCollector) -> list[Any]:
         return []
 
@@ -114,8 +124,9 @@ def own_answers(out: pl.DataFrame) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_two_dead_intents_of_the_same_size_each_get_their_own_batch(run: Any, sim: Simulator, store: str,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_dead_intents_of_the_same_size_each_get_their_own_batch(
+    run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The first intent never reached the API; the second did, and lost the answer. Matched by size and time
     alone, the first took the second's batch, the second was given up and its rows were paid twice."""
     sim.configure(batch_delay=1.0)
@@ -135,7 +146,8 @@ def test_two_dead_intents_of_the_same_size_each_get_their_own_batch(run: Any, si
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("ended", [False, True])
 def test_a_batch_adopted_on_a_wrong_guess_is_handed_to_the_intent_it_belongs_to(
-        run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch, ended: bool) -> None:
+    run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch, ended: bool
+) -> None:
     """A store where the first intent took the second's batch (as 0.6.0 did): when its results show the
     second intent's custom ids, the batch goes to the second, not rejected and lost; the first's rows are sent."""
     sim.configure(batch_delay=0.0 if ended else 1.0)
@@ -146,8 +158,10 @@ def test_a_batch_adopted_on_a_wrong_guess_is_handed_to_the_intent_it_belongs_to(
         (made,) = api.messages.batches.list().data
     ledger = open_ledger(store)
     wrong, right = ledger.open_batches("messages", "summary")  # oldest first: the one never sent, then its own
-    assert ledger.confirm_batch("messages", "summary", intent=wrong.intent, batch_id=made.id, now=utcnow(),
-                                adopted=True) == 5  # the guess by size and time alone
+    assert (
+        ledger.confirm_batch("messages", "summary", intent=wrong.intent, batch_id=made.id, now=utcnow(), adopted=True)
+        == 5
+    )  # the guess by size and time alone
     time.sleep(1.1)  # both past ABANDON_AFTER: no create of theirs can still be under way
     out = run(pl.concat([first, second]))
     own_answers(out)
@@ -161,26 +175,39 @@ def test_a_batch_adopted_on_a_wrong_guess_is_handed_to_the_intent_it_belongs_to(
 
 @pytest.mark.timeout(120)
 def test_an_ended_batch_of_the_same_size_naming_no_intent_of_ours_is_never_adopted(
-        run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Someone else's batch of the intent's size, already ended: its results are read, they name no intent of
     the store, so it is never adopted (not even for a while); the intent is given up and its rows sent."""
     dead_run(run, sim, frame(4), monkeypatch, reaches_api=False)
     with anthropic.Anthropic(base_url=sim.base_url, api_key="k") as other:
-        other.messages.batches.create(requests=[  # type: ignore[arg-type]
-            {"custom_id": f"bffffffffffff-{i}", "params": {"model": "claude-haiku-4-5", "max_tokens": 20,
-                                                           "messages": [{"role": "user", "content": f"not ours {i}"}]}}
-            for i in range(4)])
+        other.messages.batches.create(
+            requests=[  # type: ignore[arg-type]
+                {
+                    "custom_id": f"bffffffffffff-{i}",
+                    "params": {
+                        "model": "claude-haiku-4-5",
+                        "max_tokens": 20,
+                        "messages": [{"role": "user", "content": f"not ours {i}"}],
+                    },
+                }
+                for i in range(4)
+            ]
+        )
     time.sleep(1.1)
     out = run(frame(4))
     own_answers(out)
     states = llmledger.sql(store, "SELECT state, rejected, adopted FROM llmledger_batches ORDER BY created_at")
-    assert states is not None and [(r[0], list(r[1] or []), r[2]) for r in states.rows()] == \
-        [("abandoned", [], False), ("merged", [], False)], "the foreign batch was never taken for ours"
+    assert states is not None and [(r[0], list(r[1] or []), r[2]) for r in states.rows()] == [
+        ("abandoned", [], False),
+        ("merged", [], False),
+    ], "the foreign batch was never taken for ours"
 
 
 @pytest.mark.timeout(120)
 def test_a_run_that_loses_its_create_answer_beside_a_dead_intent_of_its_size_creates_no_second_batch(
-        run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    run: Any, sim: Simulator, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A dead run's intent and this run's lost create, same size. The run first settles the dead intent (it waits
     out the moment that intent's create could still be under way: the API has no batch for it, so its rows are
     sent again), then its own create's answer is lost and the batch it made is found by its custom ids: one
@@ -204,7 +231,8 @@ FATES = ("never sent", "answer lost", "lost, run lives", "processing")  # how ea
 
 @pytest.mark.timeout(180)
 def test_random_dead_intents_lost_creates_and_collection_orders_pay_each_row_once(
-        run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Seeded scenarios: a few runs of random sizes (often equal) die before their create left or after it
     was made with its answer lost, lose its answer and live on, or leave a batch processing; later calls of
     random frames, waiting or not, some losing their own create's answer, collect in random order. Every
@@ -220,8 +248,9 @@ def test_random_dead_intents_lost_creates_and_collection_orders_pay_each_row_onc
             paid_once_each(fresh, everything)
 
 
-def random_scenario(rng: random.Random, table: str, run: Callable[..., pl.DataFrame], sim: Simulator,
-                    monkeypatch: pytest.MonkeyPatch) -> tuple[pl.DataFrame, pl.DataFrame]:
+def random_scenario(
+    rng: random.Random, table: str, run: Callable[..., pl.DataFrame], sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Earlier runs on frames of their own, then calls collecting them: (every row, what the last call returned)."""
     sim.configure(batch_delay=rng.choice([0.0, 0.3, 0.6]))
     # the runs die one after the other, none giving up an earlier one's intent (it may still be being made)
@@ -252,7 +281,8 @@ def random_scenario(rng: random.Random, table: str, run: Callable[..., pl.DataFr
 
 @pytest.mark.parametrize("reaches_api", [False, True])
 def test_an_online_run_right_after_a_dead_batch_run_finishes_every_row(
-        run: Callable[..., pl.DataFrame], sim: Simulator, monkeypatch: pytest.MonkeyPatch, reaches_api: bool) -> None:
+    run: Callable[..., pl.DataFrame], sim: Simulator, monkeypatch: pytest.MonkeyPatch, reaches_api: bool
+) -> None:
     """A run dies around `batches.create`; the next run, online and at once, waits the moment it takes to tell
     whether the API has the batch, then sends what it does not have (0.7.0 left every row RUNNING, held by
     nobody, and said "running elsewhere"; the fault explorer found it)."""

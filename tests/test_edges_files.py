@@ -45,8 +45,10 @@ def read_only(path: Path) -> Iterator[None]:
     chattr = shutil.which("chattr")
     done = subprocess.run([chattr, "+i", str(path)], capture_output=True, text=True) if chattr else None
     if done is None or done.returncode != 0:
-        pytest.skip("running as root, whom chmod does not stop, and chattr +i is not available here: "
-                    f"{done.stderr.strip() if done else 'no chattr'}")
+        pytest.skip(
+            "running as root, whom chmod does not stop, and chattr +i is not available here: "
+            f"{done.stderr.strip() if done else 'no chattr'}"
+        )
     try:
         yield
     finally:
@@ -68,8 +70,15 @@ def _readers(store: Path, tmp_path: Path) -> dict[str, Callable[[], Any]]:
 def _writers(store: Path, client: anthropic.AsyncAnthropic) -> dict[str, Callable[[], Any]]:
     """Every call that writes to a store (with rows to write: the frame has two new rows), by name."""
     return {
-        "apply_llm": lambda: apply_llm(frame(5), "summary", prompt="Summarize: {text}", store=store,
-                                       table="messages", client=client, progress=False),
+        "apply_llm": lambda: apply_llm(
+            frame(5),
+            "summary",
+            prompt="Summarize: {text}",
+            store=store,
+            table="messages",
+            client=client,
+            progress=False,
+        ),
         "flag": lambda: llmledger.flag(store, "messages", "summary", where="id = 1", reason="vague"),
         "reset": lambda: llmledger.reset(store, "messages", "summary", where="id = 1"),
         "resume": lambda: llmledger.resume(store, "messages", "summary", client=client, progress=False),
@@ -91,14 +100,19 @@ def _damage(store: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["random", "truncated", "overwritten", "csv"])
-def test_a_damaged_store_is_a_store_error_naming_the_file(run, client, sim: Simulator, store: Path, tmp_path: Path,
-                                                         how: str) -> None:
+def test_a_damaged_store_is_a_store_error_naming_the_file(
+    run, client, sim: Simulator, store: Path, tmp_path: Path, how: str
+) -> None:
     run(frame(3), "summary", prompt="Summarize: {text}")
     _damage(store, how)
     before = store.read_bytes()
-    calls = {**_readers(store, tmp_path), **_writers(store, client),
-             "estimate": lambda: llmledger.estimate(frame(5), "summary", prompt="Summarize: {text}", store=store,
-                                                    table="messages")}
+    calls = {
+        **_readers(store, tmp_path),
+        **_writers(store, client),
+        "estimate": lambda: llmledger.estimate(
+            frame(5), "summary", prompt="Summarize: {text}", store=store, table="messages"
+        ),
+    }
     for name, call in calls.items():
         with pytest.raises(StoreError) as caught:
             call()
@@ -113,8 +127,9 @@ def test_a_damaged_store_is_a_store_error_naming_the_file(run, client, sim: Simu
 
 
 # -- 1 and 3. a read-only store ------------------------------------------------------------------------------------
-def test_a_store_in_a_read_only_folder_is_read_and_a_write_says_why_it_cannot(run, client, sim: Simulator,
-                                                                              store: Path, tmp_path: Path) -> None:
+def test_a_store_in_a_read_only_folder_is_read_and_a_write_says_why_it_cannot(
+    run, client, sim: Simulator, store: Path, tmp_path: Path
+) -> None:
     run(frame(3), "summary", prompt="Summarize: {text}")
     expected = sql(store, "SELECT id, summary, summary_status FROM messages ORDER BY id")
     out = tmp_path / "out"
@@ -132,8 +147,9 @@ def test_a_store_in_a_read_only_folder_is_read_and_a_write_says_why_it_cannot(ru
     assert sql(store, "SELECT id, summary, summary_status FROM messages ORDER BY id") == expected
 
 
-def test_a_read_only_store_file_is_read_by_every_reader(run, client, sim: Simulator, store: Path,
-                                                        tmp_path: Path) -> None:
+def test_a_read_only_store_file_is_read_by_every_reader(
+    run, client, sim: Simulator, store: Path, tmp_path: Path
+) -> None:
     run(frame(3), "summary", prompt="Summarize: {text}")
     llmledger.flag(store, "messages", "summary", where="id = 2", reason="vague")
     run(frame(3), "summary", prompt="Summarize: {text}", redo="flagged")
@@ -149,8 +165,10 @@ def test_a_read_only_store_file_is_read_by_every_reader(run, client, sim: Simula
         assert "summary" in found["show"]() and "DONE 3" in found["show"]()
         assert found["history"]().equals(replaced)
         folder = found["export"]()
-        assert pl.read_parquet(folder / "messages.parquet").sort("id")["summary"].to_list() == \
-            expected["summary"].to_list()
+        assert (
+            pl.read_parquet(folder / "messages.parquet").sort("id")["summary"].to_list()
+            == expected["summary"].to_list()
+        )
         assert pl.read_parquet(found["export_step"]())["summary_status"].to_list() == ["DONE"] * 3
         status = _cli("status", str(store))
         assert status.returncode == 0 and "DONE 3" in status.stdout, status.stderr
@@ -189,15 +207,18 @@ def test_refused_calls_and_estimates_leave_no_file_or_folder(client, sim: Simula
     calls: dict[str, Callable[[], Any]] = {
         "apply_llm bad where": lambda: apply_llm(df, "summary", prompt="{text}", where="nope = 1", **common),
         "estimate": lambda: llmledger.estimate(df, "summary", prompt="{text}", store=store, table="messages"),
-        "estimate bad where": lambda: llmledger.estimate(df, "summary", prompt="{text}", store=store,
-                                                         table="messages", where="nope = 1"),
+        "estimate bad where": lambda: llmledger.estimate(
+            df, "summary", prompt="{text}", store=store, table="messages", where="nope = 1"
+        ),
         "pipeline bad first where": lambda: llmledger.pipeline(
-            df, {"summary": {"prompt": "{text}", "where": "nope = 1"}}, **common),
+            df, {"summary": {"prompt": "{text}", "where": "nope = 1"}}, **common
+        ),
         "pipeline bad second step": lambda: llmledger.pipeline(
-            df, {"summary": {"prompt": "{text}"}, "title": {"prompt": "Title: {txt}"}}, **common),
+            df, {"summary": {"prompt": "{text}"}, "title": {"prompt": "Title: {txt}"}}, **common
+        ),
         "pipeline bad second option": lambda: llmledger.pipeline(
-            df, {"summary": {"prompt": "{text}"}, "title": {"prompt": "Title: {summary}", "max_tokens": 0}},
-            **common),
+            df, {"summary": {"prompt": "{text}"}, "title": {"prompt": "Title: {summary}", "max_tokens": 0}}, **common
+        ),
         "resume": lambda: llmledger.resume(store, "messages", "summary", client=client, progress=False),
         "flag": lambda: llmledger.flag(store, "messages", "summary", where="true", reason="x"),
         "reset": lambda: llmledger.reset(store, "messages", "summary", where="true"),
@@ -214,17 +235,26 @@ def test_refused_calls_and_estimates_leave_no_file_or_folder(client, sim: Simula
     assert not top.exists()
 
 
-def test_a_pipeline_refused_in_a_later_step_writes_nothing_on_postgresql(pg_url: str, client,
-                                                                          sim: Simulator) -> None:
+def test_a_pipeline_refused_in_a_later_step_writes_nothing_on_postgresql(pg_url: str, client, sim: Simulator) -> None:
     import psycopg
 
     with pytest.raises(llmledger.PromptError, match="'txt'"):
-        llmledger.pipeline(frame(4), {"summary": {"prompt": "{text}"}, "title": {"prompt": "Title: {txt}"}},
-                           store=pg_url, table="messages", client=client, progress=False)
+        llmledger.pipeline(
+            frame(4),
+            {"summary": {"prompt": "{text}"}, "title": {"prompt": "Title: {txt}"}},
+            store=pg_url,
+            table="messages",
+            client=client,
+            progress=False,
+        )
     assert sim.stats()["requests"] == 0
     with psycopg.connect(pg_url) as con:
-        assert con.execute("SELECT table_name FROM information_schema.tables "
-                           "WHERE table_schema = current_schema()").fetchall() == []
+        assert (
+            con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            ).fetchall()
+            == []
+        )
 
 
 # -- 4. export to a .parquet path ------------------------------------------------------------------------------------
@@ -241,8 +271,9 @@ def _read_everywhere(path: Path) -> list[pl.DataFrame]:
 
 
 @pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
-def test_export_to_a_parquet_path_writes_one_file_every_reader_opens(engine: str, request: pytest.FixtureRequest,
-                                                                     client, sim: Simulator, tmp_path: Path) -> None:
+def test_export_to_a_parquet_path_writes_one_file_every_reader_opens(
+    engine: str, request: pytest.FixtureRequest, client, sim: Simulator, tmp_path: Path
+) -> None:
     store: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else tmp_path / "ledger.duckdb"
     common = {"store": store, "table": "messages", "client": client, "progress": False}
     apply_llm(frame(4), "summary", prompt="Summarize: {text}", **common)
@@ -273,22 +304,38 @@ def test_export_to_a_parquet_path_writes_one_file_every_reader_opens(engine: str
 
 
 # -- 5. input types on PostgreSQL ----------------------------------------------------------------------------------
-_KINDS = {"i8": (pl.Int8, "smallint"), "u8": (pl.UInt8, "smallint"), "i16": (pl.Int16, "smallint"),
-          "u16": (pl.UInt16, "integer"), "i32": (pl.Int32, "integer"), "u32": (pl.UInt32, "bigint"),
-          "u64": (pl.UInt64, "bigint"), "f32": (pl.Float32, "real"), "f64": (pl.Float64, "double precision")}
+_KINDS = {
+    "i8": (pl.Int8, "smallint"),
+    "u8": (pl.UInt8, "smallint"),
+    "i16": (pl.Int16, "smallint"),
+    "u16": (pl.UInt16, "integer"),
+    "i32": (pl.Int32, "integer"),
+    "u32": (pl.UInt32, "bigint"),
+    "u64": (pl.UInt64, "bigint"),
+    "f32": (pl.Float32, "real"),
+    "f64": (pl.Float64, "double precision"),
+}
 
 
 def _kinds_frame() -> pl.DataFrame:
-    values = {"i8": [-128, 127, None], "u8": [0, 255, None], "i16": [-32768, 32767, None], "u16": [0, 65535, None],
-              "i32": [-(2**31), 2**31 - 1, None], "u32": [0, 2**32 - 1, None], "u64": [0, 2**63 - 1, None],
-              "f32": [0.1, -3.4e38, None], "f64": [0.1, 1e-300, None]}
+    values = {
+        "i8": [-128, 127, None],
+        "u8": [0, 255, None],
+        "i16": [-32768, 32767, None],
+        "u16": [0, 65535, None],
+        "i32": [-(2**31), 2**31 - 1, None],
+        "u32": [0, 2**32 - 1, None],
+        "u64": [0, 2**63 - 1, None],
+        "f32": [0.1, -3.4e38, None],
+        "f64": [0.1, 1e-300, None],
+    }
     return frame(3).with_columns(pl.Series(c, values[c], dtype=dtype) for c, (dtype, _) in _KINDS.items())
 
 
 @pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
 def test_small_ints_and_float32_keep_their_types_and_a_rerun_rewrites_nothing(
-        engine: str, request: pytest.FixtureRequest, client, sim: Simulator, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine: str, request: pytest.FixtureRequest, client, sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from llmledger._ledger import store as ledger_store
 
     store: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else tmp_path / "ledger.duckdb"
@@ -298,8 +345,11 @@ def test_small_ints_and_float32_keep_their_types_and_a_rerun_rewrites_nothing(
     assert out.select(df.columns).equals(df), "the frame comes back with its own types and values"
     refreshed: list[int] = []
     real_refresh = ledger_store.refresh_rows
-    monkeypatch.setattr(ledger_store, "refresh_rows", lambda con, layout, rows: (refreshed.append(rows.height),
-                                                                                 real_refresh(con, layout, rows)))
+    monkeypatch.setattr(
+        ledger_store,
+        "refresh_rows",
+        lambda con, layout, rows: (refreshed.append(rows.height), real_refresh(con, layout, rows)),
+    )
     again = apply_llm(df, "summary", prompt="{text} {f32} {u8}", **common)
     assert again.equals(out) and sim.stats()["paid"] == 3 and refreshed == [], "a rerun pays and rewrites nothing"
     stored = llmledger.sql(store, f"SELECT {', '.join(_KINDS)} FROM kinds ORDER BY id")
@@ -308,8 +358,11 @@ def test_small_ints_and_float32_keep_their_types_and_a_rerun_rewrites_nothing(
         assert stored[column].cast(dtype).equals(df[column]), column
         if engine == "postgresql":
             assert stored.schema[column] != pl.Float64 or dtype == pl.Float64, column
-            found = llmledger.sql(store, "SELECT data_type FROM information_schema.columns WHERE table_name = 'kinds' "
-                                         f"AND column_name = '{column}'")
+            found = llmledger.sql(
+                store,
+                "SELECT data_type FROM information_schema.columns WHERE table_name = 'kinds' "
+                f"AND column_name = '{column}'",
+            )
             assert found is not None and found["data_type"].to_list() == [pg_type], column
 
     keyed = df.select(pl.col("f32").fill_null(1e-7).alias("score"), "text")
@@ -319,8 +372,9 @@ def test_small_ints_and_float32_keep_their_types_and_a_rerun_rewrites_nothing(
     assert sim.stats()["paid"] == 6, "a Float32 key finds its rows again"
 
 
-def test_a_uint64_beyond_bigint_is_refused_on_postgresql_before_anything_is_written(pg_url: str, client,
-                                                                                     sim: Simulator) -> None:
+def test_a_uint64_beyond_bigint_is_refused_on_postgresql_before_anything_is_written(
+    pg_url: str, client, sim: Simulator
+) -> None:
     import psycopg
 
     df = frame(2).with_columns(pl.Series("big", [1, 2**63 + 5], dtype=pl.UInt64))
@@ -331,8 +385,9 @@ def test_a_uint64_beyond_bigint_is_refused_on_postgresql_before_anything_is_writ
         assert con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'm'").fetchone() == (0,)
 
 
-def test_a_float32_column_fits_a_double_column_a_postgresql_table_already_has(pg_url: str, client,
-                                                                             sim: Simulator) -> None:
+def test_a_float32_column_fits_a_double_column_a_postgresql_table_already_has(
+    pg_url: str, client, sim: Simulator
+) -> None:
     import psycopg
 
     common = {"store": pg_url, "table": "m", "client": client, "progress": False}
@@ -349,8 +404,9 @@ def test_a_float32_column_fits_a_double_column_a_postgresql_table_already_has(pg
 
 
 @pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
-def test_an_export_that_cannot_be_written_says_where(engine: str, request: pytest.FixtureRequest, client,
-                                                     sim: Simulator, tmp_path: Path) -> None:
+def test_an_export_that_cannot_be_written_says_where(
+    engine: str, request: pytest.FixtureRequest, client, sim: Simulator, tmp_path: Path
+) -> None:
     store: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else tmp_path / "ledger.duckdb"
     apply_llm(frame(2), "summary", prompt="{text}", store=store, table="m", client=client, progress=False)
     a_file = tmp_path / "a_file"

@@ -33,13 +33,16 @@ WORKING: dict[str, pl.Series] = {
     "categorical": pl.Series(["x", "y", "z"], dtype=pl.Categorical),
     "enum": pl.Series(["x", "y", "z"], dtype=pl.Enum(["x", "y", "z"])),
     "date": pl.Series([dt.date(2020, 1, 1), dt.date(1900, 1, 2), dt.date(2999, 12, 31)]),
-    "datetime_us_1us_apart": pl.Series([dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 0, 0, 0, 1),
-                                        dt.datetime(2020, 1, 1, 0, 0, 0, 2)]),
+    "datetime_us_1us_apart": pl.Series(
+        [dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 0, 0, 0, 1), dt.datetime(2020, 1, 1, 0, 0, 0, 2)]
+    ),
     "datetime_ms": pl.Series([dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 0, 0, 1)]).cast(pl.Datetime("ms")),
     # what pl.from_pandas gives: nanoseconds, here whole microseconds 1 µs apart
     "datetime_ns_whole_us": pl.Series([0, 1_000, 2_000], dtype=pl.Int64).cast(pl.Datetime("ns")),
-    "datetime_tz": pl.Series([dt.datetime(2020, 3, 29, 0, 30), dt.datetime(2020, 3, 29, 1, 30),
-                              dt.datetime(2020, 3, 29, 3, 30)]).dt.replace_time_zone("UTC")
+    "datetime_tz": pl.Series(
+        [dt.datetime(2020, 3, 29, 0, 30), dt.datetime(2020, 3, 29, 1, 30), dt.datetime(2020, 3, 29, 3, 30)]
+    )
+    .dt.replace_time_zone("UTC")
     .dt.convert_time_zone("Europe/Paris"),
     "time": pl.Series([dt.time(1), dt.time(2), dt.time(23, 59, 59, 999_999)]),
 }
@@ -60,9 +63,9 @@ def _frame(name: str, keys: pl.Series) -> pl.DataFrame:
 
 
 @pytest.mark.parametrize("name", list(WORKING))
-def test_every_key_type_the_ledger_accepts_round_trips_exactly(name: str, target: Any,
-                                                                client: anthropic.AsyncAnthropic,
-                                                                sim: Simulator) -> None:
+def test_every_key_type_the_ledger_accepts_round_trips_exactly(
+    name: str, target: Any, client: anthropic.AsyncAnthropic, sim: Simulator
+) -> None:
     df = _frame(name, WORKING[name])
     common = {"key": "k", "store": target, "table": "t", "client": client, "progress": False}
     out = apply_llm(df, "s", prompt="Q: {text}", **common)
@@ -80,25 +83,48 @@ def test_every_key_type_the_ledger_accepts_round_trips_exactly(name: str, target
 
 @pytest.mark.parametrize("name", list(REFUSED))
 def test_a_key_type_the_ledger_cannot_keep_exactly_is_refused_before_anything_is_written(
-        name: str, store: Path, client: anthropic.AsyncAnthropic, sim: Simulator) -> None:
+    name: str, store: Path, client: anthropic.AsyncAnthropic, sim: Simulator
+) -> None:
     with pytest.raises(KeyColumnError, match=r"key column 'k' is .*(cast|another key)"):
-        apply_llm(_frame(name, REFUSED[name]), "s", prompt="Q: {text}", key="k", store=store, table="t",
-                  client=client, progress=False)
+        apply_llm(
+            _frame(name, REFUSED[name]),
+            "s",
+            prompt="Q: {text}",
+            key="k",
+            store=store,
+            table="t",
+            client=client,
+            progress=False,
+        )
     assert not store.exists() and not store.parent.exists() and sim.stats()["requests"] == 0
 
 
 def test_a_refused_key_type_writes_nothing_to_postgresql(pg_url: str, client: anthropic.AsyncAnthropic) -> None:
     with pytest.raises(KeyColumnError, match="below the microsecond"):
-        apply_llm(_frame("ns", REFUSED["datetime_ns_below_us"]), "s", prompt="Q: {text}", key="k", store=pg_url,
-                  table="t", client=client, progress=False)
+        apply_llm(
+            _frame("ns", REFUSED["datetime_ns_below_us"]),
+            "s",
+            prompt="Q: {text}",
+            key="k",
+            store=pg_url,
+            table="t",
+            client=client,
+            progress=False,
+        )
     tables = llmledger._ledger.open_ledger(pg_url).steps()
     assert tables == []
 
 
-def test_composite_keys_of_mixed_types_find_their_rows(target: Any, client: anthropic.AsyncAnthropic,
-                                                       sim: Simulator) -> None:
-    df = pl.DataFrame({"day": [dt.date(2020, 1, 1)] * 2 + [dt.date(2020, 1, 2)] * 2,
-                       "who": ["a", "b", "a", "b"], "text": [f"composite {i}" for i in range(4)]})
+def test_composite_keys_of_mixed_types_find_their_rows(
+    target: Any, client: anthropic.AsyncAnthropic, sim: Simulator
+) -> None:
+    df = pl.DataFrame(
+        {
+            "day": [dt.date(2020, 1, 1)] * 2 + [dt.date(2020, 1, 2)] * 2,
+            "who": ["a", "b", "a", "b"],
+            "text": [f"composite {i}" for i in range(4)],
+        }
+    )
     common = {"key": ["day", "who"], "store": target, "table": "t", "client": client, "progress": False}
     out = apply_llm(df.reverse(), "s", prompt="Q: {text}", **common)
     assert out["s"].to_list() == [default_reply(f"Q: {t}") for t in df.reverse()["text"]]
@@ -120,14 +146,16 @@ def _dead_pid() -> int:
 
 
 def test_a_damaged_journal_is_reported_set_aside_and_only_its_whole_answers_merged(
-        run: Any, store: Path, sim: Simulator) -> None:
+    run: Any, store: Path, sim: Simulator
+) -> None:
     """A dead run's journal with a garbage line, a line holding only a key and a torn last line: the whole answers
     are merged (not paid again), the others are asked again, no row's status becomes NULL, and a copy of the file
     is kept beside it, named in a warning."""
     run(frame(6), "summary", prompt="Summarize: {text}")
     fields = {c.result: "summary" + c.suffix for c in STEP_COLUMNS if c.result}
-    done = llmledger.sql(store, f"SELECT id, {', '.join(f'{col} AS {res}' for res, col in fields.items())} "
-                                "FROM messages ORDER BY id")
+    done = llmledger.sql(
+        store, f"SELECT id, {', '.join(f'{col} AS {res}' for res, col in fields.items())} FROM messages ORDER BY id"
+    )
     llmledger.reset(store, "messages", "summary", where="true")  # the answers go to the history (not reusable)
     lines = [json.dumps(row, default=str) for row in done.head(4).to_dicts()]
     lines.insert(2, "{this is not json")

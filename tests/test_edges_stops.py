@@ -34,12 +34,21 @@ FAST = RetryPolicy(base_delay=0.01, max_delay=0.02, outage_after=0.01, outage_fa
 # What makes the simulator refuse every new request (the requests in flight are answered and billed), what lifts
 # it again, and the error the run raises.
 STOPS: dict[str, tuple[dict[str, Any], dict[str, Any], type[RunStopped]]] = {
-    "spend_cap": ({"error_rate": 1.0, "error_status": "enforced_spend_limit_reached"}, {"error_rate": 0.0},
-                  llmledger.SpendLimitReached),
-    "should_retry_false": ({"error_rate": 1.0, "error_status": "no_retry"}, {"error_rate": 0.0},
-                           llmledger.RetryRefused),
-    "outage": ({"error_rate": 1.0, "error_status": {"status": 529, "retry_after": None}}, {"error_rate": 0.0},
-               llmledger.OutageError),
+    "spend_cap": (
+        {"error_rate": 1.0, "error_status": "enforced_spend_limit_reached"},
+        {"error_rate": 0.0},
+        llmledger.SpendLimitReached,
+    ),
+    "should_retry_false": (
+        {"error_rate": 1.0, "error_status": "no_retry"},
+        {"error_rate": 0.0},
+        llmledger.RetryRefused,
+    ),
+    "outage": (
+        {"error_rate": 1.0, "error_status": {"status": 529, "retry_after": None}},
+        {"error_rate": 0.0},
+        llmledger.OutageError,
+    ),
     "auth_401": ({"api_key": "another-key"}, {"api_key": None}, llmledger.AuthenticationFailed),
     "model_404": ({"error_rate": 1.0, "error_status": 404}, {"error_rate": 0.0}, llmledger.ModelNotFound),
 }
@@ -47,6 +56,7 @@ STOPS: dict[str, tuple[dict[str, Any], dict[str, Any], type[RunStopped]]] = {
 
 def _fault_once_all_in_flight(sim: Simulator, fault: dict[str, Any], *, in_flight: int) -> threading.Thread:
     """Turn `fault` on as soon as `in_flight` requests are being answered: they complete, the next ones fail."""
+
     def watch() -> None:
         deadline = time.monotonic() + 30
         while sim.stats()["_concurrent"] < in_flight and time.monotonic() < deadline:
@@ -78,8 +88,17 @@ def _check_stop_keeps_paid_answers(store: Any, sim: Simulator, client: anthropic
     df = frame(ROWS)
     watcher = _fault_once_all_in_flight(sim, fault, in_flight=CONCURRENCY)
     with pytest.raises(error):
-        apply_llm(df, "summary", prompt="Summarize: {text}", store=store, table="messages", client=client,
-                  progress=False, concurrency=CONCURRENCY, retry=FAST)
+        apply_llm(
+            df,
+            "summary",
+            prompt="Summarize: {text}",
+            store=store,
+            table="messages",
+            client=client,
+            progress=False,
+            concurrency=CONCURRENCY,
+            retry=FAST,
+        )
     watcher.join()
     stats = _settled(sim)
     billed = set(sim.paid_prompts())
@@ -90,22 +109,33 @@ def _check_stop_keeps_paid_answers(store: Any, sim: Simulator, client: anthropic
     assert set(statuses) <= {"DONE", "NOT_STARTED"}, "nothing FAILED, nothing left claimed"
 
     sim.configure(**lifted, latency=0.0, jitter=0.0)
-    out = apply_llm(df, "summary", prompt="Summarize: {text}", store=store, table="messages", client=client,
-                    progress=False, concurrency=CONCURRENCY, retry=FAST)
+    out = apply_llm(
+        df,
+        "summary",
+        prompt="Summarize: {text}",
+        store=store,
+        table="messages",
+        client=client,
+        progress=False,
+        concurrency=CONCURRENCY,
+        retry=FAST,
+    )
     assert out["summary_status"].to_list() == ["DONE"] * ROWS
     assert sim.stats()["paid"] == ROWS, "the rerun paid exactly the rows never billed"
     assert set(sim.paid_prompts().values()) == {1}
 
 
 @pytest.mark.parametrize("kind", sorted(STOPS))
-def test_every_stop_keeps_the_answers_in_flight_duckdb(kind: str, store: Path, sim: Simulator,
-                                                        client: anthropic.AsyncAnthropic) -> None:
+def test_every_stop_keeps_the_answers_in_flight_duckdb(
+    kind: str, store: Path, sim: Simulator, client: anthropic.AsyncAnthropic
+) -> None:
     _check_stop_keeps_paid_answers(store, sim, client, kind)
 
 
 @pytest.mark.parametrize("kind", ["spend_cap", "outage"])
-def test_every_stop_keeps_the_answers_in_flight_postgresql(kind: str, pg_url: str, sim: Simulator,
-                                                            client: anthropic.AsyncAnthropic) -> None:
+def test_every_stop_keeps_the_answers_in_flight_postgresql(
+    kind: str, pg_url: str, sim: Simulator, client: anthropic.AsyncAnthropic
+) -> None:
     _check_stop_keeps_paid_answers(pg_url, sim, client, kind)
 
 
@@ -117,8 +147,13 @@ class Tone(BaseModel):
 @pytest.mark.parametrize("stop", ["budget", "spend_cap"])
 @pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
 def test_a_structured_row_owed_its_follow_up_is_released_when_the_run_stops(
-        engine: str, stop: str, request: pytest.FixtureRequest, store: Path, sim: Simulator,
-        client: anthropic.AsyncAnthropic) -> None:
+    engine: str,
+    stop: str,
+    request: pytest.FixtureRequest,
+    store: Path,
+    sim: Simulator,
+    client: anthropic.AsyncAnthropic,
+) -> None:
     """Every first answer is bad JSON; the run stops (its budget, or the account's spend cap, which also
     refuses the follow-ups) while first answers are in flight: those rows go back as they were (not
     NEEDS_REVIEW "not retried: the run stopped"), and a rerun answers them."""
@@ -126,8 +161,15 @@ def test_a_structured_row_owed_its_follow_up_is_released_when_the_run_stops(
     llmledger.set_price("claude-stops-test", input=1000.0, output=1000.0)
     sim.configure(latency=0.2, jitter=0.6, bad_json_once="hello")
     df = frame(40)
-    options: dict[str, Any] = dict(store=target, table="messages", client=client, progress=False, concurrency=8,
-                                   model="claude-stops-test", output=Tone)
+    options: dict[str, Any] = dict(
+        store=target,
+        table="messages",
+        client=client,
+        progress=False,
+        concurrency=8,
+        model="claude-stops-test",
+        output=Tone,
+    )
     if stop == "budget":
         out = apply_llm(df, "summary", prompt="Summarize: {text}", max_cost_usd=0.5, **options)
         report = last_report()
@@ -140,8 +182,9 @@ def test_a_structured_row_owed_its_follow_up_is_released_when_the_run_stops(
         sim.configure(error_rate=0.0)
         out = llmledger.sql(target, "SELECT summary_status FROM messages")
     statuses = set(out["summary_status"].to_list())
-    assert "NEEDS_REVIEW" not in statuses, llmledger.sql(target, "SELECT summary_error FROM messages WHERE "
-                                                                 "summary_status = 'NEEDS_REVIEW'")
+    assert "NEEDS_REVIEW" not in statuses, llmledger.sql(
+        target, "SELECT summary_error FROM messages WHERE summary_status = 'NEEDS_REVIEW'"
+    )
     assert statuses <= {"DONE", "NOT_STARTED"}
     assert "NOT_STARTED" in statuses
 
@@ -156,8 +199,9 @@ RACE_MODEL, RACE_PRICE = "claude-budget-race", 1000.0  # $ per million tokens, i
 
 
 @pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
-def test_two_concurrent_runs_of_a_step_share_one_budget(engine: str, request: pytest.FixtureRequest,
-                                                        store: Path, sim: Simulator) -> None:
+def test_two_concurrent_runs_of_a_step_share_one_budget(
+    engine: str, request: pytest.FixtureRequest, store: Path, sim: Simulator
+) -> None:
     """Two processes run one step with max_cost_usd=X and budget_scope="step" at the same time.
 
     The bound: what the API billed is at most X plus, per run, one request of unknown cost (its first, sent
@@ -169,24 +213,35 @@ def test_two_concurrent_runs_of_a_step_share_one_budget(engine: str, request: py
     target = str(request.getfixturevalue("pg_url")) if engine == "postgresql" else str(store)
     budget, rows = 0.2, 120
     sim.configure(latency=0.25, jitter=0.1)
-    procs = [subprocess.Popen([sys.executable, str(HELPERS / "budget_run.py"), target, str(rows), str(budget),
-                               "--concurrency", "3"], env=subprocess_env(sim.base_url), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HELPERS / "budget_run.py"), target, str(rows), str(budget), "--concurrency", "3"],
+            env=subprocess_env(sim.base_url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [proc.communicate(timeout=180)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     assert all("outcome budget" in out for out in outputs), outputs
     stats = _settled(sim)
     billed = (stats["input_tokens"] + stats["output_tokens"]) * RACE_PRICE / 1e6
-    ledger = llmledger.sql(target, "SELECT sum(summary_cost_usd) AS spent, max(summary_cost_usd) AS dearest, "
-                                   "count(summary_cost_usd) AS paid FROM messages")
+    ledger = llmledger.sql(
+        target,
+        "SELECT sum(summary_cost_usd) AS spent, max(summary_cost_usd) AS dearest, "
+        "count(summary_cost_usd) AS paid FROM messages",
+    )
     spent, dearest, paid = ledger.row(0)
     assert paid == stats["paid"] and spent == pytest.approx(billed), "every billed answer is in the ledger"
     assert billed <= budget + 2 * dearest, f"billed ${billed:.4f} on a budget of ${budget} (2 runs)"
     # Under it by at most what both runs held reserved ahead when both stopped: each reserves for every
     # worker's next request and a spare (3 + 1), beyond the one that did not fit.
     assert billed >= budget - 2 * (3 + 2) * dearest, "the budget is used, less at most what the runs held ahead"
-    assert llmledger.sql(target, "SELECT count(*) AS n FROM llmledger_budget_reservations").item() == 0, \
+    assert llmledger.sql(target, "SELECT count(*) AS n FROM llmledger_budget_reservations").item() == 0, (
         "each run dropped its reservation when it ended"
+    )
 
 
 def test_a_reservation_counts_while_its_holder_lives_and_not_after(run, sim: Simulator, store: Path) -> None:
@@ -197,15 +252,18 @@ def test_a_reservation_counts_while_its_holder_lives_and_not_after(run, sim: Sim
     options: dict[str, Any] = dict(model=RACE_MODEL, max_cost_usd=0.05, budget_scope="step")
     run(frame(2), "summary", prompt="Summarize: {text}", **options)
     paid = sim.stats()["paid"]
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True)
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead = f"{host_name()}/{finished.stdout.strip()}/deadrun"
 
     def hold(claimant: str, age_seconds: float) -> None:
         with duckdb.connect(str(store)) as con:
             con.execute("DELETE FROM llmledger_budget_reservations")
-            con.execute("INSERT INTO llmledger_budget_reservations VALUES ('messages', 'summary', ?, 1.0, ?)",
-                        [claimant, utcnow() - timedelta(seconds=age_seconds)])
+            con.execute(
+                "INSERT INTO llmledger_budget_reservations VALUES ('messages', 'summary', ?, 1.0, ?)",
+                [claimant, utcnow() - timedelta(seconds=age_seconds)],
+            )
 
     hold("another-host/123/liverun", 5)
     run(frame(20), "summary", prompt="Summarize: {text}", **options)
@@ -215,14 +273,19 @@ def test_a_reservation_counts_while_its_holder_lives_and_not_after(run, sim: Sim
 
     for claimant, age in ((dead, 5), ("another-host/123/liverun", 3 * 3600)):
         hold(claimant, age)
-        run(frame(20), "summary", prompt="Summarize: {text}", **{**options, "max_cost_usd": 0.05 + sim.stats()[
-            "paid"] * 0.02})
+        run(
+            frame(20),
+            "summary",
+            prompt="Summarize: {text}",
+            **{**options, "max_cost_usd": 0.05 + sim.stats()["paid"] * 0.02},
+        )
         assert sim.stats()["paid"] > paid, f"{claimant}'s reservation is ignored (dead or stale)"
         paid = sim.stats()["paid"]
 
 
-def test_a_reservation_is_judged_in_the_databases_clock_not_the_runs(run, sim: Simulator, pg_url: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reservation_is_judged_in_the_databases_clock_not_the_runs(
+    run, sim: Simulator, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A worker whose clock ran 40 minutes ahead took another host's live reservation for stale (both were the
     process's clock), and the step spent past its budget. Reservations are written and judged in PostgreSQL's
     clock, like claims."""
@@ -233,8 +296,10 @@ def test_a_reservation_is_judged_in_the_databases_clock_not_the_runs(run, sim: S
     run(frame(2), "summary", prompt="Summarize: {text}", **options)
     paid = sim.stats()["paid"]
     with psycopg.connect(pg_url, autocommit=True) as con:
-        con.execute("INSERT INTO llmledger_budget_reservations VALUES ('messages', 'summary', "
-                    "'another-host/123/liverun', 1.0, now() AT TIME ZONE 'UTC')")
+        con.execute(
+            "INSERT INTO llmledger_budget_reservations VALUES ('messages', 'summary', "
+            "'another-host/123/liverun', 1.0, now() AT TIME ZONE 'UTC')"
+        )
     real = llmledger._time.utcnow
     for module in [m for name, m in sys.modules.items() if name.startswith("llmledger")]:
         if getattr(module, "utcnow", None) is real:

@@ -32,7 +32,8 @@ def test_failed_rows_are_retried_by_a_plain_rerun_until_max_attempts(run, sim: S
     for expected_status, expected_attempts in [("FAILED", 1), ("FAILED", 2), ("NEEDS_REVIEW", 3)]:
         run(frame(5), "summary", prompt="Summarize: {text}", max_attempts=3)
         assert sql(store, "SELECT summary_status, summary_attempts FROM messages WHERE id = 3") == [
-            (expected_status, expected_attempts)]
+            (expected_status, expected_attempts)
+        ]
     requests_before = sim.stats()["requests"]
     run(frame(5), "summary", prompt="Summarize: {text}", max_attempts=3)
     assert sim.stats()["requests"] == requests_before, "NEEDS_REVIEW rows are not sent by a plain rerun"

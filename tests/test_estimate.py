@@ -40,17 +40,20 @@ def test_an_estimate_sends_and_writes_nothing(run, sim: Simulator, store: Path, 
         llmledger.estimate(reviews, "sentiment", prompt=PROMPT, no_such_option=1)
 
 
-def test_after_a_small_first_run_the_estimate_is_what_the_rest_costs(run, sim: Simulator, store: Path, client,
-                                                                     reviews: pl.DataFrame) -> None:
+def test_after_a_small_first_run_the_estimate_is_what_the_rest_costs(
+    run, sim: Simulator, store: Path, client, reviews: pl.DataFrame
+) -> None:
     options = {"prompt": PROMPT, "key": "review_id", "max_tokens": 5}
     reviews = reviews.head(1_200)
     run(reviews, "sentiment", **options, where="review_id <= 50")
-    figures = llmledger.estimate(reviews, "sentiment", **options, store=store, table="messages",
-                                 client=client).row(0, named=True)  # the simulator's: its answers are done for it
+    figures = llmledger.estimate(reviews, "sentiment", **options, store=store, table="messages", client=client).row(
+        0, named=True
+    )  # the simulator's: its answers are done for it
     assert figures["output_basis"] == "the step's 50 answers so far" and figures["done"] == 50
     for_real = llmledger.estimate(reviews, "sentiment", **options, store=store, table="messages").row(0, named=True)
-    assert (for_real["done"], for_real["calls"]) == (0, figures["calls"] + 50), \
+    assert (for_real["done"], for_real["calls"]) == (0, figures["calls"] + 50), (
         "for the real API (no client=), the simulated answers are to be asked again"
+    )
     run(reviews, "sentiment", **options)
     report = last_report()
     assert report is not None and report.calls == figures["calls"]
@@ -59,13 +62,20 @@ def test_after_a_small_first_run_the_estimate_is_what_the_rest_costs(run, sim: S
     assert figures["cost_usd_batch"] == pytest.approx(figures["cost_usd"] / 2)
 
 
-def test_a_pipeline_is_estimated_as_a_whole_then_paid_as_estimated(client, sim: Simulator, store: Path,
-                                                                     reviews: pl.DataFrame) -> None:
+def test_a_pipeline_is_estimated_as_a_whole_then_paid_as_estimated(
+    client, sim: Simulator, store: Path, reviews: pl.DataFrame
+) -> None:
     df = reviews.head(200)
-    steps = {"extract": {"prompt": "Extract the product and sentiment from: {text}",
-                         "output": {"product": str, "sentiment": str}},
-             "reply": {"prompt": "Write a reply to a {extract.sentiment} review of {extract.product}: {text}",
-                       "max_tokens": 60}}
+    steps = {
+        "extract": {
+            "prompt": "Extract the product and sentiment from: {text}",
+            "output": {"product": str, "sentiment": str},
+        },
+        "reply": {
+            "prompt": "Write a reply to a {extract.sentiment} review of {extract.product}: {text}",
+            "max_tokens": 60,
+        },
+    }
     common = {"key": "review_id", "store": store, "table": "reviews", "client": client}
     figures = llmledger.estimate(df, steps, **common)
     assert not store.exists() and sim.stats()["requests"] == 0, "nothing sent or written"
@@ -96,15 +106,19 @@ def test_a_pipeline_is_estimated_as_a_whole_then_paid_as_estimated(client, sim: 
     assert again["cost_usd"][2] == 0
 
 
-def test_a_pipeline_estimate_prices_waiting_rows_at_the_steps_own_answers(client, sim: Simulator, store: Path,
-                                                                          reviews: pl.DataFrame) -> None:
+def test_a_pipeline_estimate_prices_waiting_rows_at_the_steps_own_answers(
+    client, sim: Simulator, store: Path, reviews: pl.DataFrame
+) -> None:
     df = reviews.head(60)
-    steps = {"extract": {"prompt": "Extract the product from: {text}", "output": {"product": str}},
-             "reply": {"prompt": "Reply in a few words about {extract.product}", "max_tokens": 300}}
+    steps = {
+        "extract": {"prompt": "Extract the product from: {text}", "output": {"product": str}},
+        "reply": {"prompt": "Reply in a few words about {extract.product}", "max_tokens": 300},
+    }
     common = {"key": "review_id", "store": store, "table": "reviews", "client": client}
     llmledger.pipeline(df, steps, **common, progress=False, where="review_id <= 20")
-    (average,), = sql(store, "SELECT avg(reply_output_tokens) FROM reviews WHERE reply_status = 'DONE'")
+    ((average,),) = sql(store, "SELECT avg(reply_output_tokens) FROM reviews WHERE reply_status = 'DONE'")
     figures = llmledger.estimate(df, steps, **common).filter(pl.col("step") == "reply").row(0, named=True)
     assert figures["waiting"] == 40 and figures["output_basis"].startswith("the step's 20 answers so far")
-    assert figures["output_tokens"] == pytest.approx(average * figures["calls"], abs=2), \
+    assert figures["output_tokens"] == pytest.approx(average * figures["calls"], abs=2), (
         "the waiting rows are reckoned at the step's own answers, not the 150-token guess"
+    )

@@ -39,8 +39,17 @@ def test_the_checker_catches_a_wrong_answer_a_stuck_row_and_a_request_paid_twice
         books = Scenario(plan, sim, store).run()
         assert violations(store, sim, plan, books) == []
         llmledger.sql(store, f"UPDATE {TABLE} SET {STEP} = 'not its answer' WHERE id = 3", write=True)
-        apply_llm(frame(plan.rows), STEP, prompt=PROMPT, store=store, table=TABLE, where="id = 5", redo=True,
-                  client=Scenario(plan, sim, store).client, progress=False)  # paid again, on nobody's books
+        apply_llm(
+            frame(plan.rows),
+            STEP,
+            prompt=PROMPT,
+            store=store,
+            table=TABLE,
+            where="id = 5",
+            redo=True,
+            client=Scenario(plan, sim, store).client,
+            progress=False,
+        )  # paid again, on nobody's books
         # after: a run recovers it
         llmledger.sql(store, f"UPDATE {TABLE} SET {STEP}_status = 'RUNNING' WHERE id = 4", write=True)
         found = violations(store, sim, plan, Books())

@@ -19,8 +19,9 @@ from llmledger._ledger.engine.duckdb import registered
 from .conftest import frame, sql
 
 
-def test_changing_request_options_makes_rows_stale_and_redo_stale_pays_exactly_those(run, sim: Simulator,
-                                                                                      store: Path) -> None:
+def test_changing_request_options_makes_rows_stale_and_redo_stale_pays_exactly_those(
+    run, sim: Simulator, store: Path
+) -> None:
     df = frame(8)
     run(df, "summary", prompt="Summarize: {text}", request_options={"stop_sequences": ["END"]})
     assert sim.stats()["paid"] == 8
@@ -29,8 +30,7 @@ def test_changing_request_options_makes_rows_stale_and_redo_stale_pays_exactly_t
     assert report is not None and (report.stale, report.calls) == (8, 0), "reported, not paid"
     assert sim.stats()["paid"] == 8
 
-    run(df.head(3), "summary", prompt="Summarize: {text}", request_options={"stop_sequences": ["STOP"]},
-        redo="stale")
+    run(df.head(3), "summary", prompt="Summarize: {text}", request_options={"stop_sequences": ["STOP"]}, redo="stale")
     assert sim.stats()["paid"] == 11, "redo='stale' re-sends exactly the stale rows it is given"
     assert [r["body"]["stop_sequences"] for r in sim.log()[-3:]] == [["STOP"]] * 3
     run(df, "summary", prompt="Summarize: {text}", request_options={"stop_sequences": ["STOP"]})
@@ -40,12 +40,20 @@ def test_changing_request_options_makes_rows_stale_and_redo_stale_pays_exactly_t
 def test_every_part_of_the_request_makes_a_new_step_version(run, store: Path) -> None:
     df = frame(2)
     base = {"prompt": "Summarize: {text}", "where": "false"}
-    for changes in ({}, {"model": "claude-other"}, {"system": "Be terse."}, {"max_tokens": 99},
-                    {"prompt": "Summarise: {text}"}, {"request_options": {"temperature": 0.5}},
-                    {"request_options": {"temperature": 0.7}}, {}):
+    for changes in (
+        {},
+        {"model": "claude-other"},
+        {"system": "Be terse."},
+        {"max_tokens": 99},
+        {"prompt": "Summarise: {text}"},
+        {"request_options": {"temperature": 0.5}},
+        {"request_options": {"temperature": 0.7}},
+        {},
+    ):
         run(df, "summary", **{**base, **changes})
-    steps = sql(store, "SELECT version, model, system, max_tokens, prompt, options FROM llmledger_steps "
-                       "ORDER BY created_at")
+    steps = sql(
+        store, "SELECT version, model, system, max_tokens, prompt, options FROM llmledger_steps ORDER BY created_at"
+    )
     assert len(steps) == 7, "seven different definitions; running the first one again adds none"
     assert len({s[0] for s in steps}) == 7
     assert json.loads(steps[-1][5]) == {"temperature": 0.7}
@@ -53,10 +61,18 @@ def test_every_part_of_the_request_makes_a_new_step_version(run, store: Path) ->
 
 
 def test_identical_prompts_under_other_options_are_never_reused(run, sim: Simulator) -> None:
-    run(pl.DataFrame({"id": [1], "text": ["same text"]}), "summary", prompt="Summarize: {text}",
-        request_options={"temperature": 0.0})
-    out = run(pl.DataFrame({"id": [1, 2], "text": ["same text", "same text"]}), "summary",
-              prompt="Summarize: {text}", request_options={"temperature": 1.0})
+    run(
+        pl.DataFrame({"id": [1], "text": ["same text"]}),
+        "summary",
+        prompt="Summarize: {text}",
+        request_options={"temperature": 0.0},
+    )
+    out = run(
+        pl.DataFrame({"id": [1, 2], "text": ["same text", "same text"]}),
+        "summary",
+        prompt="Summarize: {text}",
+        request_options={"temperature": 1.0},
+    )
     report = last_report()
     assert report is not None and report.calls == 1, "row 2 asks with other options: a new call"
     assert report.reused == 0 and report.stale == 1
@@ -65,32 +81,48 @@ def test_identical_prompts_under_other_options_are_never_reused(run, sim: Simula
 
 
 def test_options_reach_the_api_as_body_fields(run, sim: Simulator) -> None:
-    run(frame(2), "summary", prompt="Summarize: {text}", request_options={
-        "temperature": 0.2, "top_k": 5, "metadata": {"user_id": "u-1"}, "stop_sequences": ["zz"]})
+    run(
+        frame(2),
+        "summary",
+        prompt="Summarize: {text}",
+        request_options={"temperature": 0.2, "top_k": 5, "metadata": {"user_id": "u-1"}, "stop_sequences": ["zz"]},
+    )
     body = sim.log()[0]["body"]
     assert {k: body[k] for k in ("temperature", "top_k", "metadata", "stop_sequences")} == {
-        "temperature": 0.2, "top_k": 5, "metadata": {"user_id": "u-1"}, "stop_sequences": ["zz"]}
+        "temperature": 0.2,
+        "top_k": 5,
+        "metadata": {"user_id": "u-1"},
+        "stop_sequences": ["zz"],
+    }
 
 
 def test_a_stop_sequence_is_honoured_and_stored(run, sim: Simulator, store: Path) -> None:
-    out = run(pl.DataFrame({"id": [1], "text": ["alpha beta gamma"]}), "summary", prompt="Summarize: {text}",
-              request_options={"stop_sequences": ["gamma"]})
+    out = run(
+        pl.DataFrame({"id": [1], "text": ["alpha beta gamma"]}),
+        "summary",
+        prompt="Summarize: {text}",
+        request_options={"stop_sequences": ["gamma"]},
+    )
     assert out["summary"].to_list() == ["Summary: alpha beta "]
     assert sql(store, "SELECT summary_stop_reason FROM messages") == [("stop_sequence",)]
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"model": "x"}, "pass model= instead"),
-    ({"messages": []}, r"pass prompt= \(or messages=\) instead"),
-    ({"system": "x"}, "pass system= instead"),
-    ({"stream": True}, "does not stream"),
-    ({"timeout": 5}, "client.with_options"),
-    ({"temperature": float("nan")}, "JSON values"),
-    ({"metadata": object()}, "JSON values"),
-    (["temperature", 0.5], "must be a dict"),
-])
-def test_bad_request_options_are_refused_before_anything_is_written(run, sim: Simulator, store: Path, options,
-                                                                     message) -> None:
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"model": "x"}, "pass model= instead"),
+        ({"messages": []}, r"pass prompt= \(or messages=\) instead"),
+        ({"system": "x"}, "pass system= instead"),
+        ({"stream": True}, "does not stream"),
+        ({"timeout": 5}, "client.with_options"),
+        ({"temperature": float("nan")}, "JSON values"),
+        ({"metadata": object()}, "JSON values"),
+        (["temperature", 0.5], "must be a dict"),
+    ],
+)
+def test_bad_request_options_are_refused_before_anything_is_written(
+    run, sim: Simulator, store: Path, options, message
+) -> None:
     with pytest.raises(InvalidInputError, match=message):
         run(frame(2), "summary", prompt="Summarize: {text}", request_options=options)
     assert not store.exists() and sim.stats()["requests"] == 0
@@ -102,8 +134,9 @@ def test_the_sql_fingerprint_equals_pythons_for_any_text(engine: str, request: p
     first = 1 if engine == "postgresql" else 0  # PostgreSQL's text cannot hold chr(0)
     alphabet = [chr(c) for c in range(first, 0x80)] + ["é", "€", "😀", "\u2028", "\ufeff", "\\u000B", '\\"']
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(2000)]
-    spec = llmledger._step.request.RequestSpec(model="m", max_tokens=9, system="s\x0b'\" 100%",
-                                          options={"stop_sequences": ["\x1f"]})
+    spec = llmledger._step.request.RequestSpec(
+        model="m", max_tokens=9, system="s\x0b'\" 100%", options={"stop_sequences": ["\x1f"]}
+    )
     prompts = pl.DataFrame({"p": texts}).with_row_index("i")
     if engine == "postgresql":
         ledger = open_ledger(request.getfixturevalue("pg_url"))

@@ -17,12 +17,14 @@ from .conftest import frame, sql
 PROMPT = "Summarize: {text}"
 
 
-def test_redo_flagged_resends_exactly_the_flagged_rows_and_clears_their_flags(run, sim: Simulator,
-                                                                              store: Path) -> None:
+def test_redo_flagged_resends_exactly_the_flagged_rows_and_clears_their_flags(run, sim: Simulator, store: Path) -> None:
     first = run(frame(10), "summary", prompt=PROMPT)
     assert llmledger.flag(store, "messages", "summary", where="id IN (2, 5, 7)", reason="too vague", by="ana") == 3
-    flags = sql(store, "SELECT id, summary_flag, summary_flagged_by, summary_flagged_at IS NOT NULL FROM messages "
-                       "WHERE summary_flag IS NOT NULL ORDER BY id")
+    flags = sql(
+        store,
+        "SELECT id, summary_flag, summary_flagged_by, summary_flagged_at IS NOT NULL FROM messages "
+        "WHERE summary_flag IS NOT NULL ORDER BY id",
+    )
     assert flags == [(2, "too vague", "ana", True), (5, "too vague", "ana", True), (7, "too vague", "ana", True)]
 
     run(frame(10), "summary", prompt=PROMPT)
@@ -53,8 +55,9 @@ def test_a_flagged_answer_is_not_handed_back_by_an_identical_request(run, sim: S
     df = pl.DataFrame({"id": [1, 2], "text": ["same words", "same words"]})
     run(df, "summary", prompt=PROMPT)
     assert sim.stats()["paid"] == 1, "identical requests share one answer"
-    assert llmledger.flag(store, "messages", "summary", where="id = 1", reason="wrong") == 2, \
+    assert llmledger.flag(store, "messages", "summary", where="id = 1", reason="wrong") == 2, (
         "its twin shows the same answer to the same request: flagged with it"
+    )
     sim.responder = lambda prompt, system: "a fresh answer"
     out = run(df, "summary", prompt=PROMPT, redo="flagged")
     assert sim.stats()["paid"] == 2
@@ -64,8 +67,11 @@ def test_a_flagged_answer_is_not_handed_back_by_an_identical_request(run, sim: S
 def test_reset_starts_rows_over_and_keeps_their_answers_in_the_history(run, sim: Simulator, store: Path) -> None:
     run(frame(6), "summary", prompt=PROMPT)
     assert llmledger.reset(store, "messages", "summary", where="id >= 4") == 2
-    rows = sql(store, "SELECT id, summary, summary_status, summary_attempts, summary_cost_usd FROM messages "
-                      "WHERE id >= 4 ORDER BY id")
+    rows = sql(
+        store,
+        "SELECT id, summary, summary_status, summary_attempts, summary_cost_usd FROM messages "
+        "WHERE id >= 4 ORDER BY id",
+    )
     assert rows == [(4, None, "NOT_STARTED", 0, None), (5, None, "NOT_STARTED", 0, None)]
     assert llmledger.history(store, "messages", "summary")["reason"].to_list() == ["reset", "reset"]
     run(frame(6), "summary", prompt=PROMPT)
@@ -90,13 +96,18 @@ def test_cli_flag_reset_and_history(run, sim: Simulator, store: Path) -> None:
     run(frame(4), "summary", prompt=PROMPT)
 
     def cli(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "llmledger", *args, str(store), "--table", "messages",
-                               "--step", "summary"], capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "llmledger", *args, str(store), "--table", "messages", "--step", "summary"],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    assert cli("flag", "--where", "id = 1", "--reason", "off topic", "--by", "bo").strip() == \
-        "flag: 1 row of messages.summary"
+    assert (
+        cli("flag", "--where", "id = 1", "--reason", "off topic", "--by", "bo").strip()
+        == "flag: 1 row of messages.summary"
+    )
     assert sql(store, "SELECT summary_flag, summary_flagged_by FROM messages WHERE id = 1") == [("off topic", "bo")]
     assert "reset: 2 rows" in cli("reset", "--where", "id >= 2")
     printed = cli("history", "--key", "3")

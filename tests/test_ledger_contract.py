@@ -29,8 +29,13 @@ def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Ledger:
 
 
 def _definition(frame: pl.DataFrame = FRAME, prompt: str = "Say {text}", model: str = "m") -> StepDefinition:
-    return StepDefinition(table="t", step="s", key=["id"], request=RequestSpec(model=model, max_tokens=5),
-                          prompt=plan_prompt(prompt, frame))
+    return StepDefinition(
+        table="t",
+        step="s",
+        key=["id"],
+        request=RequestSpec(model=model, max_tokens=5),
+        prompt=plan_prompt(prompt, frame),
+    )
 
 
 def _params(**changes: object) -> RunParams:
@@ -40,24 +45,34 @@ def _params(**changes: object) -> RunParams:
 
 
 def _result(row: dict, status: str, output: str | None = None, error: str | None = None) -> dict:
-    return {"id": row["id"], "status": status, "output": output, "attempts": int(row["attempts"]) + 1,
-            "error": error, "input_tokens": 3 if output else None, "output_tokens": 1 if output else None,
-            "cost_usd": 0.0 if output else None, "stop_reason": "end_turn" if output else None, "model": "m",
-            "fingerprint": row["fingerprint"] if output else None, "finished_at": utcnow()}
+    return {
+        "id": row["id"],
+        "status": status,
+        "output": output,
+        "attempts": int(row["attempts"]) + 1,
+        "error": error,
+        "input_tokens": 3 if output else None,
+        "output_tokens": 1 if output else None,
+        "cost_usd": 0.0 if output else None,
+        "stop_reason": "end_turn" if output else None,
+        "model": "m",
+        "fingerprint": row["fingerprint"] if output else None,
+        "finished_at": utcnow(),
+    }
 
 
 def _commit(ledger: Ledger, selection, rows: list[dict]) -> None:
     ledger.commit(selection, pl.from_dicts(rows, schema={"id": pl.Int64} | RESULT_SCHEMA), now=utcnow())
 
 
-
-
 def _age(ledger: Ledger, claimant: str, *, hours: int) -> None:
     """Make `claimant`'s claims `hours` older: on PostgreSQL a claim takes its time from the database's clock, so a
     `now=` in the past no longer backdates it."""
-    ledger.query(f"UPDATE t SET s_running_started_at = s_running_started_at - INTERVAL '{hours} hours', "
-                 f"s_lease_until = s_lease_until - INTERVAL '{hours} hours' WHERE s_claimed_by = '{claimant}'",
-                 write=True)
+    ledger.query(
+        f"UPDATE t SET s_running_started_at = s_running_started_at - INTERVAL '{hours} hours', "
+        f"s_lease_until = s_lease_until - INTERVAL '{hours} hours' WHERE s_claimed_by = '{claimant}'",
+        write=True,
+    )
 
 
 def test_prepare_records_rows_and_their_requests_and_selects_them(ledger: Ledger) -> None:
@@ -80,16 +95,22 @@ def test_commit_writes_outputs_and_statuses_and_release_gives_the_rest_back(ledg
     assert (counts["DONE"], counts["FAILED"], counts["NOT_STARTED"], counts["RUNNING"]) == (1, 1, 2, 0)
     assert [(e.example_key, e.example) for e in ledger.overview("t").steps[0].errors] == [('{"id":2}', "400 bad")]
     out = ledger.outputs(selection, FRAME.select("id").reverse())
-    assert out.rows() == [(None, "NOT_STARTED", False), (None, "NOT_STARTED", False), (None, "FAILED", False),
-                          ("A", "DONE", False)], \
-        "outputs come back in the frame's order"
+    assert out.rows() == [
+        (None, "NOT_STARTED", False),
+        (None, "NOT_STARTED", False),
+        (None, "FAILED", False),
+        ("A", "DONE", False),
+    ], "outputs come back in the frame's order"
 
 
 def test_a_second_prepare_selects_only_what_still_needs_work(ledger: Ledger) -> None:
     selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
-    _commit(ledger, selection, [_result(r, "DONE", r["prompt"].upper()) for r in rows[:3]]
-            + [_result(rows[3], "FAILED", error="400")])
+    _commit(
+        ledger,
+        selection,
+        [_result(r, "DONE", r["prompt"].upper()) for r in rows[:3]] + [_result(rows[3], "FAILED", error="400")],
+    )
     again = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     assert again.work["id"].to_list() == [4], "DONE rows are not selected; a FAILED row with attempts left is"
     assert again.stale == 0
@@ -210,8 +231,9 @@ def test_history_keeps_the_answers_a_redo_replaces(ledger: Ledger) -> None:
     selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
     _commit(ledger, selection, [_result(r, "DONE", "first") for r in rows])
-    redo = ledger.prepare(_definition(), FRAME, _params(redo=Redo.ALL, where="id = 2", run_started=utcnow()),
-                          dedupe=False)
+    redo = ledger.prepare(
+        _definition(), FRAME, _params(redo=Redo.ALL, where="id = 2", run_started=utcnow()), dedupe=False
+    )
     [row] = ledger.claim(redo, 4, claimant="h/1/r2", now=utcnow())
     _commit(ledger, redo, [_result(row, "DONE", "second")])
     history = ledger.history("t", "s")
@@ -252,8 +274,18 @@ def test_flag_selects_rows_for_redo_and_reset_starts_rows_over(ledger: Ledger) -
 
 def _intent(ledger: Ledger, selection, rows: list[dict], intent: str = "bintent1") -> None:
     assigned = pl.DataFrame({"id": [r["id"] for r in rows], "custom_id": [f"{intent}-{i}" for i in range(len(rows))]})
-    ledger.begin_batch(selection.layout, assigned, intent=intent, claimant="h/1/r", requests=len(rows), size=100,
-                       model="m", version=selection.version, validated=False, now=utcnow())
+    ledger.begin_batch(
+        selection.layout,
+        assigned,
+        intent=intent,
+        claimant="h/1/r",
+        requests=len(rows),
+        size=100,
+        model="m",
+        version=selection.version,
+        validated=False,
+        now=utcnow(),
+    )
 
 
 def test_a_batch_goes_from_intent_to_submitted_to_merged(ledger: Ledger) -> None:
@@ -269,11 +301,23 @@ def test_a_batch_goes_from_intent_to_submitted_to_merged(ledger: Ledger) -> None
     [record] = ledger.open_batches("t", "s")
     held = ledger.batch_rows(record)
     assert held.rows.sort("id")["custom_id"].to_list() == ["bintent1-0", "bintent1-1", "bintent1-2"]
-    answered = [{**_result({**rows[0], "fingerprint": rows[0]["fingerprint"]}, "DONE", "yes"),
-                 "batch_id": "msgbatch_x", "custom_id": "bintent1-0"}]
-    back = ledger.merge_batch(record, held.layout, pl.from_dicts(answered, schema={"id": pl.Int64} | RESULT_SCHEMA),
-                              counts={"succeeded": 1, "expired": 2}, processing_status="ended", ended_at=utcnow(),
-                              now=utcnow(), expected_rows=3)
+    answered = [
+        {
+            **_result({**rows[0], "fingerprint": rows[0]["fingerprint"]}, "DONE", "yes"),
+            "batch_id": "msgbatch_x",
+            "custom_id": "bintent1-0",
+        }
+    ]
+    back = ledger.merge_batch(
+        record,
+        held.layout,
+        pl.from_dicts(answered, schema={"id": pl.Int64} | RESULT_SCHEMA),
+        counts={"succeeded": 1, "expired": 2},
+        processing_status="ended",
+        ended_at=utcnow(),
+        now=utcnow(),
+        expected_rows=3,
+    )
     assert sorted(back["id"].to_list()) == [2, 3], "the rows the batch did not answer go back"
     assert ledger.counts("t").select("SUBMITTED", "DONE", "NOT_STARTED").row(0) == (0, 1, 3)
     assert ledger.open_batches("t", "s") == []
@@ -301,22 +345,38 @@ def test_a_found_batch_is_never_abandoned_nor_given_to_two_intents(ledger: Ledge
     _intent(ledger, selection, second, intent="bsecond")
     assert ledger.confirm_batch("t", "s", intent="bfirst", batch_id="msgbatch_a", now=utcnow()) == 2
     assert ledger.confirm_batch("t", "s", intent="bsecond", batch_id="msgbatch_a", now=utcnow()) is None
-    assert ledger.abandon_batch("t", "s", intent="bfirst", note="late", now=utcnow()).height == 0, \
+    assert ledger.abandon_batch("t", "s", intent="bfirst", note="late", now=utcnow()).height == 0, (
         "another run found its batch meanwhile: not abandoned"
+    )
     assert ledger.counts("t").select("SUBMITTED", "RUNNING").row(0) == (2, 2)
     [record] = [b for b in ledger.open_batches("t", "s") if b.intent == "bfirst"]
     held = ledger.batch_rows(record)
     with pytest.raises(BatchChanged):
-        ledger.merge_batch(record, held.layout, pl.DataFrame(schema={"id": pl.Int64} | RESULT_SCHEMA), counts={},
-                           processing_status="ended", ended_at=utcnow(), now=utcnow(), expected_rows=3)
+        ledger.merge_batch(
+            record,
+            held.layout,
+            pl.DataFrame(schema={"id": pl.Int64} | RESULT_SCHEMA),
+            counts={},
+            processing_status="ended",
+            ended_at=utcnow(),
+            now=utcnow(),
+            expected_rows=3,
+        )
     assert ledger.counts("t").select("SUBMITTED").row(0) == (2,), "a merge against stale rows writes nothing"
 
 
 def test_overview_counts_claims_and_errors_by_kind(ledger: Ledger) -> None:
     selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
-    _commit(ledger, selection, [_result(rows[0], "DONE", "A"), _result(rows[1], "FAILED", error="400 bad: row 2"),
-                                _result(rows[2], "FAILED", error="400 bad: row 3")])
+    _commit(
+        ledger,
+        selection,
+        [
+            _result(rows[0], "DONE", "A"),
+            _result(rows[1], "FAILED", error="400 bad: row 2"),
+            _result(rows[2], "FAILED", error="400 bad: row 3"),
+        ],
+    )
     (step,) = ledger.overview("t").steps
     assert (step.counts["DONE"], step.counts["FAILED"], step.counts["RUNNING"], step.counts["total"]) == (1, 2, 1, 4)
     assert [(c.claimed_by, c.rows) for c in step.claims] == [("h/1/r", 1)]

@@ -42,9 +42,12 @@ def old_store(tmp_path: Path) -> Path:
 
 def _snapshot(store: Path) -> dict[str, list[tuple]]:
     return {
-        "summary": sql(store, "SELECT id, summary, summary_status, summary_attempts, summary_error IS NOT NULL, "
-                              "summary_input_tokens, summary_output_tokens, summary_cost_usd, summary_finished_at "
-                              "FROM messages ORDER BY id"),
+        "summary": sql(
+            store,
+            "SELECT id, summary, summary_status, summary_attempts, summary_error IS NOT NULL, "
+            "summary_input_tokens, summary_output_tokens, summary_cost_usd, summary_finished_at "
+            "FROM messages ORDER BY id",
+        ),
         "title": sql(store, "SELECT id, title, title_status, title_attempts FROM messages ORDER BY id"),
         "history": sql(store, "SELECT table_name, step, row_key, output, replaced_at FROM llmledger_history"),
         "runs": sql(store, "SELECT run_id, outcome, calls FROM llmledger_runs ORDER BY started_at"),
@@ -57,8 +60,9 @@ def test_an_old_store_upgrades_and_pays_only_for_what_it_never_had(old_store: Pa
 
     out = apply_llm(frame(12), "summary", store=old_store, table="messages", client=client, progress=False, **SUMMARY)
     report = last_report()
-    assert report is not None and (report.calls, report.stale) == (2, 0), \
+    assert report is not None and (report.calls, report.stale) == (2, 0), (
         "answers from 0.1.0 are current (same request), so only the two unanswered rows are paid"
+    )
     assert sorted(sim.paid_prompts()) == ["Summarize: hello message number 10", "Summarize: hello message number 11"]
     assert out["summary_status"].to_list() == ["DONE"] * 3 + ["NEEDS_REVIEW"] + ["DONE"] * 8
 
@@ -68,24 +72,37 @@ def test_an_old_store_upgrades_and_pays_only_for_what_it_never_had(old_store: Pa
     assert after["history"] == before["history"], "the history of replaced answers is kept"
     assert after["runs"][: len(before["runs"])] == before["runs"]
     assert sql(old_store, "SELECT version, llmledger FROM llmledger_migrations ORDER BY version") == [
-        (1, "0.1.0"), *((m.version, llmledger.__version__) for m in MIGRATIONS[1:])]
-    assert sql(old_store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE' "
-                          "AND summary_fingerprint IS DISTINCT FROM summary_request_fingerprint") == [(0,)]
+        (1, "0.1.0"),
+        *((m.version, llmledger.__version__) for m in MIGRATIONS[1:]),
+    ]
+    assert sql(
+        old_store,
+        "SELECT count(*) FROM messages WHERE summary_status = 'DONE' "
+        "AND summary_fingerprint IS DISTINCT FROM summary_request_fingerprint",
+    ) == [(0,)]
 
     apply_llm(frame(12), "summary", store=old_store, table="messages", client=client, progress=False, **SUMMARY)
     assert sim.stats()["paid"] == 2, "and a rerun pays nothing"
 
 
 def test_old_answers_under_another_request_are_reported_stale(old_store: Path, client, sim: Simulator) -> None:
-    apply_llm(frame(12), "summary", store=old_store, table="messages", client=client, progress=False,
-              **{**SUMMARY, "system": "Be very brief."})
+    apply_llm(
+        frame(12),
+        "summary",
+        store=old_store,
+        table="messages",
+        client=client,
+        progress=False,
+        **{**SUMMARY, "system": "Be very brief."},
+    )
     assert last_report().stale == 9  # type: ignore[union-attr]
     assert sim.stats()["paid"] == 2
 
 
 def test_the_second_step_of_an_old_store_upgrades_too(old_store: Path, client, sim: Simulator) -> None:
-    out = apply_llm(frame(12), "title", prompt="Title for: {text}", store=old_store, table="messages",
-                    client=client, progress=False)
+    out = apply_llm(
+        frame(12), "title", prompt="Title for: {text}", store=old_store, table="messages", client=client, progress=False
+    )
     assert last_report().stale == 0  # type: ignore[union-attr]
     assert sim.stats()["paid"] == 9, "rows 0-2 were answered by 0.1.0; row 3 (FAILED) and 4-11 are sent"
     assert out["title"].to_list() == [default_reply(f"Title for: hello message number {i}") for i in range(12)]
@@ -100,8 +117,9 @@ def test_resume_needs_apply_llm_to_record_an_old_steps_requests_first(old_store:
 
 def test_a_store_from_a_newer_llmledger_is_refused_untouched(old_store: Path, client) -> None:
     with duckdb.connect(str(old_store)) as con:
-        con.execute("CREATE TABLE llmledger_migrations (version INTEGER, name VARCHAR, applied_at TIMESTAMP, "
-                    "llmledger VARCHAR)")
+        con.execute(
+            "CREATE TABLE llmledger_migrations (version INTEGER, name VARCHAR, applied_at TIMESTAMP, llmledger VARCHAR)"
+        )
         con.execute("INSERT INTO llmledger_migrations VALUES (99, 'from the future', now(), '9.0')")
     before = _snapshot(old_store)
     with pytest.raises(StoreError, match=r"newer llmledger.*schema 99"):
@@ -109,17 +127,28 @@ def test_a_store_from_a_newer_llmledger_is_refused_untouched(old_store: Path, cl
     assert _snapshot(old_store) == before
 
 
-def test_a_0_2_0_store_upgrades_and_its_crashed_claim_goes_back_to_what_it_was(tmp_path: Path, client,
-                                                                             sim: Simulator) -> None:
+def test_a_0_2_0_store_upgrades_and_its_crashed_claim_goes_back_to_what_it_was(
+    tmp_path: Path, client, sim: Simulator
+) -> None:
     """`data/ledger-0.2.0.duckdb.gz` (schema 2, see make_ledger_0_2_0.py): rows 0-5 sent with stop_sequences
     ["END"], row 2 FAILED once, row 4 left RUNNING by a run that died on another machine; rows 6-7 unsent."""
     store = _unpack(STORE_0_2_0, tmp_path / "v2.duckdb")
     answered = "SELECT id, summary, summary_cost_usd FROM messages WHERE id IN (0, 1, 3, 4, 5) ORDER BY id"
     before = sql(store, answered)
-    out = apply_llm(frame(8), "summary", prompt="Summarize: {text}", request_options={"stop_sequences": ["END"]},
-                    store=store, table="messages", client=client, progress=False, stale_after=60)
-    assert sorted(sim.paid_prompts()) == [f"Summarize: hello message number {i}" for i in (2, 6, 7)], \
+    out = apply_llm(
+        frame(8),
+        "summary",
+        prompt="Summarize: {text}",
+        request_options={"stop_sequences": ["END"]},
+        store=store,
+        table="messages",
+        client=client,
+        progress=False,
+        stale_after=60,
+    )
+    assert sorted(sim.paid_prompts()) == [f"Summarize: hello message number {i}" for i in (2, 6, 7)], (
         "the lost claim of row 4 goes back to DONE (its answer is kept), not to FAILED or NOT_STARTED"
+    )
     assert out["summary_status"].to_list() == ["DONE"] * 8
     assert sql(store, answered) == before
     assert sql(store, "SELECT max(version) FROM llmledger_migrations") == [(LATEST,)]
@@ -132,13 +161,16 @@ def test_old_answers_have_no_source_and_count_as_real(old_store: Path, sim: Simu
     apply_llm(frame(12), "summary", store=old_store, table="messages", client=real, progress=False, **SUMMARY)
     report = last_report()
     assert report is not None and (report.calls, report.unsimulated) == (2, 0)
-    assert sql(old_store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE' AND summary_source IS NULL") \
-        == [(9,)]
+    assert sql(old_store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE' AND summary_source IS NULL") == [
+        (9,)
+    ]
     assert sql(old_store, "SELECT id, summary_source FROM messages WHERE id >= 10 ORDER BY id") == [
-        (10, f"http://127.0.0.1:{sim.port}"), (11, f"http://127.0.0.1:{sim.port}")]
+        (10, f"http://127.0.0.1:{sim.port}"),
+        (11, f"http://127.0.0.1:{sim.port}"),
+    ]
     assert sql(old_store, "SELECT count(*), count(source) FROM llmledger_history") == [(1, 0)]
-    assert sql(old_store, "SELECT count(*) FROM messages WHERE title_source IS NOT NULL") == [(0,)], \
+    assert sql(old_store, "SELECT count(*) FROM messages WHERE title_source IS NOT NULL") == [(0,)], (
         "every step of every table gets the column"
+    )
     apply_llm(frame(12), "summary", store=old_store, table="copy", client=real, progress=False, **SUMMARY)
-    assert last_report().reused == 11, \
-        "old answers (9) and the 2 new ones serve identical requests of a real run"  # type: ignore[union-attr]
+    assert last_report().reused == 11, "old answers (9) and the 2 new ones serve identical requests of a real run"  # type: ignore[union-attr]

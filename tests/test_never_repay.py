@@ -53,8 +53,11 @@ def test_order_extra_columns_and_rereading_a_file_change_nothing(run, sim: Simul
     run(pl.read_csv(csv), "summary", prompt="Summarize: {text}")
     assert sim.stats()["paid"] == 25
 
-    shuffled = pl.read_csv(csv).sample(fraction=1.0, shuffle=True, seed=3).with_columns(
-        pl.lit("unrelated").alias("note"), pl.col("id").alias("id_copy"))
+    shuffled = (
+        pl.read_csv(csv)
+        .sample(fraction=1.0, shuffle=True, seed=3)
+        .with_columns(pl.lit("unrelated").alias("note"), pl.col("id").alias("id_copy"))
+    )
     out = run(shuffled, "summary", prompt="Summarize: {text}")
     assert sim.stats()["paid"] == 25
     assert out["id"].to_list() == shuffled["id"].to_list(), "rows come back in the order they went in"
@@ -74,12 +77,21 @@ def test_ledger_is_plain_sql(run, store: Path) -> None:
     run(frame(10), "summary", prompt="Summarize: {text}")
     with duckdb.connect(str(store), read_only=True) as con:
         cols = {r[0]: r[1] for r in con.execute("DESCRIBE messages").fetchall()}
-        rows = con.execute("SELECT summary_status, count(*), sum(summary_attempts), "
-                           "count(summary_input_tokens), count(summary_fingerprint), count(summary_finished_at) "
-                           "FROM messages GROUP BY ALL").fetchall()
-    for name, kind in [("id", "BIGINT"), ("text", "VARCHAR"), ("summary", "VARCHAR"), ("summary_status", "VARCHAR"),
-                       ("summary_running_started_at", "TIMESTAMP"), ("summary_attempts", "INTEGER"),
-                       ("summary_error", "VARCHAR"), ("summary_claimed_by", "VARCHAR")]:
+        rows = con.execute(
+            "SELECT summary_status, count(*), sum(summary_attempts), "
+            "count(summary_input_tokens), count(summary_fingerprint), count(summary_finished_at) "
+            "FROM messages GROUP BY ALL"
+        ).fetchall()
+    for name, kind in [
+        ("id", "BIGINT"),
+        ("text", "VARCHAR"),
+        ("summary", "VARCHAR"),
+        ("summary_status", "VARCHAR"),
+        ("summary_running_started_at", "TIMESTAMP"),
+        ("summary_attempts", "INTEGER"),
+        ("summary_error", "VARCHAR"),
+        ("summary_claimed_by", "VARCHAR"),
+    ]:
         assert cols[name] == kind
     assert rows == [("DONE", 10, 10, 10, 10, 10)]
 
@@ -88,8 +100,16 @@ def test_default_key_is_id_and_outputs_chain_into_a_second_step(run, sim: Simula
     out = run(frame(6), "summary", prompt="Summarize: {text}")
     again = run(out, "title", prompt="Title for: {summary}")
     assert sim.stats()["paid"] == 12
-    assert again.columns == ["id", "text", "summary", "summary_status", "summary_stale", "title", "title_status",
-                             "title_stale"]
+    assert again.columns == [
+        "id",
+        "text",
+        "summary",
+        "summary_status",
+        "summary_stale",
+        "title",
+        "title_status",
+        "title_stale",
+    ]
     # the first step's columns were not copied over by the second call
     assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'") == [(6,)]
 
@@ -106,8 +126,9 @@ def test_duplicate_texts_share_one_call_in_real_data(run, sim: Simulator, sms: p
     assert answers["answers"].max() == 1, "identical texts got the identical answer"
     report = last_report()
     assert report is not None and (report.calls, report.reused) == (distinct, sample.height - distinct)
-    assert sql(store, "SELECT sum(label_guess_input_tokens > 0::INT) FROM messages") == [(distinct,)], \
+    assert sql(store, "SELECT sum(label_guess_input_tokens > 0::INT) FROM messages") == [(distinct,)], (
         "reused rows cost nothing"
+    )
 
     # a later frame with more rows: texts already answered are reused from the ledger, not paid again
     run(sms.head(2000), "label_guess", prompt="Is this spam? {text}", concurrency=32)
@@ -139,8 +160,15 @@ def test_clients_dropped_without_closing_never_stall_a_later_run(sim: Simulator,
     for i in range(15):
         client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k")  # the previous one is dropped
         started = time.monotonic()
-        out = apply_llm(frame(40, start=40 * i), "summary", prompt="Summarize: {text}", store=store,
-                        table="messages", client=client, progress=False)
+        out = apply_llm(
+            frame(40, start=40 * i),
+            "summary",
+            prompt="Summarize: {text}",
+            store=store,
+            table="messages",
+            client=client,
+            progress=False,
+        )
         assert time.monotonic() - started < 10, "no request waited for an answer the server had sent"
         assert out["summary_status"].to_list() == ["DONE"] * 40
     assert sim.stats()["paid"] == 600 and max(sim.paid_prompts().values()) == 1
@@ -156,7 +184,9 @@ def test_a_prompt_callable_sees_every_column_even_python_objects(run, sim: Simul
     assert sorted(sim.paid_prompts()) == ["Summarize: alpha", "Summarize: beta"]
     assert out.columns == ["id", "note", "summary", "summary_status", "summary_stale"]
     assert sql(store, "SELECT summary_prompt FROM messages ORDER BY id") == [
-        ("Summarize: alpha",), ("Summarize: beta",)]
+        ("Summarize: alpha",),
+        ("Summarize: beta",),
+    ]
     run(df, "summary", prompt=lambda row: f"Summarize: {row['note'].text}")
     assert sim.stats()["paid"] == 2, "a callable is rendered again on every call, and nothing changed"
 

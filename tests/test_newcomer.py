@@ -31,20 +31,24 @@ class Tagged(pydantic.BaseModel):
 
 
 # -- refused up front, with the fix --------------------------------------------------------------------------------
-@pytest.mark.parametrize(("output", "message"), [
-    ({"tags": list}, r"'tags' is a list of anything.*list\[str\]"),
-    ({"tags": set}, r"'tags' is a list of anything"),
-    ({"tags": tuple}, r"'tags' is a list of anything"),
-    ({"pair": tuple[int, str]}, r"'pair' is a tuple.*named fields"),
-    ({"x": typing.Any}, r"'x' may hold anything \(Any or object\)"),
-    ({"x": object}, r"'x' may hold anything"),
-    ({"x": list[typing.Any]}, r"'x' is a list of anything"),
-    ({"spam": pl.Boolean}, r"'spam' is the polars type Boolean.*Use bool"),
-    ({"n": pl.Int32}, r"polars type Int32.*Use int"),
-    (Tagged, r"'tags' is a list of anything"),
-])
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ({"tags": list}, r"'tags' is a list of anything.*list\[str\]"),
+        ({"tags": set}, r"'tags' is a list of anything"),
+        ({"tags": tuple}, r"'tags' is a list of anything"),
+        ({"pair": tuple[int, str]}, r"'pair' is a tuple.*named fields"),
+        ({"x": typing.Any}, r"'x' may hold anything \(Any or object\)"),
+        ({"x": object}, r"'x' may hold anything"),
+        ({"x": list[typing.Any]}, r"'x' is a list of anything"),
+        ({"spam": pl.Boolean}, r"'spam' is the polars type Boolean.*Use bool"),
+        ({"n": pl.Int32}, r"polars type Int32.*Use int"),
+        (Tagged, r"'tags' is a list of anything"),
+    ],
+)
 def test_an_output_the_api_would_refuse_for_every_row_is_refused_up_front(
-        run: Any, sim: Simulator, store: Path, output: Any, message: str) -> None:
+    run: Any, sim: Simulator, store: Path, output: Any, message: str
+) -> None:
     with pytest.raises(InvalidInputError, match=message) as caught:
         run(frame(3), "labels", prompt="Label: {text}", output=output)
     assert "arbitrary_types_allowed" not in str(caught.value), "no pydantic advice leaks through"
@@ -66,16 +70,18 @@ def test_a_key_that_is_the_pandas_index_says_reset_index(run: Any, store: Path) 
 
 
 @pytest.mark.parametrize("options", [{"temperature": 1.7}, {"top_p": -0.1}, {"top_k": -1}, {"temperature": "hot"}])
-def test_sampling_options_out_of_the_apis_range_are_refused_up_front(run: Any, sim: Simulator, store: Path,
-                                                                     options: dict[str, Any]) -> None:
+def test_sampling_options_out_of_the_apis_range_are_refused_up_front(
+    run: Any, sim: Simulator, store: Path, options: dict[str, Any]
+) -> None:
     with pytest.raises(InvalidInputError, match=f"request_options\\['{next(iter(options))}'\\] must be a number"):
         run(frame(2), "s", prompt="{text}", request_options=options)
     assert not store.exists() and sim.stats()["requests"] == 0
 
 
 # -- a request refused for its shape stops the run once ------------------------------------------------------------
-def test_a_request_the_api_refuses_for_its_shape_stops_the_run_with_one_error(run: Any, sim: Simulator,
-                                                                             store: Path) -> None:
+def test_a_request_the_api_refuses_for_its_shape_stops_the_run_with_one_error(
+    run: Any, sim: Simulator, store: Path
+) -> None:
     """Every row would get the same 400 (here an empty stop sequence, which only the API checks): the run stops
     after eight distinct requests were refused alike, with one error saying the call is at fault; the rows it
     did not send stay NOT_STARTED and the refused ones stay retryable. (0.7 failed all 40 with "run the same call
@@ -121,8 +127,9 @@ def test_the_returned_frame_marks_stale_answers_and_a_quiet_run_warns(run: Any, 
     """After an input changed, the old answers came back as plain DONE and, with progress=False, nothing was said.
     Now `{step}_stale` says which, and a quiet run warns with the count (polars and pandas alike)."""
     run(frame(6), "s", prompt="Summarise: {text}")
-    edited = frame(6).with_columns(pl.when(pl.col("id") < 2).then(pl.lit("edited")).otherwise(pl.col("text"))
-                                   .alias("text"))
+    edited = frame(6).with_columns(
+        pl.when(pl.col("id") < 2).then(pl.lit("edited")).otherwise(pl.col("text")).alias("text")
+    )
     with pytest.warns(llmledger.StaleAnswersWarning, match=r"^2 DONE rows are stale.*redo='stale'") as caught:
         out = run(edited, "s", prompt="Summarise: {text}")
     assert caught[0].filename == __file__, "the warning names the user's line, not llmledger's"
@@ -173,11 +180,16 @@ def test_running_rows_are_called_claimed_where_they_are_shown() -> None:
 def test_sql_reads_unless_told_to_write(run: Any, target: Any) -> None:
     """`llmledger.sql(store, "DELETE ...")` deleted rows: reading is the default on both engines."""
     run(frame(3), "s", prompt="{text}", store=target)
-    sneaky = ["DELETE FROM messages WHERE id = 1", "COMMIT; DELETE FROM messages WHERE id = 1",
-              "SELECT 1; DELETE FROM messages WHERE id = 1"]
+    sneaky = [
+        "DELETE FROM messages WHERE id = 1",
+        "COMMIT; DELETE FROM messages WHERE id = 1",
+        "SELECT 1; DELETE FROM messages WHERE id = 1",
+    ]
     if str(target).startswith("postgresql://"):  # out of the read-only transaction, then a write
-        sneaky += ["SET TRANSACTION READ WRITE; DELETE FROM messages WHERE id = 1",
-                   "ROLLBACK; DELETE FROM messages WHERE id = 1"]
+        sneaky += [
+            "SET TRANSACTION READ WRITE; DELETE FROM messages WHERE id = 1",
+            "ROLLBACK; DELETE FROM messages WHERE id = 1",
+        ]
     for statement in sneaky:
         with pytest.raises(InvalidInputError, match=r"writes .*write=True"):
             llmledger.sql(target, statement)
@@ -186,8 +198,9 @@ def test_sql_reads_unless_told_to_write(run: Any, target: Any) -> None:
     assert llmledger.sql(target, "SELECT count(*) AS n FROM messages")["n"].item() == 2  # type: ignore[index]
 
 
-def test_export_replaces_only_when_told_and_never_a_folder_it_did_not_write(run: Any, store: Path,
-                                                                            tmp_path: Path) -> None:
+def test_export_replaces_only_when_told_and_never_a_folder_it_did_not_write(
+    run: Any, store: Path, tmp_path: Path
+) -> None:
     """0.7 refused an existing export folder with no way to replace it, while export(step=) silently overwrote
     its file. One rule now: replace with overwrite=True; a folder of other things is never emptied."""
     run(frame(3), "s", prompt="{text}")
@@ -218,11 +231,14 @@ def test_null_template_fields_are_counted_and_skipped_in_one_word(run: Any, sim:
     assert report is not None and report.null_rows == 3 and report.calls == 2
     assert "3 rows of the frame have a null in {text}, {lang}: left unsent" in "\n".join(report.hints())
     # the step remembers: finishing it from the store alone (resume, `llmledger run`, workers) skips them too
-    resumed = llmledger.resume(run.keywords["store"], "messages", "s", client=run.keywords["client"],
-                               progress=False)
+    resumed = llmledger.resume(run.keywords["store"], "messages", "s", client=run.keywords["client"], progress=False)
     assert resumed.calls == 0 and sim.stats()["paid"] == 2
-    assert llmledger.sql(run.keywords["store"], "SELECT count(*) AS n FROM messages "
-                         "WHERE s_status = 'NOT_STARTED'")["n"][0] == 3
+    assert (
+        llmledger.sql(run.keywords["store"], "SELECT count(*) AS n FROM messages WHERE s_status = 'NOT_STARTED'")["n"][
+            0
+        ]
+        == 3
+    )
     run(df, "s", prompt="{text} ({lang})")
     report = llmledger.last_report()
     assert report is not None and report.calls == 3 and "Pass skip_nulls=True" in "\n".join(report.hints())
@@ -230,7 +246,8 @@ def test_null_template_fields_are_counted_and_skipped_in_one_word(run: Any, sim:
 
 
 def test_a_run_blocked_by_another_process_says_at_once_who_holds_the_store(
-        run: Any, store: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    run: Any, store: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """0.7 waited silently at 0 %, then showed DuckDB's own "you could open it read-only". Now the run says, within
     about a second, which process holds the file and what to do, and goes on once it lets go."""
     run(frame(2), "s", prompt="{text}")
@@ -245,7 +262,8 @@ def test_a_run_blocked_by_another_process_says_at_once_who_holds_the_store(
 
 
 def test_a_read_only_connection_in_the_same_kernel_gets_a_clear_error_and_readers_still_work(
-        run: Any, store: Path) -> None:
+    run: Any, store: Path
+) -> None:
     """0.7: DuckDB's raw ConnectionException from apply_llm; sql and show work beside the user's connection."""
     import duckdb
 
@@ -291,8 +309,9 @@ def test_simulated_typed_answers_honour_every_constraint_the_schema_states(run: 
     assert set(out["s"].struct.field("currency").to_list()) <= {"EUR", "USD", "GBP"}
 
 
-def test_the_default_table_refuses_another_dataset_that_would_rewrite_answered_rows(client: Any, store: Path,
-                                                                                    sim: Simulator) -> None:
+def test_the_default_table_refuses_another_dataset_that_would_rewrite_answered_rows(
+    client: Any, store: Path, sim: Simulator
+) -> None:
     """Reviews, then SMS, both without table=: the SMS rewrote the shared `text` of every answered review and made
     them stale, silently. On the default table that is refused, with the count, before anything is written."""
     import functools
@@ -302,20 +321,23 @@ def test_the_default_table_refuses_another_dataset_that_would_rewrite_answered_r
     run = functools.partial(apply_llm, client=client, store=store, progress=False)
     run(frame(5, word="review"), "sentiment", prompt="Sentiment: {text}")
     before = llmledger.sql(store, "SELECT * FROM ledger ORDER BY id")
-    with pytest.raises(InvalidInputError, match=r"change the input columns of 5 rows of the default table 'ledger'"
-                                                r".*table='sms'"):
+    with pytest.raises(
+        InvalidInputError,
+        match=r"change the input columns of 5 rows of the default table 'ledger'"
+        r".*table='sms'",
+    ):
         run(frame(8, word="sms"), "sentiment", prompt="Sentiment: {text}")
     assert llmledger.sql(store, "SELECT * FROM ledger ORDER BY id").equals(before)  # type: ignore[union-attr]
     more = run(frame(8, word="review"), "sentiment", prompt="Sentiment: {text}")  # the same dataset, grown
     assert more["sentiment_status"].to_list() == ["DONE"] * 8
     with pytest.warns(llmledger.StaleAnswersWarning, match="^1 DONE row is stale"):
-        edited = frame(8, word="review").with_columns(pl.when(pl.col("id") == 0).then(pl.lit("fixed typo"))
-                                                      .otherwise(pl.col("text")).alias("text"))
+        edited = frame(8, word="review").with_columns(
+            pl.when(pl.col("id") == 0).then(pl.lit("fixed typo")).otherwise(pl.col("text")).alias("text")
+        )
         run(edited, "sentiment", prompt="Sentiment: {text}", table="ledger")  # named: on purpose
 
 
-def test_a_structured_answer_has_its_declared_field_order_on_both_engines(run: Any, target: Any,
-                                                                         client: Any) -> None:
+def test_a_structured_answer_has_its_declared_field_order_on_both_engines(run: Any, target: Any, client: Any) -> None:
     """PostgreSQL gave {reason, spam} where DuckDB gave {spam, reason}: the stored request's schema is canonical
     JSON (keys sorted); the fields go back in the order `required` keeps."""
     for _ in range(2):  # the first run (the live schema), then a rerun (the stored one)
@@ -325,16 +347,18 @@ def test_a_structured_answer_has_its_declared_field_order_on_both_engines(run: A
     assert resumed.calls == 0
 
 
-def test_a_killed_run_shows_in_the_runs_table_and_status_says_its_process_is_gone(
-        sim: Simulator, store: Path) -> None:
+def test_a_killed_run_shows_in_the_runs_table_and_status_says_its_process_is_gone(sim: Simulator, store: Path) -> None:
     """A kill -9 left no row in llmledger_runs (paid calls went uncounted) and `status` showed the dead process as
     still holding its rows. A run's row is written as it starts; status says when a holder's process is gone."""
     from .conftest import HELPERS, subprocess_env
 
     sim.configure(latency=0.3)
-    proc = subprocess.Popen([sys.executable, str(HELPERS / "run_step.py"), str(store), "60", "--concurrency", "4",
-                             "--commit-every", "0.2"], env=subprocess_env(sim.base_url),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(HELPERS / "run_step.py"), str(store), "60", "--concurrency", "4", "--commit-every", "0.2"],
+        env=subprocess_env(sim.base_url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while sim.stats()["paid"] < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -362,8 +386,7 @@ def test_the_default_table_guard_sees_every_step_and_ignores_new_columns(client:
     assert out["sentiment_status"].to_list() == ["DONE"] * 5 and not out["sentiment_stale"].any()
 
 
-def test_sql_reads_even_beside_this_processs_own_read_write_connection(run: Any, store: Path,
-                                                                        tmp_path: Path) -> None:
+def test_sql_reads_even_beside_this_processs_own_read_write_connection(run: Any, store: Path, tmp_path: Path) -> None:
     """With the user's own duckdb.connect(store) open, llmledger.sql read through it, and wrote; nor may a read
     write files (COPY ... TO, EXPORT DATABASE)."""
     import duckdb
@@ -371,10 +394,13 @@ def test_sql_reads_even_beside_this_processs_own_read_write_connection(run: Any,
     run(frame(3), "s", prompt="{text}")
     con = duckdb.connect(str(store))
     try:
-        for statement in ("DELETE FROM messages", f"COPY messages TO '{tmp_path / 'x.csv'}'",
-                          f"EXPORT DATABASE '{tmp_path / 'dump'}'",
-                          "EXPLAIN ANALYZE UPDATE messages SET s = 'forged'",  # it runs what it explains
-                          f"explain analyze COPY messages TO '{tmp_path / 'x.csv'}'"):
+        for statement in (
+            "DELETE FROM messages",
+            f"COPY messages TO '{tmp_path / 'x.csv'}'",
+            f"EXPORT DATABASE '{tmp_path / 'dump'}'",
+            "EXPLAIN ANALYZE UPDATE messages SET s = 'forged'",  # it runs what it explains
+            f"explain analyze COPY messages TO '{tmp_path / 'x.csv'}'",
+        ):
             with pytest.raises(InvalidInputError, match="write=True"):
                 llmledger.sql(store, statement)
         assert llmledger.sql(store, "SELECT count(*) AS n FROM messages")["n"].item() == 3  # type: ignore[index]
@@ -391,11 +417,18 @@ def test_skip_nulls_with_a_callable_prompt_is_refused_not_ignored(run: Any, stor
     assert not store.exists()
 
 
-@pytest.mark.parametrize("options", [{"system": "Be\x00brief."}, {"prompt": "Say\x00 {text}"},
-                                     {"request_options": {"metadata": {"user_id": "u\x00"}}},
-                                     {"system": "\x00llmledger-prompt\x00"}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"system": "Be\x00brief."},
+        {"prompt": "Say\x00 {text}"},
+        {"request_options": {"metadata": {"user_id": "u\x00"}}},
+        {"system": "\x00llmledger-prompt\x00"},
+    ],
+)
 def test_a_nul_in_the_request_itself_is_refused_on_both_engines_writing_nothing(
-        run: Any, target: Any, sim: Simulator, options: dict[str, Any]) -> None:
+    run: Any, target: Any, sim: Simulator, options: dict[str, Any]
+) -> None:
     """A NUL in system=, the template or request_options gave psycopg's raw DataError on PostgreSQL (the prompt
     marker llmledger uses inside stored requests even a bare ValueError and an empty store file on DuckDB)."""
     call = {"prompt": "{text}", **options}

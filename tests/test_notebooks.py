@@ -24,8 +24,7 @@ def execute(name: str, store: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     book = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(book, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    NotebookClient(book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     return book
 
 
@@ -77,8 +76,7 @@ def test_background_run_while_other_cells_query(tmp_path: Path, monkeypatch) -> 
 
 
 @pytest.mark.slow
-def test_documents_are_paid_once_whatever_their_path_and_a_changed_file_is_stale(tmp_path: Path,
-                                                                                  monkeypatch) -> None:
+def test_documents_are_paid_once_whatever_their_path_and_a_changed_file_is_stale(tmp_path: Path, monkeypatch) -> None:
     text = text_of(execute("07_documents.ipynb", tmp_path / "documents.duckdb", monkeypatch))
     assert paid(text, "this run") == 12 and "12 calls; 0 rows were DONE already" in text
     assert paid(text, "the same cell again") == 0

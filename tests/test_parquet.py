@@ -21,8 +21,9 @@ def _wide(n: int) -> pl.DataFrame:
     return frame(n).with_columns(pl.lit("x" * 1000).alias("blob"), (pl.col("id") % 3 == 0).alias("flagged"))
 
 
-def test_a_parquet_file_is_read_for_just_the_columns_the_step_needs(run, sim: Simulator, store: Path,
-                                                                    tmp_path: Path) -> None:
+def test_a_parquet_file_is_read_for_just_the_columns_the_step_needs(
+    run, sim: Simulator, store: Path, tmp_path: Path
+) -> None:
     _wide(6).write_parquet(tmp_path / "part1.parquet")
     _wide(10).slice(6).write_parquet(tmp_path / "part2.parquet")
     out = run(tmp_path / "part*.parquet", "summary", prompt="Summarize: {text}", where="flagged")
@@ -36,8 +37,9 @@ def test_a_parquet_file_is_read_for_just_the_columns_the_step_needs(run, sim: Si
         run(tmp_path / "missing.parquet", "summary", prompt="Summarize: {text}")
 
 
-def test_export_and_restore_keep_everything_and_a_rerun_pays_nothing(run, sim: Simulator, store: Path,
-                                                                    tmp_path: Path, client) -> None:
+def test_export_and_restore_keep_everything_and_a_rerun_pays_nothing(
+    run, sim: Simulator, store: Path, tmp_path: Path, client
+) -> None:
     df = frame(8)
     run(df, "extract", **EXTRACT)
     run(df, "summary", prompt="Summarize: {text}")
@@ -49,9 +51,14 @@ def test_export_and_restore_keep_everything_and_a_rerun_pays_nothing(run, sim: S
 
     folder = llmledger.export(store, "messages", tmp_path / "archive")
     assert sorted(p.name for p in folder.iterdir()) == [
-        "llmledger_history.parquet", "llmledger_runs.parquet", "llmledger_steps.parquet", "messages.parquet"]
+        "llmledger_history.parquet",
+        "llmledger_runs.parquet",
+        "llmledger_steps.parquet",
+        "messages.parquet",
+    ]
     assert pl.read_parquet(folder / "messages.parquet").schema["extract"] == pl.Struct(
-        {"company": pl.String, "year": pl.Int64})
+        {"company": pl.String, "year": pl.Int64}
+    )
 
     copy = tmp_path / "restored.duckdb"
     assert llmledger.restore(folder, copy) == "messages"
@@ -78,18 +85,45 @@ def test_one_steps_view_and_the_cli(run, store: Path, tmp_path: Path) -> None:
     run(frame(5), "summary", prompt="Summarize: {text}")
     run(frame(5), "title", prompt="Title for: {text}")
     target = tmp_path / "summary.parquet"
-    done = subprocess.run([sys.executable, "-m", "llmledger", "export", str(store), "--table", "messages",
-                           str(target), "--step", "summary"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmledger",
+            "export",
+            str(store),
+            "--table",
+            "messages",
+            str(target),
+            "--step",
+            "summary",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     view = pl.read_parquet(target)
-    assert view.columns == ["id", "text", "summary", "summary_status", "summary_error", "summary_attempts",
-                            "summary_input_tokens", "summary_output_tokens", "summary_cost_usd", "summary_model",
-                            "summary_finished_at", "summary_raw", "summary_flag"]
+    assert view.columns == [
+        "id",
+        "text",
+        "summary",
+        "summary_status",
+        "summary_error",
+        "summary_attempts",
+        "summary_input_tokens",
+        "summary_output_tokens",
+        "summary_cost_usd",
+        "summary_model",
+        "summary_finished_at",
+        "summary_raw",
+        "summary_flag",
+    ]
     assert view["summary_status"].to_list() == ["DONE"] * 5
 
     folder, copy = tmp_path / "all", tmp_path / "copy.duckdb"
     for args in (["export", str(store), "--table", "messages", str(folder)], ["restore", str(folder), str(copy)]):
         done = subprocess.run([sys.executable, "-m", "llmledger", *args], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-    assert sql(copy, "SELECT id, summary, title FROM messages ORDER BY id") == \
-        sql(store, "SELECT id, summary, title FROM messages ORDER BY id")
+    assert sql(copy, "SELECT id, summary, title FROM messages ORDER BY id") == sql(
+        store, "SELECT id, summary, title FROM messages ORDER BY id"
+    )

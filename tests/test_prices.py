@@ -49,7 +49,8 @@ def test_an_unknown_model_gets_a_null_cost_and_one_warning(run, store: Path) -> 
     notes = [w for w in caught if issubclass(w.category, UnknownPriceWarning)]
     assert len(notes) == 1 and "set_price('claude-from-the-future'" in str(notes[0].message)
     assert sql(store, "SELECT count(*), count(summary_cost_usd), sum(summary_input_tokens) > 0 FROM messages") == [
-        (8, 0, True)], "tokens stored, cost NULL"
+        (8, 0, True)
+    ], "tokens stored, cost NULL"
     assert last_report().cost_usd is None  # type: ignore[union-attr]
 
 
@@ -61,8 +62,7 @@ def test_set_price_overrides_and_prices_shows_it(run, store: Path) -> None:
         [(cost,)] = sql(store, "SELECT sum(summary_cost_usd) FROM messages")
         assert cost == pytest.approx((tokens_in * 2.0 + tokens_out * 8.0) / 1e6)
         row = llmledger.prices().filter(model="claude-house-model").row(0, named=True)
-        assert (row["input"], row["cache_write_5m"], row["cache_read"], row["source"]) == (2.0, 2.5, 0.2,
-                                                                                          "set_price")
+        assert (row["input"], row["cache_write_5m"], row["cache_read"], row["source"]) == (2.0, 2.5, 0.2, "set_price")
     finally:
         llmledger._step.prices._overrides.pop("claude-house-model", None)
 
@@ -70,19 +70,36 @@ def test_set_price_overrides_and_prices_shows_it(run, store: Path) -> None:
 def test_cache_tokens_and_the_batch_rate_are_priced() -> None:
     price = price_of("claude-haiku-4-5")
     assert price is not None
-    online = price.cost(input_tokens=1000, output_tokens=100, cache_write_tokens=3000, cache_write_1h_tokens=1000,
-                        cache_read_tokens=5000)
-    assert online == pytest.approx((1000 * price.input + 100 * price.output + 2000 * price.cache_write_5m
-                                    + 1000 * price.cache_write_1h + 5000 * price.cache_read) / 1e6)
+    online = price.cost(
+        input_tokens=1000,
+        output_tokens=100,
+        cache_write_tokens=3000,
+        cache_write_1h_tokens=1000,
+        cache_read_tokens=5000,
+    )
+    assert online == pytest.approx(
+        (
+            1000 * price.input
+            + 100 * price.output
+            + 2000 * price.cache_write_5m
+            + 1000 * price.cache_write_1h
+            + 5000 * price.cache_read
+        )
+        / 1e6
+    )
     assert price.cost(input_tokens=1000, output_tokens=100, batch=True) == pytest.approx(
-        price.cost(input_tokens=1000, output_tokens=100) * price.batch)
+        price.cost(input_tokens=1000, output_tokens=100) * price.batch
+    )
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"model": "", "input": 1, "output": 1}, "model must be"),
-    ({"model": "m", "input": -1, "output": 1}, "input must be a non-negative"),
-    ({"model": "m", "input": 1, "output": "5"}, "output must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"model": "", "input": 1, "output": 1}, "model must be"),
+        ({"model": "m", "input": -1, "output": 1}, "input must be a non-negative"),
+        ({"model": "m", "input": 1, "output": "5"}, "output must be"),
+    ],
+)
 def test_set_price_refuses_nonsense(kwargs, message) -> None:
     with pytest.raises(InvalidInputError, match=message):
         llmledger.set_price(**kwargs)
@@ -97,7 +114,9 @@ def test_reused_answers_cost_nothing(run, sim: Simulator, store: Path) -> None:
 
     run(pl.DataFrame({"id": [1, 2, 3], "text": ["same", "same", "other"]}), "summary", prompt="Summarize: {text}")
     assert sql(store, "SELECT id, summary_cost_usd > 0 FROM messages ORDER BY id") in (
-        [(1, True), (2, False), (3, True)], [(1, False), (2, True), (3, True)])
+        [(1, True), (2, False), (3, True)],
+        [(1, False), (2, True), (3, True)],
+    )
 
 
 def test_a_long_prompt_tier_prices_the_whole_request_at_its_rates() -> None:
@@ -106,12 +125,14 @@ def test_a_long_prompt_tier_prices_the_whole_request_at_its_rates() -> None:
     short = price.cost(input_tokens=90_000, output_tokens=1_000, cache_read_tokens=10_000)
     long = price.cost(input_tokens=90_000, output_tokens=1_000, cache_read_tokens=10_001)
     assert short == pytest.approx((90_000 * 0.1 + 1_000 * 0.5 + 10_000 * 0.01) / 1e6)
-    assert long == pytest.approx((90_000 * 0.5 + 1_000 * 2.5 + 10_001 * 0.05) / 1e6), \
+    assert long == pytest.approx((90_000 * 0.5 + 1_000 * 2.5 + 10_001 * 0.05) / 1e6), (
         "past 100,000 prompt tokens (cache reads count) every token is billed at the higher rates"
+    )
 
 
 def test_a_mistyped_model_is_warned_at_the_callers_line_and_refused_by_the_simulator_as_by_the_api(
-        run, sim, store: Path) -> None:
+    run, sim, store: Path
+) -> None:
     """The unknown-price warning pointed into `_exec/recorder.py` and the simulator answered a typo; the API answers
     it with a 404. Now the warning names the user's line and the close model, and the run stops with
     ModelNotFound, no row marked failed."""

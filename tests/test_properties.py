@@ -27,8 +27,13 @@ from llmledger import LedgerError, Simulator, apply_llm
 from llmledger._ledger.columns import STEP_COLUMNS
 from llmledger.simulator import default_reply
 
-settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 settings.register_profile("deep", parent=settings.get_profile("ci"), derandomize=False, max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
@@ -61,8 +66,14 @@ def client(sim: Simulator) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
 
 
-FRAME = pl.DataFrame({"id": list(range(8)), "text": [f"text {i}; it's (row) {i} -- /* {i} */" for i in range(8)],
-                      "label": ["spam", "ham"] * 4, "n": [i % 3 for i in range(8)]})
+FRAME = pl.DataFrame(
+    {
+        "id": list(range(8)),
+        "text": [f"text {i}; it's (row) {i} -- /* {i} */" for i in range(8)],
+        "label": ["spam", "ham"] * 4,
+        "n": [i % 3 for i in range(8)],
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +81,9 @@ def answered(tmp_path_factory: pytest.TempPathFactory, client: anthropic.AsyncAn
     """A store with table `t`, two answered steps `s` and `sentiment`: every property copies it first."""
     store = tmp_path_factory.mktemp("props") / "base.duckdb"
     for step in ("s", "sentiment"):
-        apply_llm(FRAME, step, prompt=step + ": {text} [{label}]", store=store, table="t", client=client,
-                  progress=False)
+        apply_llm(
+            FRAME, step, prompt=step + ": {text} [{label}]", store=store, table="t", client=client, progress=False
+        )
     return store
 
 
@@ -83,16 +95,55 @@ def _copy(answered: Path) -> Path:
 
 
 # -- where= ----------------------------------------------------------------------------------------------------------
-FRAGMENTS = ["id", "n", "label", "text", "=", "<>", "<", " ", "(", ")", "'", "''", '"', ";", "--", "/*", "*/", "1",
-             "3", "'spam'", "'a;b'", "AND", "OR", "NOT", "IN (1, 2)", "LIKE '%row%'", "true", "false", "NULL",
-             "COMMIT", "DROP TABLE t", "DELETE FROM t", "SELECT", "$$", "$1", "%", "s_status", "llmledger_runs",
-             "\n", "E'\\''"]
+FRAGMENTS = [
+    "id",
+    "n",
+    "label",
+    "text",
+    "=",
+    "<>",
+    "<",
+    " ",
+    "(",
+    ")",
+    "'",
+    "''",
+    '"',
+    ";",
+    "--",
+    "/*",
+    "*/",
+    "1",
+    "3",
+    "'spam'",
+    "'a;b'",
+    "AND",
+    "OR",
+    "NOT",
+    "IN (1, 2)",
+    "LIKE '%row%'",
+    "true",
+    "false",
+    "NULL",
+    "COMMIT",
+    "DROP TABLE t",
+    "DELETE FROM t",
+    "SELECT",
+    "$$",
+    "$1",
+    "%",
+    "s_status",
+    "llmledger_runs",
+    "\n",
+    "E'\\''",
+]
 
 
 @settings(max_examples=_examples(60))
 @given(parts=st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=9))
-def test_a_where_is_refused_writing_nothing_or_flags_exactly_the_rows_it_selects(answered: Path,
-                                                                                  parts: list[str]) -> None:
+def test_a_where_is_refused_writing_nothing_or_flags_exactly_the_rows_it_selects(
+    answered: Path, parts: list[str]
+) -> None:
     where = " ".join(parts)
     store = _copy(answered)
     before = _tables(store)
@@ -116,8 +167,9 @@ _PREPARED: set[str] = set()
 
 @settings(max_examples=_examples(12))
 @given(parts=st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=9))
-def test_a_where_on_postgresql_is_refused_or_flags_exactly_its_rows(pg_url: str, client: anthropic.AsyncAnthropic,
-                                                                    parts: list[str]) -> None:
+def test_a_where_on_postgresql_is_refused_or_flags_exactly_its_rows(
+    pg_url: str, client: anthropic.AsyncAnthropic, parts: list[str]
+) -> None:
     where = " ".join(parts)
     if pg_url not in _PREPARED:  # once per database (the fixture's, one per test function)
         apply_llm(FRAME, "s", prompt="s: {text}", store=pg_url, table="t", client=client, progress=False)
@@ -136,22 +188,20 @@ def test_a_where_on_postgresql_is_refused_or_flags_exactly_its_rows(pg_url: str,
 
 # -- step names ------------------------------------------------------------------------------------------------------
 SUFFIXES = [c.suffix for c in STEP_COLUMNS if c.suffix]
-BASES = ["s", "sentiment", "text", "label", "n", "id", "new", "s_" , "S", "Sentiment", "TEXT"]
+BASES = ["s", "sentiment", "text", "label", "n", "id", "new", "s_", "S", "Sentiment", "TEXT"]
 
 
 @settings(max_examples=_examples(30))
-@given(base=st.sampled_from(BASES), suffix=st.sampled_from(["", "", *SUFFIXES, "_x", "_v2"]),
-       upper=st.booleans())
-def test_a_new_step_is_refused_or_owns_only_new_columns(answered: Path, client: anthropic.AsyncAnthropic,
-                                                         sim: Simulator, base: str, suffix: str,
-                                                         upper: bool) -> None:
+@given(base=st.sampled_from(BASES), suffix=st.sampled_from(["", "", *SUFFIXES, "_x", "_v2"]), upper=st.booleans())
+def test_a_new_step_is_refused_or_owns_only_new_columns(
+    answered: Path, client: anthropic.AsyncAnthropic, sim: Simulator, base: str, suffix: str, upper: bool
+) -> None:
     step = (base + suffix).upper() if upper else base + suffix
     assume(step not in ("s", "sentiment"))  # those redefine a step: their rows go stale, as test_reruns checks
     store = _copy(answered)
     before = _tables(store)
     try:
-        out = apply_llm(FRAME, step, prompt="new: {text} {n}", store=store, table="t", client=client,
-                        progress=False)
+        out = apply_llm(FRAME, step, prompt="new: {text} {n}", store=store, table="t", client=client, progress=False)
     except LedgerError:
         assert _tables(store) == before, f"a refused step {step!r} changed the store"
         return
@@ -163,15 +213,20 @@ def test_a_new_step_is_refused_or_owns_only_new_columns(answered: Path, client: 
 # -- keys ------------------------------------------------------------------------------------------------------------
 _BASE = dt.datetime(2021, 5, 6, 7, 8, 9)
 KEY_VALUES: dict[str, st.SearchStrategy[pl.Series]] = {
-    "int": st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=6, unique=True).map(pl.Series),
+    "int": st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=6, unique=True).map(pl.Series),
     # near-duplicates: case, spaces, and é both composed and as e + a combining accent
-    "text": st.lists(st.lists(st.sampled_from(["a", "A", " ", "e\u0301", "\u00e9", "'", '"', "\\", "%"]),
-                              max_size=3).map("".join), min_size=1, max_size=6, unique=True).map(pl.Series),
+    "text": st.lists(
+        st.lists(st.sampled_from(["a", "A", " ", "e\u0301", "\u00e9", "'", '"', "\\", "%"]), max_size=3).map("".join),
+        min_size=1,
+        max_size=6,
+        unique=True,
+    ).map(pl.Series),
     "ns": st.lists(st.integers(0, 3000), min_size=1, max_size=6, unique=True).map(
-        lambda v: pl.Series([_BASE] * len(v)).cast(pl.Datetime("ns"))
-        + pl.Series(v).cast(pl.Duration("ns"))),
-    "float": st.lists(st.floats(allow_nan=False, allow_infinity=False, width=64), min_size=1, max_size=6,
-                      unique=True).map(lambda v: pl.Series(v, dtype=pl.Float64)),
+        lambda v: pl.Series([_BASE] * len(v)).cast(pl.Datetime("ns")) + pl.Series(v).cast(pl.Duration("ns"))
+    ),
+    "float": st.lists(
+        st.floats(allow_nan=False, allow_infinity=False, width=64), min_size=1, max_size=6, unique=True
+    ).map(lambda v: pl.Series(v, dtype=pl.Float64)),
     "date": st.lists(st.dates(), min_size=1, max_size=6, unique=True).map(pl.Series),
     "bool": st.lists(st.booleans(), min_size=1, max_size=2, unique=True).map(pl.Series),
 }
@@ -181,13 +236,18 @@ _counter = itertools.count()
 @settings(max_examples=_examples(30))
 @given(kinds=st.lists(st.sampled_from(sorted(KEY_VALUES)), min_size=1, max_size=2, unique=True), data=st.data())
 def test_a_key_is_refused_writing_nothing_or_every_row_gets_its_own_answer(
-        tmp_path_factory: pytest.TempPathFactory, client: anthropic.AsyncAnthropic, sim: Simulator,
-        kinds: list[str], data: st.DataObject) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+    client: anthropic.AsyncAnthropic,
+    sim: Simulator,
+    kinds: list[str],
+    data: st.DataObject,
+) -> None:
     columns = {f"k{i}": data.draw(KEY_VALUES[kind], label=kind) for i, kind in enumerate(kinds)}
     height = min(len(c) for c in columns.values())
     df = pl.DataFrame({k: v.head(height) for k, v in columns.items()})
     df = df.unique(maintain_order=True).with_columns(
-        pl.format("key row {} of {}", pl.int_range(pl.len()), next(_counter)).alias("text"))
+        pl.format("key row {} of {}", pl.int_range(pl.len()), next(_counter)).alias("text")
+    )
     store = tmp_path_factory.mktemp("keys") / "sub" / "ledger.duckdb"
     common = {"key": list(columns), "store": store, "table": "t", "client": client, "progress": False}
     try:
@@ -207,7 +267,8 @@ def test_a_key_is_refused_writing_nothing_or_every_row_gets_its_own_answer(
 @settings(max_examples=_examples(25))
 @given(texts=st.lists(st.sampled_from("abcdef"), min_size=1, max_size=30), data=st.data())
 def test_runs_sharing_a_step_never_hold_one_request_at_once_and_claim_each_row_once(
-        tmp_path_factory: pytest.TempPathFactory, texts: list[str], data: st.DataObject) -> None:
+    tmp_path_factory: pytest.TempPathFactory, texts: list[str], data: st.DataObject
+) -> None:
     """Any interleaving of claims (any sizes, any `where=` per run) and commits by up to three runs of one step over
     rows with repeated texts: no request is ever held by two runs when both runs' `where=` cover all its rows, no
     row is claimed twice, and every row is claimed once in the end."""
@@ -220,17 +281,25 @@ def test_runs_sharing_a_step_never_hold_one_request_at_once_and_claim_each_row_o
 
     df = pl.DataFrame({"id": list(range(len(texts))), "text": texts})
     ledger = open_ledger(tmp_path_factory.mktemp("twins") / "ledger.duckdb")
-    definition = StepDefinition(table="t", step="s", key=["id"], request=RequestSpec(model="m", max_tokens=5),
-                                prompt=plan_prompt("Say {text}", df))
+    definition = StepDefinition(
+        table="t",
+        step="s",
+        key=["id"],
+        request=RequestSpec(model="m", max_tokens=5),
+        prompt=plan_prompt("Say {text}", df),
+    )
 
     def params(where: str | None) -> RunParams:
         now = utcnow()
-        return RunParams(max_attempts=2, redo=Redo.NONE, run_started=now, stale_before=now - dt.timedelta(hours=1),
-                         where=where)
+        return RunParams(
+            max_attempts=2, redo=Redo.NONE, run_started=now, stale_before=now - dt.timedelta(hours=1), where=where
+        )
 
     ledger.prepare(definition, df, params("false"), dedupe=True)
-    wheres = [data.draw(st.sampled_from([None, None, "id % 2 = 0", "text <> 'a'"]), label=f"where {n}")
-              for n in range(data.draw(st.integers(1, 3), label="runs"))]
+    wheres = [
+        data.draw(st.sampled_from([None, None, "id % 2 = 0", "text <> 'a'"]), label=f"where {n}")
+        for n in range(data.draw(st.integers(1, 3), label="runs"))
+    ]
     runs = [ledger.resume("t", "s", params(w), dedupe=True) for w in wheres]
     held: list[dict[str, Any]] = [{} for _ in runs]  # per run: claimed rows not committed yet, by id
     claimed: list[int] = []
@@ -240,10 +309,25 @@ def test_runs_sharing_a_step_never_hold_one_request_at_once_and_claim_each_row_o
         if held[n] and data.draw(st.booleans(), label="commit?"):
             rows = list(held[n].values())
             results = pl.from_dicts(
-                [{"id": r["id"], "status": "DONE", "output": "x", "attempts": 1, "error": None, "input_tokens": 1,
-                  "output_tokens": 1, "cost_usd": 0.0, "stop_reason": "end_turn", "model": "m",
-                  "fingerprint": r["fingerprint"], "finished_at": utcnow()} for r in rows],
-                schema={"id": pl.Int64} | RESULT_SCHEMA)
+                [
+                    {
+                        "id": r["id"],
+                        "status": "DONE",
+                        "output": "x",
+                        "attempts": 1,
+                        "error": None,
+                        "input_tokens": 1,
+                        "output_tokens": 1,
+                        "cost_usd": 0.0,
+                        "stop_reason": "end_turn",
+                        "model": "m",
+                        "fingerprint": r["fingerprint"],
+                        "finished_at": utcnow(),
+                    }
+                    for r in rows
+                ],
+                schema={"id": pl.Int64} | RESULT_SCHEMA,
+            )
             ledger.commit(runs[n], results, now=utcnow())
             held[n].clear()
             continue
@@ -271,18 +355,70 @@ def _covers(where: str | None, row: int, text: str) -> bool:
 # -- column and key names --------------------------------------------------------------------------------------------
 # Names the ledger's SQL or its frames use beside the frame's own columns, SQL words, and odd spellings: a frame
 # column `p` once replaced every row's prompt (the rendered prompt's alias), a key `status` broke commits.
-NAMES = ["p", "fp", "up", "legacy", "prompt", "status", "output", "version", "attempts", "fingerprint", "custom_id",
-         "batch_id", "was_done", "error", "t", "i", "r", "s", "k", "w", "n", "one", "key", "select", "from", "order",
-         "group", "table", "value", "exists", "changed", "current", "eligible", "in_where", "waiting", "stale",
-         "llmledger_x", "Text", "TEXT", "a b", "ü", "col-1", "1st", "x_status", "s_prompt", "id", "text"]
+NAMES = [
+    "p",
+    "fp",
+    "up",
+    "legacy",
+    "prompt",
+    "status",
+    "output",
+    "version",
+    "attempts",
+    "fingerprint",
+    "custom_id",
+    "batch_id",
+    "was_done",
+    "error",
+    "t",
+    "i",
+    "r",
+    "s",
+    "k",
+    "w",
+    "n",
+    "one",
+    "key",
+    "select",
+    "from",
+    "order",
+    "group",
+    "table",
+    "value",
+    "exists",
+    "changed",
+    "current",
+    "eligible",
+    "in_where",
+    "waiting",
+    "stale",
+    "llmledger_x",
+    "Text",
+    "TEXT",
+    "a b",
+    "ü",
+    "col-1",
+    "1st",
+    "x_status",
+    "s_prompt",
+    "id",
+    "text",
+]
 
 
 @settings(max_examples=_examples(40))
-@given(key=st.sampled_from(NAMES), field=st.sampled_from(NAMES), other=st.sampled_from(NAMES),
-       key_is_text=st.booleans())
+@given(
+    key=st.sampled_from(NAMES), field=st.sampled_from(NAMES), other=st.sampled_from(NAMES), key_is_text=st.booleans()
+)
 def test_any_column_and_key_names_are_refused_or_every_row_is_sent_its_own_prompt(
-        tmp_path_factory: pytest.TempPathFactory, client: anthropic.AsyncAnthropic, sim: Simulator, key: str,
-        field: str, other: str, key_is_text: bool) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+    client: anthropic.AsyncAnthropic,
+    sim: Simulator,
+    key: str,
+    field: str,
+    other: str,
+    key_is_text: bool,
+) -> None:
     assume(len({key, field, other}) == 3)
     keys = [f"k{i}" for i in range(4)] if key_is_text else list(range(4))
     df = pl.DataFrame({key: keys, field: [f"row {i} says {i * 7}" for i in range(4)], other: ["x"] * 4})

@@ -35,7 +35,9 @@ def test_redo_resends_flagged_rows_and_keeps_the_old_answers(run, sim: Simulator
     out = run(frame(10), "summary", prompt="Summarize: {text}", where="flagged", redo=True)
     assert sim.stats()["paid"] == 12
     assert sorted(p for p, n in sim.paid_prompts().items() if n == 2) == [
-        "Summarize: hello message number 2", "Summarize: hello message number 7"]
+        "Summarize: hello message number 2",
+        "Summarize: hello message number 7",
+    ]
     assert out.filter(pl.col("id").is_in([2, 7]))["summary"].str.starts_with("second opinion").all()
     history = dict(sql(store, "SELECT json_extract(row_key, '$.id')::INT, output FROM llmledger_history"))
     assert history == old, "a redo keeps the answers it replaces"
@@ -50,8 +52,9 @@ def test_changed_prompt_is_reported_stale_and_not_repaid(run, sim: Simulator, st
     assert report is not None and report.stale == 12 and report.calls == 0
     assert out["summary_status"].to_list() == ["DONE"] * 12
 
-    changed = df.with_columns(pl.when(pl.col("id") < 3).then(pl.format("new text {}", "id")).otherwise("text")
-                              .alias("text"))
+    changed = df.with_columns(
+        pl.when(pl.col("id") < 3).then(pl.format("new text {}", "id")).otherwise("text").alias("text")
+    )
     run(changed, "summary", prompt="Summarize: {text}")
     assert last_report().stale == 3  # type: ignore[union-attr]
     run(changed, "summary", prompt="Summarize: {text}", redo="stale")
@@ -78,8 +81,14 @@ def test_needs_review_rows_come_back_with_redo(run, sim: Simulator, store: Path)
         run(frame(3), "summary", prompt="Summarize: {text}", max_attempts=2)
     assert sql(store, "SELECT summary_status FROM messages WHERE id = 1") == [("NEEDS_REVIEW",)]
     sim.configure(poison=None)
-    run(frame(3), "summary", prompt="Summarize: {text}", max_attempts=2, where="summary_status = 'NEEDS_REVIEW'",
-        redo=True)
+    run(
+        frame(3),
+        "summary",
+        prompt="Summarize: {text}",
+        max_attempts=2,
+        where="summary_status = 'NEEDS_REVIEW'",
+        redo=True,
+    )
     assert sql(store, "SELECT summary_status, summary_error FROM messages WHERE id = 1") == [("DONE", None)]
     assert sim.stats()["paid"] == 3
 
@@ -106,7 +115,9 @@ def test_a_prompt_reading_another_steps_output_goes_stale_when_that_output_chang
     assert report is not None and (report.stale, report.calls) == (2, 0)
     run(redone, "title", prompt="Title for: {summary}", redo="stale")
     assert sorted(p for p in sim.paid_prompts() if p.startswith("Title for: new")) == [
-        "Title for: new: Summarize: hello message number 0", "Title for: new: Summarize: hello message number 1"]
+        "Title for: new: Summarize: hello message number 0",
+        "Title for: new: Summarize: hello message number 1",
+    ]
 
 
 def test_a_new_step_on_a_table_larger_than_the_scan_memory_limit(run, store: Path, monkeypatch) -> None:
@@ -121,5 +132,9 @@ def test_a_new_step_on_a_table_larger_than_the_scan_memory_limit(run, store: Pat
     run(df, "summary", prompt="Summarize: {text}", where="false")
     out = run(df, "title", prompt="Title: {text}", where="id < 3")
     assert out["title_status"].value_counts().sort("title_status").rows() == [("NOT_STARTED", 599_997), ("DONE", 3)]
-    assert run(df.sample(fraction=1.0, shuffle=True, seed=1), "title", prompt="Title: {text}",
-               where="id < 3")["title_status"].null_count() == 0, "the rerun (and its join fallback) reads it back"
+    assert (
+        run(df.sample(fraction=1.0, shuffle=True, seed=1), "title", prompt="Title: {text}", where="id < 3")[
+            "title_status"
+        ].null_count()
+        == 0
+    ), "the rerun (and its join fallback) reads it back"

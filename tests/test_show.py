@@ -43,26 +43,31 @@ def bars(html: str) -> dict[str, dict[str, int]]:
 
 
 def test_show_draws_three_steps_a_batch_in_progress_claims_and_failures(
-        where: str, client: anthropic.AsyncAnthropic, sim: Simulator) -> None:
+    where: str, client: anthropic.AsyncAnthropic, sim: Simulator
+) -> None:
     sim.configure(poison="number 4", batch_delay=3600)
-    apply = functools.partial(llmledger.apply_llm, frame(12), client=client, store=where, table="messages",
-                              progress=False)
+    apply = functools.partial(
+        llmledger.apply_llm, frame(12), client=client, store=where, table="messages", progress=False
+    )
     apply("summary", prompt="Summarize: {text}")  # row 4 FAILED
     apply("title", prompt="Title for: {summary}", mode="batch", wait=False)  # 11 in a batch; row 4 waits
     apply("lang", prompt="Language of: {text}", where="id < 6")  # row 4 FAILED, rows 6-11 not sent
     ledger = open_ledger(where)  # another process claims three rows of "lang"
     now = utcnow()
-    params = RunParams(max_attempts=3, redo=Redo.NONE, run_started=now, stale_before=now - timedelta(minutes=30),
-                       where="id >= 6")
+    params = RunParams(
+        max_attempts=3, redo=Redo.NONE, run_started=now, stale_before=now - timedelta(minutes=30), where="id >= 6"
+    )
     selection = ledger.resume("messages", "lang", params, dedupe=False)
     claimed = ledger.claim(selection, 3, claimant="worker-7/4242/r1", now=now)
     assert len(claimed) == 3
 
     view = llmledger.show(where)
     html = view._repr_html_()
-    assert bars(html) == {"summary": {"DONE": 11, "FAILED": 1},
-                          "title": {"SUBMITTED": 11, "waiting": 1},
-                          "lang": {"DONE": 5, "RUNNING": 3, "FAILED": 1, "NOT_STARTED": 3}}
+    assert bars(html) == {
+        "summary": {"DONE": 11, "FAILED": 1},
+        "title": {"SUBMITTED": 11, "waiting": 1},
+        "lang": {"DONE": 5, "RUNNING": 3, "FAILED": 1, "NOT_STARTED": 3},
+    }
     assert list(bars(html)) == ["summary", "title", "lang"], "a step comes after the step it reads"
     assert html.count("1 rows: 400 BadRequestError (invalid_request_error)") == 2
     assert "<code>{&quot;id&quot;:4}</code>" in html, "each kind of error with a row that has it"
@@ -72,8 +77,13 @@ def test_show_draws_three_steps_a_batch_in_progress_claims_and_failures(
 
     text = str(view)
     assert "SUBMITTED 11 · waiting 1" in text and "held by worker-7/4242/r1: 3 rows" in text
-    cli = subprocess.run([sys.executable, "-m", "llmledger", "status", where, "--color", "always"],
-                         env=subprocess_env(sim.base_url), capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [sys.executable, "-m", "llmledger", "status", where, "--color", "always"],
+        env=subprocess_env(sim.base_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 0, cli.stderr
     assert "\x1b[35mSUBMITTED\x1b[0m 11" in cli.stdout and "\x1b[31m1 rows: 400 BadRequestError" in cli.stdout
 

@@ -45,8 +45,11 @@ def image(data: bytes, media_type: str = "image/png", **extra: Any) -> dict[str,
 
 
 def document(data: bytes, **extra: Any) -> dict[str, Any]:
-    return {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64(data)},
-            **extra}
+    return {
+        "type": "document",
+        "source": {"type": "base64", "media_type": "application/pdf", "data": b64(data)},
+        **extra,
+    }
 
 
 def text(said: str, **extra: Any) -> dict[str, Any]:
@@ -54,8 +57,9 @@ def text(said: str, **extra: Any) -> dict[str, Any]:
 
 
 def ask(client: anthropic.Anthropic, *content: dict[str, Any], **options: Any) -> anthropic.types.Message:
-    return client.messages.create(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": list(content)}],
-                                  **options)
+    return client.messages.create(
+        model=MODEL, max_tokens=200, messages=[{"role": "user", "content": list(content)}], **options
+    )
 
 
 def tokens(said: str) -> int:
@@ -63,13 +67,17 @@ def tokens(said: str) -> int:
 
 
 # -- billing ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("width", "height", "billed"), [
-    (64, 48, math.ceil(64 * 48 / 750)),  # small: as it is
-    (2000, 1000, math.ceil(1549 * 774 / 750)),  # scaled to ~1,600 tokens (1.2 megapixels)
-    (3000, 500, math.ceil(1568 * 261 / 750)),  # scaled to a long edge of 1568 px
-])
-def test_an_image_is_billed_by_its_pixels_not_its_base64(client: anthropic.Anthropic, width: int, height: int,
-                                                         billed: int) -> None:
+@pytest.mark.parametrize(
+    ("width", "height", "billed"),
+    [
+        (64, 48, math.ceil(64 * 48 / 750)),  # small: as it is
+        (2000, 1000, math.ceil(1549 * 774 / 750)),  # scaled to ~1,600 tokens (1.2 megapixels)
+        (3000, 500, math.ceil(1568 * 261 / 750)),  # scaled to a long edge of 1568 px
+    ],
+)
+def test_an_image_is_billed_by_its_pixels_not_its_base64(
+    client: anthropic.Anthropic, width: int, height: int, billed: int
+) -> None:
     data = png(width, height, seed=1)
     answer = ask(client, image(data), text("Describe: the picture"))
     assert answer.usage.input_tokens == billed + tokens("Describe: the picture")
@@ -99,11 +107,27 @@ def test_an_image_alone_is_a_request_the_api_takes(client: anthropic.Anthropic, 
 def test_a_batch_with_an_image_is_billed_as_online(client: anthropic.Anthropic, sim: Simulator) -> None:
     content = [image(png(120, 90, seed=4)), text("Describe: it")]
     online = ask(client, *content)
-    batch = client.messages.batches.create(requests=[
-        {"custom_id": "a", "params": {"model": MODEL, "max_tokens": 200,
-                                      "messages": [{"role": "user", "content": content}]}},
-        {"custom_id": "b", "params": {"model": MODEL, "max_tokens": 200, "messages": [{"role": "user", "content": [
-            image(png(120, 90, seed=4), media_type="image/gif"), text("Describe: it")]}]}}])
+    batch = client.messages.batches.create(
+        requests=[
+            {
+                "custom_id": "a",
+                "params": {"model": MODEL, "max_tokens": 200, "messages": [{"role": "user", "content": content}]},
+            },
+            {
+                "custom_id": "b",
+                "params": {
+                    "model": MODEL,
+                    "max_tokens": 200,
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [image(png(120, 90, seed=4), media_type="image/gif"), text("Describe: it")],
+                        }
+                    ],
+                },
+            },
+        ]
+    )
     for _ in range(100):
         if client.messages.batches.retrieve(batch.id).processing_status == "ended":
             break
@@ -124,33 +148,49 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:8]
 
 
-def test_another_image_is_another_prompt_and_the_same_image_the_same(client: anthropic.Anthropic,
-                                                                    sim: Simulator) -> None:
+def test_another_image_is_another_prompt_and_the_same_image_the_same(
+    client: anthropic.Anthropic, sim: Simulator
+) -> None:
     cat, dog = png(64, 48, seed=1), png(64, 48, seed=2)
-    first, other, again = (ask(client, image(data), text("What is this? Answer: briefly"))
-                           for data in (cat, dog, cat))
+    first, other, again = (ask(client, image(data), text("What is this? Answer: briefly")) for data in (cat, dog, cat))
     assert first.content[0].text != other.content[0].text
     assert first.content[0].text == again.content[0].text
     assert sim.stats()["prompts"] == {
         f"[image/png 64x48 sha256:{_digest(cat)}]\nWhat is this? Answer: briefly": 2,
-        f"[image/png 64x48 sha256:{_digest(dog)}]\nWhat is this? Answer: briefly": 1}
+        f"[image/png 64x48 sha256:{_digest(dog)}]\nWhat is this? Answer: briefly": 1,
+    }
     assert sim.log()[0]["prompt"].startswith("[image/png 64x48 sha256:")
 
 
 def test_a_pdf_marker_carries_its_pages_and_text(client: anthropic.Anthropic, sim: Simulator) -> None:
     data = pdf(["Vendor: Acme Corp\nTotal: $123.45", "x"])
     ask(client, document(data), text("Read:"))
-    assert sim.log()[-1]["prompt"] == (f"[application/pdf 2 pages sha256:{_digest(data)}: Vendor: Acme Corp "
-                                       f"Total: $123.45 x]\nRead:")
+    assert sim.log()[-1]["prompt"] == (
+        f"[application/pdf 2 pages sha256:{_digest(data)}: Vendor: Acme Corp Total: $123.45 x]\nRead:"
+    )
 
 
 def test_structured_output_extracts_what_the_invoice_says(client: anthropic.Anthropic) -> None:
-    schema = {"type": "object", "additionalProperties": False, "required": ["vendor", "total", "note"],
-              "properties": {"vendor": {"type": "string"}, "total": {"type": "number"}, "note": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["vendor", "total", "note"],
+        "properties": {"vendor": {"type": "string"}, "total": {"type": "number"}, "note": {"type": "string"}},
+    }
     config = {"output_config": {"format": {"type": "json_schema", "schema": schema}}}
-    answers = [json.loads(ask(client, document(pdf([f"INVOICE 1\nVendor: {vendor}\nTotal: ${total}"])),
-                              text("Extract the fields:"), extra_body=config).content[0].text)
-               for vendor, total in (("Acme Corp", "123.45"), ("Initech", "1,020.00"))]
+    answers = [
+        json.loads(
+            ask(
+                client,
+                document(pdf([f"INVOICE 1\nVendor: {vendor}\nTotal: ${total}"])),
+                text("Extract the fields:"),
+                extra_body=config,
+            )
+            .content[0]
+            .text
+        )
+        for vendor, total in (("Acme Corp", "123.45"), ("Initech", "1,020.00"))
+    ]
     assert [(a["vendor"], a["total"]) for a in answers] == [("Acme Corp", 123.45), ("Initech", 1020.0)]
     assert answers[0]["note"] != answers[1]["note"], "the other fields come from the file's words too"
 
@@ -161,42 +201,65 @@ def _url(kind: str) -> dict[str, Any]:
 
 
 REFUSED = [
-    ([image(png(8, 8), "image/jpeg"), text("hi")],
-     "messages.0.content.0.image.source.base64.data: Image does not match the provided media type image/jpeg"),
+    (
+        [image(png(8, 8), "image/jpeg"), text("hi")],
+        "messages.0.content.0.image.source.base64.data: Image does not match the provided media type image/jpeg",
+    ),
     ([image(pdf(["not an image"])), text("hi")], "Image does not match the provided media type image/png"),
-    ([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "not base64!"}},
-      text("hi")], "messages.0.content.0.image.source.base64: invalid base64 data"),
-    ([image(png(8, 8), "image/bmp"), text("hi")],
-     "media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'"),
-    ([text("hi"), image(png(10, 10) + b"\0" * (5 * 1024 * 1024))],
-     f"messages.0.content.1.image.source.base64: image exceeds 5 MB maximum: {len(png(10, 10)) + 5 * 1024 * 1024} "
-     "bytes > 5242880 bytes"),
+    (
+        [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "not base64!"}}, text("hi")],
+        "messages.0.content.0.image.source.base64: invalid base64 data",
+    ),
+    (
+        [image(png(8, 8), "image/bmp"), text("hi")],
+        "media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp'",
+    ),
+    (
+        [text("hi"), image(png(10, 10) + b"\0" * (5 * 1024 * 1024))],
+        f"messages.0.content.1.image.source.base64: image exceeds 5 MB maximum: {len(png(10, 10)) + 5 * 1024 * 1024} "
+        "bytes > 5242880 bytes",
+    ),
     ([image(png(8001, 2)), text("hi")], "At least one of the image dimensions exceed max allowed size: 8000 pixels"),
     ([_url("image"), text("hi")], "image.source.url: the llmledger simulator takes base64 sources only"),
     ([_url("document"), text("hi")], "document.source.url: the llmledger simulator takes base64 sources only"),
-    ([document(b"<html>This version has been withdrawn</html>"), text("hi")],
-     "messages.0.content.0.pdf.source.base64.data: The PDF specified was not valid."),
+    (
+        [document(b"<html>This version has been withdrawn</html>"), text("hi")],
+        "messages.0.content.0.pdf.source.base64.data: The PDF specified was not valid.",
+    ),
     ([document(pdf(["one"])[:-400]), text("hi")], "The PDF specified was not valid."),
-    ([{"type": "document", "source": {"type": "base64", "media_type": "text/plain", "data": b64(b"x")}}, text("hi")],
-     "document.source.base64.media_type: Input should be 'application/pdf'"),
-    ([document(pdf(["page"] * 101)), text("hi")],
-     "messages.0.content.0.pdf.source.base64.data: A maximum of 100 PDF pages may be provided."),
-    ([document(pdf(["page"] * 60)), document(pdf(["page"] * 41)), text("hi")],
-     "messages.0.content.1.pdf.source.base64.data: A maximum of 100 PDF pages may be provided."),
+    (
+        [{"type": "document", "source": {"type": "base64", "media_type": "text/plain", "data": b64(b"x")}}, text("hi")],
+        "document.source.base64.media_type: Input should be 'application/pdf'",
+    ),
+    (
+        [document(pdf(["page"] * 101)), text("hi")],
+        "messages.0.content.0.pdf.source.base64.data: A maximum of 100 PDF pages may be provided.",
+    ),
+    (
+        [document(pdf(["page"] * 60)), document(pdf(["page"] * 41)), text("hi")],
+        "messages.0.content.1.pdf.source.base64.data: A maximum of 100 PDF pages may be provided.",
+    ),
     ([image(png(8, 8)), text("")], "messages: text content blocks must be non-empty"),
     ([{"type": "audio", "data": "x"}, text("hi")], "messages.0.content.0: Input tag 'audio' found using 'type'"),
-    ([text("hi", cache_control={"type": "ephemeral", "ttl": "10m"})],
-     "messages.0.content.0.cache_control: type must be 'ephemeral' and ttl '5m' or '1h'"),
-    ([text(f"part {i}", cache_control={"type": "ephemeral"}) for i in range(5)],
-     "A maximum of 4 blocks with cache_control may be provided. Found 5."),
-    ([image(png(2001, 10))] + [image(png(8, 8))] * 20 + [text("hi")],
-     "exceed max allowed size for many-image requests: 2000 pixels"),
+    (
+        [text("hi", cache_control={"type": "ephemeral", "ttl": "10m"})],
+        "messages.0.content.0.cache_control: type must be 'ephemeral' and ttl '5m' or '1h'",
+    ),
+    (
+        [text(f"part {i}", cache_control={"type": "ephemeral"}) for i in range(5)],
+        "A maximum of 4 blocks with cache_control may be provided. Found 5.",
+    ),
+    (
+        [image(png(2001, 10))] + [image(png(8, 8))] * 20 + [text("hi")],
+        "exceed max allowed size for many-image requests: 2000 pixels",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("content", "says"), REFUSED, ids=[f"{n}" for n in range(len(REFUSED))])
-def test_what_the_api_refuses_is_a_400_with_its_message(client: anthropic.Anthropic, sim: Simulator,
-                                                        content: list[dict[str, Any]], says: str) -> None:
+def test_what_the_api_refuses_is_a_400_with_its_message(
+    client: anthropic.Anthropic, sim: Simulator, content: list[dict[str, Any]], says: str
+) -> None:
     with pytest.raises(anthropic.BadRequestError) as info:
         ask(client, *content)
     assert info.value.status_code == 400
@@ -208,8 +271,12 @@ def test_breakpoints_count_the_system_prompts_too(client: anthropic.Anthropic) -
     system = [text(f"rule {i}", cache_control={"type": "ephemeral"}) for i in range(3)]
     ask(client, text("a", cache_control={"type": "ephemeral"}), system=system)  # 4: taken
     with pytest.raises(anthropic.BadRequestError, match="Found 5"):
-        ask(client, text("a", cache_control={"type": "ephemeral"}), text("b", cache_control={"type": "ephemeral"}),
-            system=system)
+        ask(
+            client,
+            text("a", cache_control={"type": "ephemeral"}),
+            text("b", cache_control={"type": "ephemeral"}),
+            system=system,
+        )
 
 
 def test_a_hundred_pages_are_taken(client: anthropic.Anthropic) -> None:
@@ -233,27 +300,47 @@ def test_a_breakpoint_on_a_message_block_caches_the_prompt_up_to_it(client: anth
 
     def label(row: str, examples: str = EXAMPLES, role_of_shot: str = "assistant") -> tuple[int, int, int]:
         shots = [few_shot[0], {**few_shot[1], "role": role_of_shot}]
-        return _usage(client.messages.create(model=MODEL, max_tokens=50, system=system, messages=[*shots, {
-            "role": "user", "content": [text(examples, cache_control={"type": "ephemeral"}), text(f"Label: {row}")]}]))
+        return _usage(
+            client.messages.create(
+                model=MODEL,
+                max_tokens=50,
+                system=system,
+                messages=[
+                    *shots,
+                    {
+                        "role": "user",
+                        "content": [text(examples, cache_control={"type": "ephemeral"}), text(f"Label: {row}")],
+                    },
+                ],
+            )
+        )
 
     first = label("the box was crushed")
     assert first[:2] == (prefix, 0), "the first request writes the prefix"
-    assert first[2] == tokens(system + "my parcel never came" + "shipping" + EXAMPLES + "Label: the box was crushed") \
-        - prefix
+    assert (
+        first[2]
+        == tokens(system + "my parcel never came" + "shipping" + EXAMPLES + "Label: the box was crushed") - prefix
+    )
     assert label("refund please")[:2] == (0, prefix), "the next one reads it"
     assert label("refund please", examples=EXAMPLES + "!")[0] > 0, "another prefix is written anew"
     assert label("refund please", role_of_shot="user")[0] == prefix, "roles are part of the prefix"
 
 
 def test_a_cached_pdf_is_billed_its_pages_and_a_later_breakpoint_writes_only_its_part(
-        client: anthropic.Anthropic) -> None:
+    client: anthropic.Anthropic,
+) -> None:
     contract = pdf(["Clause 1: the supplier delivers.", "Clause 2: the buyer pays."])
     pdf_tokens = tokens("Clause 1: the supplier delivers.") + tokens("Clause 2: the buyer pays.") + 2 * PAGE_IMAGE
 
     def question(extra: str) -> tuple[int, int, int]:
-        return _usage(ask(client, document(contract, cache_control={"type": "ephemeral"}),
-                          text(EXAMPLES + extra, cache_control={"type": "ephemeral", "ttl": "1h"}),
-                          text("Question: who pays?")))
+        return _usage(
+            ask(
+                client,
+                document(contract, cache_control={"type": "ephemeral"}),
+                text(EXAMPLES + extra, cache_control={"type": "ephemeral", "ttl": "1h"}),
+                text("Question: who pays?"),
+            )
+        )
 
     first = question("")
     assert first[:2] == (tokens(EXAMPLES) + pdf_tokens, 0)
@@ -273,8 +360,8 @@ def _chunks(data: bytes) -> list[tuple[bytes, bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     chunks, at = [], 8
     while at < len(data):
-        (length,), kind = struct.unpack(">I", data[at:at + 4]), data[at + 4:at + 8]
-        body, (crc,) = data[at + 8:at + 8 + length], struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        (length,), kind = struct.unpack(">I", data[at : at + 4]), data[at + 4 : at + 8]
+        body, (crc,) = data[at + 8 : at + 8 + length], struct.unpack(">I", data[at + 8 + length : at + 12 + length])
         assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind!r}"
         chunks.append((kind, body))
         at += 12 + length
@@ -297,12 +384,12 @@ def test_pdf_has_a_correct_xref_table() -> None:
     data = pdf(["Hello (world) \\ done", "Second page\nwith two lines"])
     assert data.startswith(b"%PDF-1.4") and data.rstrip().endswith(b"%%EOF")
     start = int(re.search(rb"startxref\s+(\d+)\s+%%EOF", data).group(1))  # type: ignore[union-attr]
-    assert data[start:start + 4] == b"xref"
+    assert data[start : start + 4] == b"xref"
     count = int(re.match(rb"xref\s+0 (\d+)", data[start:]).group(1))  # type: ignore[union-attr]
     entries = re.findall(rb"(\d{10}) (\d{5}) ([nf]) ?\r?\n", data[start:])[:count]
     assert len(entries) == count == 8  # free entry, catalog, pages, font, two pages with a content stream each
     for number, (offset, _, used) in enumerate(entries[1:], 1):
-        assert used == b"n" and data[int(offset):].startswith(b"%d 0 obj" % number)
+        assert used == b"n" and data[int(offset) :].startswith(b"%d 0 obj" % number)
     assert re.search(rb"/Size %d\b" % count, data) and data.count(b"/Type /Page ") == 2
     assert b"(Hello \\(world\\) \\\\ done) Tj" in data
     for length, stream in re.findall(rb"/Length (\d+) >>\nstream\n(.*?)\nendstream", data, re.S):
@@ -330,8 +417,14 @@ def test_the_simulator_reads_the_key_from_a_bearer_token_too() -> None:
 
     with Simulator(api_key="sk-right") as sim:
         body = {"model": "claude-haiku-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
-        ok = httpx.post(f"{sim.base_url}/v1/messages", json=body, headers={"Authorization": "Bearer sk-right",
-                                                                            "anthropic-version": "2023-06-01"})
-        wrong = httpx.post(f"{sim.base_url}/v1/messages", json=body, headers={"Authorization": "Bearer sk-wrong",
-                                                                               "anthropic-version": "2023-06-01"})
+        ok = httpx.post(
+            f"{sim.base_url}/v1/messages",
+            json=body,
+            headers={"Authorization": "Bearer sk-right", "anthropic-version": "2023-06-01"},
+        )
+        wrong = httpx.post(
+            f"{sim.base_url}/v1/messages",
+            json=body,
+            headers={"Authorization": "Bearer sk-wrong", "anthropic-version": "2023-06-01"},
+        )
     assert ok.status_code == 200 and wrong.status_code == 401

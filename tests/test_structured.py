@@ -36,9 +36,16 @@ class Extract(BaseModel):
 def test_structured_answers_are_struct_columns_that_plain_sql_reads(run, sim: Simulator, store: Path) -> None:
     out = run(frame(8), "extract", prompt="Extract from: {text}", output=Extract)
 
-    assert out.schema["extract"] == pl.Struct({
-        "company": pl.Struct({"name": pl.String, "country": pl.String}), "year": pl.Int64, "tone": pl.String,
-        "tags": pl.List(pl.String), "confidence": pl.Float64, "public": pl.Boolean})
+    assert out.schema["extract"] == pl.Struct(
+        {
+            "company": pl.Struct({"name": pl.String, "country": pl.String}),
+            "year": pl.Int64,
+            "tone": pl.String,
+            "tags": pl.List(pl.String),
+            "confidence": pl.Float64,
+            "public": pl.Boolean,
+        }
+    )
     assert out["extract_status"].to_list() == ["DONE"] * 8
     flat = out.unnest("extract")
     assert flat["tone"].is_in(["positive", "negative", "neutral"]).all()
@@ -51,9 +58,11 @@ def test_structured_answers_are_struct_columns_that_plain_sql_reads(run, sim: Si
     assert "tool_choice" not in body and "tools" not in body
 
     # Another process, with nothing but the duckdb module, groups by a field of the struct.
-    code = (f"import duckdb; con = duckdb.connect({str(store)!r}, read_only=True); "
-            "print(con.sql(\"SELECT typeof(extract.company.name), typeof(extract.year), typeof(extract.tags), "
-            "count(*) FROM messages GROUP BY ALL\").fetchall())")
+    code = (
+        f"import duckdb; con = duckdb.connect({str(store)!r}, read_only=True); "
+        'print(con.sql("SELECT typeof(extract.company.name), typeof(extract.year), typeof(extract.tags), '
+        'count(*) FROM messages GROUP BY ALL").fetchall())'
+    )
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == "[('VARCHAR', 'BIGINT', 'VARCHAR[]', 8)]"
     answers = sql(store, "SELECT extract.tone, extract.company.name FROM messages ORDER BY id")
@@ -63,8 +72,12 @@ def test_structured_answers_are_struct_columns_that_plain_sql_reads(run, sim: Si
 def test_a_mapping_of_types_is_an_output_schema_and_pandas_gets_dicts(run, sim: Simulator) -> None:
     pandas = pytest.importorskip("pandas")
     df = pandas.DataFrame({"id": [1, 2], "text": ["great phone", "broken on arrival"]})
-    out = run(df, "label", prompt="Sentiment of: {text}",
-              output={"sentiment": Literal["positive", "negative", "neutral"], "words": int | None})
+    out = run(
+        df,
+        "label",
+        prompt="Sentiment of: {text}",
+        output={"sentiment": Literal["positive", "negative", "neutral"], "words": int | None},
+    )
     assert isinstance(out, pandas.DataFrame)
     assert [row["sentiment"] for row in out["label"]] == ["positive", "negative"]
     assert all(isinstance(row, dict) and set(row) == {"sentiment", "words"} for row in out["label"])
@@ -91,8 +104,14 @@ def test_an_answer_invalid_twice_goes_to_review_with_its_raw_text(run, sim: Simu
     out = run(frame(4), "extract", prompt="Extract from: {text}", output=Extract)
     assert out["extract_status"].to_list() == ["DONE", "NEEDS_REVIEW", "NEEDS_REVIEW", "DONE"]
     assert sim.stats()["paid"] == 6
-    rows = {r[0]: r[1:] for r in sql(store, "SELECT id, extract, extract_raw, extract_error, extract_stop_reason, "
-                                             "extract_cost_usd > 0 FROM messages WHERE id IN (1, 2)")}
+    rows = {
+        r[0]: r[1:]
+        for r in sql(
+            store,
+            "SELECT id, extract, extract_raw, extract_error, extract_stop_reason, "
+            "extract_cost_usd > 0 FROM messages WHERE id IN (1, 2)",
+        )
+    }
     output, raw, error, _, paid = rows[1]
     assert output is None and raw and not raw.startswith("{") and paid
     assert "does not match the output schema, also when asked again" in error
@@ -113,8 +132,14 @@ def test_changing_the_schema_makes_answers_stale_and_keeps_the_old_ones(run, sim
     assert out.schema["extract"] == pl.Struct({"company": pl.String, "year": pl.Int64})
     assert out["extract"].struct.field("year").null_count() == 6, "old answers had no year"
 
-    out = run(frame(6), "extract", prompt="Extract from: {text}", output={"company": str, "year": int},
-              where="id < 2", redo="stale")
+    out = run(
+        frame(6),
+        "extract",
+        prompt="Extract from: {text}",
+        output={"company": str, "year": int},
+        where="id < 2",
+        redo="stale",
+    )
     assert sim.stats()["paid"] == 8
     assert out["extract"].struct.field("year").null_count() == 4
     kept = sql(store, "SELECT count(*), count(DISTINCT row_key) FROM llmledger_history WHERE step = 'extract'")
@@ -156,8 +181,9 @@ def test_a_pydantic_validator_counts_as_a_mismatch(run, sim: Simulator) -> None:
     assert "four digits" in sim.log()[-1]["body"]["messages"][-1]["content"]
 
 
-def test_resume_checks_structured_answers_from_the_stored_schema(run, sim: Simulator, store: Path,
-                                                                 client: anthropic.AsyncAnthropic) -> None:
+def test_resume_checks_structured_answers_from_the_stored_schema(
+    run, sim: Simulator, store: Path, client: anthropic.AsyncAnthropic
+) -> None:
     sim.configure(fail_next=["enforced_spend_limit_reached"])
     with pytest.raises(llmledger.SpendLimitReached):
         run(frame(6), "extract", prompt="Extract from: {text}", output=Extract, concurrency=1)
@@ -174,17 +200,30 @@ def test_resume_checks_structured_answers_from_the_stored_schema(run, sim: Simul
 def test_the_simulator_refuses_a_schema_the_api_refuses(sim: Simulator) -> None:
     client = anthropic.Anthropic(base_url=sim.base_url, api_key="k", max_retries=0)
     with pytest.raises(anthropic.BadRequestError, match="additionalProperties"):
-        client.messages.create(model="claude-haiku-4-5", max_tokens=50, messages=[{"role": "user", "content": "x"}],
-                               extra_body={"output_config": {"format": {"type": "json_schema", "schema": {
-                                   "type": "object", "properties": {"a": {"type": "string"}}}}}})
+        client.messages.create(
+            model="claude-haiku-4-5",
+            max_tokens=50,
+            messages=[{"role": "user", "content": "x"}],
+            extra_body={
+                "output_config": {
+                    "format": {
+                        "type": "json_schema",
+                        "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+                    }
+                }
+            },
+        )
 
 
-@pytest.mark.parametrize("output, message", [
-    ({}, "empty mapping"),
-    ({"my field": str}, "identifiers"),
-    ({"x": object()}, "could not be made into a model"),
-    (str, "pydantic model class or a mapping"),
-])
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        ({}, "empty mapping"),
+        ({"my field": str}, "identifiers"),
+        ({"x": object()}, "could not be made into a model"),
+        (str, "pydantic model class or a mapping"),
+    ],
+)
 def test_bad_output_is_refused_before_anything_is_written(run, store: Path, output: object, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         run(frame(2), "extract", prompt="Extract from: {text}", output=output)
@@ -193,6 +232,11 @@ def test_bad_output_is_refused_before_anything_is_written(run, store: Path, outp
 
 def test_output_and_an_output_config_option_together_are_refused(run, store: Path) -> None:
     with pytest.raises(InvalidInputError, match="not both"):
-        run(frame(2), "extract", prompt="x {text}", output={"a": str},
-            request_options={"output_config": {"format": {"type": "json_schema", "schema": {}}}})
+        run(
+            frame(2),
+            "extract",
+            prompt="x {text}",
+            output={"a": str},
+            request_options={"output_config": {"format": {"type": "json_schema", "schema": {}}}},
+        )
     assert not store.exists()

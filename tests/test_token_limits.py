@@ -37,8 +37,9 @@ def test_an_input_token_bucket_refuses_a_request_too_big_for_it_now() -> None:
             client.messages.create(max_tokens=5, model="m", messages=[{"role": "user", "content": "x" * 400}])
 
 
-def test_a_run_under_an_output_token_limit_finishes_every_row_paying_each_once(run, sim: Simulator,
-                                                                                store: Path) -> None:
+def test_a_run_under_an_output_token_limit_finishes_every_row_paying_each_once(
+    run, sim: Simulator, store: Path
+) -> None:
     sim.configure(output_tokens_per_minute=12_000, token_burst=2.0, latency=0.02)
     out = run(frame(60), "summary", prompt="Summarize: {text}", max_tokens=20, concurrency=8)
     assert out["summary_status"].to_list() == ["DONE"] * 60

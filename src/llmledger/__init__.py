@@ -1,7 +1,7 @@
 """llmledger: run Claude over every row of a dataframe without ever paying twice for the same row.
 
-    from llmledger import apply_llm
-    out = apply_llm(df, "summary", prompt="Summarize: {text}", key="id", store="data/ledger.duckdb")
+from llmledger import apply_llm
+out = apply_llm(df, "summary", prompt="Summarize: {text}", key="id", store="data/ledger.duckdb")
 """
 
 from llmledger._exec.client import DEFAULT_MODEL

@@ -23,8 +23,10 @@ BROKEN = " <corrupted upload>"  # the simulator answers 400 to prompts containin
 
 
 def reviews_path() -> Path:
-    for candidate in (Path(__file__).parent / "_data" / "reviews.csv",
-                      Path(__file__).resolve().parents[2] / "data" / "reviews.csv"):
+    for candidate in (
+        Path(__file__).parent / "_data" / "reviews.csv",
+        Path(__file__).resolve().parents[2] / "data" / "reviews.csv",
+    ):
         if candidate.exists():
             return candidate
     raise FileNotFoundError("reviews.csv not found; run `python data/make_reviews.py` in the repository")
@@ -37,8 +39,10 @@ def _client() -> Iterator[tuple[anthropic.AsyncAnthropic | None, Simulator | Non
         yield None, None
         return
     with Simulator(latency=0.02, poison=BROKEN) as sim:
-        print(f"ANTHROPIC_API_KEY is not set: using llmledger's offline simulator at {sim.base_url}.\n"
-              "Answers are simulated (a small word list decides the sentiment); no network, no cost.")
+        print(
+            f"ANTHROPIC_API_KEY is not set: using llmledger's offline simulator at {sim.base_url}.\n"
+            "Answers are simulated (a small word list decides the sentiment); no network, no cost."
+        )
         yield anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="simulator"), sim
 
 
@@ -56,45 +60,82 @@ def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
         df = pl.read_csv(reviews_path()).head(rows)
         # Three reviews carry text the (simulated) API rejects, so the first run shows failed rows.
         broken_ids = df["review_id"].head(3).to_list() if sim else []
-        df = df.with_columns(pl.when(pl.col("review_id").is_in(broken_ids))
-                             .then(pl.col("text") + BROKEN).otherwise(pl.col("text")).alias("text"))
+        df = df.with_columns(
+            pl.when(pl.col("review_id").is_in(broken_ids))
+            .then(pl.col("text") + BROKEN)
+            .otherwise(pl.col("text"))
+            .alias("text")
+        )
         print(f"\nStore: {path}  (table 'reviews', step 'sentiment', {df.height:,} rows)")
 
         def run(frame: pl.DataFrame, label: str) -> pl.DataFrame:
             print(f"\n== {label}")
-            out = apply_llm(frame, "sentiment", prompt=PROMPT, system=SYSTEM, key="review_id", store=path,
-                            table="reviews", max_tokens=5, client=client, concurrency=16)
+            out = apply_llm(
+                frame,
+                "sentiment",
+                prompt=PROMPT,
+                system=SYSTEM,
+                key="review_id",
+                store=path,
+                table="reviews",
+                max_tokens=5,
+                client=client,
+                concurrency=16,
+            )
             report = last_report()
             if report:
-                print(f"-> this run paid {report.calls:,} calls; {n_rows(report.reused)} reused the answer to an "
-                      "identical request")
+                print(
+                    f"-> this run paid {report.calls:,} calls; {n_rows(report.reused)} reused the answer to an "
+                    "identical request"
+                )
             return out
 
         fresh = not path.exists()
-        run(df, "First run: every row is new" if fresh else
-            "First run on a store that already holds this step: only rows not DONE are sent")
+        run(
+            df,
+            "First run: every row is new"
+            if fresh
+            else "First run on a store that already holds this step: only rows not DONE are sent",
+        )
         run(df, "Second run, same cell: every row the first run finished is DONE, so it pays nothing for them")
 
-        _show("Progress by SQL: SELECT sentiment_status, count(*) FROM reviews GROUP BY ALL",
-              sql(path, "SELECT sentiment_status, count(*) AS n FROM reviews GROUP BY ALL ORDER BY n DESC"))
-        _show("Failed rows: SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
-              "WHERE sentiment_status = 'FAILED'",
-              sql(path, "SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
-                        "WHERE sentiment_status = 'FAILED' ORDER BY review_id"))
+        _show(
+            "Progress by SQL: SELECT sentiment_status, count(*) FROM reviews GROUP BY ALL",
+            sql(path, "SELECT sentiment_status, count(*) AS n FROM reviews GROUP BY ALL ORDER BY n DESC"),
+        )
+        _show(
+            "Failed rows: SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
+            "WHERE sentiment_status = 'FAILED'",
+            sql(
+                path,
+                "SELECT review_id, sentiment_attempts, sentiment_error FROM reviews "
+                "WHERE sentiment_status = 'FAILED' ORDER BY review_id",
+            ),
+        )
 
         if broken_ids:
             fixed = df.with_columns(pl.col("text").str.replace_all(BROKEN, "", literal=True))
-            run(fixed, f"Third run: the {len(broken_ids)} broken reviews are cleaned" +
-                ("; only they are sent" if fresh else ""))
+            run(
+                fixed,
+                f"Third run: the {len(broken_ids)} broken reviews are cleaned"
+                + ("; only they are sent" if fresh else ""),
+            )
 
-        _show("Answers and cost by SQL",
-              sql(path, "SELECT sentiment, count(*) AS n, sum(sentiment_input_tokens) AS tokens_in, "
-                        "sum(sentiment_output_tokens) AS tokens_out, round(sum(sentiment_cost_usd), 4) AS usd "
-                        "FROM reviews GROUP BY ALL ORDER BY n DESC"))
+        _show(
+            "Answers and cost by SQL",
+            sql(
+                path,
+                "SELECT sentiment, count(*) AS n, sum(sentiment_input_tokens) AS tokens_in, "
+                "sum(sentiment_output_tokens) AS tokens_out, round(sum(sentiment_cost_usd), 4) AS usd "
+                "FROM reviews GROUP BY ALL ORDER BY n DESC",
+            ),
+        )
         if sim:
             paid = sim.paid_prompts()
             twice = sum(1 for n in paid.values() if n > 1)
-            print(f"\nThe simulator answered {sum(paid.values()):,} paid calls for {df.height:,} rows in this demo "
-                  f"({len(paid):,} distinct prompts): " + ("SOME PROMPTS WERE PAID TWICE." if twice else
-                                                          "nothing was paid twice."))
+            print(
+                f"\nThe simulator answered {sum(paid.values()):,} paid calls for {df.height:,} rows in this demo "
+                f"({len(paid):,} distinct prompts): "
+                + ("SOME PROMPTS WERE PAID TWICE." if twice else "nothing was paid twice.")
+            )
         print(f"\nTry: llmledger status {path}")

@@ -32,17 +32,25 @@ class Segment:
         return "RUNNING (claimed)" if self.name == "RUNNING" else self.name
 
 
-SEGMENTS = {s.name: s for s in (
-    Segment("DONE", "#2e7d32", "32", "#", "answered"),
-    Segment("stale", "#9e9d24", "33", "~", "DONE, but the request or an upstream answer changed since; "
-                                             "redo='stale' re-sends them"),
-    Segment("RUNNING", "#1e88e5", "34", ">", "claimed by a run: in flight, or queued to be sent by it"),
-    Segment("SUBMITTED", "#7e57c2", "35", "b", "in Message Batches the API is processing"),
-    Segment("FAILED", "#d32f2f", "31", "x", "failed; a rerun retries them"),
-    Segment("NEEDS_REVIEW", "#ef6c00", "91", "!", "for a person to look at"),
-    Segment("waiting", "#90a4ae", "36", ":", "wait for the steps their prompt reads"),
-    Segment("NOT_STARTED", "#e0e0e0", "90", ".", "not sent yet"),
-)}
+SEGMENTS = {
+    s.name: s
+    for s in (
+        Segment("DONE", "#2e7d32", "32", "#", "answered"),
+        Segment(
+            "stale",
+            "#9e9d24",
+            "33",
+            "~",
+            "DONE, but the request or an upstream answer changed since; redo='stale' re-sends them",
+        ),
+        Segment("RUNNING", "#1e88e5", "34", ">", "claimed by a run: in flight, or queued to be sent by it"),
+        Segment("SUBMITTED", "#7e57c2", "35", "b", "in Message Batches the API is processing"),
+        Segment("FAILED", "#d32f2f", "31", "x", "failed; a rerun retries them"),
+        Segment("NEEDS_REVIEW", "#ef6c00", "91", "!", "for a person to look at"),
+        Segment("waiting", "#90a4ae", "36", ":", "wait for the steps their prompt reads"),
+        Segment("NOT_STARTED", "#e0e0e0", "90", ".", "not sent yet"),
+    )
+}
 FAILURE_COLOUR = SEGMENTS["FAILED"].colour
 
 Parts = list[tuple[Segment, int]]
@@ -71,45 +79,64 @@ def bar_html(bar: Parts) -> str:
         if n <= 0:
             continue
         share = n / total
-        cells.append(f"<div class='llmledger-seg' data-status='{seg.name}' data-count='{n}' "
-                     f"title='{seg.name}: {n:,} rows ({share:.1%}), {esc(seg.meaning)}' "
-                     f"style='flex:{share * 100:.6f} 1 0px;min-width:2px;background:{seg.colour}'></div>")
-    return (f"<div class='llmledger-bar' data-total='{total}' style='display:flex;height:14px;width:100%;"
-            f"background:#f3f3f3;border-radius:3px;overflow:hidden;margin:3px 0'>{''.join(cells)}</div>")
+        cells.append(
+            f"<div class='llmledger-seg' data-status='{seg.name}' data-count='{n}' "
+            f"title='{seg.name}: {n:,} rows ({share:.1%}), {esc(seg.meaning)}' "
+            f"style='flex:{share * 100:.6f} 1 0px;min-width:2px;background:{seg.colour}'></div>"
+        )
+    return (
+        f"<div class='llmledger-bar' data-total='{total}' style='display:flex;height:14px;width:100%;"
+        f"background:#f3f3f3;border-radius:3px;overflow:hidden;margin:3px 0'>{''.join(cells)}</div>"
+    )
 
 
 def legend_html(bar: Parts) -> str:
     """The counts beside the bar, for the segments that have rows."""
-    keys = [f"<span data-field='{seg.name}' style='margin-right:10px;white-space:nowrap'>"
-            f"<span style='display:inline-block;width:9px;height:9px;background:{seg.colour};margin-right:3px'>"
-            f"</span>{seg.label} {n:,}</span>" for seg, n in bar if n > 0]
+    keys = [
+        f"<span data-field='{seg.name}' style='margin-right:10px;white-space:nowrap'>"
+        f"<span style='display:inline-block;width:9px;height:9px;background:{seg.colour};margin-right:3px'>"
+        f"</span>{seg.label} {n:,}</span>"
+        for seg, n in bar
+        if n > 0
+    ]
     return f"<div class='llmledger-legend' style='font-size:90%'>{''.join(keys) or 'no rows'}</div>"
 
 
 def figures_html(figures: Iterable[tuple[str, str]]) -> str:
     """Labelled figures in one wrapping line: `rows/s 12.3 · ETA 40s · ...`."""
-    cells = [f"<span style='margin-right:14px;white-space:nowrap'><span style='color:#777'>{esc(label)}</span> "
-             f"<span data-field='{esc(label)}'>{esc(value)}</span></span>" for label, value in figures]
+    cells = [
+        f"<span style='margin-right:14px;white-space:nowrap'><span style='color:#777'>{esc(label)}</span> "
+        f"<span data-field='{esc(label)}'>{esc(value)}</span></span>"
+        for label, value in figures
+    ]
     return f"<div class='llmledger-figures' style='margin:2px 0'>{''.join(cells)}</div>"
 
 
-def sparkline_svg(rates: Sequence[float], retries: Sequence[int], *, seconds: float,
-                  width: int = 220, height: int = 30) -> str:
+def sparkline_svg(
+    rates: Sequence[float], retries: Sequence[int], *, seconds: float, width: int = 220, height: int = 30
+) -> str:
     """Rows per second (a line) and retries (red ticks) over the last `seconds`, one point per bucket."""
     if len(rates) < 2:
         return ""
     peak, worst = max(rates) or 1.0, max(retries) or 1
     step = width / (len(rates) - 1)
     line = " ".join(f"{i * step:.1f},{height - 2 - r / peak * (height - 6):.1f}" for i, r in enumerate(rates))
-    ticks = "".join(f"<rect x='{i * step - 1:.1f}' y='{height - n / worst * height * 0.5:.1f}' width='2' "
-                    f"height='{n / worst * height * 0.5:.1f}' fill='{FAILURE_COLOUR}'/>"
-                    for i, n in enumerate(retries) if n)
-    what = (f"rows/s over the last {seconds:,.0f}s (peak {max(rates):,.1f}); {sum(retries):,} retries "
-            "(429, 529, 5xx, timeouts) in red")
-    return (f"<svg class='llmledger-spark' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
-            f"style='vertical-align:middle;background:#fafafa'><title>{esc(what)}</title>{ticks}"
-            f"<polyline points='{line}' fill='none' stroke='{SEGMENTS['RUNNING'].colour}' stroke-width='1.5'/></svg>"
-            f"<span style='color:#777;font-size:85%;margin-left:6px'>{esc(what)}</span>")
+    ticks = "".join(
+        f"<rect x='{i * step - 1:.1f}' y='{height - n / worst * height * 0.5:.1f}' width='2' "
+        f"height='{n / worst * height * 0.5:.1f}' fill='{FAILURE_COLOUR}'/>"
+        for i, n in enumerate(retries)
+        if n
+    )
+    what = (
+        f"rows/s over the last {seconds:,.0f}s (peak {max(rates):,.1f}); {sum(retries):,} retries "
+        "(429, 529, 5xx, timeouts) in red"
+    )
+    return (
+        f"<svg class='llmledger-spark' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+        f"style='vertical-align:middle;background:#fafafa'><title>{esc(what)}</title>{ticks}"
+        f"<polyline points='{line}' fill='none' stroke='{SEGMENTS['RUNNING'].colour}' stroke-width='1.5'/></svg>"
+        f"<span style='color:#777;font-size:85%;margin-left:6px'>{esc(what)}</span>"
+    )
 
 
 @dataclass(frozen=True)
@@ -126,7 +153,7 @@ class ErrorLine:
     def detail(self) -> str:
         """The example's message without the kind it starts with."""
         head = self.kind + ":"
-        return self.example[len(head):].strip() if self.example.startswith(head) else self.example
+        return self.example[len(head) :].strip() if self.example.startswith(head) else self.example
 
 
 def error_kind(message: str) -> str:
@@ -142,25 +169,31 @@ def errors_html(errors: Sequence[ErrorLine]) -> str:
     for e in errors:
         colour = "#8d6e00" if e.retried else FAILURE_COLOUR
         what = "retries" if e.retried else "rows"
-        lines.append(f"<div class='llmledger-error' data-kind='{esc(e.kind)}' style='color:{colour}'>"
-                     f"<b>{e.count:,} {what}: {esc(e.kind)}</b> <span style='color:#555'>e.g. "
-                     f"<code>{esc(e.example_key)}</code>: {esc(e.detail[:240])}</span></div>")
+        lines.append(
+            f"<div class='llmledger-error' data-kind='{esc(e.kind)}' style='color:{colour}'>"
+            f"<b>{e.count:,} {what}: {esc(e.kind)}</b> <span style='color:#555'>e.g. "
+            f"<code>{esc(e.example_key)}</code>: {esc(e.detail[:240])}</span></div>"
+        )
     return f"<div class='llmledger-errors' style='margin-top:3px;font-size:90%'>{''.join(lines)}</div>"
 
 
 def panel_html(kind: str, head: str, body: str) -> str:
     """The view's outer box. Its classes tell MathJax (JupyterLab, Notebook) to leave it alone: two `$` signs of
     costs in one line are otherwise typeset as inline math (`avoided 0.0003(reusedanswers0.0003)`)."""
-    return (f"<div class='llmledger-view {kind} tex2jax_ignore mathjax_ignore' "
-            "style='font-family:var(--jp-ui-font-family,sans-serif);"
-            f"font-size:13px;line-height:1.45;padding:4px 0;max-width:1100px'>"
-            f"<div>{head}</div>{body}</div>")
+    return (
+        f"<div class='llmledger-view {kind} tex2jax_ignore mathjax_ignore' "
+        "style='font-family:var(--jp-ui-font-family,sans-serif);"
+        f"font-size:13px;line-height:1.45;padding:4px 0;max-width:1100px'>"
+        f"<div>{head}</div>{body}</div>"
+    )
 
 
 def badge(text: str, colour: str, *, field: str = "") -> str:
     attr = f" data-field='{esc(field)}'" if field else ""
-    return (f"<span{attr} style='background:{colour};color:white;border-radius:3px;padding:0 5px;"
-            f"margin-left:6px;font-size:85%'>{esc(text)}</span>")
+    return (
+        f"<span{attr} style='background:{colour};color:white;border-radius:3px;padding:0 5px;"
+        f"margin-left:6px;font-size:85%'>{esc(text)}</span>"
+    )
 
 
 # -- text ------------------------------------------------------------------------------------------------

@@ -111,8 +111,19 @@ class RunReport:
     in_flight: int = 0
     started: float = field(default_factory=time.monotonic)
 
-    _SUMMED = ("done", "failed", "needs_review", "reused", "calls", "input_tokens", "output_tokens",
-               "cache_write_tokens", "cache_read_tokens", "cache_saved_usd", "batch_saved_usd")
+    _SUMMED = (
+        "done",
+        "failed",
+        "needs_review",
+        "reused",
+        "calls",
+        "input_tokens",
+        "output_tokens",
+        "cache_write_tokens",
+        "cache_read_tokens",
+        "cache_saved_usd",
+        "batch_saved_usd",
+    )
 
     def absorb(self, other: RunReport) -> None:
         """Add what `other` counted (rows answered, calls, tokens, cost, errors) to this report."""
@@ -146,16 +157,25 @@ class RunReport:
         what would take the bar past the frame's rows comes off them, so each row is drawn once.
         """
         before = {"stale": self.stale, "NEEDS_REVIEW": self.review_before, "DONE": self.done_before}
-        now = {"DONE": self.done, "RUNNING": self.in_flight + self.running_elsewhere,
-               "SUBMITTED": max(self.in_batches, self.batch_pending), "FAILED": self.failed,
-               "NEEDS_REVIEW": self.needs_review}
+        now = {
+            "DONE": self.done,
+            "RUNNING": self.in_flight + self.running_elsewhere,
+            "SUBMITTED": max(self.in_batches, self.batch_pending),
+            "FAILED": self.failed,
+            "NEEDS_REVIEW": self.needs_review,
+        }
         over = sum(before.values()) + sum(now.values()) - self.rows
         for name in before:
             cut = min(max(over, 0), before[name])
             before[name] -= cut
             over -= cut
-        counts = {**now, "DONE": now["DONE"] + before["DONE"], "stale": before["stale"], "waiting": self.waiting,
-                  "NEEDS_REVIEW": now["NEEDS_REVIEW"] + before["NEEDS_REVIEW"]}
+        counts = {
+            **now,
+            "DONE": now["DONE"] + before["DONE"],
+            "stale": before["stale"],
+            "waiting": self.waiting,
+            "NEEDS_REVIEW": now["NEEDS_REVIEW"] + before["NEEDS_REVIEW"],
+        }
         counts["NOT_STARTED"] = max(0, self.rows - sum(counts.values()))  # every row once, as in the store's counts
         return parts(counts)
 
@@ -183,8 +203,12 @@ class RunReport:
         """What this run did not pay, by reason: rows DONE already (at the step's average paid answer),
         reused answers (at this run's average call), cache reads, the batch discount."""
         per_call = (self.cost_usd or 0.0) / self.calls if self.calls else 0.0
-        return {"rows already done": self.done_saved_usd, "reused answers": self.reused * per_call,
-                "cache reads": self.cache_saved_usd, "batch prices": self.batch_saved_usd}
+        return {
+            "rows already done": self.done_saved_usd,
+            "reused answers": self.reused * per_call,
+            "cache reads": self.cache_saved_usd,
+            "batch prices": self.batch_saved_usd,
+        }
 
     def avoided_reasons(self) -> str:
         """The reasons with a saving, as text: "rows already done $0.0123, batch prices $0.0040"."""
@@ -216,15 +240,40 @@ class RunReport:
         return self.remaining / self.rate
 
     def progress_frame(self) -> pl.DataFrame:
-        fields = ["table", "step", "outcome", "rows", "selected", "remaining", "in_flight", "done", "failed",
-                  "needs_review", "skipped", "stale", "waiting", "reused", "calls", "retries", "submitted",
-                  "in_batches", "input_tokens",
-                  "output_tokens", "cache_write_tokens", "cache_read_tokens", "cost_usd", "avoided_usd", "elapsed",
-                  "rate", "eta"]
+        fields = [
+            "table",
+            "step",
+            "outcome",
+            "rows",
+            "selected",
+            "remaining",
+            "in_flight",
+            "done",
+            "failed",
+            "needs_review",
+            "skipped",
+            "stale",
+            "waiting",
+            "reused",
+            "calls",
+            "retries",
+            "submitted",
+            "in_batches",
+            "input_tokens",
+            "output_tokens",
+            "cache_write_tokens",
+            "cache_read_tokens",
+            "cost_usd",
+            "avoided_usd",
+            "elapsed",
+            "rate",
+            "eta",
+        ]
         values = {f: getattr(self, f) for f in fields}
         values["outcome"] = str(self.outcome)
-        return pl.DataFrame([values],
-                            schema_overrides={"cost_usd": pl.Float64, "avoided_usd": pl.Float64, "eta": pl.Float64})
+        return pl.DataFrame(
+            [values], schema_overrides={"cost_usd": pl.Float64, "avoided_usd": pl.Float64, "eta": pl.Float64}
+        )
 
     def __repr__(self) -> str:
         return str(self)
@@ -237,23 +286,41 @@ class RunReport:
 
     def __str__(self) -> str:
         cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
-        parts = [f"{self.table}.{self.step}: {self.done:,} done", f"{self.failed:,} failed",
-                 f"{self.needs_review:,} needs review", f"{self.skipped:,} skipped"]
-        batches = (f"sent in {self.batches:,} new batch{'es' if self.batches != 1 else ''} of "
-                   f"{self.batch_requests:,} request{'s' if self.batch_requests != 1 else ''}")
-        counts = [(self.unsimulated, "simulated answers set aside to ask for real"), (self.stale, "stale"),
-                  (self.waiting, "waiting"), (self.running_elsewhere, "running elsewhere"),
-                  (self.unprepared, "not prepared"), (self.remaining if self.outcome != "completed" else 0, "not sent"),
-                  (self.unsent, "not sent (their files are not as recorded)"),
-                  (self.reused, "reused"), (self.collected, "of them from batches"), (self.submitted, batches),
-                  (self.in_batches, "in batches still processing")]
+        parts = [
+            f"{self.table}.{self.step}: {self.done:,} done",
+            f"{self.failed:,} failed",
+            f"{self.needs_review:,} needs review",
+            f"{self.skipped:,} skipped",
+        ]
+        batches = (
+            f"sent in {self.batches:,} new batch{'es' if self.batches != 1 else ''} of "
+            f"{self.batch_requests:,} request{'s' if self.batch_requests != 1 else ''}"
+        )
+        counts = [
+            (self.unsimulated, "simulated answers set aside to ask for real"),
+            (self.stale, "stale"),
+            (self.waiting, "waiting"),
+            (self.running_elsewhere, "running elsewhere"),
+            (self.unprepared, "not prepared"),
+            (self.remaining if self.outcome != "completed" else 0, "not sent"),
+            (self.unsent, "not sent (their files are not as recorded)"),
+            (self.reused, "reused"),
+            (self.collected, "of them from batches"),
+            (self.submitted, batches),
+            (self.in_batches, "in batches still processing"),
+        ]
         parts.extend(f"{n:,} {what}" for n, what in counts if n)
-        cached = (f", {self.cache_read_tokens:,} read from / {self.cache_write_tokens:,} written to the cache"
-                  if self.cache_read_tokens or self.cache_write_tokens else "")
+        cached = (
+            f", {self.cache_read_tokens:,} read from / {self.cache_write_tokens:,} written to the cache"
+            if self.cache_read_tokens or self.cache_write_tokens
+            else ""
+        )
         avoided = self.avoided_usd
         saved = f"; ${avoided:.4f} avoided: {self.avoided_reasons()}" if avoided else ""
-        parts.append(f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens"
-                     f"{cached}, {cost}{saved})")
+        parts.append(
+            f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens"
+            f"{cached}, {cost}{saved})"
+        )
         line = " · ".join(parts) + f" in {self.seconds:.1f}s"
         if self.outcome != "completed":
             line = f"[{self.outcome}] " + line
@@ -263,55 +330,82 @@ class RunReport:
         """Next steps worth telling the user about."""
         out = []
         if self.unsent:
-            out.append(f"{rows(self.unsent)} not sent, left as they were and unpaid: their files are not as the "
-                       f"ledger recorded them ({self.unsent_why.removeprefix('not sent: ')}). Run apply_llm again "
-                       "with the frame to record the files as they are now; then they are sent.")
+            out.append(
+                f"{rows(self.unsent)} not sent, left as they were and unpaid: their files are not as the "
+                f"ledger recorded them ({self.unsent_why.removeprefix('not sent: ')}). Run apply_llm again "
+                "with the frame to record the files as they are now; then they are sent."
+            )
         if self.stale:
             verb = "is" if self.stale == 1 else "are"
-            out.append(f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
-                       "model, system, prompt, options, or the row's input or files); they were not re-sent. Pass "
-                       "redo='stale' to re-send exactly those.")
+            out.append(
+                f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
+                "model, system, prompt, options, or the row's input or files); they were not re-sent. Pass "
+                "redo='stale' to re-send exactly those."
+            )
         if self.downstream_stale:
             made = ", ".join(f"{rows(n)} of step {s!r}" for s, n in self.downstream_stale.items())
-            out.append(f"Steps reading this one are stale where its answers changed: {made}. Run them with "
-                       "redo='stale' to re-send exactly those rows.")
+            out.append(
+                f"Steps reading this one are stale where its answers changed: {made}. Run them with "
+                "redo='stale' to re-send exactly those rows."
+            )
         if self.null_rows:
             fields = ", ".join(f"{{{f}}}" for f in self.null_fields)
-            out.append(f"{rows(self.null_rows)} of the frame {'has' if self.null_rows == 1 else 'have'} a null in "
-                       f"{fields}: " + ("left unsent (skip_nulls=True)." if self.skip_nulls else
-                                        "the prompt shows it as empty text (an attached column: no file). Pass "
-                                        "skip_nulls=True to leave such rows unsent."))
+            out.append(
+                f"{rows(self.null_rows)} of the frame {'has' if self.null_rows == 1 else 'have'} a null in "
+                f"{fields}: "
+                + (
+                    "left unsent (skip_nulls=True)."
+                    if self.skip_nulls
+                    else "the prompt shows it as empty text (an attached column: no file). Pass "
+                    "skip_nulls=True to leave such rows unsent."
+                )
+            )
         if self.unsimulated:
-            out.append(f"{rows(self.unsimulated)} of the step held answers made by the simulator; a run against "
-                       "the real API never counts those as done: they were set back to NOT_STARTED (the simulated "
-                       "answers are kept in llmledger_history, reason 'simulated answer'), and every run asks "
-                       "for the ones it selects for real.")
+            out.append(
+                f"{rows(self.unsimulated)} of the step held answers made by the simulator; a run against "
+                "the real API never counts those as done: they were set back to NOT_STARTED (the simulated "
+                "answers are kept in llmledger_history, reason 'simulated answer'), and every run asks "
+                "for the ones it selects for real."
+            )
         if self.outcome == "budget":
             out.append(self.message)
         out.extend(self.notes)
         if self.returned:
-            out.append(f"{rows(self.returned)} came back from their batch unanswered (expired, canceled, or the "
-                       "API's own error); they are as they were before, unpaid, and the next call sends them.")
+            out.append(
+                f"{rows(self.returned)} came back from their batch unanswered (expired, canceled, or the "
+                "API's own error); they are as they were before, unpaid, and the next call sends them."
+            )
         if self.in_batches:
-            out.append(f"{rows(self.in_batches)} are in Message Batches the API is still processing (usually "
-                       "minutes, at most 24 h). Run the same call again (or `llmledger run`) to collect them; "
-                       "they are never sent twice." + (
-                           " (Simulated batches live in this kernel's simulator: collect them here; a run in "
-                           "another kernel or process asks their rows again of its own simulator, at no cost.)"
-                           if self.simulated else ""))
+            out.append(
+                f"{rows(self.in_batches)} are in Message Batches the API is still processing (usually "
+                "minutes, at most 24 h). Run the same call again (or `llmledger run`) to collect them; "
+                "they are never sent twice."
+                + (
+                    " (Simulated batches live in this kernel's simulator: collect them here; a run in "
+                    "another kernel or process asks their rows again of its own simulator, at no cost.)"
+                    if self.simulated
+                    else ""
+                )
+            )
         if self.waiting:
-            out.append(f"{rows(self.waiting)} wait for the steps their prompt reads (not DONE there yet, or "
-                       "stale there); finish those steps first.")
+            out.append(
+                f"{rows(self.waiting)} wait for the steps their prompt reads (not DONE there yet, or "
+                "stale there); finish those steps first."
+            )
         if self.failed:
             out.append(f"{rows(self.failed)} FAILED; run the same call again to retry them.")
         if self.unprepared:
-            out.append(f"{rows(self.unprepared)} have no request for the step's current definition (their inputs "
-                       "or the step changed since apply_llm last prepared them); run apply_llm with the frame to "
-                       "prepare and send them.")
+            out.append(
+                f"{rows(self.unprepared)} have no request for the step's current definition (their inputs "
+                "or the step changed since apply_llm last prepared them); run apply_llm with the frame to "
+                "prepare and send them."
+            )
         if self.needs_review:
-            out.append(f"{rows(self.needs_review)} need review (refused max_attempts times, an answer not "
-                       f"matching output=, or refused by validate=); see their {self.step}_error and {self.step}_raw "
-                       f"columns, then llmledger.flag(...) them and rerun with redo='flagged'.")
+            out.append(
+                f"{rows(self.needs_review)} need review (refused max_attempts times, an answer not "
+                f"matching output=, or refused by validate=); see their {self.step}_error and {self.step}_raw "
+                f"columns, then llmledger.flag(...) them and rerun with redo='flagged'."
+            )
         return out
 
 
@@ -353,18 +447,31 @@ class PipelineReport:
     def frame(self) -> pl.DataFrame:
         """One row per step, then a `total` row: calls, cost, rows done / failed / for review, stale, waiting."""
         names = ("calls", "done", "failed", "needs_review", "stale", "waiting")
-        rows_ = [{"step": step, **{n: getattr(r, n) for n in names}, "cost_usd": r.cost_usd,
-                  "seconds": round(r.seconds, 2)} for step, r in self.steps.items()]
-        rows_.append({"step": "total", **{n: self._sum(n) for n in names}, "cost_usd": self.cost_usd,
-                      "seconds": round(sum(r.seconds for r in self.steps.values()), 2)})
+        rows_ = [
+            {"step": step, **{n: getattr(r, n) for n in names}, "cost_usd": r.cost_usd, "seconds": round(r.seconds, 2)}
+            for step, r in self.steps.items()
+        ]
+        rows_.append(
+            {
+                "step": "total",
+                **{n: self._sum(n) for n in names},
+                "cost_usd": self.cost_usd,
+                "seconds": round(sum(r.seconds for r in self.steps.values()), 2),
+            }
+        )
         return pl.DataFrame(rows_, schema_overrides={"cost_usd": pl.Float64})
 
     def __str__(self) -> str:
         cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
-        extra = "".join(f" · {n:,} {what}" for n, what in ((self.stale, "stale"), (self.waiting, "waiting"),
-                                                           (self.failed, "failed")) if n)
-        return (f"pipeline of {len(self.steps)} steps: {self.calls:,} calls paid ({cost}) · {self.done:,} done"
-                f"{extra}\n" + "\n".join(f"  {r}" for r in self.steps.values()))
+        extra = "".join(
+            f" · {n:,} {what}"
+            for n, what in ((self.stale, "stale"), (self.waiting, "waiting"), (self.failed, "failed"))
+            if n
+        )
+        return (
+            f"pipeline of {len(self.steps)} steps: {self.calls:,} calls paid ({cost}) · {self.done:,} done"
+            f"{extra}\n" + "\n".join(f"  {r}" for r in self.steps.values())
+        )
 
     def __repr__(self) -> str:
         return str(self)
@@ -381,24 +488,35 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m {secs:02d}s" if minutes < 60 else f"{minutes // 60}h {minutes % 60:02d}m"
 
 
-OUTCOME_COLOURS = {"preparing": "#757575", "running": SEGMENTS["RUNNING"].colour,
-                   "completed": SEGMENTS["DONE"].colour, "interrupted": "#757575", "cancelled": "#757575",
-                   "budget": SEGMENTS["NEEDS_REVIEW"].colour}
+OUTCOME_COLOURS = {
+    "preparing": "#757575",
+    "running": SEGMENTS["RUNNING"].colour,
+    "completed": SEGMENTS["DONE"].colour,
+    "interrupted": "#757575",
+    "cancelled": "#757575",
+    "budget": SEGMENTS["NEEDS_REVIEW"].colour,
+}
 
 
-def run_html(report: RunReport, *, timeline: Timeline | None = None, notes: list[str] | None = None,
-             live: bool = False) -> str:
+def run_html(
+    report: RunReport, *, timeline: Timeline | None = None, notes: list[str] | None = None, live: bool = False
+) -> str:
     """One run at a glance: its step's rows as a bar, its pace, cost and errors; live, or as the summary."""
     r = report
     outcome = str(r.outcome)
-    head = (f"<b>llmledger · {esc(r.table)}.{esc(r.step)}</b>"
-            + badge(outcome, OUTCOME_COLOURS.get(outcome, FAILURE_COLOUR), field="outcome")
-            + (badge(r.mode, "#607d8b") if r.mode == "batch" else "")
-            + (badge("simulated answers", "#6d4c41", field="simulated") if r.simulated else ""))
+    head = (
+        f"<b>llmledger · {esc(r.table)}.{esc(r.step)}</b>"
+        + badge(outcome, OUTCOME_COLOURS.get(outcome, FAILURE_COLOUR), field="outcome")
+        + (badge(r.mode, "#607d8b") if r.mode == "batch" else "")
+        + (badge("simulated answers", "#6d4c41", field="simulated") if r.simulated else "")
+    )
     figures = [("sent", f"{r.sent:,} of {r.selected:,}")]
     if live:
-        figures += [("rows/s", f"{r.rate:,.1f}"), ("ETA", "—" if r.eta is None else _duration(r.eta)),
-                    ("elapsed", _duration(r.elapsed))]
+        figures += [
+            ("rows/s", f"{r.rate:,.1f}"),
+            ("ETA", "—" if r.eta is None else _duration(r.eta)),
+            ("elapsed", _duration(r.elapsed)),
+        ]
         if r.in_batches or r.batch_pending:
             figures.append(("in batches", f"{max(r.in_batches, r.batch_pending):,}"))
     else:
@@ -411,9 +529,19 @@ def run_html(report: RunReport, *, timeline: Timeline | None = None, notes: list
     figures.append(("cost", "n/a (no known price)" if r.cost_usd is None else f"${r.cost_usd:,.4f}"))
     if r.max_cost_usd is not None:
         spent = r.spent_before_usd + (r.cost_usd or 0.0)
-        figures.append(("budget", f"${r.max_cost_usd:,.4f}" + (f" ({spent / r.max_cost_usd:.0%} used"
-                        + (", with earlier runs of the step" if r.spent_before_usd else "") + ")"
-                        if r.max_cost_usd else "")))
+        figures.append(
+            (
+                "budget",
+                f"${r.max_cost_usd:,.4f}"
+                + (
+                    f" ({spent / r.max_cost_usd:.0%} used"
+                    + (", with earlier runs of the step" if r.spent_before_usd else "")
+                    + ")"
+                    if r.max_cost_usd
+                    else ""
+                ),
+            )
+        )
     projected = r.projected_usd
     if live and projected is not None:
         figures.append(("estimated total", f"${projected:,.4f}"))
@@ -432,6 +560,7 @@ def run_html(report: RunReport, *, timeline: Timeline | None = None, notes: list
         body += f"<div style='color:{FAILURE_COLOUR}'>{esc(r.message)}</div>"
     body += errors_html(r.error_lines())
     if not live:
-        body += "".join(f"<div class='llmledger-hint' style='color:#555'>{esc(h)}</div>" for h in r.hints()
-                        if h != r.message)
+        body += "".join(
+            f"<div class='llmledger-hint' style='color:#555'>{esc(h)}</div>" for h in r.hints() if h != r.message
+        )
     return panel_html("llmledger-status" if live else "llmledger-summary", head, body)

@@ -38,8 +38,14 @@ from llmledger._view.overview import show, use_colour
 from llmledger.errors import InvalidInputError, LedgerError
 from llmledger.simulator.replies import Faults
 
-_TABLE_FORMAT = {"tbl_hide_dataframe_shape": True, "tbl_hide_column_data_types": True, "tbl_rows": 100, "tbl_cols": -1,
-                 "fmt_str_lengths": 80, "tbl_width_chars": 200}
+_TABLE_FORMAT = {
+    "tbl_hide_dataframe_shape": True,
+    "tbl_hide_column_data_types": True,
+    "tbl_rows": 100,
+    "tbl_cols": -1,
+    "fmt_str_lengths": 80,
+    "tbl_width_chars": 200,
+}
 
 
 def status(store: str, table: str | None = None, *, colour: bool = False) -> str:
@@ -67,8 +73,9 @@ _ALIASES = {"status": "show", "run": "resume", "worker": "work"}
 
 def parser() -> argparse.ArgumentParser:
     """The whole command line (docs/gen_reference.py writes the CLI reference from its `--help`)."""
-    top = argparse.ArgumentParser(prog="llmledger", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = argparse.ArgumentParser(
+        prog="llmledger", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = top.add_subparsers(dest="command", required=True)
 
     def verb(name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -77,12 +84,17 @@ def parser() -> argparse.ArgumentParser:
         made.set_defaults(verb=name)
         return made
 
-    p_status = verb("status", help="llmledger.show(): every step as a bar of rows by status, its cost, claims and "
-                                   "errors")
+    p_status = verb(
+        "status", help="llmledger.show(): every step as a bar of rows by status, its cost, claims and errors"
+    )
     p_status.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_status.add_argument("--table", default=None, help="only this table")
-    p_status.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                          help="colour the bars (auto: when the terminal shows colour and NO_COLOR is unset)")
+    p_status.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the bars (auto: when the terminal shows colour and NO_COLOR is unset)",
+    )
     p_status.add_argument("--every", type=float, default=None, help="redraw every N seconds until Ctrl-C")
 
     p_run = verb("run", help="llmledger.resume(): finish a step that apply_llm started, from the store alone")
@@ -91,31 +103,52 @@ def parser() -> argparse.ArgumentParser:
     p_run.add_argument("--step", default=None, help=_INFERRED)
     p_run.add_argument("--concurrency", type=int, default=16)
     p_run.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
-    p_run.add_argument("--redo", choices=["stale", "flagged", "all"], default=None,
-                       help="also re-send stale answers (stale), flagged rows (flagged) or every matching row (all)")
+    p_run.add_argument(
+        "--redo",
+        choices=["stale", "flagged", "all"],
+        default=None,
+        help="also re-send stale answers (stale), flagged rows (flagged) or every matching row (all)",
+    )
     p_run.add_argument("--max-attempts", type=int, default=3)
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
-    p_run.add_argument("--mode", choices=["online", "batch", "auto"], default="online",
-                       help="send the rows online or as Message Batches (half price); batches the step sent "
-                            "earlier are collected first either way")
-    p_run.add_argument("--no-wait", action="store_true",
-                       help="with --mode batch: return once the batches are submitted")
+    p_run.add_argument(
+        "--mode",
+        choices=["online", "batch", "auto"],
+        default="online",
+        help="send the rows online or as Message Batches (half price); batches the step sent "
+        "earlier are collected first either way",
+    )
+    p_run.add_argument(
+        "--no-wait", action="store_true", help="with --mode batch: return once the batches are submitted"
+    )
 
-    p_worker = verb("worker", help="llmledger.work(): work on a step together with other workers until none of it "
-                                   "is left (a PostgreSQL store lets many machines share one step)")
+    p_worker = verb(
+        "worker",
+        help="llmledger.work(): work on a step together with other workers until none of it "
+        "is left (a PostgreSQL store lets many machines share one step)",
+    )
     p_worker.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_worker.add_argument("--table", default=None, help=_INFERRED)
     p_worker.add_argument("--step", default=None, help=_INFERRED)
     p_worker.add_argument("--concurrency", type=int, default=16)
-    p_worker.add_argument("--chunk-size", type=int, default=200,
-                          help="rows claimed ahead and committed together (smaller shares a small step more evenly)")
+    p_worker.add_argument(
+        "--chunk-size",
+        type=int,
+        default=200,
+        help="rows claimed ahead and committed together (smaller shares a small step more evenly)",
+    )
     p_worker.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
     p_worker.add_argument("--max-attempts", type=int, default=3)
-    p_worker.add_argument("--poll", type=float, default=5.0,
-                          help="seconds between looks while other workers hold rows (default 5)")
-    p_worker.add_argument("--stale-after", type=float, default=1800.0,
-                          help="seconds after which a claim whose worker stopped renewing it is taken over "
-                               "(default 1800; claims are renewed every min(60, stale-after/4) seconds)")
+    p_worker.add_argument(
+        "--poll", type=float, default=5.0, help="seconds between looks while other workers hold rows (default 5)"
+    )
+    p_worker.add_argument(
+        "--stale-after",
+        type=float,
+        default=1800.0,
+        help="seconds after which a claim whose worker stopped renewing it is taken over "
+        "(default 1800; claims are renewed every min(60, stale-after/4) seconds)",
+    )
     p_worker.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p_sql = verb("sql", help="run a SQL query on the store and print the result")
@@ -131,25 +164,33 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--table", default=None, help=_INFERRED)
         p.add_argument("--step", default=None, help=_INFERRED)
     for p in (p_flag, p_reset):
-        p.add_argument("--where", required=True, help="SQL predicate over the fact table, e.g. \"id IN (3, 7)\"")
+        p.add_argument("--where", required=True, help='SQL predicate over the fact table, e.g. "id IN (3, 7)"')
     p_flag.add_argument("--reason", required=True, help="what is wrong with these answers")
     p_flag.add_argument("--by", default=None, help="who flags them (default: the login name)")
-    p_reset.add_argument("--running", action="store_true",
-                         help="also take back RUNNING rows whose holder is gone (a dead process on this host, or a "
-                              "holder elsewhere whose claims were not renewed for --stale-after seconds or whose "
-                              "leases lapsed, in the database's clock)")
+    p_reset.add_argument(
+        "--running",
+        action="store_true",
+        help="also take back RUNNING rows whose holder is gone (a dead process on this host, or a "
+        "holder elsewhere whose claims were not renewed for --stale-after seconds or whose "
+        "leases lapsed, in the database's clock)",
+    )
     p_reset.add_argument("--stale-after", type=float, default=1800.0, help="seconds (with --running; default 1800)")
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
-    p_export = verb("export", help="write a table (a folder of Parquet files, or one .parquet file) or "
-                                             "one step (a file)")
+    p_export = verb(
+        "export", help="write a table (a folder of Parquet files, or one .parquet file) or one step (a file)"
+    )
     p_export.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_export.add_argument("--table", default=None, help=_INFERRED)
-    p_export.add_argument("path", help="a new folder (the table and its bookkeeping, for restore), or a file "
-                                       "ending in .parquet (the table alone, or with --step one step's view)")
+    p_export.add_argument(
+        "path",
+        help="a new folder (the table and its bookkeeping, for restore), or a file "
+        "ending in .parquet (the table alone, or with --step one step's view)",
+    )
     p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
-    p_export.add_argument("--overwrite", action="store_true",
-                          help="replace an existing file, or a folder an earlier export wrote")
+    p_export.add_argument(
+        "--overwrite", action="store_true", help="replace an existing file, or a folder an earlier export wrote"
+    )
     p_restore = verb("restore", help="rebuild a table in a store from llmledger export's folder")
     p_restore.add_argument("path", help="the folder export wrote")
     p_restore.add_argument("store", help="the DuckDB file or postgresql:// URL (created if missing)")
@@ -160,11 +201,15 @@ def parser() -> argparse.ArgumentParser:
 
     p_demo = verb("demo", help="run a step over the bundled reviews dataset")
     p_demo.add_argument("--store", default=None, help="ledger file (default: a fresh one in a temp folder)")
-    p_demo.add_argument("--rows", type=int, default=None,
-                        help="rows to use (default: all 3,000 on the simulator, 20 on the real API)")
+    p_demo.add_argument(
+        "--rows", type=int, default=None, help="rows to use (default: all 3,000 on the simulator, 20 on the real API)"
+    )
 
-    p_sim = verb("simulator", help="serve the offline Messages API simulator (every fault simulate() "
-                                             "takes is an option: --latency 0.1 --rate-limit 50 --error-rate 0.05 ...)")
+    p_sim = verb(
+        "simulator",
+        help="serve the offline Messages API simulator (every fault simulate() "
+        "takes is an option: --latency 0.1 --rate-limit 50 --error-rate 0.05 ...)",
+    )
     p_sim.add_argument("--port", type=int, default=8765)
     _fault_options(p_sim)
     return top
@@ -187,24 +232,43 @@ def main(argv: list[str] | None = None) -> int:
 
             redo = {"stale": "stale", "flagged": "flagged", "all": True, None: False}[args.redo]
             try:
-                resume(args.store, args.table, args.step, concurrency=args.concurrency, where=args.where,
-                       redo=redo, max_attempts=args.max_attempts, progress=not args.quiet, mode=args.mode,
-                       wait=not args.no_wait)
+                resume(
+                    args.store,
+                    args.table,
+                    args.step,
+                    concurrency=args.concurrency,
+                    where=args.where,
+                    redo=redo,
+                    max_attempts=args.max_attempts,
+                    progress=not args.quiet,
+                    mode=args.mode,
+                    wait=not args.no_wait,
+                )
             except KeyboardInterrupt:
                 return 130
         elif args.command == "worker":
             from llmledger._run.worker import work
 
             try:
-                report = work(args.store, args.table, args.step, concurrency=args.concurrency,
-                              chunk_size=args.chunk_size, where=args.where,
-                              max_attempts=args.max_attempts, poll=args.poll, stale_after=args.stale_after,
-                              progress=not args.quiet)
+                report = work(
+                    args.store,
+                    args.table,
+                    args.step,
+                    concurrency=args.concurrency,
+                    chunk_size=args.chunk_size,
+                    where=args.where,
+                    max_attempts=args.max_attempts,
+                    poll=args.poll,
+                    stale_after=args.stale_after,
+                    progress=not args.quiet,
+                )
             except KeyboardInterrupt:
                 return 130
-            print(f"worker done ({report.outcome.value}), all its passes together: {rows(report.done)} DONE, "
-                  f"{report.calls:,} paid calls, {report.failed:,} FAILED, {report.needs_review:,} NEEDS_REVIEW",
-                  flush=True)
+            print(
+                f"worker done ({report.outcome.value}), all its passes together: {rows(report.done)} DONE, "
+                f"{report.calls:,} paid calls, {report.failed:,} FAILED, {report.needs_review:,} NEEDS_REVIEW",
+                flush=True,
+            )
         elif args.command == "copy":
             from llmledger._ledger.copy import copy
 
@@ -224,8 +288,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "flag":
                 n = flag(args.store, args.table, args.step, where=args.where, reason=args.reason, by=args.by)
             else:
-                n = reset(args.store, args.table, args.step, where=args.where, running=args.running,
-                          stale_after=timedelta(seconds=args.stale_after))
+                n = reset(
+                    args.store,
+                    args.table,
+                    args.step,
+                    where=args.where,
+                    running=args.running,
+                    stale_after=timedelta(seconds=args.stale_after),
+                )
             print(f"{args.command}: {rows(n)} of {args.table}.{args.step}")
         elif args.command == "history":
             from llmledger._ledger.query import history
@@ -252,20 +322,27 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "simulator":
             from llmledger.simulator import Simulator
 
-            faults = {name: value for name, value in vars(args).items()
-                      if (name in _FAULTS or name in _FAULTS_AS_TOLD) and value not in (None, [])}
+            faults = {
+                name: value
+                for name, value in vars(args).items()
+                if (name in _FAULTS or name in _FAULTS_AS_TOLD) and value not in (None, [])
+            }
             sim = Simulator(port=args.port, **faults)
-            print(f"simulator listening on {sim.base_url} (ANTHROPIC_BASE_URL={sim.base_url}); Ctrl-C stops it",
-                  flush=True)
+            print(
+                f"simulator listening on {sim.base_url} (ANTHROPIC_BASE_URL={sim.base_url}); Ctrl-C stops it",
+                flush=True,
+            )
             try:
                 sim.serve_forever()
             except KeyboardInterrupt:
                 time.sleep(0)
     except (LedgerError, *db_errors()) as exc:
         if isinstance(exc, InvalidInputError) and str(exc).startswith("no API key"):  # to a shell user
-            exc = InvalidInputError("no API key: export ANTHROPIC_API_KEY=... first. To run offline instead, "
-                                    "start the simulator in another shell (llmledger simulator --port 8765) and "
-                                    "export ANTHROPIC_BASE_URL=http://127.0.0.1:8765/llmledger-simulator")
+            exc = InvalidInputError(
+                "no API key: export ANTHROPIC_API_KEY=... first. To run offline instead, "
+                "start the simulator in another shell (llmledger simulator --port 8765) and "
+                "export ANTHROPIC_BASE_URL=http://127.0.0.1:8765/llmledger-simulator"
+            )
         print(f"llmledger: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -281,20 +358,38 @@ _FAULTS_AS_TOLD = ("outage_for", "fail_next")  # as simulate() takes them: secon
 
 def _fault_options(parser: argparse.ArgumentParser) -> None:
     """One option per fault of `Simulator` (`llmledger.simulate`'s keywords), so a shell user has them all."""
-    parser.add_argument("--outage-for", type=float, default=None, help="seconds from the start during which every "
-                        "request gets --outage-status")
-    parser.add_argument("--fail-next", type=lambda v: [_status_or_text(x.strip()) for x in v.split(",")],
-                        default=None, help="faults for the first requests, e.g. 529,529,429 or no_retry")
+    parser.add_argument(
+        "--outage-for",
+        type=float,
+        default=None,
+        help="seconds from the start during which every request gets --outage-status",
+    )
+    parser.add_argument(
+        "--fail-next",
+        type=lambda v: [_status_or_text(x.strip()) for x in v.split(",")],
+        default=None,
+        help="faults for the first requests, e.g. 529,529,429 or no_retry",
+    )
     for name, spec in _FAULTS.items():
         if name == "models":
-            parser.add_argument("--model", dest="models", action="append", default=[],
-                                help="a model id to answer besides those llmledger has prices for (repeatable)")
+            parser.add_argument(
+                "--model",
+                dest="models",
+                action="append",
+                default=[],
+                help="a model id to answer besides those llmledger has prices for (repeatable)",
+            )
             continue
         kind = str(spec.type)
-        convert = (_status_or_text if "int | str" in kind else float if "float" in kind else
-                   int if "int" in kind else str)
-        parser.add_argument("--" + name.replace("_", "-"), type=convert, default=None,
-                            help=f"Simulator({name}=...); default {spec.default!r}")
+        convert = (
+            _status_or_text if "int | str" in kind else float if "float" in kind else int if "int" in kind else str
+        )
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=convert,
+            default=None,
+            help=f"Simulator({name}=...); default {spec.default!r}",
+        )
 
 
 _INFERRED = "(default: the only one the store has)"

@@ -37,10 +37,22 @@ from llmledger import Simulator, apply_llm, last_report
 HELPER = Path(__file__).resolve().parents[1] / "helpers" / "run_step.py"
 # (a) before this release, for comparison: llmledger 0.1.0 on the same 10,000,000-row frame, measured here on
 # 2026-11-23 with this script's method, and the figures the issue reported from another machine.
-BEFORE = {"llmledger_0_1_0_here": {"noop_rerun_s": 8.95, "time_ratio": 15.7, "peak_rss_growth_mb": 3498,
-                                   "rss_growth_per_frame": 9.75, "record_s": 11.5, "record_peak_rss_growth_mb": 3584},
-          "issue_6_report": {"noop_rerun_s": 7.1, "apply_llm_peak_rss_gb": 4.8, "second_step_peak_rss_gb": 5.8,
-                             "time_ratio_at_1M_rows": 14}}
+BEFORE = {
+    "llmledger_0_1_0_here": {
+        "noop_rerun_s": 8.95,
+        "time_ratio": 15.7,
+        "peak_rss_growth_mb": 3498,
+        "rss_growth_per_frame": 9.75,
+        "record_s": 11.5,
+        "record_peak_rss_growth_mb": 3584,
+    },
+    "issue_6_report": {
+        "noop_rerun_s": 7.1,
+        "apply_llm_peak_rss_gb": 4.8,
+        "second_step_peak_rss_gb": 5.8,
+        "time_ratio_at_1M_rows": 14,
+    },
+}
 PROMPT = "Summarize: {text}"
 STRUCTURED = {"company": str, "year": int}
 
@@ -55,8 +67,9 @@ def _memory(field: str) -> int:
     return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024  # type: ignore[union-attr]
 
 
-def noop_rerun(rows: int, folder: Path, *, shuffle: bool = False, repeat: int = 1,
-               structured: bool = False) -> dict[str, float]:
+def noop_rerun(
+    rows: int, folder: Path, *, shuffle: bool = False, repeat: int = 1, structured: bool = False
+) -> dict[str, float]:
     """(a) Record `rows` rows and mark them DONE by SQL (no calls), then time a rerun in a fresh process.
 
     With `repeat`, the rerun is measured that many times (each in a fresh process) and the median kept.
@@ -66,8 +79,10 @@ def noop_rerun(rows: int, folder: Path, *, shuffle: bool = False, repeat: int = 
     recorded: dict[str, float] = {}
     if not store.exists():
         recorded = _child(store, rows, "record", structured)
-    runs = sorted((_child(store, rows, "shuffle" if shuffle else "same", structured) for _ in range(repeat)),
-                  key=lambda r: r["noop_rerun_s"])
+    runs = sorted(
+        (_child(store, rows, "shuffle" if shuffle else "same", structured) for _ in range(repeat)),
+        key=lambda r: r["noop_rerun_s"],
+    )
     return {**runs[len(runs) // 2], **recorded}
 
 
@@ -75,14 +90,22 @@ def structured_overhead(rows: int, folder: Path, repeat: int = 3) -> dict[str, f
     """(d) The no-op rerun of a structured step against a text step over the same frame."""
     text = noop_rerun(rows, folder, repeat=repeat)
     typed = noop_rerun(rows, folder, repeat=repeat, structured=True)
-    return {"rows": rows, "text_noop_s": text["noop_rerun_s"], "structured_noop_s": typed["noop_rerun_s"],
-            "extra_time_per_row": round(typed["noop_rerun_s"] / text["noop_rerun_s"] - 1, 3),
-            "calls": typed["calls"]}
+    return {
+        "rows": rows,
+        "text_noop_s": text["noop_rerun_s"],
+        "structured_noop_s": typed["noop_rerun_s"],
+        "extra_time_per_row": round(typed["noop_rerun_s"] / text["noop_rerun_s"] - 1, 3),
+        "calls": typed["calls"],
+    }
 
 
 def _child(store: Path, rows: int, mode: str, structured: bool = False) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, "_noop", str(store), str(rows), mode, str(int(structured))],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "_noop", str(store), str(rows), mode, str(int(structured))],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -98,38 +121,62 @@ def _noop_child(store: Path, rows: int, mode: str, structured: bool) -> None:
             Path("/proc/self/clear_refs").write_text("5")
             before = _memory("VmRSS")
             t0 = time.perf_counter()
-            apply_llm(df, "summary", prompt=PROMPT, store=store, table="t", client=client, where="false",
-                      progress=False, **options)
+            apply_llm(
+                df,
+                "summary",
+                prompt=PROMPT,
+                store=store,
+                table="t",
+                client=client,
+                where="false",
+                progress=False,
+                **options,
+            )
             seconds, growth = time.perf_counter() - t0, _memory("VmHWM") - before
             with duckdb.connect(str(store)) as con:  # pretend every row was answered earlier
-                con.execute(f"UPDATE t SET summary = {answer}, summary_status = 'DONE', "
-                            "summary_finished_at = now()::TIMESTAMP, summary_attempts = 1, "
-                            "summary_fingerprint = summary_request_fingerprint")
+                con.execute(
+                    f"UPDATE t SET summary = {answer}, summary_status = 'DONE', "
+                    "summary_finished_at = now()::TIMESTAMP, summary_attempts = 1, "
+                    "summary_fingerprint = summary_request_fingerprint"
+                )
             print(json.dumps({"record_s": round(seconds, 2), "record_peak_rss_growth_mb": round(growth / 1e6, 1)}))
             return
         floors = []
         for _ in range(3):
             t0 = time.perf_counter()
             with duckdb.connect(str(store), read_only=True) as con:
-                con.sql("SELECT count(*) FROM (SELECT id FROM df ANTI JOIN "
-                        "(SELECT id FROM t WHERE summary_status = 'DONE') USING (id))").fetchall()
+                con.sql(
+                    "SELECT count(*) FROM (SELECT id FROM df ANTI JOIN "
+                    "(SELECT id FROM t WHERE summary_status = 'DONE') USING (id))"
+                ).fetchall()
             floors.append(time.perf_counter() - t0)
         floor = sorted(floors)[1]
         Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
         before = _memory("VmRSS")
         t0 = time.perf_counter()
-        out = apply_llm(df, "summary", prompt=PROMPT, store=store, table="t", client=client, progress=False,
-                        **options)
+        out = apply_llm(df, "summary", prompt=PROMPT, store=store, table="t", client=client, progress=False, **options)
         seconds = time.perf_counter() - t0
         growth = _memory("VmHWM") - before
         report = last_report()
         assert out.height == rows and report is not None
         frame_bytes = df.estimated_size()
-        print(json.dumps({"rows": rows, "order": mode, "frame_mb": round(frame_bytes / 1e6, 1),
-                          "noop_rerun_s": round(seconds, 3), "anti_join_floor_s": round(floor, 3),
-                          "time_ratio": round(seconds / floor, 2), "peak_rss_growth_mb": round(growth / 1e6, 1),
-                          "rss_growth_per_frame": round(growth / frame_bytes, 2), "calls": sim.stats()["requests"],
-                          "stale": report.stale, "skipped": report.skipped}))
+        print(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "order": mode,
+                    "frame_mb": round(frame_bytes / 1e6, 1),
+                    "noop_rerun_s": round(seconds, 3),
+                    "anti_join_floor_s": round(floor, 3),
+                    "time_ratio": round(seconds / floor, 2),
+                    "peak_rss_growth_mb": round(growth / 1e6, 1),
+                    "rss_growth_per_frame": round(growth / frame_bytes, 2),
+                    "calls": sim.stats()["requests"],
+                    "stale": report.stale,
+                    "skipped": report.skipped,
+                }
+            )
+        )
 
 
 def throughput(rows: int, rate: float, latency: float, folder: Path, concurrency: int = 16) -> dict[str, float]:
@@ -137,14 +184,28 @@ def throughput(rows: int, rate: float, latency: float, folder: Path, concurrency
     with Simulator(latency=latency, rate_limit=rate) as sim:
         client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
         t0 = time.perf_counter()
-        apply_llm(_frame(rows), "summary", prompt=PROMPT, store=folder / "tp.duckdb", table="t", client=client,
-                  concurrency=concurrency, progress=False)
+        apply_llm(
+            _frame(rows),
+            "summary",
+            prompt=PROMPT,
+            store=folder / "tp.duckdb",
+            table="t",
+            client=client,
+            concurrency=concurrency,
+            progress=False,
+        )
         seconds = time.perf_counter() - t0
         stats = sim.stats()
     achieved = rows / seconds
-    return {"rows": rows, "limit_rps": rate, "latency_s": latency, "achieved_rps": round(achieved, 2),
-            "share_of_limit": round(achieved / rate, 3), "requests": stats["requests"],
-            "share_429": round(stats["by_status"].get(429, 0) / stats["requests"], 4)}
+    return {
+        "rows": rows,
+        "limit_rps": rate,
+        "latency_s": latency,
+        "achieved_rps": round(achieved, 2),
+        "share_of_limit": round(achieved / rate, 3),
+        "requests": stats["requests"],
+        "share_429": round(stats["by_status"].get(429, 0) / stats["requests"], 4),
+    }
 
 
 def _varied_reply(prompt: str, system: str | None = None) -> str:
@@ -153,40 +214,88 @@ def _varied_reply(prompt: str, system: str | None = None) -> str:
     return " ".join(["word"] * n)[: n * 4]
 
 
-def token_throughput(rows: int, *, output_tpm: float | None, rpm: float | None, latency: float, folder: Path,
-                     concurrency: int = 16, max_tokens: int = 400, burst: float = 5.0) -> dict[str, float]:
+def token_throughput(
+    rows: int,
+    *,
+    output_tpm: float | None,
+    rpm: float | None,
+    latency: float,
+    folder: Path,
+    concurrency: int = 16,
+    max_tokens: int = 400,
+    burst: float = 5.0,
+) -> dict[str, float]:
     """(e) Output tokens per minute against an output-token limit (or rows per minute against a request
     limit), answers of varied length, measured over the whole run, as a share of the binding limit."""
-    with Simulator(latency=latency, responder=_varied_reply, output_tokens_per_minute=output_tpm,
-                   rate_limit=rpm / 60 if rpm else None, burst=rpm / 60 * burst if rpm else None,
-                   token_burst=burst) as sim:
+    with Simulator(
+        latency=latency,
+        responder=_varied_reply,
+        output_tokens_per_minute=output_tpm,
+        rate_limit=rpm / 60 if rpm else None,
+        burst=rpm / 60 * burst if rpm else None,
+        token_burst=burst,
+    ) as sim:
         client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
         t0 = time.perf_counter()
-        apply_llm(_frame(rows), "summary", prompt=PROMPT, store=folder / f"tokens-{output_tpm}-{rpm}.duckdb",
-                  table="t", client=client, concurrency=concurrency, max_tokens=max_tokens, progress=False)
+        apply_llm(
+            _frame(rows),
+            "summary",
+            prompt=PROMPT,
+            store=folder / f"tokens-{output_tpm}-{rpm}.duckdb",
+            table="t",
+            client=client,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            progress=False,
+        )
         minutes = (time.perf_counter() - t0) / 60
         stats = sim.stats()
-    result = {"rows": rows, "latency_s": latency, "concurrency": concurrency, "max_tokens": max_tokens,
-              "minutes": round(minutes, 3), "requests": stats["requests"],
-              "share_429": round(stats["by_status"].get(429, 0) / stats["requests"], 4)}
+    result = {
+        "rows": rows,
+        "latency_s": latency,
+        "concurrency": concurrency,
+        "max_tokens": max_tokens,
+        "minutes": round(minutes, 3),
+        "requests": stats["requests"],
+        "share_429": round(stats["by_status"].get(429, 0) / stats["requests"], 4),
+    }
     if output_tpm:
-        result |= {"output_tpm_limit": output_tpm, "output_tpm": round(stats["output_tokens"] / minutes),
-                   "share_of_limit": round(stats["output_tokens"] / minutes / output_tpm, 3)}
+        result |= {
+            "output_tpm_limit": output_tpm,
+            "output_tpm": round(stats["output_tokens"] / minutes),
+            "share_of_limit": round(stats["output_tokens"] / minutes / output_tpm, 3),
+        }
     else:
-        result |= {"rpm_limit": rpm, "rpm": round(stats["paid"] / minutes),
-                   "share_of_limit": round(stats["paid"] / minutes / rpm, 3)}  # type: ignore[operator]
+        result |= {
+            "rpm_limit": rpm,
+            "rpm": round(stats["paid"] / minutes),
+            "share_of_limit": round(stats["paid"] / minutes / rpm, 3),
+        }  # type: ignore[operator]
     return result
 
 
-def kill9(rows: int, folder: Path, *, concurrency: int = 16, latency: float = 0.1,
-          commit_every: float = 0.5) -> dict[str, float]:
+def kill9(
+    rows: int, folder: Path, *, concurrency: int = 16, latency: float = 0.1, commit_every: float = 0.5
+) -> dict[str, float]:
     """(c) kill -9 a run mid-way, rerun it, count the calls paid twice."""
     store = folder / "kill.duckdb"
     with Simulator(latency=latency) as sim:
         env = dict(os.environ, ANTHROPIC_BASE_URL=sim.base_url, LLMLEDGER_TEST_KEY="bench")
-        proc = subprocess.Popen([sys.executable, str(HELPER), str(store), str(rows), "--concurrency",
-                                 str(concurrency), "--commit-every", str(commit_every)],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HELPER),
+                str(store),
+                str(rows),
+                "--concurrency",
+                str(concurrency),
+                "--commit-every",
+                str(commit_every),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         while sim.stats()["paid"] < rows // 3 and time.monotonic() < deadline:  # mid-run
             time.sleep(0.01)
@@ -200,12 +309,27 @@ def kill9(rows: int, folder: Path, *, concurrency: int = 16, latency: float = 0.
         journaled = sum(len(p.read_text().splitlines()) for p in folder.glob("kill.duckdb.journal/*.jsonl"))
         in_flight = paid_before - committed - journaled
         client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
-        apply_llm(_frame(rows), "summary", prompt=PROMPT, store=store, table="messages", client=client,
-                  concurrency=concurrency, progress=False)
+        apply_llm(
+            _frame(rows),
+            "summary",
+            prompt=PROMPT,
+            store=store,
+            table="messages",
+            client=client,
+            concurrency=concurrency,
+            progress=False,
+        )
         repaid = sum(n - 1 for n in sim.paid_prompts().values())
-    return {"rows": rows, "concurrency": concurrency, "paid_before_kill": paid_before, "committed": committed,
-            "journaled_not_committed": journaled, "in_flight_at_kill": in_flight, "repaid": repaid,
-            "repaid_per_in_flight": round(repaid / in_flight, 2) if in_flight else None}
+    return {
+        "rows": rows,
+        "concurrency": concurrency,
+        "paid_before_kill": paid_before,
+        "committed": committed,
+        "journaled_not_committed": journaled,
+        "in_flight_at_kill": in_flight,
+        "repaid": repaid,
+        "repaid_per_in_flight": round(repaid / in_flight, 2) if in_flight else None,
+    }
 
 
 def main() -> None:
@@ -225,13 +349,16 @@ def main() -> None:
             "a_before": BEFORE,
             "b_throughput": throughput(100 if args.quick else 1_000, 50.0, 0.1, folder),
             "c_kill9": kill9(300 if args.quick else 2_000, folder),
-            "e_output_token_limit": token_throughput(200 if args.quick else 400, output_tpm=30_000, rpm=None,
-                                                     latency=0.3, folder=folder),
-            "e_request_limit": token_throughput(200 if args.quick else 600, output_tpm=None, rpm=600,
-                                                latency=0.3, folder=folder),
+            "e_output_token_limit": token_throughput(
+                200 if args.quick else 400, output_tpm=30_000, rpm=None, latency=0.3, folder=folder
+            ),
+            "e_request_limit": token_throughput(
+                200 if args.quick else 600, output_tpm=None, rpm=600, latency=0.3, folder=folder
+            ),
             "e_curator_request_limit_share": [0.85, 0.87],
-            "d_structured_noop": structured_overhead(20_000 if args.quick else 1_000_000, folder,
-                                                     repeat=1 if args.quick else 3),
+            "d_structured_noop": structured_overhead(
+                20_000 if args.quick else 1_000_000, folder, repeat=1 if args.quick else 3
+            ),
         }
     print(json.dumps(results, indent=2))
 

@@ -45,8 +45,9 @@ def _frame(n: int) -> pl.DataFrame:
 
 def _prepare(url: str, rows: int, sim: Simulator) -> None:
     client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
-    apply_llm(_frame(rows), "summary", prompt=PROMPT, store=url, table="t", client=client, where="false",
-              progress=False)
+    apply_llm(
+        _frame(rows), "summary", prompt=PROMPT, store=url, table="t", client=client, where="false", progress=False
+    )
 
 
 def workers(server: Server, n: int, *, rows: int, limit_rps: float, latency: float = 0.2) -> dict[str, float]:
@@ -56,20 +57,49 @@ def workers(server: Server, n: int, *, rows: int, limit_rps: float, latency: flo
         _prepare(url, rows, sim)
         sim.reset_stats()
         env = {**os.environ, "ANTHROPIC_BASE_URL": sim.base_url, "ANTHROPIC_API_KEY": "bench"}
-        procs = [subprocess.Popen([sys.executable, "-m", "llmledger", "worker", url, "--table", "t", "--step",
-                                   "summary", "--concurrency", "4", "--chunk-size", "8", "--poll", "0.5", "--quiet"],
-                                  env=env | {"LLMLEDGER_HOSTNAME": f"bench-{i}"}, stdout=subprocess.DEVNULL)
-                 for i in range(n)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "llmledger",
+                    "worker",
+                    url,
+                    "--table",
+                    "t",
+                    "--step",
+                    "summary",
+                    "--concurrency",
+                    "4",
+                    "--chunk-size",
+                    "8",
+                    "--poll",
+                    "0.5",
+                    "--quiet",
+                ],
+                env=env | {"LLMLEDGER_HOSTNAME": f"bench-{i}"},
+                stdout=subprocess.DEVNULL,
+            )
+            for i in range(n)
+        ]
         for p in procs:
             p.wait(timeout=600)
         stats = sim.stats()
     with psycopg.connect(url) as con:
-        done, first, last = con.execute("SELECT count(*), min(summary_finished_at), max(summary_finished_at) "
-                                        "FROM t WHERE summary_status = 'DONE'").fetchone()  # type: ignore[misc]
+        done, first, last = con.execute(
+            "SELECT count(*), min(summary_finished_at), max(summary_finished_at) FROM t WHERE summary_status = 'DONE'"
+        ).fetchone()  # type: ignore[misc]
     rps = (done - 1) / (last - first).total_seconds()
-    return {"workers": n, "rows": rows, "done": done, "paid": stats["paid"], "limit_rps": limit_rps,
-            "achieved_rps": round(rps, 2), "share_of_limit": round(rps / limit_rps, 3),
-            "share_429": round(stats["by_status"].get(429, 0) / max(stats["requests"], 1), 4)}
+    return {
+        "workers": n,
+        "rows": rows,
+        "done": done,
+        "paid": stats["paid"],
+        "limit_rps": limit_rps,
+        "achieved_rps": round(rps, 2),
+        "share_of_limit": round(rps / limit_rps, 3),
+        "share_429": round(stats["by_status"].get(429, 0) / max(stats["requests"], 1), 4),
+    }
 
 
 def _fill(url: str, rows: int) -> None:
@@ -79,10 +109,12 @@ def _fill(url: str, rows: int) -> None:
     ledger = open_ledger(url)
     spec_sql = ledger.conn.transaction(lambda con: _request_sql(con))  # type: ignore[attr-defined]
     with psycopg.connect(url, autocommit=True) as con:
-        con.execute(f"INSERT INTO t (id, text, summary_prompt, summary_request_fingerprint, summary_version) "
-                    f"SELECT g, txt, pr, {spec_sql[0]}, %s FROM (SELECT g, 'hello message number ' || g AS txt, "
-                    f"'Summarize: hello message number ' || g AS pr FROM generate_series(1000, {rows - 1}) g) s",
-                    [spec_sql[1]])
+        con.execute(
+            f"INSERT INTO t (id, text, summary_prompt, summary_request_fingerprint, summary_version) "
+            f"SELECT g, txt, pr, {spec_sql[0]}, %s FROM (SELECT g, 'hello message number ' || g AS txt, "
+            f"'Summarize: hello message number ' || g AS pr FROM generate_series(1000, {rows - 1}) g) s",
+            [spec_sql[1]],
+        )
         con.execute("ANALYZE t")
 
 
@@ -108,10 +140,26 @@ def claim_commit(server: Server, rows: int, *, sample: int = 2_000, chunk: int =
         claimed = ledger.claim(selection, chunk, claimant="bench/1/r", now=utcnow())
         if not claimed:
             break
-        results = pl.from_dicts([{"id": r["id"], "status": "DONE", "output": "ok", "attempts": 1, "error": None,
-                                  "input_tokens": 10, "output_tokens": 2, "cost_usd": 0.0001, "stop_reason": "end_turn",
-                                  "model": "m", "fingerprint": r["fingerprint"], "finished_at": utcnow()}
-                                 for r in claimed], schema={"id": pl.Int64} | RESULT_SCHEMA)
+        results = pl.from_dicts(
+            [
+                {
+                    "id": r["id"],
+                    "status": "DONE",
+                    "output": "ok",
+                    "attempts": 1,
+                    "error": None,
+                    "input_tokens": 10,
+                    "output_tokens": 2,
+                    "cost_usd": 0.0001,
+                    "stop_reason": "end_turn",
+                    "model": "m",
+                    "fingerprint": r["fingerprint"],
+                    "finished_at": utcnow(),
+                }
+                for r in claimed
+            ],
+            schema={"id": pl.Int64} | RESULT_SCHEMA,
+        )
         ledger.commit(selection, results, now=utcnow())
         done += len(claimed)
     seconds = time.perf_counter() - t0

@@ -19,9 +19,20 @@ store.unlink(missing_ok=True)
 df = pl.DataFrame({"id": list(range(8)), "text": [f"hello message number {i}" for i in range(8)]})
 with Simulator(poison="number 2") as sim:
     client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k")
-    apply_llm(df, "summary", prompt="Summarize: {text}", where="id < 6", request_options={"stop_sequences": ["END"]},
-              store=store, table="messages", client=client, progress=False)
+    apply_llm(
+        df,
+        "summary",
+        prompt="Summarize: {text}",
+        where="id < 6",
+        request_options={"stop_sequences": ["END"]},
+        store=store,
+        table="messages",
+        client=client,
+        progress=False,
+    )
 with duckdb.connect(str(store)) as con:
-    con.execute("UPDATE messages SET summary_status = 'RUNNING', summary_claimed_by = 'elsewhere/4242/run0', "
-                "summary_running_started_at = TIMESTAMP '2026-11-20 10:00:00' WHERE id = 4")
+    con.execute(
+        "UPDATE messages SET summary_status = 'RUNNING', summary_claimed_by = 'elsewhere/4242/run0', "
+        "summary_running_started_at = TIMESTAMP '2026-11-20 10:00:00' WHERE id = 4"
+    )
     print(con.sql("SELECT id, summary_status, summary_attempts FROM messages ORDER BY id").fetchall())

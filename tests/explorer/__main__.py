@@ -29,9 +29,11 @@ class Figures:
     failures: list[str] = field(default_factory=list)
 
     def line(self) -> str:
-        return (f"{self.scenarios} scenarios, {self.stops} kills/Ctrl-Cs; billed {self.billed:,} for {self.distinct:,} "
-                f"distinct prompts ({self.reasked} re-asked on purpose); re-paid {self.repaid} "
-                f"(at most {self.worst_per_stop:.1f} per stop in one scenario); {len(self.failures)} failed")
+        return (
+            f"{self.scenarios} scenarios, {self.stops} kills/Ctrl-Cs; billed {self.billed:,} for {self.distinct:,} "
+            f"distinct prompts ({self.reasked} re-asked on purpose); re-paid {self.repaid} "
+            f"(at most {self.worst_per_stop:.1f} per stop in one scenario); {len(self.failures)} failed"
+        )
 
 
 def run_one(seed: int, engine: str, pg_server: Any = None) -> tuple[list[str], Any, Any]:
@@ -43,8 +45,14 @@ def run_one(seed: int, engine: str, pg_server: Any = None) -> tuple[list[str], A
         return violations(store, sim, plan, books), books, sim
 
 
-def explore(seeds: list[int], engines: list[str], *, pg_server: Any = None, budget_seconds: float | None = None,
-            out: Any = sys.stdout) -> Figures:
+def explore(
+    seeds: list[int],
+    engines: list[str],
+    *,
+    pg_server: Any = None,
+    budget_seconds: float | None = None,
+    out: Any = sys.stdout,
+) -> Figures:
     figures = Figures()
     started = time.monotonic()
     for seed in seeds:
@@ -68,8 +76,11 @@ def explore(seeds: list[int], engines: list[str], *, pg_server: Any = None, budg
                 if books.stops:
                     figures.worst_per_stop = max(figures.worst_per_stop, again / books.stops)
             if problems:
-                report = (f"FAILED {plan.describe()}\n" + "\n".join(f"  - {p}" for p in problems[:10])
-                          + f"\n  replay: python -m tests.explorer --seed {seed} --engine {engine}")
+                report = (
+                    f"FAILED {plan.describe()}\n"
+                    + "\n".join(f"  - {p}" for p in problems[:10])
+                    + f"\n  replay: python -m tests.explorer --seed {seed} --engine {engine}"
+                )
                 figures.failures.append(report)
                 print(report, file=out, flush=True)
     return figures

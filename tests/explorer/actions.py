@@ -23,8 +23,14 @@ from ..conftest import helper_cmd, sigint_as_a_terminal_sends_it, subprocess_env
 from .plan import FAULTS, Action, Plan
 
 TABLE, STEP, PROMPT = "messages", "summary", "Summarize: {text}"
-CLEAR = {"fail_next": [], "error_rate": 0.0, "drop_rate": 0.0, "outage_until": 0.0, "latency": 0.02,
-         "batch_lose_response": 0}
+CLEAR = {
+    "fail_next": [],
+    "error_rate": 0.0,
+    "drop_rate": 0.0,
+    "outage_until": 0.0,
+    "latency": 0.02,
+    "batch_lose_response": 0,
+}
 WORKER_STALE_AFTER = 3.0  # seconds: a killed worker's rows come back this soon (each worker is its own machine)
 
 
@@ -46,25 +52,63 @@ class Scenario:
         self.client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
 
     # -- helpers ---------------------------------------------------------------------------------------------------
-    def _start(self, action: Action, *extra: str, each: list[list[str]] | None = None
-               ) -> list[subprocess.Popen[bytes]]:
+    def _start(self, action: Action, *extra: str, each: list[list[str]] | None = None) -> list[subprocess.Popen[bytes]]:
         """`action.runs` apply_llm processes; `each[i]`: more arguments for process i."""
-        cmd = helper_cmd(str(self.store), str(self.plan.rows), "--concurrency", str(action.concurrency),
-                         "--chunk-size", str(action.chunk_size), "--commit-every", "0.2",
-                         "--distinct", str(self.plan.distinct), *extra)
-        return [subprocess.Popen(cmd + (each[i] if each else []), env=subprocess_env(self.sim.base_url),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 preexec_fn=sigint_as_a_terminal_sends_it) for i in range(action.runs)]
+        cmd = helper_cmd(
+            str(self.store),
+            str(self.plan.rows),
+            "--concurrency",
+            str(action.concurrency),
+            "--chunk-size",
+            str(action.chunk_size),
+            "--commit-every",
+            "0.2",
+            "--distinct",
+            str(self.plan.distinct),
+            *extra,
+        )
+        return [
+            subprocess.Popen(
+                cmd + (each[i] if each else []),
+                env=subprocess_env(self.sim.base_url),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=sigint_as_a_terminal_sends_it,
+            )
+            for i in range(action.runs)
+        ]
 
     def _workers(self, action: Action) -> list[subprocess.Popen[bytes]]:
         """`llmledger worker` processes, each a machine of its own (none can see another's processes)."""
         env = subprocess_env(self.sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"}
-        return [subprocess.Popen(
-            [sys.executable, "-m", "llmledger", "worker", str(self.store), "--table", TABLE, "--step", STEP,
-             "--concurrency", str(action.concurrency), "--chunk-size", str(action.chunk_size), "--poll", "0.3",
-             "--stale-after", str(WORKER_STALE_AFTER), "--quiet"],
-            env=env | {"LLMLEDGER_HOSTNAME": f"machine-{i}"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for i in range(action.runs)]
+        return [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "llmledger",
+                    "worker",
+                    str(self.store),
+                    "--table",
+                    TABLE,
+                    "--step",
+                    STEP,
+                    "--concurrency",
+                    str(action.concurrency),
+                    "--chunk-size",
+                    str(action.chunk_size),
+                    "--poll",
+                    "0.3",
+                    "--stale-after",
+                    str(WORKER_STALE_AFTER),
+                    "--quiet",
+                ],
+                env=env | {"LLMLEDGER_HOSTNAME": f"machine-{i}"},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for i in range(action.runs)
+        ]
 
     @staticmethod
     def _wait(procs: list[subprocess.Popen[bytes]], timeout: float = 180) -> None:
@@ -91,17 +135,28 @@ class Scenario:
         return bool(llmledger._ledger.known_steps(self.store, TABLE))
 
     def _done_among(self, ids: tuple[int, ...]) -> int:
-        found = llmledger.sql(self.store, f"SELECT count(*) AS n FROM {TABLE} WHERE {STEP}_status = 'DONE' "
-                                          f"AND id IN ({', '.join(map(str, ids))})")
+        found = llmledger.sql(
+            self.store,
+            f"SELECT count(*) AS n FROM {TABLE} WHERE {STEP}_status = 'DONE' AND id IN ({', '.join(map(str, ids))})",
+        )
         return int(found["n"][0])
 
     def frame(self) -> pl.DataFrame:
-        return pl.DataFrame({"id": list(range(self.plan.rows)),
-                             "text": [self.plan.text_of(i) for i in range(self.plan.rows)]})
+        return pl.DataFrame(
+            {"id": list(range(self.plan.rows)), "text": [self.plan.text_of(i) for i in range(self.plan.rows)]}
+        )
 
     def _in_process(self, **options: Any) -> None:
-        apply_llm(self.frame(), STEP, prompt=PROMPT, store=self.store, table=TABLE, client=self.client,
-                  progress=False, **options)
+        apply_llm(
+            self.frame(),
+            STEP,
+            prompt=PROMPT,
+            store=self.store,
+            table=TABLE,
+            client=self.client,
+            progress=False,
+            **options,
+        )
 
     def _spent(self) -> float:
         return open_ledger(self.store).spent(TABLE, STEP) if self._exists() else 0.0
@@ -118,8 +173,10 @@ class Scenario:
         dearest = llmledger.sql(self.store, f"SELECT coalesce(max({STEP}_cost_usd), 0) AS c FROM {TABLE}")["c"][0]
         slack = action.runs * (action.concurrency + 1) * float(dearest)
         if spent > budget + slack + 1e-9:
-            self.books.problems.append(f"{action.describe()}: the step spent ${spent:.4f}, over its budget "
-                                       f"${budget:.4f} by more than the bound ${slack:.4f}")
+            self.books.problems.append(
+                f"{action.describe()}: the step spent ${spent:.4f}, over its budget "
+                f"${budget:.4f} by more than the bound ${slack:.4f}"
+            )
 
     def _kill_a_worker(self, action: Action) -> None:
         """Workers share the step; one is killed -9 after `delay` (its journal is on a machine that never comes

@@ -25,8 +25,9 @@ def violations(store: Any, sim: Simulator, plan: Plan, books: Books) -> list[str
     """
     problems = list(books.problems)
     rows = plan.rows
-    found = llmledger.sql(store, f"SELECT id, {STEP} AS answer, {STEP}_status AS status, {STEP}_prompt AS prompt "
-                                 f"FROM {TABLE} ORDER BY id")
+    found = llmledger.sql(
+        store, f"SELECT id, {STEP} AS answer, {STEP}_status AS status, {STEP}_prompt AS prompt FROM {TABLE} ORDER BY id"
+    )
     if found.height != rows:
         problems.append(f"the table has {found.height} rows, the frame {rows}")
     for row_id, answer, status, prompt in found.rows():
@@ -40,8 +41,10 @@ def violations(store: Any, sim: Simulator, plan: Plan, books: Books) -> list[str
     extra = sum(n - 1 for n in paid.values() if n > 1) - books.reasked
     if extra > books.in_flight_at_stops:
         worst = sorted(paid.items(), key=lambda kv: -kv[1])[:3]
-        problems.append(f"{extra} requests paid again beyond those re-asked on purpose ({books.reasked}), more than "
-                        f"could have been in flight at the stops ({books.in_flight_at_stops}); most paid: {worst}")
+        problems.append(
+            f"{extra} requests paid again beyond those re-asked on purpose ({books.reasked}), more than "
+            f"could have been in flight at the stops ({books.in_flight_at_stops}); most paid: {worst}"
+        )
     return problems
 
 

@@ -24,8 +24,20 @@ FAULTS: dict[str, dict[str, Any]] = {
 # batch sends Message Batches, the API losing the answer to `lost` creates, and the process dying before it
 # creates or confirms one (`die`); budget runs them with one step budget of what is spent plus `extra_usd`;
 # workers starts `llmledger worker` processes (PostgreSQL; each a machine of its own), one killed after `delay`.
-KINDS = ("run", "kill", "sigint", "fault", "flag_redo", "reset", "restart_db", "crash_db", "skew", "batch",
-         "budget", "workers")
+KINDS = (
+    "run",
+    "kill",
+    "sigint",
+    "fault",
+    "flag_redo",
+    "reset",
+    "restart_db",
+    "crash_db",
+    "skew",
+    "batch",
+    "budget",
+    "workers",
+)
 PROCESSES = ("run", "kill", "sigint", "fault", "restart_db", "crash_db", "skew", "batch", "budget", "workers")
 
 
@@ -49,8 +61,14 @@ class Action:
             parts.append(f"x{self.runs} c={self.concurrency} chunk={self.chunk_size}")
         if self.delay and self.kind not in ("run", "fault", "skew", "batch", "budget"):
             parts.append(f"after {self.delay:.2f}s")
-        for label, value in (("fault", self.fault), ("ids", list(self.ids)), ("skew", list(self.skew)),
-                             ("lost", self.lost), ("die before", self.die), ("extra $", self.extra_usd)):
+        for label, value in (
+            ("fault", self.fault),
+            ("ids", list(self.ids)),
+            ("skew", list(self.skew)),
+            ("lost", self.lost),
+            ("die before", self.die),
+            ("extra $", self.extra_usd),
+        ):
             if value:
                 parts.append(f"{label}={value}")
         return " ".join(parts)
@@ -68,8 +86,10 @@ class Plan:
         return f"hello message number {row % self.distinct if self.distinct else row}"
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed}: {self.engine}, {self.rows} rows"
-                 + (f", {self.distinct} distinct texts" if self.distinct else "")]
+        lines = [
+            f"seed {self.seed}: {self.engine}, {self.rows} rows"
+            + (f", {self.distinct} distinct texts" if self.distinct else "")
+        ]
         lines += [f"  {i + 1}. {a.describe()}" for i, a in enumerate(self.actions)]
         return "\n".join(lines)
 
@@ -91,12 +111,21 @@ def make_plan(seed: int, engine: str) -> Plan:
             runs = rng.choice([2, 3])
         ids = tuple(sorted(rng.sample(range(rows), rng.randrange(1, 6)))) if kind in ("flag_redo", "reset") else ()
         concurrency = rng.choice([1, 2, 4] if kind == "budget" else [1, 2, 4, 8, 16])
-        actions.append(Action(
-            kind=kind, runs=runs, delay=round(rng.uniform(0.2, 2.0), 2), concurrency=concurrency,
-            chunk_size=rng.choice([1, 5, 20, 200]), fault=rng.choice(sorted(FAULTS)) if kind == "fault" else "",
-            ids=ids, skew=tuple(rng.choice([-2400.0, -90.0, 0.0, 90.0, 2400.0]) for _ in range(runs))
-            if kind == "skew" else (),
-            lost=rng.choice([0, 1, 2]) if kind == "batch" else 0,
-            die=rng.choice(["", "", "create", "confirm"]) if kind == "batch" else "",
-            extra_usd=round(rng.uniform(0.05, 0.6), 2) if kind == "budget" else 0.0))
+        actions.append(
+            Action(
+                kind=kind,
+                runs=runs,
+                delay=round(rng.uniform(0.2, 2.0), 2),
+                concurrency=concurrency,
+                chunk_size=rng.choice([1, 5, 20, 200]),
+                fault=rng.choice(sorted(FAULTS)) if kind == "fault" else "",
+                ids=ids,
+                skew=tuple(rng.choice([-2400.0, -90.0, 0.0, 90.0, 2400.0]) for _ in range(runs))
+                if kind == "skew"
+                else (),
+                lost=rng.choice([0, 1, 2]) if kind == "batch" else 0,
+                die=rng.choice(["", "", "create", "confirm"]) if kind == "batch" else "",
+                extra_usd=round(rng.uniform(0.05, 0.6), 2) if kind == "budget" else 0.0,
+            )
+        )
     return Plan(seed=seed, engine=engine, rows=rows, actions=actions, distinct=distinct)

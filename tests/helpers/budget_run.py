@@ -28,8 +28,20 @@ llmledger.set_price(a.model, input=1000.0, output=1000.0)
 df = pl.DataFrame({"id": list(range(a.rows)), "text": [f"hello message number {i}" for i in range(a.rows)]})
 client = anthropic.AsyncAnthropic(api_key=os.environ["LLMLEDGER_TEST_KEY"])
 print("started", flush=True)
-apply_llm(df, "summary", prompt="Summarize: {text}", store=a.store, table="messages", client=client,
-          model=a.model, concurrency=a.concurrency, chunk_size=4, commit_every=0.2, progress=False,
-          max_cost_usd=a.max_cost_usd, budget_scope="step")
+apply_llm(
+    df,
+    "summary",
+    prompt="Summarize: {text}",
+    store=a.store,
+    table="messages",
+    client=client,
+    model=a.model,
+    concurrency=a.concurrency,
+    chunk_size=4,
+    commit_every=0.2,
+    progress=False,
+    max_cost_usd=a.max_cost_usd,
+    budget_scope="step",
+)
 report = last_report()
 print("outcome", report.outcome if report else None, flush=True)

@@ -48,8 +48,10 @@ class Server:
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
 
     def start(self) -> None:
-        options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        options = (
+            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "start")
 
     def stop(self) -> None:

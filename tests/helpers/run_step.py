@@ -71,14 +71,30 @@ if a.die_before:
     else:
         BatchVerbs.confirm_batch = die  # type: ignore[method-assign, assignment]
 
-df = pl.DataFrame({"id": list(range(a.rows)),
-                   "text": [f"hello message number {i % a.distinct if a.distinct else i}" for i in range(a.rows)]})
+df = pl.DataFrame(
+    {
+        "id": list(range(a.rows)),
+        "text": [f"hello message number {i % a.distinct if a.distinct else i}" for i in range(a.rows)],
+    }
+)
 client = anthropic.AsyncAnthropic(api_key=os.environ["LLMLEDGER_TEST_KEY"])
 print("started", flush=True)
 try:
-    out = apply_llm(df, a.step, prompt="Summarize: {text}", store=a.store, table="messages", client=client,
-                    concurrency=a.concurrency, chunk_size=a.chunk_size, commit_every=a.commit_every,
-                    progress=a.progress, mode=a.mode, wait=not a.no_wait, **budget)
+    out = apply_llm(
+        df,
+        a.step,
+        prompt="Summarize: {text}",
+        store=a.store,
+        table="messages",
+        client=client,
+        concurrency=a.concurrency,
+        chunk_size=a.chunk_size,
+        commit_every=a.commit_every,
+        progress=a.progress,
+        mode=a.mode,
+        wait=not a.no_wait,
+        **budget,
+    )
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(130)

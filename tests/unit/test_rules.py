@@ -23,15 +23,17 @@ from llmledger._ledger.where import check_where_shape, where_shape_problem
 from llmledger.errors import WhereClauseError
 
 
-@pytest.mark.parametrize("where", ["label = 'spam'", "id IN (3, 7)", "text = ')' AND (a OR b)", "\"we;ird\" = 1",
-                                   "note = 'it''s -- fine'"])
+@pytest.mark.parametrize(
+    "where", ["label = 'spam'", "id IN (3, 7)", "text = ')' AND (a OR b)", '"we;ird" = 1', "note = 'it''s -- fine'"]
+)
 def test_one_condition_is_one_self_contained_expression(where: str) -> None:
     assert where_shape_problem(where) is None
     check_where_shape(where)
 
 
-@pytest.mark.parametrize("where", ["1=1; DROP TABLE t", "1=1) OR (1=1", "a = 1 -- the rest", "a /* x */ = 1",
-                                   "(a = 1", "a = $$x$$"])
+@pytest.mark.parametrize(
+    "where", ["1=1; DROP TABLE t", "1=1) OR (1=1", "a = 1 -- the rest", "a /* x */ = 1", "(a = 1", "a = $$x$$"]
+)
 def test_a_where_that_could_escape_its_parentheses_is_refused(where: str) -> None:
     assert where_shape_problem(where) is not None
     with pytest.raises(WhereClauseError):
@@ -69,8 +71,11 @@ def test_an_overload_is_retried_after_what_the_api_asks() -> None:
 
 
 def test_a_spend_limit_stops_the_run_and_is_never_retried() -> None:
-    failed = classify(_status_error(429, _body("rate_limit_error", "limit", "enforced_spend_limit_reached"),
-                                    {"x-should-retry": "false"}))
+    failed = classify(
+        _status_error(
+            429, _body("rate_limit_error", "limit", "enforced_spend_limit_reached"), {"x-should-retry": "false"}
+        )
+    )
     assert failed.kind is Kind.FATAL and failed.stop is Outcome.SPEND_LIMIT
 
 
@@ -96,8 +101,9 @@ def test_retry_after_prefers_milliseconds_then_seconds_then_a_date() -> None:
 
 
 @given(st.integers(0, 30), st.floats(0.01, 5), st.floats(0.1, 60), st.none() | st.floats(0, 100))
-def test_backoff_stays_under_its_cap_but_never_under_what_the_server_asked(attempt: int, base: float, cap: float,
-                                                                          asked: float | None) -> None:
+def test_backoff_stays_under_its_cap_but_never_under_what_the_server_asked(
+    attempt: int, base: float, cap: float, asked: float | None
+) -> None:
     delay = backoff(attempt, base=base, cap=cap, retry_after=asked)
     assert delay >= (asked or 0.0)
     assert delay <= max(cap, asked or 0.0)

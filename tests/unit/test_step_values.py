@@ -18,9 +18,11 @@ from llmledger._step.sqltext import q
 from llmledger.errors import PromptError
 from llmledger.simulator import pdf, png
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                    max_leaves=8)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @given(st.dictionaries(st.text(max_size=8), JSON, max_size=5))
@@ -37,8 +39,10 @@ def test_different_prompts_have_different_fingerprints(a: str, b: str) -> None:
 
 
 @settings(max_examples=60)
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60),
-       st.sampled_from([None, "terse", "quote ' and \" and \\"]))
+@given(
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60),
+    st.sampled_from([None, "terse", "quote ' and \" and \\"]),
+)
 def test_the_sql_fingerprint_is_the_python_fingerprint(prompt: str, system: str | None) -> None:
     """The ledger fingerprints rows in SQL and answers in Python: both must agree on every text."""
     spec = RequestSpec(model="claude-x", max_tokens=7, system=system, options={"metadata": {"a": [1, "é"]}})
@@ -48,8 +52,9 @@ def test_the_sql_fingerprint_is_the_python_fingerprint(prompt: str, system: str 
 
 
 @settings(max_examples=60)
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1,
-               max_size=30))
+@given(
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=30)
+)
 def test_any_name_quoted_is_the_column_name_duckdb_returns(name: str) -> None:
     with duckdb.connect() as con:
         assert con.execute(f"SELECT 1 AS {q(name)}").description[0][0] == name
@@ -74,8 +79,15 @@ def test_a_price_halves_in_batches_and_reads_from_the_cache_cheaply() -> None:
 
 def test_a_long_prompt_pays_the_long_prompt_rate_for_all_of_it() -> None:
     long = Price(input=6.0, output=22.5, cache_write_5m=7.5, cache_write_1h=12.0, cache_read=0.6)
-    price = Price(input=3.0, output=15.0, cache_write_5m=3.75, cache_write_1h=6.0, cache_read=0.3,
-                  long_prompt_threshold=200_000, long_prompt=long)
+    price = Price(
+        input=3.0,
+        output=15.0,
+        cache_write_5m=3.75,
+        cache_write_1h=6.0,
+        cache_read=0.3,
+        long_prompt_threshold=200_000,
+        long_prompt=long,
+    )
     assert price.cost(input_tokens=200_000, output_tokens=0) == pytest.approx(0.6)
     assert price.cost(input_tokens=200_001, output_tokens=0) == pytest.approx(200_001 * 6.0 / 1e6)
 

@@ -67,10 +67,21 @@ def result_frame(results: list[dict[str, Any]], key_types: dict[str, pl.DataType
 
 
 class BatchSender:
-    def __init__(self, *, ledger: Ledger, cfg: RunConfig, client: anthropic.AsyncAnthropic, claimant: Claimant,
-                 report: RunReport, stop_flag: threading.Event, output: OutputSpec | None,
-                 find: Callable[[str], Any], mine: set[str], batch_size: int = MAX_REQUESTS,
-                 on_progress: Callable[[RunReport, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        cfg: RunConfig,
+        client: anthropic.AsyncAnthropic,
+        claimant: Claimant,
+        report: RunReport,
+        stop_flag: threading.Event,
+        output: OutputSpec | None,
+        find: Callable[[str], Any],
+        mine: set[str],
+        batch_size: int = MAX_REQUESTS,
+        on_progress: Callable[[RunReport, int], None] | None = None,
+    ) -> None:
         self.ledger, self.cfg, self.client, self.claimant = ledger, cfg, client, claimant
         self.report, self.stop_flag, self.output, self.find = report, stop_flag, output, find
         self.mine = mine  # the intents this run sent, shared with the collector
@@ -85,24 +96,35 @@ class BatchSender:
         request is in a batch still processing join that batch."""
         recorder = Recorder(selection=selection, cfg=self.cfg, report=self.report, output=self.output)
         layout = selection.layout
-        pending = {fingerprint_of(cid): (cid, bid) for cid, bid in
-                   (await asyncio.to_thread(self.ledger.requests_in_batches, layout.table, layout.step)).items()}
+        pending = {
+            fingerprint_of(cid): (cid, bid)
+            for cid, bid in (
+                await asyncio.to_thread(self.ledger.requests_in_batches, layout.table, layout.step)
+            ).items()
+        }
         while selection.remaining > 0 and not self.stopped:
-            rows = await asyncio.to_thread(self.ledger.claim, selection, self.batch_size, claimant=str(self.claimant),
-                                           now=utcnow())
+            rows = await asyncio.to_thread(
+                self.ledger.claim, selection, self.batch_size, claimant=str(self.claimant), now=utcnow()
+            )
             known = selection.known
             reused = [r for r in rows if r["fingerprint"] in known]
             if reused:  # answered already (another step, another table): nothing to send or pay
-                results = [recorder.result(r, known_reply(known[r["fingerprint"]]), None, reused=True)
-                           for r in reused]
-                await asyncio.to_thread(self.ledger.commit, selection, result_frame(results, selection.key_types),
-                                        now=utcnow())
+                results = [recorder.result(r, known_reply(known[r["fingerprint"]]), None, reused=True) for r in reused]
+                await asyncio.to_thread(
+                    self.ledger.commit, selection, result_frame(results, selection.key_types), now=utcnow()
+                )
             rest = [r for r in rows if r["fingerprint"] not in known]
             if self.cfg.dedupe and pending:
                 rest = await self._attach(selection, rest, pending)
             unsendable: list[tuple[dict[str, Any], str]] = []
-            chunks = _chunks(rest, selection, self.batch_size, dedupe=self.cfg.dedupe, files=self.cfg.attachments,
-                             unsendable=unsendable)  # one batch's bodies in memory at a time (files: their bytes)
+            chunks = _chunks(
+                rest,
+                selection,
+                self.batch_size,
+                dedupe=self.cfg.dedupe,
+                files=self.cfg.attachments,
+                unsendable=unsendable,
+            )  # one batch's bodies in memory at a time (files: their bytes)
             while not self.stopped and (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
                 sent = await self._send(selection, chunk)
                 if sent is not None and self.cfg.dedupe:
@@ -113,21 +135,29 @@ class BatchSender:
                 recorder.note_error(error, row)
         await asyncio.to_thread(self.ledger.release, selection, claimant=str(self.claimant))
 
-    async def _attach(self, selection: Selection, rows: list[dict[str, Any]],
-                      pending: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    async def _attach(
+        self, selection: Selection, rows: list[dict[str, Any]], pending: dict[str, tuple[str, str]]
+    ) -> list[dict[str, Any]]:
         """Rows whose request a processing batch holds join it; returns the rows still to send."""
         by_batch: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
             if row["fingerprint"] in pending:
                 custom_id, batch_id = pending[row["fingerprint"]]
-                by_batch.setdefault(batch_id, []).append({**{k: row[k] for k in selection.layout.key},
-                                                          "custom_id": custom_id})
+                by_batch.setdefault(batch_id, []).append(
+                    {**{k: row[k] for k in selection.layout.key}, "custom_id": custom_id}
+                )
         joined: set[str] = set()
         for batch_id, keys in by_batch.items():
             assigned = pl.from_dicts(keys, schema={**selection.key_types, "custom_id": pl.String})
-            n = await asyncio.to_thread(self.ledger.attach_to_batch, selection.layout, assigned, batch_id=batch_id,
-                                        claimant=str(self.claimant), validated=self.cfg.validate is not None,
-                                        source=self.cfg.source)
+            n = await asyncio.to_thread(
+                self.ledger.attach_to_batch,
+                selection.layout,
+                assigned,
+                batch_id=batch_id,
+                claimant=str(self.claimant),
+                validated=self.cfg.validate is not None,
+                source=self.cfg.source,
+            )
             if n:
                 joined.update(k["custom_id"] for k in keys)
                 self.mine.add(batch_id)
@@ -149,19 +179,38 @@ class BatchSender:
             keys.extend({**{k: r[k] for k in layout.key}, "custom_id": custom_id} for r in rows)
         assigned = pl.from_dicts(keys, schema={**selection.key_types, "custom_id": pl.String})
         size = sum(len(json.dumps(r)) for r in requests)
-        await asyncio.to_thread(self.ledger.begin_batch, layout, assigned, intent=intent, claimant=str(self.claimant),
-                                requests=len(requests), size=size, model=chunk[0][1]["model"],
-                                version=selection.version, validated=self.cfg.validate is not None, now=utcnow(),
-                                source=self.cfg.source)
+        await asyncio.to_thread(
+            self.ledger.begin_batch,
+            layout,
+            assigned,
+            intent=intent,
+            claimant=str(self.claimant),
+            requests=len(requests),
+            size=size,
+            model=chunk[0][1]["model"],
+            version=selection.version,
+            validated=self.cfg.validate is not None,
+            now=utcnow(),
+            source=self.cfg.source,
+        )
         created = await self._create(requests, intent, layout.table, layout.step)
         if created is None:
             return None
         batch_id, found = created
-        sent = await asyncio.to_thread(self.ledger.confirm_batch, layout.table, layout.step, intent=intent,
-                                       batch_id=batch_id, now=utcnow(), adopted=found)
+        sent = await asyncio.to_thread(
+            self.ledger.confirm_batch,
+            layout.table,
+            layout.step,
+            intent=intent,
+            batch_id=batch_id,
+            now=utcnow(),
+            adopted=found,
+        )
         if sent is None:  # another run gave the intent up meanwhile (only after stale_after): say so
-            self.report.note_error(f"batch {batch_id} was created after its intent {intent} was given up; its "
-                                   "rows were sent again, so its answers are not used")
+            self.report.note_error(
+                f"batch {batch_id} was created after its intent {intent} was given up; its "
+                "rows were sent again, so its answers are not used"
+            )
             return None
         self.report.batches += 1
         self.report.batch_requests += len(requests)
@@ -174,8 +223,9 @@ class BatchSender:
         if self.on_progress:
             self.on_progress(self.report, 0)
 
-    async def _create(self, requests: list[dict[str, Any]], intent: str, table: str,
-                      step: str) -> tuple[str, bool] | None:
+    async def _create(
+        self, requests: list[dict[str, Any]], intent: str, table: str, step: str
+    ) -> tuple[str, bool] | None:
         """`batches.create`, retried on the API's transient errors: (batch id, whether it was found by looking),
         or None when it did not happen (rows given back) or cannot be told (left to the next call).
 
@@ -205,24 +255,36 @@ class BatchSender:
                         log.info("%s", exc)  # the intent stays; the collector matches it by its custom ids
                         return None
                     except anthropic.APIError as exc:  # cannot tell: never risk a second batch
-                        self._stop(Outcome.OUTAGE, f"could not tell whether the API took batch {intent} "
-                                                   f"({failure}; then {exc}); the next call of the step looks "
-                                                   "for it again, and sends its rows only if the API has not")
+                        self._stop(
+                            Outcome.OUTAGE,
+                            f"could not tell whether the API took batch {intent} "
+                            f"({failure}; then {exc}); the next call of the step looks "
+                            "for it again, and sends its rows only if the API has not",
+                        )
                         return None
                     if found:
                         return str(found), True
             else:
-                await asyncio.sleep(backoff(tries, base=self.cfg.retry.base_delay, cap=self.cfg.retry.max_delay,
-                                            retry_after=failure.retry_after))
+                await asyncio.sleep(
+                    backoff(
+                        tries,
+                        base=self.cfg.retry.base_delay,
+                        cap=self.cfg.retry.max_delay,
+                        retry_after=failure.retry_after,
+                    )
+                )
         assert failure is not None
         return await self._refused(intent, failure, table, step)
 
     async def _refused(self, intent: str, failure: CallFailed, table: str, step: str) -> None:
-        await asyncio.to_thread(self.ledger.abandon_batch, table, step, intent=intent,
-                                note=f"not created: {failure}", now=utcnow())
+        await asyncio.to_thread(
+            self.ledger.abandon_batch, table, step, intent=intent, note=f"not created: {failure}", now=utcnow()
+        )
         outcome = failure.stop or (Outcome.OUTAGE if failure.kind is Kind.TRANSIENT else Outcome.ERROR)
-        self._stop(outcome, f"the API did not take the batch ({failure}); its rows are as they were. Run the same "
-                            "call again to retry.")
+        self._stop(
+            outcome,
+            f"the API did not take the batch ({failure}); its rows are as they were. Run the same call again to retry.",
+        )
         return None
 
     def _stop(self, outcome: Outcome, message: str) -> None:
@@ -231,9 +293,15 @@ class BatchSender:
             self.report.message = message
 
 
-def _chunks(rows: list[dict[str, Any]], selection: Selection, size: int, *, dedupe: bool,
-            files: Attachments | None = None,
-            unsendable: list[tuple[dict[str, Any], str]] | None = None) -> Iterator[list[Group]]:
+def _chunks(
+    rows: list[dict[str, Any]],
+    selection: Selection,
+    size: int,
+    *,
+    dedupe: bool,
+    files: Attachments | None = None,
+    unsendable: list[tuple[dict[str, Any], str]] | None = None,
+) -> Iterator[list[Group]]:
     """Claimed rows as batches of (fingerprint, body, rows) within the limits, one batch at a time: with `dedupe`,
     one request per distinct request (its rows share the answer), else one per row. Rows that cannot be sent (an
     attached file no longer as recorded) go to `unsendable`, each with why."""

@@ -28,8 +28,12 @@ from llmledger._ledger.states import Outcome
 DEFAULT_MODEL = "claude-haiku-4-5"
 
 # error.details.error_code values that mean "this account cannot spend more now"
-SPEND_LIMIT_CODES = {"enforced_spend_limit_reached", "contract_spend_limit_reached",
-                     "linked_organization_spend_limit_reached", "linked_organization_billing_unavailable"}
+SPEND_LIMIT_CODES = {
+    "enforced_spend_limit_reached",
+    "contract_spend_limit_reached",
+    "linked_organization_spend_limit_reached",
+    "linked_organization_billing_unavailable",
+}
 # A 400 whose message says the account's usage limit or credit is exhausted (older accounts get no error_code).
 _USAGE_LIMIT = re.compile(r"usage limit|credit balance is too low|spend limit", re.IGNORECASE)
 _TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
@@ -56,15 +60,29 @@ class Reply:
 
     def plus(self, later: Reply) -> Reply:
         """`later` (an answer to a follow-up request), carrying the usage of both."""
-        return Reply(later.text, self.input_tokens + later.input_tokens, self.output_tokens + later.output_tokens,
-                     later.stop_reason, later.model, self.cache_write_tokens + later.cache_write_tokens,
-                     self.cache_write_1h_tokens + later.cache_write_1h_tokens,
-                     self.cache_read_tokens + later.cache_read_tokens, self.calls + later.calls, later.batch)
+        return Reply(
+            later.text,
+            self.input_tokens + later.input_tokens,
+            self.output_tokens + later.output_tokens,
+            later.stop_reason,
+            later.model,
+            self.cache_write_tokens + later.cache_write_tokens,
+            self.cache_write_1h_tokens + later.cache_write_1h_tokens,
+            self.cache_read_tokens + later.cache_read_tokens,
+            self.calls + later.calls,
+            later.batch,
+        )
 
 
 class CallFailed(Exception):
-    def __init__(self, kind: Kind, message: str, retry_after: float | None = None,
-                 stop: Outcome | None = None, reply: Reply | None = None) -> None:
+    def __init__(
+        self,
+        kind: Kind,
+        message: str,
+        retry_after: float | None = None,
+        stop: Outcome | None = None,
+        reply: Reply | None = None,
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.retry_after = retry_after
@@ -78,8 +96,11 @@ def _error_fields(exc: anthropic.APIStatusError) -> tuple[str, str, str | None]:
     error = body.get("error") if isinstance(body.get("error"), dict) else body
     details = error.get("details") if isinstance(error.get("details"), dict) else {}
     code = details.get("error_code")
-    return (str(error.get("type") or type(exc).__name__), str(error.get("message") or exc.message),
-            code if isinstance(code, str) else None)
+    return (
+        str(error.get("type") or type(exc).__name__),
+        str(error.get("message") or exc.message),
+        code if isinstance(code, str) else None,
+    )
 
 
 def classify(exc: BaseException) -> CallFailed:
@@ -88,8 +109,11 @@ def classify(exc: BaseException) -> CallFailed:
         status, headers = exc.status_code, exc.response.headers
         kind, message, code = _error_fields(exc)
         request_id = headers.get("request-id") or (exc.body.get("request_id") if isinstance(exc.body, dict) else None)
-        detail = f"{status} {type(exc).__name__} ({kind}): {message}" + (f" [{code}]" if code else "") + \
-            (f" (request {request_id})" if request_id else "")
+        detail = (
+            f"{status} {type(exc).__name__} ({kind}): {message}"
+            + (f" [{code}]" if code else "")
+            + (f" (request {request_id})" if request_id else "")
+        )
         should_retry = (headers.get("x-should-retry") or "").lower()
         if code == "organization_on_hold" or status in (401, 403):
             return CallFailed(Kind.FATAL, detail, stop=Outcome.AUTH)
@@ -114,8 +138,9 @@ class NotSent(Exception):
     """The run stopped while the request waited for its turn: it was never sent."""
 
 
-async def send(client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, Any],
-               go: Callable[[], bool] | None = None) -> Reply:
+async def send(
+    client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None
+) -> Reply:
     """One request with exactly `body`. Raises CallFailed with its kind on any failure.
 
     `go`, asked once the pacer lets the request start: False raises NotSent, so a run that stopped while
@@ -163,12 +188,22 @@ def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
     text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
     text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would break the journal and the store
     text = text.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL: the paid answer keeps the rest
-    return Reply(text=text, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-                 stop_reason=message.stop_reason, model=message.model or model,
-                 cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
-                 cache_write_1h_tokens=(cache.get("ephemeral_1h_input_tokens") if isinstance(cache, dict)  # older SDKs
-                                        else getattr(cache, "ephemeral_1h_input_tokens", None)) or 0,
-                 cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0, batch=batch)
+    return Reply(
+        text=text,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        stop_reason=message.stop_reason,
+        model=message.model or model,
+        cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
+        cache_write_1h_tokens=(
+            cache.get("ephemeral_1h_input_tokens")
+            if isinstance(cache, dict)  # older SDKs
+            else getattr(cache, "ephemeral_1h_input_tokens", None)
+        )
+        or 0,
+        cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0,
+        batch=batch,
+    )
 
 
 def bounded_timeout(timeout: Any, *, max_tokens: int) -> anthropic.Timeout:

@@ -60,10 +60,21 @@ _PERMANENT_ITEM_ERRORS = {"invalid_request_error", "not_found_error", "request_t
 
 
 class BatchCollector:
-    def __init__(self, *, ledger: Ledger, table: str, step: str, cfg: RunConfig, client: anthropic.AsyncAnthropic,
-                 report: RunReport, stop_flag: threading.Event, version: str | None = None,
-                 output_model: Any = None, on_progress: Callable[[RunReport, int], None] | None = None,
-                 stale_after: timedelta = timedelta(minutes=30)) -> None:
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        table: str,
+        step: str,
+        cfg: RunConfig,
+        client: anthropic.AsyncAnthropic,
+        report: RunReport,
+        stop_flag: threading.Event,
+        version: str | None = None,
+        output_model: Any = None,
+        on_progress: Callable[[RunReport, int], None] | None = None,
+        stale_after: timedelta = timedelta(minutes=30),
+    ) -> None:
         self.ledger, self.table, self.step, self.cfg, self.client = ledger, table, step, cfg, client
         self.report, self.stop_flag, self.on_progress, self.stale_after = report, stop_flag, on_progress, stale_after
         self.version, self.output_model = version, output_model  # apply_llm's definition: its pydantic model
@@ -111,18 +122,25 @@ class BatchCollector:
                 mine.append(record)
             elif record.source == SIMULATOR:
                 back = await asyncio.to_thread(
-                    self.ledger.abandon_batch, self.table, self.step, intent=record.intent, now=utcnow(),
+                    self.ledger.abandon_batch,
+                    self.table,
+                    self.step,
+                    intent=record.intent,
+                    now=utcnow(),
                     confirmed=record.batch_id is not None,
-                    note="sent to the simulator; a run against the API does not keep simulated answers")
+                    note="sent to the simulator; a run against the API does not keep simulated answers",
+                )
                 if back.height:
                     self.returned.append(back)
             else:
                 foreign.append(record)
                 if record.intent not in self.stuck:
                     self.stuck.add(record.intent)
-                    self._note(f"batch {record.batch_id or record.intent} ({record.rows:,} rows) was sent to "
-                               f"{record.source}; a run against that endpoint collects it (or take its rows out "
-                               "with llmledger.reset)")
+                    self._note(
+                        f"batch {record.batch_id or record.intent} ({record.rows:,} rows) was sent to "
+                        f"{record.source}; a run against that endpoint collects it (or take its rows out "
+                        "with llmledger.reset)"
+                    )
         return mine, foreign
 
     def waiting_on(self, open_batches: list[BatchRecord]) -> bool:
@@ -146,8 +164,13 @@ class BatchCollector:
         """Match each intent whose run is gone to its API batch (`reconcile.py`); give up one only when no batch
         that could be its own is unaccounted for, and not before ABANDON_AFTER (its create may be under way)."""
         now = utcnow()
-        lost = [b for b in intents if b.intent in self.mine or is_abandoned(b.claimant) or
-                (not is_alive_here(b.claimant) and now - b.created_at > self.stale_after)]
+        lost = [
+            b
+            for b in intents
+            if b.intent in self.mine
+            or is_abandoned(b.claimant)
+            or (not is_alive_here(b.claimant) and now - b.created_at > self.stale_after)
+        ]
         if not lost:
             return
         try:
@@ -158,21 +181,36 @@ class BatchCollector:
         await self._hand_over(reading.own, unsettled)
         for intent in lost:
             if intent.intent in reading.held:  # a batch that could be its own is processing: wait for its results
-                log.info("intent %s waits for batch(es) %s to end to tell whose they are", intent.intent,
-                         ", ".join(reading.held[intent.intent]))
+                log.info(
+                    "intent %s waits for batch(es) %s to end to tell whose they are",
+                    intent.intent,
+                    ", ".join(reading.held[intent.intent]),
+                )
             if intent.intent in reading.own or intent.intent in reading.held:
                 continue  # confirmed just now, or waiting for a batch that could be its own to end
             batch_id = reading.guessed.get(intent.intent)
             if batch_id is not None:
-                await asyncio.to_thread(self.ledger.confirm_batch, self.table, self.step, intent=intent.intent,
-                                        batch_id=batch_id, now=utcnow(), adopted=True)
+                await asyncio.to_thread(
+                    self.ledger.confirm_batch,
+                    self.table,
+                    self.step,
+                    intent=intent.intent,
+                    batch_id=batch_id,
+                    now=utcnow(),
+                    adopted=True,
+                )
             elif now - intent.created_at < ABANDON_AFTER:  # it may still be being made
                 left = (ABANDON_AFTER - (now - intent.created_at)).total_seconds()
                 self.due = left if self.due is None else min(self.due, left)
             else:
-                back = await asyncio.to_thread(self.ledger.abandon_batch, self.table, self.step, intent=intent.intent,
-                                               note="the API has no batch for this intent: the run stopped before "
-                                                    "sending it", now=utcnow())
+                back = await asyncio.to_thread(
+                    self.ledger.abandon_batch,
+                    self.table,
+                    self.step,
+                    intent=intent.intent,
+                    note="the API has no batch for this intent: the run stopped before sending it",
+                    now=utcnow(),
+                )
                 if back.height:
                     self.returned.append(back)
 
@@ -180,8 +218,9 @@ class BatchCollector:
         """The API batch an intent of this run became, if the API has it (after an ambiguous create). Raises the
         API's error when it cannot be told, and `Undecided` while a batch that could be its own is processing
         and could as well be another intent's (the collector settles it once its custom ids show)."""
-        mine = [b for b in await asyncio.to_thread(self.ledger.open_batches, self.table, self.step)
-                if b.intent == intent]
+        mine = [
+            b for b in await asyncio.to_thread(self.ledger.open_batches, self.table, self.step) if b.intent == intent
+        ]
         if not mine or mine[0].batch_id is not None:  # another run found it meanwhile, by its custom ids
             return mine[0].batch_id if mine else None
         reading, unsettled = await self._read(mine)
@@ -189,9 +228,11 @@ class BatchCollector:
             await self._hand_over({intent: reading.own[intent]}, unsettled, confirm=False)
             return reading.own[intent]
         if intent in reading.held:
-            raise Undecided(f"batch {intent}: its create may have gone through, and {len(reading.held[intent])} "
-                            "batch(es) still processing could be it or another's; it is matched by its custom "
-                            "ids once they end")
+            raise Undecided(
+                f"batch {intent}: its create may have gone through, and {len(reading.held[intent])} "
+                "batch(es) still processing could be it or another's; it is matched by its custom "
+                "ids once they end"
+            )
         return reading.guessed.get(intent)
 
     async def _read(self, lost: list[BatchRecord]) -> tuple[Reading, list[BatchRecord]]:
@@ -205,12 +246,22 @@ class BatchCollector:
         waiting = {b.intent: b for b in unsettled if b.batch_id is None}
         for intent, batch_id in own.items():
             for holder in [b for b in unsettled if b.batch_id == batch_id and b.intent != intent]:
-                await asyncio.to_thread(self.ledger.reject_batch, holder,
-                                        note=f"{batch_id} holds the custom ids of intent {intent}: handed to it")
+                await asyncio.to_thread(
+                    self.ledger.reject_batch,
+                    holder,
+                    note=f"{batch_id} holds the custom ids of intent {intent}: handed to it",
+                )
             record = waiting.get(intent)
             if confirm and record is not None:
-                await asyncio.to_thread(self.ledger.confirm_batch, record.table, record.step, intent=intent,
-                                        batch_id=batch_id, now=utcnow(), adopted=True)
+                await asyncio.to_thread(
+                    self.ledger.confirm_batch,
+                    record.table,
+                    record.step,
+                    intent=intent,
+                    batch_id=batch_id,
+                    now=utcnow(),
+                    adopted=True,
+                )
 
     # -- merging ------------------------------------------------------------------------------------
     async def _merge_if_ended(self, record: BatchRecord) -> bool:
@@ -218,31 +269,50 @@ class BatchCollector:
         assert record.batch_id is not None
         rows = await asyncio.to_thread(self.ledger.batch_rows, record, inputs=self.cfg.validate is not None)
         if not rows.rows.height:  # every row was taken out of it (llmledger.reset): nothing to merge
-            await asyncio.to_thread(self.ledger.abandon_batch, self.table, self.step, intent=record.intent,
-                                    note="its rows were reset", now=utcnow(), confirmed=True)
+            await asyncio.to_thread(
+                self.ledger.abandon_batch,
+                self.table,
+                self.step,
+                intent=record.intent,
+                note="its rows were reset",
+                now=utcnow(),
+                confirmed=True,
+            )
             return True
         if record.validated and self.cfg.validate is None:
             self.stuck.add(record.intent)
-            self._note(f"batch {record.batch_id} was sent with validate=; collect it with the same validate= "
-                       "(apply_llm or llmledger.resume(..., validate=...)), so its answers are checked")
+            self._note(
+                f"batch {record.batch_id} was sent with validate=; collect it with the same validate= "
+                "(apply_llm or llmledger.resume(..., validate=...)), so its answers are checked"
+            )
             return False
         try:
             batch = await self.client.messages.batches.retrieve(record.batch_id)
         except anthropic.NotFoundError as exc:  # deleted, or another workspace's key: keep the rows, say what to do
             if record.source == SIMULATOR and NEVER_IN_THIS_SIMULATOR in str(exc):  # its simulator is gone
                 back = await asyncio.to_thread(
-                    self.ledger.abandon_batch, self.table, self.step, intent=record.intent, now=utcnow(),
-                    confirmed=True, note="sent to a simulator that is gone (it lives in its kernel or process)")
+                    self.ledger.abandon_batch,
+                    self.table,
+                    self.step,
+                    intent=record.intent,
+                    now=utcnow(),
+                    confirmed=True,
+                    note="sent to a simulator that is gone (it lives in its kernel or process)",
+                )
                 if back.height:
                     self.returned.append(back)
-                    self._note(f"{rows_text(back.height)} were in simulated batch {record.batch_id}, which ended "
-                               "with the simulator that held it (a simulator lives in its kernel or process; "
-                               "nothing was paid): they are asked again of this one")
+                    self._note(
+                        f"{rows_text(back.height)} were in simulated batch {record.batch_id}, which ended "
+                        "with the simulator that held it (a simulator lives in its kernel or process; "
+                        "nothing was paid): they are asked again of this one"
+                    )
                 return True
             self.stuck.add(record.intent)
-            self._note(f"the API has no batch {record.batch_id} for this API key (deleted, or another "
-                       f"workspace's); its rows stay SUBMITTED. To send them again: llmledger.reset(store, "
-                       f"{self.table!r}, {self.step!r}, where=\"{self.step}_batch_id = '{record.batch_id}'\")")
+            self._note(
+                f"the API has no batch {record.batch_id} for this API key (deleted, or another "
+                f"workspace's); its rows stay SUBMITTED. To send them again: llmledger.reset(store, "
+                f"{self.table!r}, {self.step!r}, where=\"{self.step}_batch_id = '{record.batch_id}'\")"
+            )
             return False
         except anthropic.APIError as exc:
             self._failed([record], f"batch {record.batch_id}: {exc}")
@@ -253,23 +323,34 @@ class BatchCollector:
         try:
             results, counts, tags, unused = await self._results(record, rows, counted)
         except Exception as exc:  # a download cut short: the results stay with the API, try next time
-            self._failed([record], f"batch {record.batch_id}: downloading its results failed "
-                                   f"({type(exc).__name__}: {exc})")
+            self._failed(
+                [record], f"batch {record.batch_id}: downloading its results failed ({type(exc).__name__}: {exc})"
+            )
             return False
         if record.adopted and record.intent not in tags and sum(counts.values()):  # a wrong guess: not ours
             self.reconciler.tags[record.batch_id] = frozenset(tags)
-            await asyncio.to_thread(self.ledger.reject_batch, record,
-                                    note=f"{record.batch_id} holds no custom id of this intent")
+            await asyncio.to_thread(
+                self.ledger.reject_batch, record, note=f"{record.batch_id} holds no custom id of this intent"
+            )
             unsettled = await asyncio.to_thread(self.ledger.unsettled_batches)
-            await self._hand_over({r.intent: record.batch_id for r in unsettled
-                                   if r.batch_id is None and r.intent in tags}, unsettled)
+            await self._hand_over(
+                {r.intent: record.batch_id for r in unsettled if r.batch_id is None and r.intent in tags}, unsettled
+            )
             return False
         ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
         try:
-            back = await asyncio.to_thread(self.ledger.merge_batch, record, rows.layout,
-                                           result_frame(results, rows.key_types), counts=counts,
-                                           processing_status=batch.processing_status, ended_at=ended,
-                                           now=utcnow(), expected_rows=rows.rows.height, unused=unused)
+            back = await asyncio.to_thread(
+                self.ledger.merge_batch,
+                record,
+                rows.layout,
+                result_frame(results, rows.key_types),
+                counts=counts,
+                processing_status=batch.processing_status,
+                ended_at=ended,
+                now=utcnow(),
+                expected_rows=rows.rows.height,
+                unused=unused,
+            )
         except BatchChanged:  # rows joined it meanwhile: merge it again at the next look, with them
             return False
         self.failures.pop(record.intent, None)
@@ -286,19 +367,32 @@ class BatchCollector:
             self.on_progress(self.report, len(results))
         return True
 
-    async def _results(self, record: BatchRecord, rows: BatchRows, report: RunReport
-                       ) -> tuple[list[dict[str, Any]], Counter[str], set[str], tuple[int, float]]:
+    async def _results(
+        self, record: BatchRecord, rows: BatchRows, report: RunReport
+    ) -> tuple[list[dict[str, Any]], Counter[str], set[str], tuple[int, float]]:
         """Result rows for the rows the batch answered or refused for their own reasons; its counts; the intents
         its custom ids name (`reconcile.tag_of`); and the answers no row holds any more, with their cost."""
         by_custom: dict[str, list[dict[str, Any]]] = {}
         for row in rows.rows.iter_rows(named=True):
             by_custom.setdefault(row["custom_id"], []).append(
-                {**row, "batch_id": record.batch_id, "version": record.version,
-                 "fingerprint": fingerprint_of(row["custom_id"])})  # what was sent, whatever the row asks now
+                {
+                    **row,
+                    "batch_id": record.batch_id,
+                    "version": record.version,
+                    "fingerprint": fingerprint_of(row["custom_id"]),
+                }
+            )  # what was sent, whatever the row asks now
         request = rows.requests.get(record.version)
         output = self.output_for(record.version, request.output_spec() if request is not None else None)
-        selection = Selection(layout=rows.layout, version=record.version, requests=rows.requests,
-                              work=pl.DataFrame(), params={}, key_types=rows.key_types, inputs=rows.inputs)
+        selection = Selection(
+            layout=rows.layout,
+            version=record.version,
+            requests=rows.requests,
+            work=pl.DataFrame(),
+            params={},
+            key_types=rows.key_types,
+            inputs=rows.inputs,
+        )
         cfg = dataclasses.replace(self.cfg, source=record.source) if record.source else self.cfg  # where it was sent
         recorder = Recorder(selection=selection, cfg=cfg, report=report, output=output)
         results: list[dict[str, Any]] = []
@@ -312,8 +406,10 @@ class BatchCollector:
             if not mine:  # no row holds this request any more (reset meanwhile): paid all the same
                 if item.result.type == "succeeded" and item.custom_id.startswith(record.intent + "-"):
                     unused += 1
-                    unused_usd += recorder.bill(reply_from(item.result.message, request.model if request else "",
-                                                           batch=True)) or 0.0
+                    unused_usd += (
+                        recorder.bill(reply_from(item.result.message, request.model if request else "", batch=True))
+                        or 0.0
+                    )
                 continue
             reply, error = self._answer(item.result, request.model if request else "", output, recorder)
             if reply is None and error is None:
@@ -323,8 +419,9 @@ class BatchCollector:
         return results, counts, tags, (unused, unused_usd)
 
     @staticmethod
-    def _answer(result: Any, model: str, output: OutputSpec | None,
-                recorder: Recorder) -> tuple[Reply | None, str | None]:
+    def _answer(
+        result: Any, model: str, output: OutputSpec | None, recorder: Recorder
+    ) -> tuple[Reply | None, str | None]:
         """(reply, None) an answer; (None, error) refused for the row's reasons; (reply, error) paid, needs a look;
         (None, None) not answered for the API's reasons."""
         if result.type == "succeeded":
@@ -337,8 +434,10 @@ class BatchCollector:
             try:
                 return dataclasses.replace(reply, text=output.check(reply.text)), None
             except OutputError as exc:
-                return reply, (f"the answer does not match the output schema: {exc} (a batch answer is not asked "
-                               "again; flag the row and rerun online with redo='flagged')")
+                return reply, (
+                    f"the answer does not match the output schema: {exc} (a batch answer is not asked "
+                    "again; flag the row and rerun online with redo='flagged')"
+                )
         if result.type == "errored":
             error = result.error.error
             kind, message = str(getattr(error, "type", "api_error")), str(getattr(error, "message", ""))
@@ -353,10 +452,12 @@ class BatchCollector:
             self.failures[record.intent] += 1
             if self.failures[record.intent] >= GIVE_UP_AFTER:
                 self.stuck.add(record.intent)
-                self._note(f"{message} ({GIVE_UP_AFTER} times in a row); its rows stay as they are and the next "
-                           "call of the step looks again. If it never works (the API no longer has the results), "
-                           f"llmledger.reset(store, {self.table!r}, {self.step!r}, where=\"{self.step}_batch_id = "
-                           f"'{record.batch_id}'\") takes the rows out of it to be sent again")
+                self._note(
+                    f"{message} ({GIVE_UP_AFTER} times in a row); its rows stay as they are and the next "
+                    "call of the step looks again. If it never works (the API no longer has the results), "
+                    f'llmledger.reset(store, {self.table!r}, {self.step!r}, where="{self.step}_batch_id = '
+                    f"'{record.batch_id}'\") takes the rows out of it to be sent again"
+                )
         log.info(message)
 
     def _note(self, message: str) -> None:
@@ -364,4 +465,3 @@ class BatchCollector:
         log.info(message)
         if message not in self.report.notes:
             self.report.notes.append(message)
-

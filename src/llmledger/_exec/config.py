@@ -28,7 +28,6 @@ class RetryPolicy:
     outage_failures: int = 10
 
 
-
 @dataclass(frozen=True)
 class RunConfig:
     chunk_size: int

@@ -33,18 +33,20 @@ log = logging.getLogger("llmledger")
 # match the step's output schema, kept for a person to review.
 Answer = tuple[Reply | None, str | None]
 
-FEEDBACK = ("That answer does not match the required JSON schema: {problem}. Answer again with only the JSON "
-            "object, matching the schema exactly.")
+FEEDBACK = (
+    "That answer does not match the required JSON schema: {problem}. Answer again with only the JSON "
+    "object, matching the schema exactly."
+)
 
 _STOP_ADVICE = {
     Outcome.AUTH: "the API refused the credentials or the account ({}); no row was marked failed. Check "
-                  "ANTHROPIC_API_KEY (or the client you passed) and run again.",
+    "ANTHROPIC_API_KEY (or the client you passed) and run again.",
     Outcome.SPEND_LIMIT: "the account cannot spend more now ({}); no row was marked failed. Raise the limit "
-                         "or wait for it to reset (see the Claude Console), then run the same call again.",
+    "or wait for it to reset (see the Claude Console), then run the same call again.",
     Outcome.RETRY_REFUSED: "the API said not to retry ({}); no row was marked failed. Run the same call again "
-                           "later to resume.",
+    "later to resume.",
     Outcome.NO_MODEL: "the API has no such model ({}); no row was marked failed. Check model= (see "
-                      "llmledger.prices() for current model ids) and run again.",
+    "llmledger.prices() for current model ids) and run again.",
 }
 
 
@@ -68,10 +70,19 @@ class Sink(Protocol):
 
 
 class OnlineSender:
-    def __init__(self, client: anthropic.AsyncAnthropic, *, requests: dict[str, RequestSpec],
-                 known: dict[str, KnownAnswer], retry: RetryPolicy, dedupe: bool, sink: Sink,
-                 output: OutputSpec | None = None, concurrency: int = 1,
-                 attachments: Attachments | None = None) -> None:
+    def __init__(
+        self,
+        client: anthropic.AsyncAnthropic,
+        *,
+        requests: dict[str, RequestSpec],
+        known: dict[str, KnownAnswer],
+        retry: RetryPolicy,
+        dedupe: bool,
+        sink: Sink,
+        output: OutputSpec | None = None,
+        concurrency: int = 1,
+        attachments: Attachments | None = None,
+    ) -> None:
         self.client, self.requests, self.retry, self.dedupe, self.sink = client, requests, retry, dedupe, sink
         self.files = attachments or Attachments(())  # where this process has the bytes of attached files
         # refusals alike that stop a run: more than a first wave of requests holds, so rows refused for their own
@@ -132,9 +143,14 @@ class OnlineSender:
             return dataclasses.replace(first, text=self.output.check(first.text)), None
         except OutputError as exc:
             problem = str(exc)
-        follow_up = {**body, "messages": [*body["messages"],
-                                          {"role": "assistant", "content": first.text or "(no answer)"},
-                                          {"role": "user", "content": FEEDBACK.format(problem=problem)}]}
+        follow_up = {
+            **body,
+            "messages": [
+                *body["messages"],
+                {"role": "assistant", "content": first.text or "(no answer)"},
+                {"role": "user", "content": FEEDBACK.format(problem=problem)},
+            ],
+        }
         second = await self._send(follow_up, row)
         if second is None:  # the run stopped before the row's one follow-up: the row goes back as it was (its
             self.sink.bill(first)  # first answer is counted as paid), and the next run asks it afresh
@@ -184,8 +200,9 @@ class OnlineSender:
             if self.sink.stopping is not None:
                 return None
             self._doing(f"backoff {row['fingerprint'][:8]} (try {tries})")
-            await asyncio.sleep(backoff(tries, base=self.retry.base_delay, cap=self.retry.max_delay,
-                                        retry_after=wait_at_least))
+            await asyncio.sleep(
+                backoff(tries, base=self.retry.base_delay, cap=self.retry.max_delay, retry_after=wait_at_least)
+            )
             tries += 1
         return None
 
@@ -201,9 +218,12 @@ class OnlineSender:
         seen.add(row["fingerprint"])
         if len(seen) < self.refused_alike:
             return False
-        self.sink.stop(Outcome.BAD_REQUEST, f"the API refused the first {len(seen)} distinct requests alike, "
-                                            f"answering none: {message}. The call's options are at fault, not the "
-                                            "rows (those refused stay retryable): fix the call and run it again.")
+        self.sink.stop(
+            Outcome.BAD_REQUEST,
+            f"the API refused the first {len(seen)} distinct requests alike, "
+            f"answering none: {message}. The call's options are at fault, not the "
+            "rows (those refused stay retryable): fix the call and run it again.",
+        )
         return True
 
     def _transient(self, failure: CallFailed, row: dict[str, Any]) -> None:
@@ -212,10 +232,13 @@ class OnlineSender:
         self.sink.note_retry(str(failure), row)
         quiet_for = time.monotonic() - self.last_success
         if self.transient_streak >= self.retry.outage_failures and quiet_for >= self.retry.outage_after:
-            self.sink.stop(Outcome.OUTAGE, f"the API kept failing ({self.transient_streak} transient errors in a "
-                                           f"row, no success for {quiet_for:.0f}s; last: {failure}). Stopped "
-                                           "cleanly; unsent rows stay as they were. Run the same call again "
-                                           "later to resume.")
+            self.sink.stop(
+                Outcome.OUTAGE,
+                f"the API kept failing ({self.transient_streak} transient errors in a "
+                f"row, no success for {quiet_for:.0f}s; last: {failure}). Stopped "
+                "cleanly; unsent rows stay as they were. Run the same call again "
+                "later to resume.",
+            )
 
     def _doing(self, what: str) -> None:
         """What each sender task awaits now: shown by `debug_state()` when a run looks stuck."""

@@ -93,8 +93,11 @@ class Pacer:
             self._avg_in += weight * (input_tokens - self._avg_in)
             self._avg_out += weight * (output_tokens - self._avg_out)
         rates = []
-        for family, per_request, safety in (("requests", 1.0, self.SAFETY), ("input-tokens", self._avg_in, self.TOKENS),
-                                            ("output-tokens", self._avg_out, self.TOKENS)):
+        for family, per_request, safety in (
+            ("requests", 1.0, self.SAFETY),
+            ("input-tokens", self._avg_in, self.TOKENS),
+            ("output-tokens", self._avg_out, self.TOKENS),
+        ):
             limit = _number(headers.get(f"anthropic-ratelimit-{family}-limit"))
             if limit and per_request:
                 rates.append((limit / 60.0 / per_request * safety, f"{family.replace('-', ' ')}: {limit:,.0f}/min"))

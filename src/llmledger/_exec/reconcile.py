@@ -62,13 +62,17 @@ def tag_of(custom_id: str) -> str:
 
 def could_own(intent: BatchRecord, batch: ApiBatch) -> bool:
     """Whether `batch` may be the one `intent` meant to create, from what `batches.list` shows."""
-    return (batch.requests == intent.requests and batch.id not in intent.rejected
-            and intent.created_at - CLOCK_SLACK <= batch.created <= intent.created_at + CREATE_WINDOW + CLOCK_SLACK)
+    return (
+        batch.requests == intent.requests
+        and batch.id not in intent.rejected
+        and intent.created_at - CLOCK_SLACK <= batch.created <= intent.created_at + CREATE_WINDOW + CLOCK_SLACK
+    )
 
 
 def total_requests(counts: Any) -> int:
-    return sum(int(getattr(counts, name, 0) or 0) for name in ("processing", "succeeded", "errored", "canceled",
-                                                               "expired"))
+    return sum(
+        int(getattr(counts, name, 0) or 0) for name in ("processing", "succeeded", "errored", "canceled", "expired")
+    )
 
 
 class Reconciler:
@@ -96,8 +100,9 @@ class Reconciler:
             created = found.created_at.astimezone(UTC).replace(tzinfo=None)
             if created < since:
                 break
-            batch = ApiBatch(str(found.id), created, total_requests(found.request_counts),
-                             found.processing_status == "ended")
+            batch = ApiBatch(
+                str(found.id), created, total_requests(found.request_counts), found.processing_status == "ended"
+            )
             if batch.id in known and batch.id not in guessed:
                 continue  # some intent's for sure
             if not any(could_own(i, batch) for i in waiting.values()):
@@ -127,8 +132,9 @@ class Reconciler:
         """The intents an ended batch's custom ids name; None when its results cannot be read now."""
         if batch.id not in self.tags:
             try:
-                self.tags[batch.id] = frozenset([tag_of(item.custom_id) async for item in
-                                                 await self.client.messages.batches.results(batch.id)])
+                self.tags[batch.id] = frozenset(
+                    [tag_of(item.custom_id) async for item in await self.client.messages.batches.results(batch.id)]
+                )
             except Exception:  # a download cut short, the API's error: the batch stays in doubt, read it next time
                 return None
         return self.tags[batch.id]

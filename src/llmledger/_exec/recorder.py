@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 
 
 class Recorder:
-    def __init__(self, *, selection: Selection, cfg: RunConfig, report: RunReport,
-                 output: OutputSpec | None) -> None:
+    def __init__(self, *, selection: Selection, cfg: RunConfig, report: RunReport, output: OutputSpec | None) -> None:
         self.selection, self.cfg, self.report, self.output = selection, cfg, report, output
 
     def bill(self, reply: Reply) -> float | None:
@@ -64,8 +63,14 @@ class Recorder:
             error = error.replace("\x00", "\ufffd")
         if reply is not None:
             if reused:  # an identical request was answered already: nothing to pay
-                reply = dataclasses.replace(reply, input_tokens=0, output_tokens=0, cache_write_tokens=0,
-                                            cache_write_1h_tokens=0, cache_read_tokens=0)
+                reply = dataclasses.replace(
+                    reply,
+                    input_tokens=0,
+                    output_tokens=0,
+                    cache_write_tokens=0,
+                    cache_write_1h_tokens=0,
+                    cache_read_tokens=0,
+                )
                 rep.reused += 1
                 cost: float | None = 0.0
             else:
@@ -76,14 +81,25 @@ class Recorder:
             else:  # paid for, but a person should look at it: refused by validate= (a valid answer, kept as
                 rep.needs_review += 1  # the output) or not matching the output schema (kept as raw text)
                 self.note_error(error, row)
-                result.update(status=Status.NEEDS_REVIEW.value,
-                              output=reply.text if refused_by_validate else None,
-                              raw=None if refused_by_validate else reply.text)
-            result.update(attempts=attempts, error=error, input_tokens=reply.input_tokens,
-                          output_tokens=reply.output_tokens, cache_write_tokens=reply.cache_write_tokens,
-                          cache_read_tokens=reply.cache_read_tokens, cost_usd=cost, stop_reason=reply.stop_reason,
-                          model=reply.model, fingerprint=row["fingerprint"], finished_at=now,
-                          source=self.cfg.source)
+                result.update(
+                    status=Status.NEEDS_REVIEW.value,
+                    output=reply.text if refused_by_validate else None,
+                    raw=None if refused_by_validate else reply.text,
+                )
+            result.update(
+                attempts=attempts,
+                error=error,
+                input_tokens=reply.input_tokens,
+                output_tokens=reply.output_tokens,
+                cache_write_tokens=reply.cache_write_tokens,
+                cache_read_tokens=reply.cache_read_tokens,
+                cost_usd=cost,
+                stop_reason=reply.stop_reason,
+                model=reply.model,
+                fingerprint=row["fingerprint"],
+                finished_at=now,
+                source=self.cfg.source,
+            )
         else:
             status = status_after_failure(attempts, self.cfg.max_attempts)
             if status is Status.FAILED:
@@ -91,11 +107,23 @@ class Recorder:
             else:
                 rep.needs_review += 1
             self.note_error(error or "", row)
-            result.update(status=status.value, output=None, raw=None, attempts=attempts, error=error,
-                          input_tokens=None, output_tokens=None, cache_write_tokens=None, cache_read_tokens=None,
-                          cost_usd=None, stop_reason=None,
-                          model=self.selection.requests[row["version"]].model, fingerprint=None, finished_at=now,
-                          source=None)
+            result.update(
+                status=status.value,
+                output=None,
+                raw=None,
+                attempts=attempts,
+                error=error,
+                input_tokens=None,
+                output_tokens=None,
+                cache_write_tokens=None,
+                cache_read_tokens=None,
+                cost_usd=None,
+                stop_reason=None,
+                model=self.selection.requests[row["version"]].model,
+                fingerprint=None,
+                finished_at=now,
+                source=None,
+            )
         return result
 
     def _validate(self, row: dict[str, Any], text: str) -> str | None:

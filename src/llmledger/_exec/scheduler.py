@@ -46,14 +46,32 @@ BUDGET_GRACE = 600.0  # seconds a stopped run waits for the answers already in f
 # account's spend cap, `x-should-retry: false`, an outage, credentials or a missing model), and an answer not
 # kept would be paid again by the next run. Ctrl-C waits `grace` only (the user wants out); a bug or a store
 # error stops at once (nothing could be committed).
-DRAINING = frozenset({Outcome.BUDGET, Outcome.SPEND_LIMIT, Outcome.RETRY_REFUSED, Outcome.OUTAGE, Outcome.AUTH,
-                      Outcome.NO_MODEL, Outcome.BAD_REQUEST})
+DRAINING = frozenset(
+    {
+        Outcome.BUDGET,
+        Outcome.SPEND_LIMIT,
+        Outcome.RETRY_REFUSED,
+        Outcome.OUTAGE,
+        Outcome.AUTH,
+        Outcome.NO_MODEL,
+        Outcome.BAD_REQUEST,
+    }
+)
 
 
 class Scheduler:
-    def __init__(self, *, ledger: Ledger, selection: Selection, cfg: RunConfig, client: anthropic.AsyncAnthropic,
-                 claimant: Claimant, report: RunReport, stop_flag: threading.Event,
-                 on_progress: Callable[[RunReport, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        selection: Selection,
+        cfg: RunConfig,
+        client: anthropic.AsyncAnthropic,
+        claimant: Claimant,
+        report: RunReport,
+        stop_flag: threading.Event,
+        on_progress: Callable[[RunReport, int], None] | None = None,
+    ) -> None:
         self.ledger, self.selection, self.cfg = ledger, selection, cfg
         self.claimant, self.report, self.stop_flag, self.on_progress = claimant, report, stop_flag, on_progress
         output = selection.requests[selection.version].output_spec() if selection.requests else None
@@ -61,9 +79,17 @@ class Scheduler:
             output = dataclasses.replace(output, model=cfg.output_model)
         self.output = output
         self.recorder = Recorder(selection=selection, cfg=cfg, report=report, output=output)
-        self.sender = OnlineSender(client, requests=selection.requests, known=selection.known, retry=cfg.retry,
-                                   dedupe=cfg.dedupe, sink=self, output=output, concurrency=cfg.concurrency,
-                                   attachments=cfg.attachments)
+        self.sender = OnlineSender(
+            client,
+            requests=selection.requests,
+            known=selection.known,
+            retry=cfg.retry,
+            dedupe=cfg.dedupe,
+            sink=self,
+            output=output,
+            concurrency=cfg.concurrency,
+            attachments=cfg.attachments,
+        )
         layout = selection.layout
         self.journal = Journal(ledger.path, layout.table, layout.step, str(claimant))
         self.buffer: list[dict[str, Any]] = []
@@ -117,8 +143,10 @@ class Scheduler:
         if budget is None:
             return True
         if rep.cost_usd is None:
-            self.stop(Outcome.BUDGET, "max_cost_usd cannot be kept: the model has no known price (see "
-                                      "llmledger.set_price); stopped")
+            self.stop(
+                Outcome.BUDGET,
+                "max_cost_usd cannot be kept: the model has no known price (see llmledger.set_price); stopped",
+            )
             return False
         average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd
         if self.shared_budget:
@@ -128,13 +156,19 @@ class Scheduler:
             return self.in_flight == 0
         if spent + average * (self.in_flight + 1) <= budget:  # the requests in flight, and this one
             return True
-        earlier = f" (${self.cfg.spent_before_usd:.4f} of it by earlier runs of this step)" \
-            if self.cfg.spent_before_usd else ""
+        earlier = (
+            f" (${self.cfg.spent_before_usd:.4f} of it by earlier runs of this step)"
+            if self.cfg.spent_before_usd
+            else ""
+        )
         flying = f", {self.in_flight} in flight (about ${average * self.in_flight:.4f})" if self.in_flight else ""
-        self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${spent:.4f} spent{earlier}{flying}, "
-                                  f"and another request (about ${average:.4f}) would take it to "
-                                  f"${spent + average * (self.in_flight + 1):.4f}. Rows not sent stay as they were; "
-                                  "raise max_cost_usd to go on.")
+        self.stop(
+            Outcome.BUDGET,
+            f"the budget of ${budget:.4f} is reached: ${spent:.4f} spent{earlier}{flying}, "
+            f"and another request (about ${average:.4f}) would take it to "
+            f"${spent + average * (self.in_flight + 1):.4f}. Rows not sent stay as they were; "
+            "raise max_cost_usd to go on.",
+        )
         return False
 
     def _budget_need(self, cost: float, average: float) -> float:
@@ -171,8 +205,16 @@ class Scheduler:
         now = utcnow()
         try:
             look = await asyncio.to_thread(
-                self.ledger.reserve_budget, layout.table, layout.step, claimant=str(self.claimant), need_usd=need,
-                want_usd=want, budget_usd=budget, now=now, stale_after=timedelta(seconds=self.cfg.stale_after))
+                self.ledger.reserve_budget,
+                layout.table,
+                layout.step,
+                claimant=str(self.claimant),
+                need_usd=need,
+                want_usd=want,
+                budget_usd=budget,
+                now=now,
+                stale_after=timedelta(seconds=self.cfg.stale_after),
+            )
         except StoreBusy:  # the store stayed locked: the senders keep waiting, and ask again
             self.budget_ask = False
             return
@@ -184,10 +226,13 @@ class Scheduler:
         others = f", ${look.others_usd:.4f} reserved by other runs of this step in flight" if look.others_usd else ""
         mine = need - average  # this run's answers billed but not committed, and its requests in flight
         flying = f", ${mine:.4f} this run has in flight or not yet committed" if mine > 0.00005 else ""
-        self.stop(Outcome.BUDGET, f"the budget of ${budget:.4f} is reached: ${look.spent_usd:.4f} spent on the "
-                                  f"step{others}{flying}, and another request (about ${average:.4f}) would take it "
-                                  f"to ${look.spent_usd + look.others_usd + need:.4f}. Rows not sent stay as they "
-                                  "were; raise max_cost_usd to go on.")
+        self.stop(
+            Outcome.BUDGET,
+            f"the budget of ${budget:.4f} is reached: ${look.spent_usd:.4f} spent on the "
+            f"step{others}{flying}, and another request (about ${average:.4f}) would take it "
+            f"to ${look.spent_usd + look.others_usd + need:.4f}. Rows not sent stay as they "
+            "were; raise max_cost_usd to go on.",
+        )
 
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
         """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""
@@ -213,8 +258,9 @@ class Scheduler:
         try:
             pending = set(workers)
             while pending and self.stopping is None:
-                done, pending = await asyncio.wait(pending | {store_task}, timeout=0.1,
-                                                   return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(
+                    pending | {store_task}, timeout=0.1, return_when=asyncio.FIRST_COMPLETED
+                )
                 pending.discard(store_task)
                 for task in done:
                     if task.exception() is not None:  # a bug or a store error: stop cleanly, then raise it
@@ -286,9 +332,12 @@ class Scheduler:
                 renewed = now
                 await asyncio.to_thread(self._renew)
             finishing = self.workers_done
-            flush = bool(self.buffer) and (finishing or self.stopping is not None or
-                                           len(self.buffer) >= self.cfg.chunk_size or
-                                           (self.oldest is not None and now - self.oldest >= self.cfg.commit_every))
+            flush = bool(self.buffer) and (
+                finishing
+                or self.stopping is not None
+                or len(self.buffer) >= self.cfg.chunk_size
+                or (self.oldest is not None and now - self.oldest >= self.cfg.commit_every)
+            )
             want = 0
             if not exhausted and self.stopping is None and self.queue.qsize() < low_water:
                 want = max(self.cfg.chunk_size, 2 * self.cfg.concurrency)
@@ -326,11 +375,17 @@ class Scheduler:
         results = pl.from_dicts(batch, schema=schema)
         cost = sum(r["cost_usd"] or 0.0 for r in batch) if self.shared_budget else 0.0
         try:
-            self.ledger.commit(self.selection, results, now=utcnow(), wait=None if self.stopping is None else 30.0,
-                               settled=(str(self.claimant), cost) if self.shared_budget else None)
+            self.ledger.commit(
+                self.selection,
+                results,
+                now=utcnow(),
+                wait=None if self.stopping is None else 30.0,
+                settled=(str(self.claimant), cost) if self.shared_budget else None,
+            )
         except StoreBusy:
-            self.report.message += (f" The store stayed locked; {len(batch)} answers are kept in {journal} "
-                                    "and the next run merges them.")
+            self.report.message += (
+                f" The store stayed locked; {len(batch)} answers are kept in {journal} and the next run merges them."
+            )
             return 0.0
         if journal is not None:
             journal.unlink(missing_ok=True)
@@ -353,6 +408,14 @@ class Scheduler:
             return 0
 
     def debug_state(self) -> dict[str, Any]:
-        return {"doing": dict(self.sender.doing), "queue": self.queue.qsize(), "cursor": self.selection.cursor,
-                "work": self.selection.to_send, "buffer": len(self.buffer), "stopping": self.stopping,
-                "in_flight": self.in_flight, "twins": list(self.sender.twins)[:5], "pacer": self.sender.pacer.state()}
+        return {
+            "doing": dict(self.sender.doing),
+            "queue": self.queue.qsize(),
+            "cursor": self.selection.cursor,
+            "work": self.selection.to_send,
+            "buffer": len(self.buffer),
+            "stopping": self.stopping,
+            "in_flight": self.in_flight,
+            "twins": list(self.sender.twins)[:5],
+            "pacer": self.sender.pacer.state(),
+        }

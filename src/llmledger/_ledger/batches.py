@@ -57,50 +57,91 @@ class BatchVerbs:
     path: Path
     _layout: Callable[[duckdb.DuckDBPyConnection, str, str], Layout]  # the ledger's: migrates, checks the step
 
-    def begin_batch(self, layout: Layout, assigned: pl.DataFrame, *, intent: str, claimant: str, requests: int,
-                    size: int, model: str, version: str, validated: bool, now: datetime,
-                    source: str | None = None) -> None:
+    def begin_batch(
+        self,
+        layout: Layout,
+        assigned: pl.DataFrame,
+        *,
+        intent: str,
+        claimant: str,
+        requests: int,
+        size: int,
+        model: str,
+        version: str,
+        validated: bool,
+        now: datetime,
+        source: str | None = None,
+    ) -> None:
         """Record the intent (and where it is sent: `source`) and give each claimed row (`assigned`: key columns
         and custom_id) its custom id."""
+
         def work(con: duckdb.DuckDBPyConnection) -> None:
             c = names(layout.step, "t")
             with registered(con, ASSIGNED, assigned):
-                con.execute(f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_custom_id')} = i.custom_id, "
-                            f"{q(layout.step + '_batch_id')} = NULL "
-                            f"FROM {ASSIGNED} AS i WHERE {layout.key_join()} AND {c['_status']} = 'RUNNING' "
-                            f"AND {c['_claimed_by']} = $claimant", {"claimant": claimant})
-            con.execute(f"INSERT INTO {BATCHES_TABLE} (intent, table_name, step, claimant, requests, rows_sent, "
-                        "bytes, model, version, validated, created_at, state, adopted, rejected, source) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, ?, ?)",
-                        [intent, layout.table, layout.step, claimant, requests, assigned.height, size, model,
-                         version, validated, now, [], source])
+                con.execute(
+                    f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_custom_id')} = i.custom_id, "
+                    f"{q(layout.step + '_batch_id')} = NULL "
+                    f"FROM {ASSIGNED} AS i WHERE {layout.key_join()} AND {c['_status']} = 'RUNNING' "
+                    f"AND {c['_claimed_by']} = $claimant",
+                    {"claimant": claimant},
+                )
+            con.execute(
+                f"INSERT INTO {BATCHES_TABLE} (intent, table_name, step, claimant, requests, rows_sent, "
+                "bytes, model, version, validated, created_at, state, adopted, rejected, source) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, ?, ?)",
+                [
+                    intent,
+                    layout.table,
+                    layout.step,
+                    claimant,
+                    requests,
+                    assigned.height,
+                    size,
+                    model,
+                    version,
+                    validated,
+                    now,
+                    [],
+                    source,
+                ],
+            )
 
         self.conn.transaction(work, wait=60.0)
 
-    def confirm_batch(self, table: str, step: str, *, intent: str, batch_id: str, now: datetime,
-                      adopted: bool = False) -> int | None:
+    def confirm_batch(
+        self, table: str, step: str, *, intent: str, batch_id: str, now: datetime, adopted: bool = False
+    ) -> int | None:
         """The API has the batch: its rows become SUBMITTED with its id, in the same transaction as the record.
 
         None (nothing written) when the intent is no longer waiting for its batch (another run settled it).
         When another run confirmed it with this very batch (it read the batch's custom ids), its rows.
         """
+
         def work(con: duckdb.DuckDBPyConnection) -> int | None:
             c = names(step)
             state, current = _state(con, intent)
             if state == "submitted" and current == batch_id:
-                return one(con, f"SELECT count(*) FROM {q(table)} WHERE {c['_status']} = 'SUBMITTED' "
-                                f"AND {c['_batch_id']} = ?", [batch_id])[0]
+                return one(
+                    con,
+                    f"SELECT count(*) FROM {q(table)} WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = ?",
+                    [batch_id],
+                )[0]
             if state != "submitting":
                 return None
             if one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ?", [batch_id])[0]:
                 return None  # another intent has that batch already
-            rows = len(con.execute(
-                f"UPDATE {q(table)} SET {c['_status']} = 'SUBMITTED', {c['_batch_id']} = $batch_id "
-                f"WHERE {c['_status']} = 'RUNNING' AND {_of_intent(c)} RETURNING 1",
-                {"batch_id": batch_id, "intent": intent}).fetchall())
-            con.execute(f"UPDATE {BATCHES_TABLE} SET batch_id = ?, submitted_at = ?, state = 'submitted', "
-                        "processing_status = 'in_progress', adopted = ? WHERE intent = ?",
-                        [batch_id, now, adopted, intent])
+            rows = len(
+                con.execute(
+                    f"UPDATE {q(table)} SET {c['_status']} = 'SUBMITTED', {c['_batch_id']} = $batch_id "
+                    f"WHERE {c['_status']} = 'RUNNING' AND {_of_intent(c)} RETURNING 1",
+                    {"batch_id": batch_id, "intent": intent},
+                ).fetchall()
+            )
+            con.execute(
+                f"UPDATE {BATCHES_TABLE} SET batch_id = ?, submitted_at = ?, state = 'submitted', "
+                "processing_status = 'in_progress', adopted = ? WHERE intent = ?",
+                [batch_id, now, adopted, intent],
+            )
             return rows
 
         return self.conn.transaction(work, wait=None)
@@ -108,38 +149,61 @@ class BatchVerbs:
     def reject_batch(self, batch: BatchRecord, *, note: str) -> int:
         """Reconciliation adopted a batch that was not the intent's (its results hold other custom ids):
         the intent waits for its own batch again, never to adopt this one."""
+
         def work(con: duckdb.DuckDBPyConnection) -> int:
             c = names(batch.step)
-            rows = len(con.execute(
-                f"UPDATE {q(batch.table)} SET {c['_status']} = 'RUNNING', {c['_batch_id']} = NULL "
-                f"WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = $batch_id AND {_of_intent(c)} "
-                "RETURNING 1", {"batch_id": batch.batch_id, "intent": batch.intent}).fetchall())
-            con.execute(f"UPDATE {BATCHES_TABLE} SET batch_id = NULL, state = 'submitting', adopted = false, "
-                        "rejected = array_append(coalesce(rejected, CAST(? AS VARCHAR[])), batch_id), note = ? "
-                        "WHERE intent = ?", [[], note, batch.intent])
+            rows = len(
+                con.execute(
+                    f"UPDATE {q(batch.table)} SET {c['_status']} = 'RUNNING', {c['_batch_id']} = NULL "
+                    f"WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = $batch_id AND {_of_intent(c)} "
+                    "RETURNING 1",
+                    {"batch_id": batch.batch_id, "intent": batch.intent},
+                ).fetchall()
+            )
+            con.execute(
+                f"UPDATE {BATCHES_TABLE} SET batch_id = NULL, state = 'submitting', adopted = false, "
+                "rejected = array_append(coalesce(rejected, CAST(? AS VARCHAR[])), batch_id), note = ? "
+                "WHERE intent = ?",
+                [[], note, batch.intent],
+            )
             return rows
 
         return self.conn.transaction(work, wait=None)
 
-    def attach_to_batch(self, layout: Layout, assigned: pl.DataFrame, *, batch_id: str, claimant: str,
-                        validated: bool, source: str | None = None) -> int:
+    def attach_to_batch(
+        self,
+        layout: Layout,
+        assigned: pl.DataFrame,
+        *,
+        batch_id: str,
+        claimant: str,
+        validated: bool,
+        source: str | None = None,
+    ) -> int:
         """Claimed rows whose request is already in a processing batch join it (`assigned`: keys, custom_id):
         they share that request's answer instead of being sent again. 0 when the batch is no longer open, or
         was sent with a different `validate=` setting (its answers are checked as it says), or to another source
         than the run's (`source`: a simulated batch's answer is no answer for a run against the API)."""
+
         def work(con: duckdb.DuckDBPyConnection) -> int:
-            if not one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ? AND state = 'submitted' "
-                            "AND coalesce(validated, false) = ? AND (source IS NULL OR source = ?)",
-                       [batch_id, validated, source])[0]:
+            if not one(
+                con,
+                f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ? AND state = 'submitted' "
+                "AND coalesce(validated, false) = ? AND (source IS NULL OR source = ?)",
+                [batch_id, validated, source],
+            )[0]:
                 return 0  # merged meanwhile, checked otherwise (validate=), or another source's: sent on their own
             c = names(layout.step, "t")
             with registered(con, ASSIGNED, assigned):
-                rows = len(con.execute(
-                    f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'SUBMITTED', "
-                    f"{q(layout.step + '_custom_id')} = i.custom_id, {q(layout.step + '_batch_id')} = $batch_id "
-                    f"FROM {ASSIGNED} AS i WHERE {layout.key_join()} AND {c['_status']} = 'RUNNING' "
-                    f"AND {c['_claimed_by']} = $claimant RETURNING 1",
-                    {"batch_id": batch_id, "claimant": claimant}).fetchall())
+                rows = len(
+                    con.execute(
+                        f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'SUBMITTED', "
+                        f"{q(layout.step + '_custom_id')} = i.custom_id, {q(layout.step + '_batch_id')} = $batch_id "
+                        f"FROM {ASSIGNED} AS i WHERE {layout.key_join()} AND {c['_status']} = 'RUNNING' "
+                        f"AND {c['_claimed_by']} = $claimant RETURNING 1",
+                        {"batch_id": batch_id, "claimant": claimant},
+                    ).fetchall()
+                )
             con.execute(f"UPDATE {BATCHES_TABLE} SET rows_sent = rows_sent + ? WHERE batch_id = ?", [rows, batch_id])
             return rows
 
@@ -149,25 +213,37 @@ class BatchVerbs:
         """custom_id → batch id of every request of the step in a batch still processing."""
         with self.conn.open(wait=60.0) as con:
             c = names(step)
-            return dict(con.execute(
-                f"SELECT DISTINCT {c['_custom_id']}, {c['_batch_id']} FROM {q(table)} "
-                f"WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} IS NOT NULL").fetchall())
+            return dict(
+                con.execute(
+                    f"SELECT DISTINCT {c['_custom_id']}, {c['_batch_id']} FROM {q(table)} "
+                    f"WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} IS NOT NULL"
+                ).fetchall()
+            )
 
-    def abandon_batch(self, table: str, step: str, *, intent: str, note: str, now: datetime,
-                      confirmed: bool = False) -> pl.DataFrame:
+    def abandon_batch(
+        self, table: str, step: str, *, intent: str, note: str, now: datetime, confirmed: bool = False
+    ) -> pl.DataFrame:
         """The API never got (or refused) the batch: give its rows back to what they were before the claim.
         Returns their keys. Only an intent still waiting for its batch is abandoned (another run may have
         found the batch meanwhile); with `confirmed`, a batch the API has is closed instead, its rows (if any are
         left: a simulated batch a run against the API gives up) back to what they were."""
+
         def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
             layout = self._layout(con, table, step)
             state, batch_id = _state(con, intent)
             if not ((state == "submitting" and batch_id is None) or (confirmed and state == "submitted")):
                 return pl.DataFrame(schema={k: pl.Int64 for k in layout.key})
-            rows = give_back(con, layout, _of_intent(names(step)), {"intent": intent, "max_attempts": NO_LIMIT},
-                             status="SUBMITTED" if state == "submitted" else "RUNNING")
-            con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'abandoned', merged_at = ?, note = ? WHERE intent = ?",
-                        [now, note, intent])
+            rows = give_back(
+                con,
+                layout,
+                _of_intent(names(step)),
+                {"intent": intent, "max_attempts": NO_LIMIT},
+                status="SUBMITTED" if state == "submitted" else "RUNNING",
+            )
+            con.execute(
+                f"UPDATE {BATCHES_TABLE} SET state = 'abandoned', merged_at = ?, note = ? WHERE intent = ?",
+                [now, note, intent],
+            )
             return rows
 
         return self.conn.transaction(work, wait=None)
@@ -180,8 +256,9 @@ class BatchVerbs:
         """Every batch of the store, of any step, whose API batch is not known for sure: intents still waiting
         for theirs, and batches adopted on a guess not yet checked against their custom ids. A batch found by
         looking may be any of theirs, so none is matched while another could claim it."""
-        return self._records("(state = 'submitting' AND batch_id IS NULL) "
-                             "OR (state = 'submitted' AND coalesce(adopted, false))", [])
+        return self._records(
+            "(state = 'submitting' AND batch_id IS NULL) OR (state = 'submitted' AND coalesce(adopted, false))", []
+        )
 
     def _records(self, where: str, params: list[str]) -> list[BatchRecord]:
         if not self.conn.exists():
@@ -193,17 +270,21 @@ class BatchVerbs:
             rows = con.execute(
                 f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, "
                 f"version, coalesce(validated, false), coalesce(adopted, false), rejected, {source} "
-                f"FROM {BATCHES_TABLE} WHERE {where} ORDER BY created_at", params).fetchall()
+                f"FROM {BATCHES_TABLE} WHERE {where} ORDER BY created_at",
+                params,
+            ).fetchall()
         return [BatchRecord(*r[:-2], list(r[-2] or []), r[-1]) for r in rows]
 
     def known_batch_ids(self) -> set[str]:
         """Every API batch id this store has recorded (so reconciling never adopts one twice)."""
         with self.conn.open(wait=60.0) as con:
-            return {r[0] for r in con.execute(f"SELECT batch_id FROM {BATCHES_TABLE} WHERE batch_id IS NOT NULL"
-                                              ).fetchall()}
+            return {
+                r[0] for r in con.execute(f"SELECT batch_id FROM {BATCHES_TABLE} WHERE batch_id IS NOT NULL").fetchall()
+            }
 
     def batch_rows(self, batch: BatchRecord, *, inputs: bool = False) -> BatchRows:
         """The SUBMITTED rows of `batch`, with their custom ids and what a result row needs."""
+
         def work(con: duckdb.DuckDBPyConnection) -> BatchRows:
             layout = self._layout(con, batch.table, batch.step)
             columns = input_columns(con, layout) if inputs else []
@@ -214,15 +295,26 @@ class BatchVerbs:
                 f"SELECT {keys}, {c['_custom_id']} AS custom_id, {c['_attempts']} AS attempts, "
                 f"{c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done{extra} "
                 f"FROM {q(layout.table)} AS t WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = $batch_id",
-                params={"batch_id": batch.batch_id}).pl()
+                params={"batch_id": batch.batch_id},
+            ).pl()
             key_types = dict(con.sql(f"SELECT {keys} FROM {q(layout.table)} AS t LIMIT 0").pl().schema)
             return BatchRows(layout, rows, requests_of(con, layout), key_types, columns)
 
         return self.conn.transaction(work, wait=60.0)
 
-    def merge_batch(self, batch: BatchRecord, layout: Layout, results: pl.DataFrame, *, counts: dict[str, int],
-                    processing_status: str, ended_at: datetime | None, now: datetime, expected_rows: int,
-                    unused: tuple[int, float] = (0, 0.0)) -> pl.DataFrame | None:
+    def merge_batch(
+        self,
+        batch: BatchRecord,
+        layout: Layout,
+        results: pl.DataFrame,
+        *,
+        counts: dict[str, int],
+        processing_status: str,
+        ended_at: datetime | None,
+        now: datetime,
+        expected_rows: int,
+        unused: tuple[int, float] = (0, 0.0),
+    ) -> pl.DataFrame | None:
         """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns the keys of the
         rows given back, or None when another run merged the batch first (then nothing is written).
 
@@ -230,23 +322,44 @@ class BatchVerbs:
         paid for, so recorded with the batch. Raises BatchChanged when the batch no longer holds the
         `expected_rows` rows the results were matched against (rows joined it meanwhile).
         """
+
         def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame | None:
             if _state(con, batch.intent)[0] not in OPEN_STATES:
                 return None
             c = names(layout.step)
-            held = one(con, f"SELECT count(*) FROM {q(layout.table)} WHERE {c['_status']} = 'SUBMITTED' "
-                            f"AND {c['_batch_id']} = ?", [batch.batch_id])[0]
+            held = one(
+                con,
+                f"SELECT count(*) FROM {q(layout.table)} WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = ?",
+                [batch.batch_id],
+            )[0]
             if held != expected_rows:  # rows joined the batch since they were read: read them again first
                 raise BatchChanged(batch.batch_id)
             if results.height:
                 commit_results(con, layout, results, now=now, only_batch=batch.batch_id)
-            back = give_back(con, layout, f"{c['_batch_id']} = $batch_id",
-                             {"batch_id": batch.batch_id, "max_attempts": NO_LIMIT}, status="SUBMITTED")
-            con.execute(f"UPDATE {BATCHES_TABLE} SET state = 'merged', merged_at = ?, processing_status = ?, "
-                        "ended_at = ?, succeeded = ?, errored = ?, canceled = ?, expired = ?, unused = ?, "
-                        "unused_cost_usd = ? WHERE intent = ?",
-                        [now, processing_status, ended_at, counts.get("succeeded", 0), counts.get("errored", 0),
-                         counts.get("canceled", 0), counts.get("expired", 0), unused[0], unused[1], batch.intent])
+            back = give_back(
+                con,
+                layout,
+                f"{c['_batch_id']} = $batch_id",
+                {"batch_id": batch.batch_id, "max_attempts": NO_LIMIT},
+                status="SUBMITTED",
+            )
+            con.execute(
+                f"UPDATE {BATCHES_TABLE} SET state = 'merged', merged_at = ?, processing_status = ?, "
+                "ended_at = ?, succeeded = ?, errored = ?, canceled = ?, expired = ?, unused = ?, "
+                "unused_cost_usd = ? WHERE intent = ?",
+                [
+                    now,
+                    processing_status,
+                    ended_at,
+                    counts.get("succeeded", 0),
+                    counts.get("errored", 0),
+                    counts.get("canceled", 0),
+                    counts.get("expired", 0),
+                    unused[0],
+                    unused[1],
+                    batch.intent,
+                ],
+            )
             return back
 
         return self.conn.transaction(work, wait=None)

@@ -38,15 +38,32 @@ _duckdb_lock = threading.Lock()
 
 def _spent_sql(table: str, step: str, with_batches: bool) -> str:
     """The step's spending as one scalar query (the `spent` verb's sums, read in the same snapshot)."""
-    unused = (f" + (SELECT coalesce(sum(unused_cost_usd), 0) FROM {BATCHES_TABLE} WHERE table_name = $table "
-              "AND step = $step)") if with_batches else ""
-    return (f"(SELECT coalesce(sum({q(step + '_cost_usd')}), 0) FROM {q(table)}) + "
-            f"(SELECT coalesce(sum(cost_usd), 0) FROM {HISTORY_TABLE} WHERE table_name = $table AND step = $step)"
-            + unused)
+    unused = (
+        (
+            f" + (SELECT coalesce(sum(unused_cost_usd), 0) FROM {BATCHES_TABLE} WHERE table_name = $table "
+            "AND step = $step)"
+        )
+        if with_batches
+        else ""
+    )
+    return (
+        f"(SELECT coalesce(sum({q(step + '_cost_usd')}), 0) FROM {q(table)}) + "
+        f"(SELECT coalesce(sum(cost_usd), 0) FROM {HISTORY_TABLE} WHERE table_name = $table AND step = $step)" + unused
+    )
 
 
-def reserve(con: Any, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
-            budget_usd: float, now: datetime, stale_after: timedelta) -> BudgetLook:
+def reserve(
+    con: Any,
+    table: str,
+    step: str,
+    *,
+    claimant: str,
+    need_usd: float,
+    want_usd: float,
+    budget_usd: float,
+    now: datetime,
+    stale_after: timedelta,
+) -> BudgetLook:
     """Reserve for `claimant` at least `need_usd` and up to `want_usd`, within `budget_usd`; if even
     `need_usd` does not fit, leave its reservation as it is (it covers what it has in flight).
 
@@ -54,10 +71,12 @@ def reserve(con: Any, table: str, step: str, *, claimant: str, need_usd: float, 
     whose clock is off neither drops a live run's reservation nor has its own dropped."""
     params = {"table": table, "step": step}
     with_batches = table_exists(con, BATCHES_TABLE)
-    rows = con.execute(f"SELECT NULL, CAST({_spent_sql(table, step, with_batches)} AS DOUBLE), NULL "
-                       f"UNION ALL SELECT claimant, reserved_usd, coalesce(reserved_at < {clock(con)} - $stale_after, "
-                       f"false) FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step",
-                       {**params, "now": now, "stale_after": stale_after}).fetchall()
+    rows = con.execute(
+        f"SELECT NULL, CAST({_spent_sql(table, step, with_batches)} AS DOUBLE), NULL "
+        f"UNION ALL SELECT claimant, reserved_usd, coalesce(reserved_at < {clock(con)} - $stale_after, "
+        f"false) FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step",
+        {**params, "now": now, "stale_after": stale_after},
+    ).fetchall()
     spent = float(next(r[1] for r in rows if r[0] is None) or 0.0)
     others, held, gone = 0.0, 0.0, []
     for holder, reserved, old in rows:
@@ -70,25 +89,33 @@ def reserve(con: Any, table: str, step: str, *, claimant: str, need_usd: float, 
         else:
             others += float(reserved or 0.0)
     for holder in gone:
-        con.execute(f"DELETE FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step "
-                    "AND claimant = $claimant", {**params, "claimant": holder})
+        con.execute(
+            f"DELETE FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step AND claimant = $claimant",
+            {**params, "claimant": holder},
+        )
     room = budget_usd - spent - others
     fits = need_usd <= room
     if fits:
         held = max(need_usd, min(want_usd, room))
-        con.execute(f"DELETE FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step "
-                    "AND claimant = $claimant", {**params, "claimant": claimant})
-        con.execute(f"INSERT INTO {RESERVATIONS_TABLE} VALUES ($table, $step, $claimant, $held, {clock(con)})",
-                    {**params, "claimant": claimant, "held": held, "now": now})
+        con.execute(
+            f"DELETE FROM {RESERVATIONS_TABLE} WHERE table_name = $table AND step = $step AND claimant = $claimant",
+            {**params, "claimant": claimant},
+        )
+        con.execute(
+            f"INSERT INTO {RESERVATIONS_TABLE} VALUES ($table, $step, $claimant, $held, {clock(con)})",
+            {**params, "claimant": claimant, "held": held, "now": now},
+        )
     return BudgetLook(spent, others, held, fits)
 
 
 def settle(con: Any, table: str, step: str, *, claimant: str, committed_usd: float, now: datetime) -> None:
     """In a commit's transaction: the committed answers' cost is in the fact table now, not reserved."""
-    con.execute(f"UPDATE {RESERVATIONS_TABLE} SET reserved_usd = greatest(reserved_usd - $cost, 0), reserved_at = "
-                f"{clock(con)} "
-                "WHERE table_name = $table AND step = $step AND claimant = $claimant",
-                {"table": table, "step": step, "claimant": claimant, "cost": committed_usd, "now": now})
+    con.execute(
+        f"UPDATE {RESERVATIONS_TABLE} SET reserved_usd = greatest(reserved_usd - $cost, 0), reserved_at = "
+        f"{clock(con)} "
+        "WHERE table_name = $table AND step = $step AND claimant = $claimant",
+        {"table": table, "step": step, "claimant": claimant, "cost": committed_usd, "now": now},
+    )
 
 
 def drop(con: Any, claimant: str) -> None:
@@ -100,8 +127,10 @@ def drop(con: Any, claimant: str) -> None:
 def touch(con: Any, claimant: str, now: datetime) -> None:
     """A heartbeat: the run holding these reservations is alive."""
     if table_exists(con, RESERVATIONS_TABLE):
-        con.execute(f"UPDATE {RESERVATIONS_TABLE} SET reserved_at = {clock(con)} WHERE claimant = $claimant",
-                    {"now": now, "claimant": claimant})
+        con.execute(
+            f"UPDATE {RESERVATIONS_TABLE} SET reserved_at = {clock(con)} WHERE claimant = $claimant",
+            {"now": now, "claimant": claimant},
+        )
 
 
 class BudgetVerbs:
@@ -123,13 +152,33 @@ class BudgetVerbs:
             value = one(con, f"SELECT avg({cost}) FROM {q(table)} WHERE {status} = 'DONE' AND {cost} > 0")[0]
         return float(value) if value is not None else 0.0
 
-    def reserve_budget(self, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
-                       budget_usd: float, now: datetime, stale_after: timedelta) -> BudgetLook:
+    def reserve_budget(
+        self,
+        table: str,
+        step: str,
+        *,
+        claimant: str,
+        need_usd: float,
+        want_usd: float,
+        budget_usd: float,
+        now: datetime,
+        stale_after: timedelta,
+    ) -> BudgetLook:
         """One short transaction: see what the step has spent and others reserved; reserve what fits."""
+
         def work(con: duckdb.DuckDBPyConnection) -> BudgetLook:
             lock_step(con, _PG_LOCK_CLASS, table, step)
-            return reserve(con, table, step, claimant=claimant, need_usd=need_usd, want_usd=want_usd,
-                           budget_usd=budget_usd, now=now, stale_after=stale_after)
+            return reserve(
+                con,
+                table,
+                step,
+                claimant=claimant,
+                need_usd=need_usd,
+                want_usd=want_usd,
+                budget_usd=budget_usd,
+                now=now,
+                stale_after=stale_after,
+            )
 
         if isinstance(self.conn, PgConnection):
             return self.conn.transaction(work, wait=60.0)

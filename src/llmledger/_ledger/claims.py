@@ -27,6 +27,8 @@ def host_name() -> str:
     """The machine's name in claims: `LLMLEDGER_HOSTNAME`, else the host name. Containers that share one host name
     (and cannot see each other's processes) need distinct names, or one would take the other's claims for dead."""
     return os.environ.get("LLMLEDGER_HOSTNAME") or socket.gethostname()
+
+
 _active_lock = threading.Lock()
 
 
@@ -75,7 +77,7 @@ def process_start(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 onwards
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
     return fields[19] if len(fields) > 19 else None
 
 

@@ -51,53 +51,134 @@ class Column:
 
 
 STEP_COLUMNS: tuple[Column, ...] = (
-    Column("", "VARCHAR", KEEP_UNLESS_ANSWERED, "output", pl.String(),
-           doc="the answer: text, or a STRUCT for a step with output= (results carry it as JSON text)"),
-    Column("_status", "VARCHAR", FROM_RESULT, "status", pl.String(), "'NOT_STARTED'",
-           "NOT_STARTED, RUNNING, SUBMITTED, DONE, FAILED or NEEDS_REVIEW"),
+    Column(
+        "",
+        "VARCHAR",
+        KEEP_UNLESS_ANSWERED,
+        "output",
+        pl.String(),
+        doc="the answer: text, or a STRUCT for a step with output= (results carry it as JSON text)",
+    ),
+    Column(
+        "_status",
+        "VARCHAR",
+        FROM_RESULT,
+        "status",
+        pl.String(),
+        "'NOT_STARTED'",
+        "NOT_STARTED, RUNNING, SUBMITTED, DONE, FAILED or NEEDS_REVIEW",
+    ),
     Column("_running_started_at", "TIMESTAMP", CLEAR, doc="when the current claim was taken (UTC)"),
     Column("_claimed_by", "VARCHAR", CLEAR, doc="host/pid/run of the claim"),
     Column("_claimed_from", "VARCHAR", CLEAR, doc="the status the row had when it was claimed"),
-    Column("_lease_until", "TIMESTAMP", CLEAR,
-           doc="when the current claim lapses unless renewed (UTC, the database's clock on PostgreSQL)"),
-    Column("_attempts", "INTEGER", FROM_RESULT, "attempts", pl.Int32(), "0",
-           "answered or refused tries (transient errors never count)"),
+    Column(
+        "_lease_until",
+        "TIMESTAMP",
+        CLEAR,
+        doc="when the current claim lapses unless renewed (UTC, the database's clock on PostgreSQL)",
+    ),
+    Column(
+        "_attempts",
+        "INTEGER",
+        FROM_RESULT,
+        "attempts",
+        pl.Int32(),
+        "0",
+        "answered or refused tries (transient errors never count)",
+    ),
     Column("_error", "VARCHAR", FROM_RESULT, "error", pl.String(), doc="why the last try was refused"),
     Column("_finished_at", "TIMESTAMP", FROM_RESULT, "finished_at", pl.Datetime("us"), doc="when (UTC)"),
     Column("_input_tokens", "BIGINT", KEEP_UNLESS_ANSWERED, "input_tokens", pl.Int64(), doc="billed input tokens"),
     Column("_output_tokens", "BIGINT", KEEP_UNLESS_ANSWERED, "output_tokens", pl.Int64(), doc="billed output tokens"),
-    Column("_cache_write_tokens", "BIGINT", KEEP_UNLESS_ANSWERED, "cache_write_tokens", pl.Int64(),
-           doc="prompt tokens written to the prompt cache (billed at 1.25x, or 2x for 1 h)"),
-    Column("_cache_read_tokens", "BIGINT", KEEP_UNLESS_ANSWERED, "cache_read_tokens", pl.Int64(),
-           doc="prompt tokens read from the prompt cache (billed at 0.1x)"),
-    Column("_cost_usd", "DOUBLE", KEEP_UNLESS_ANSWERED, "cost_usd", pl.Float64(),
-           doc="list price of the answer; NULL for models without a known price"),
-    Column("_raw", "VARCHAR", KEEP_UNLESS_ANSWERED, "raw", pl.String(),
-           doc="an answer that did not match the step's output schema, as the model wrote it"),
+    Column(
+        "_cache_write_tokens",
+        "BIGINT",
+        KEEP_UNLESS_ANSWERED,
+        "cache_write_tokens",
+        pl.Int64(),
+        doc="prompt tokens written to the prompt cache (billed at 1.25x, or 2x for 1 h)",
+    ),
+    Column(
+        "_cache_read_tokens",
+        "BIGINT",
+        KEEP_UNLESS_ANSWERED,
+        "cache_read_tokens",
+        pl.Int64(),
+        doc="prompt tokens read from the prompt cache (billed at 0.1x)",
+    ),
+    Column(
+        "_cost_usd",
+        "DOUBLE",
+        KEEP_UNLESS_ANSWERED,
+        "cost_usd",
+        pl.Float64(),
+        doc="list price of the answer; NULL for models without a known price",
+    ),
+    Column(
+        "_raw",
+        "VARCHAR",
+        KEEP_UNLESS_ANSWERED,
+        "raw",
+        pl.String(),
+        doc="an answer that did not match the step's output schema, as the model wrote it",
+    ),
     Column("_stop_reason", "VARCHAR", FROM_RESULT, "stop_reason", pl.String(), doc="end_turn, max_tokens, ..."),
     Column("_model", "VARCHAR", FROM_RESULT, "model", pl.String(), doc="the model that answered"),
-    Column("_source", "VARCHAR", KEEP_UNLESS_ANSWERED, "source", pl.String(),
-           doc='where the answer came from: "simulator", or the API endpoint\'s base URL; NULL for answers '
-               "written before llmledger recorded it (real ones)"),
-    Column("_fingerprint", "UUID", KEEP_UNLESS_ANSWERED, "fingerprint", pl.String(),
-           doc="fingerprint of the request that produced the answer"),
-    Column("_batch_id", "VARCHAR", FROM_RESULT, "batch_id", pl.String(),
-           doc="the Message Batch the row was sent in (mode='batch'); NULL for online answers"),
-    Column("_custom_id", "VARCHAR", FROM_RESULT, "custom_id", pl.String(),
-           doc="the row's custom_id in that batch (rows with identical requests share one)"),
+    Column(
+        "_source",
+        "VARCHAR",
+        KEEP_UNLESS_ANSWERED,
+        "source",
+        pl.String(),
+        doc='where the answer came from: "simulator", or the API endpoint\'s base URL; NULL for answers '
+        "written before llmledger recorded it (real ones)",
+    ),
+    Column(
+        "_fingerprint",
+        "UUID",
+        KEEP_UNLESS_ANSWERED,
+        "fingerprint",
+        pl.String(),
+        doc="fingerprint of the request that produced the answer",
+    ),
+    Column(
+        "_batch_id",
+        "VARCHAR",
+        FROM_RESULT,
+        "batch_id",
+        pl.String(),
+        doc="the Message Batch the row was sent in (mode='batch'); NULL for online answers",
+    ),
+    Column(
+        "_custom_id",
+        "VARCHAR",
+        FROM_RESULT,
+        "custom_id",
+        pl.String(),
+        doc="the row's custom_id in that batch (rows with identical requests share one)",
+    ),
     Column("_flag", "VARCHAR", CLEAR_IF_DONE, doc="why a person flagged the answer for redo (llmledger.flag)"),
     Column("_flagged_at", "TIMESTAMP", CLEAR_IF_DONE, doc="when it was flagged (UTC)"),
     Column("_flagged_by", "VARCHAR", CLEAR_IF_DONE, doc="who flagged it"),
     Column("_prompt", "VARCHAR", UNTOUCHED, doc="the current request's user message"),
     Column("_request_fingerprint", "UUID", UNTOUCHED, doc="fingerprint of the current request"),
-    Column("_version", "VARCHAR", UNTOUCHED,
-           doc="the step definition (llmledger_steps.version) the current request was rendered for"),
-    Column("_upstream_fingerprint", "UUID", UNTOUCHED,
-           doc="digest of the upstream steps' answers the current request was rendered from"),
+    Column(
+        "_version",
+        "VARCHAR",
+        UNTOUCHED,
+        doc="the step definition (llmledger_steps.version) the current request was rendered for",
+    ),
+    Column(
+        "_upstream_fingerprint",
+        "UUID",
+        UNTOUCHED,
+        doc="digest of the upstream steps' answers the current request was rendered from",
+    ),
 )
 
-RESULT_SCHEMA: dict[str, pl.DataType] = {c.result: c.result_type for c in STEP_COLUMNS
-                                         if c.result is not None and c.result_type is not None}
+RESULT_SCHEMA: dict[str, pl.DataType] = {
+    c.result: c.result_type for c in STEP_COLUMNS if c.result is not None and c.result_type is not None
+}
 
 
 def step_columns(step: str) -> list[str]:
@@ -130,8 +211,15 @@ def owned_names(step: str) -> list[str]:
     return step_columns(step) + [step + suffix for suffix in RETURNED_ONLY]
 
 
-def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new: bool,
-                    table_columns: Sequence[str], frame_columns: Sequence[str]) -> None:
+def check_step_name(
+    step: str,
+    *,
+    table: str,
+    other_steps: Sequence[str],
+    is_new: bool,
+    table_columns: Sequence[str],
+    frame_columns: Sequence[str],
+) -> None:
     """Refuse a step whose columns would be another's: every column a step owns is `step` + a suffix of
     STEP_COLUMNS, so beside a step `s` a step named `s_prompt` would write its answers into s's stored requests,
     `s_status` into s's statuses, and a step named like an input column (`text`) over the stored input.
@@ -142,15 +230,17 @@ def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new
     from llmledger.errors import StepNameError
 
     mine = {c.lower(): c for c in owned_names(step)}
-    suggestion = f"choose another name, e.g. {step.rstrip('_') + '_v2'!r}" if not step.endswith("_v2") else \
-        "choose another name"
+    suggestion = (
+        f"choose another name, e.g. {step.rstrip('_') + '_v2'!r}" if not step.endswith("_v2") else "choose another name"
+    )
     for other in other_steps:
         shared = sorted(mine[c.lower()] for c in owned_names(other) if c.lower() in mine)
         if shared:
             raise StepNameError(
                 f"step name {step!r} clashes with step {other!r} of table {table!r}: both would own column "
                 f"{shared[0]!r} (a step owns its name and its name + _status, _prompt, _flag, ...); {suggestion}. "
-                "Nothing was written.")
+                "Nothing was written."
+            )
     theirs = {c.lower() for s in other_steps for c in owned_names(s)}
     mine_in_table = {c.lower() for c in table_columns} - theirs
     if not is_new:  # the step's own columns are in the table already
@@ -158,19 +248,25 @@ def check_step_name(step: str, *, table: str, other_steps: Sequence[str], is_new
     inputs = {c.lower(): c for c in [*table_columns, *(frame_columns if is_new else ())]}
     taken = [(mine[c], inputs[c]) for c in mine if c in mine_in_table]
     if is_new:
-        taken += [(mine[c.lower()], c) for c in frame_columns
-                  if c.lower() in mine and mine[c.lower()] not in [t for t, _ in taken]]
+        taken += [
+            (mine[c.lower()], c)
+            for c in frame_columns
+            if c.lower() in mine and mine[c.lower()] not in [t for t, _ in taken]
+        ]
     if taken:
         raise StepNameError(
             f"step name {step!r} would write its column {taken[0][0]!r} over the input column {taken[0][1]!r} of table "
             f"{table!r} (a step owns its name and its name + _status, _prompt, _flag, ...); {suggestion}, or "
-            "rename the input column. Nothing was written.")
+            "rename the input column. Nothing was written."
+        )
     every = {c.lower(): c for s in [step, *other_steps] for c in owned_names(s)}
     for c in frame_columns:  # DuckDB folds case: beside a step `s`, a column `S` would be the step's own
         if c.lower() in every and c != every[c.lower()]:
-            raise StepNameError(f"the frame's column {c!r} differs only in case from {every[c.lower()]!r}, a column "
-                                f"of a step of table {table!r}, and the store does not tell them apart; rename it. "
-                                "Nothing was written.")
+            raise StepNameError(
+                f"the frame's column {c!r} differs only in case from {every[c.lower()]!r}, a column "
+                f"of a step of table {table!r}, and the store does not tell them apart; rename it. "
+                "Nothing was written."
+            )
 
 
 def names(step: str, alias: str = "") -> dict[str, str]:
@@ -220,8 +316,10 @@ def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
             if c.suffix == "":
                 value = output_from_text(value, output_type)
             elif c.suffix == "_raw" and output_type != "VARCHAR":  # an answer that does not fit the column's type
-                value = f"coalesce({value}, CASE WHEN {output_from_text('i.output', output_type)} IS NULL " \
-                        "THEN i.output END)"  # (its type changed meanwhile) is kept as text
+                value = (
+                    f"coalesce({value}, CASE WHEN {output_from_text('i.output', output_type)} IS NULL "
+                    "THEN i.output END)"
+                )  # (its type changed meanwhile) is kept as text
             if c.commit == KEEP_UNLESS_ANSWERED:
                 value = f"CASE WHEN {ANSWERED} THEN {value} ELSE {t[c.suffix]} END"
         sets.append(f"{q(step + c.suffix)} = {value}")

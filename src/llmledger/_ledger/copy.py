@@ -52,8 +52,10 @@ def copy(source: str | Path, target: str | Path) -> dict[str, int]:
 
     def work(dcon: Any) -> None:
         if list_steps(dcon):
-            raise InvalidInputError(f"the target {shown(target)} already holds a ledger; copy into a new DuckDB file "
-                                    "or an empty PostgreSQL database")
+            raise InvalidInputError(
+                f"the target {shown(target)} already holds a ledger; copy into a new DuckDB file "
+                "or an empty PostgreSQL database"
+            )
         migrate(dcon, utcnow())
         with src.conn.open(wait=60.0) as scon:  # type: ignore[attr-defined]
             for table in BOOKKEEPING:
@@ -99,8 +101,17 @@ def _output_type(scon: Any, dcon: Any, table: str, step: str, source_type: str) 
 
 
 # DuckDB types PostgreSQL lacks, as the PostgreSQL type that holds their values.
-_TO_POSTGRES = {"TINYINT": "SMALLINT", "UTINYINT": "SMALLINT", "USMALLINT": "INTEGER", "UINTEGER": "BIGINT",
-                "UBIGINT": "NUMERIC", "HUGEINT": "NUMERIC", "UHUGEINT": "NUMERIC", "FLOAT": "REAL", "BLOB": "BYTEA"}
+_TO_POSTGRES = {
+    "TINYINT": "SMALLINT",
+    "UTINYINT": "SMALLINT",
+    "USMALLINT": "INTEGER",
+    "UINTEGER": "BIGINT",
+    "UBIGINT": "NUMERIC",
+    "HUGEINT": "NUMERIC",
+    "UHUGEINT": "NUMERIC",
+    "FLOAT": "REAL",
+    "BLOB": "BYTEA",
+}
 
 
 def _portable(sql_type: str, dcon: Any) -> str:
@@ -122,8 +133,10 @@ def _copy_rows(scon: Any, dcon: Any, table: str, outputs: dict[str, tuple[str, s
     total = 0
     for chunk in frames(scon, f"SELECT {', '.join(read)} FROM {q(table)}", CHUNK_ROWS):
         with registered(dcon, INCOMING, chunk):
-            dcon.execute(f"INSERT INTO {q(table)} ({', '.join(q(c) for c in columns)}) "
-                         f"SELECT {', '.join(write)} FROM {INCOMING} AS i")
+            dcon.execute(
+                f"INSERT INTO {q(table)} ({', '.join(q(c) for c in columns)}) "
+                f"SELECT {', '.join(write)} FROM {INCOMING} AS i"
+            )
         total += chunk.height
     return total
 
@@ -144,4 +157,3 @@ def _from_text(expr: str, sql_type: str) -> str:
     if sql_type == "UUID":
         return f"CAST({expr} AS UUID)"
     return output_from_text(expr, sql_type) if _nested(sql_type) else expr
-

@@ -61,9 +61,14 @@ class StepGraph:
             return cls()
         rows = con.execute(
             f"SELECT DISTINCT ON (step) step, prompt, prompt_kind, upstream FROM {STEPS_TABLE} "
-            "WHERE table_name = ? AND version IS NOT NULL ORDER BY step, last_prepared_at DESC", [table]).fetchall()
-        graph = cls({r[0]: (r[1] if r[2] == "template" else None) for r in rows},
-                    {r[0]: tuple(r[3] or ()) for r in rows}, dialect=dialect(con))
+            "WHERE table_name = ? AND version IS NOT NULL ORDER BY step, last_prepared_at DESC",
+            [table],
+        ).fetchall()
+        graph = cls(
+            {r[0]: (r[1] if r[2] == "template" else None) for r in rows},
+            {r[0]: tuple(r[3] or ()) for r in rows},
+            dialect=dialect(con),
+        )
         return graph.typed(con, table, graph.lineage(step) if step is not None else list(graph.templates))
 
     def lineage(self, step: str) -> list[str]:
@@ -76,8 +81,9 @@ class StepGraph:
         return [s for s in order if s in wanted] or [step]
 
     def with_step(self, step: str, template: str | None, upstream: tuple[str, ...]) -> StepGraph:
-        return StepGraph({**self.templates, step: template}, {**self.upstream, step: upstream}, self.field_sql,
-                         self.dialect)
+        return StepGraph(
+            {**self.templates, step: template}, {**self.upstream, step: upstream}, self.field_sql, self.dialect
+        )
 
     def typed(self, con: duckdb.DuckDBPyConnection, table: str, steps: list[str]) -> StepGraph:
         """This graph with SQL for the upstream fields the templates of `steps` read, checked against the table."""
@@ -110,8 +116,9 @@ class StepGraph:
     # -- SQL over the fact table (alias `t`) ------------------------------------------------------------
     def digest_sql(self, step: str) -> str:
         """SQL: a digest of the upstream values the step's template reads for a row."""
-        paths = [p for p in field_paths(self.templates.get(step) or "") if p.split(".", 1)[0] in
-                 self.upstream.get(step, ())]
+        paths = [
+            p for p in field_paths(self.templates.get(step) or "") if p.split(".", 1)[0] in self.upstream.get(step, ())
+        ]
         missing = "chr(0)" if self.dialect == "duckdb" else "chr(1)"  # PostgreSQL's text cannot hold chr(0)
         values = ", ".join(f"coalesce({self.field_sql[p]}, {missing})" for p in paths) or "''"
         return f"md5(concat_ws(chr(31), {values}))::UUID"
@@ -125,8 +132,11 @@ class StepGraph:
     def _own_sql(self, step: str) -> str:
         """SQL: the step's own answer is current (DONE, for its current request, from the current inputs)."""
         c = names(step, "t")
-        parts = [f"{c['_status']} = 'DONE'", f"{c['_version']} IS NOT NULL",
-                 f"{c['_fingerprint']} IS NOT DISTINCT FROM {c['_request_fingerprint']}"]
+        parts = [
+            f"{c['_status']} = 'DONE'",
+            f"{c['_version']} IS NOT NULL",
+            f"{c['_fingerprint']} IS NOT DISTINCT FROM {c['_request_fingerprint']}",
+        ]
         if self.upstream.get(step):
             parts.append(self.rendered_sql(step))
         return "(" + " AND ".join(parts) + ")"
@@ -156,16 +166,19 @@ def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, st
     """SQL for one upstream field as prompt text (nested values as JSON), or a PromptError naming the problem."""
     parts = path.split(".")
     if any(not p.isidentifier() for p in parts) or "[" in path:
-        raise PromptError(f"step {step!r} reads {{{path}}}: name a step or a field of a structured step, "
-                          "e.g. {extract.company} (no indexing)")
+        raise PromptError(
+            f"step {step!r} reads {{{path}}}: name a step or a field of a structured step, "
+            "e.g. {extract.company} (no indexing)"
+        )
     if dialect(con) == "postgres":
         return _jsonb_field_sql(con, table, parts, step)
     expr = "t." + ".".join(q(p) for p in parts)
     try:
         sql_type = str(con.execute(f"DESCRIBE SELECT {expr} AS v FROM {q(table)} AS t").fetchall()[0][1])
     except duckdb.Error:
-        raise PromptError(f"step {step!r} reads {{{path}}}, but step {parts[0]!r} has no field "
-                          f"{'.'.join(parts[1:])!r}") from None
+        raise PromptError(
+            f"step {step!r} reads {{{path}}}, but step {parts[0]!r} has no field {'.'.join(parts[1:])!r}"
+        ) from None
     nested = sql_type.startswith(_NESTED) or sql_type.endswith("]")
     return f"to_json({expr})::VARCHAR" if nested else f"CAST({expr} AS VARCHAR)"
 
@@ -178,8 +191,10 @@ def _jsonb_field_sql(con: duckdb.DuckDBPyConnection, table: str, parts: list[str
     if len(parts) == 1:  # a text answer, or a whole structured one as JSON
         return f"CAST({root} AS VARCHAR)"
     if column_types(con, table).get(parts[0]) != "JSONB":
-        raise PromptError(f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
-                          f"{'.'.join(parts[1:])!r} (its answers are text)")
+        raise PromptError(
+            f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
+            f"{'.'.join(parts[1:])!r} (its answers are text)"
+        )
     spec = current_output_spec(con, table, parts[0])
     schema: dict = spec.schema if spec is not None else {}
     for depth, name in enumerate(parts[1:], start=1):
@@ -188,6 +203,8 @@ def _jsonb_field_sql(con: duckdb.DuckDBPyConnection, table: str, parts: list[str
             schema = spec.schema.get("$defs", {}).get(ref.split("/")[-1], {})  # type: ignore[union-attr]
         schema = schema.get("properties", {}).get(name)
         if schema is None:
-            raise PromptError(f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
-                              f"{'.'.join(parts[1:depth + 1])!r}")
+            raise PromptError(
+                f"step {step!r} reads {{{'.'.join(parts)}}}, but step {parts[0]!r} has no field "
+                f"{'.'.join(parts[1 : depth + 1])!r}"
+            )
     return f"({root} #>> '{{{','.join(parts[1:])}}}')"

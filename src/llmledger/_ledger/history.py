@@ -20,12 +20,23 @@ from llmledger._ledger.schema import HISTORY_TABLE
 from llmledger._ledger.survey import Layout
 from llmledger.errors import InvalidInputError
 
-_COLUMNS = ("table_name, step, row_key, output, model, fingerprint, input_tokens, output_tokens, cost_usd, "
-            "finished_at, replaced_at, reason, status, raw, source, stop_reason")
+_COLUMNS = (
+    "table_name, step, row_key, output, model, fingerprint, input_tokens, output_tokens, cost_usd, "
+    "finished_at, replaced_at, reason, status, raw, source, stop_reason"
+)
 
 
-def archive(con: duckdb.DuckDBPyConnection, layout: Layout, *, now: datetime, reason: str, condition: str,
-            join: str = "", params: dict[str, Any] | None = None, output_type: str | None = None) -> None:
+def archive(
+    con: duckdb.DuckDBPyConnection,
+    layout: Layout,
+    *,
+    now: datetime,
+    reason: str,
+    condition: str,
+    join: str = "",
+    params: dict[str, Any] | None = None,
+    output_type: str | None = None,
+) -> None:
     """Copy the answers of rows `t` matching `condition` (optionally joined to more) into the history.
 
     `reason` is SQL (a flag's text, say); `output_type` is the type the output column has now.
@@ -39,7 +50,8 @@ def archive(con: duckdb.DuckDBPyConnection, layout: Layout, *, now: datetime, re
         f"coalesce({c['_claimed_from']}, {c['_status']}), {c['_raw']}, {c['_source']}, {c['_stop_reason']} "
         f"FROM {q(layout.table)} AS t {join} "
         f"WHERE ({c['']} IS NOT NULL OR {c['_raw']} IS NOT NULL) AND ({condition})",
-        {**(params or {}), "table": layout.table, "step": layout.step, "now": now})
+        {**(params or {}), "table": layout.table, "step": layout.step, "now": now},
+    )
 
 
 # Why an answer went to the history, when it may stand in for an identical request later (`answers_to`): it
@@ -55,8 +67,10 @@ def redo_reason(layout: Layout) -> str:
     """SQL: why a commit replaces a row's answer: a person's flag; `stale` when the answer was made for another
     request than the one answered now; `redo` otherwise (the same request asked again)."""
     flag, answered, asked = (layout.col(s, "t") for s in ("_flag", "_fingerprint", "_request_fingerprint"))
-    return (f"CASE WHEN {flag} IS NOT NULL THEN 'flagged: ' || {flag} "
-            f"WHEN {answered} IS DISTINCT FROM {asked} THEN '{STALE}' ELSE 'redo' END")
+    return (
+        f"CASE WHEN {flag} IS NOT NULL THEN 'flagged: ' || {flag} "
+        f"WHEN {answered} IS DISTINCT FROM {asked} THEN '{STALE}' ELSE 'redo' END"
+    )
 
 
 def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None) -> pl.DataFrame:
@@ -66,18 +80,19 @@ def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None
     """
     if key is not None and not isinstance(key, dict):
         if len(layout.key) != 1:
-            raise InvalidInputError(f"table {layout.table!r} is keyed by {layout.key}; pass key= as a dict of "
-                                    "those columns")
+            raise InvalidInputError(
+                f"table {layout.table!r} is keyed by {layout.key}; pass key= as a dict of those columns"
+            )
         key = {layout.key[0]: key}
     unknown = sorted(set(key or {}) - set(layout.key))
     if unknown:
-        raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} "
-                                f"({layout.key})")
+        raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} ({layout.key})")
     output_type = column_types(con, layout.table)[layout.step]
     c = names(layout.step, "t")
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
-    where = " AND ".join(f"CAST(t.{q(k)} AS VARCHAR) = CAST(${'k' + str(i)} AS VARCHAR)"
-                         for i, k in enumerate(key or {}))
+    where = " AND ".join(
+        f"CAST(t.{q(k)} AS VARCHAR) = CAST(${'k' + str(i)} AS VARCHAR)" for i, k in enumerate(key or {})
+    )
     params = {"k" + str(i): v for i, v in enumerate((key or {}).values())}
     old_output = output_from_text("h.output", output_type)
     return con.sql(
@@ -89,6 +104,5 @@ def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None
         f"FROM {HISTORY_TABLE} AS h JOIN {q(layout.table)} AS t ON h.row_key = {layout.key_json()} "
         f"WHERE h.table_name = $table AND h.step = $step{' AND ' + where if where else ''} "
         f"ORDER BY {keys}, h.replaced_at",
-        params={**params, "table": layout.table, "step": layout.step}).pl()
-
-
+        params={**params, "table": layout.table, "step": layout.step},
+    ).pl()

@@ -108,8 +108,7 @@ def read(path: Path, schema: dict[str, pl.DataType], *, key: Sequence[str] = ())
             if number != torn:
                 bad.append(number + 1)
             continue
-        if not (isinstance(row, dict) and row.get("status") in STATUSES
-                and all(row.get(k) is not None for k in key)):
+        if not (isinstance(row, dict) and row.get("status") in STATUSES and all(row.get(k) is not None for k in key)):
             bad.append(number + 1)
             continue
         good.append((number + 1, row))
@@ -129,7 +128,11 @@ def read(path: Path, schema: dict[str, pl.DataType], *, key: Sequence[str] = ())
         aside = path.with_name(path.name + ".bad")
         aside.write_text(text, encoding="utf-8")
         shown = ", ".join(map(str, sorted(bad)[:10])) + (" ..." if len(bad) > 10 else "")
-        warnings.warn(f"the journal {path} has {len(bad)} damaged line(s) (line {shown}): they were not merged; "
-                      f"its {frame.height} whole answer(s) were. A copy of the file is kept as {aside}; the rows "
-                      "of the damaged lines are asked again.", DamagedJournalWarning, stacklevel=2)
+        warnings.warn(
+            f"the journal {path} has {len(bad)} damaged line(s) (line {shown}): they were not merged; "
+            f"its {frame.height} whole answer(s) were. A copy of the file is kept as {aside}; the rows "
+            "of the damaged lines are asked again.",
+            DamagedJournalWarning,
+            stacklevel=2,
+        )
     return frame

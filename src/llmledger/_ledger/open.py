@@ -77,11 +77,18 @@ def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
         return [], []
     ledger = open_ledger(location)
     with ledger.conn.open(wait=60.0, read_only=True) as con:  # type: ignore[attr-defined]
-        alike = [t for (t,) in con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = "
-                                           "current_schema()").fetchall() if t.lower() == table.lower() and t != table]
+        alike = [
+            t
+            for (t,) in con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            ).fetchall()
+            if t.lower() == table.lower() and t != table
+        ]
         if alike:  # DuckDB takes them for one table, PostgreSQL for two: neither is what was meant
-            raise InvalidInputError(f"table {table!r} differs only in case from the store's table {alike[0]!r}; "
-                                    f"pass table={alike[0]!r}, or a name of its own")
+            raise InvalidInputError(
+                f"table {table!r} differs only in case from the store's table {alike[0]!r}; "
+                f"pass table={alike[0]!r}, or a name of its own"
+            )
         steps = [step for _, step, _ in list_steps(con, table)]
         columns = list(column_types(con, table)) if table_exists(con, table) else []
     return steps, columns
@@ -103,8 +110,9 @@ def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
         return {step: current_output_spec(con, table, step) for _, step, _ in list_steps(con, table)}
 
 
-def open_ledger(store: str | Path, *, on_wait: Callable[[str], None] | None = None,
-                should_stop: Callable[[], bool] | None = None) -> Ledger:
+def open_ledger(
+    store: str | Path, *, on_wait: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None
+) -> Ledger:
     from llmledger._ledger.engine.duckdb import Connection
     from llmledger._ledger.engine.postgres import PgConnection, is_url
     from llmledger._ledger.store import SQLLedger

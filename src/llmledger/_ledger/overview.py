@@ -35,8 +35,9 @@ def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> O
         _usage(con, overview, keys[tbl, step])
         steps.append(overview)
     batches = _batches(con, table) if table_exists(con, BATCHES_TABLE) else []
-    known = con.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
-                        "ORDER BY table_name").fetchall()
+    known = con.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY table_name"
+    ).fetchall()
     return Overview(steps, batches, [r[0] for r in known if not r[0].startswith("llmledger_")])
 
 
@@ -44,21 +45,27 @@ def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview, key_columns: list[st
     """Cost and paid rows; the processes holding claims; FAILED / NEEDS_REVIEW rows by kind of error."""
     t, status = q(s.table), q(s.step + "_status")
     cost = q(s.step + "_cost_usd")
-    spent, paid = con.execute(f"SELECT coalesce(sum({cost}), 0)::DOUBLE, count(*) FILTER (WHERE {cost} > 0) "
-                              f"FROM {t}").fetchall()[0]
+    spent, paid = con.execute(
+        f"SELECT coalesce(sum({cost}), 0)::DOUBLE, count(*) FILTER (WHERE {cost} > 0) FROM {t}"
+    ).fetchall()[0]
     s.cost_usd, s.paid_rows = float(spent), int(paid)
     if s.counts.get("RUNNING"):
         by = q(s.step + "_claimed_by")
-        s.claims = [Claims(str(r[0]), int(r[1]), r[2]) for r in con.execute(
-            f"SELECT coalesce({by}, '?'), count(*), min({q(s.step + '_running_started_at')}) FROM {t} "
-            f"WHERE {status} = 'RUNNING' GROUP BY 1 ORDER BY 2 DESC, 1").fetchall()]
+        s.claims = [
+            Claims(str(r[0]), int(r[1]), r[2])
+            for r in con.execute(
+                f"SELECT coalesce({by}, '?'), count(*), min({q(s.step + '_running_started_at')}) FROM {t} "
+                f"WHERE {status} = 'RUNNING' GROUP BY 1 ORDER BY 2 DESC, 1"
+            ).fetchall()
+        ]
     if s.counts.get("FAILED") or s.counts.get("NEEDS_REVIEW"):
         key = Layout(s.table, s.step, key_columns, []).key_json()
         message = f"coalesce({q(s.step + '_error')}, '')"
         kind = f"coalesce(nullif(trim(split_part({message}, ':', 1)), ''), 'no error recorded')"
         bad = f"FROM {t} AS t WHERE {status} IN ('FAILED', 'NEEDS_REVIEW')"
-        kinds = con.execute(f"SELECT {kind} AS kind, count(*) AS n {bad} GROUP BY 1 ORDER BY 2 DESC, 1 "
-                            f"LIMIT {ERROR_KINDS}").fetchall()
+        kinds = con.execute(
+            f"SELECT {kind} AS kind, count(*) AS n {bad} GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {ERROR_KINDS}"
+        ).fetchall()
         for name, rows in kinds:  # one example each: the first row found, not a sort of every failed row
             example = con.execute(f"SELECT {key}, {message} {bad} AND {kind} = ? LIMIT 1", [name]).fetchall()
             s.errors.append(ErrorKind(str(name), int(rows), *(str(v) for v in (example or [("", "")])[0])))
@@ -69,5 +76,7 @@ def _batches(con: duckdb.DuckDBPyConnection, table: str | None) -> list[BatchOve
     rows: list[Any] = con.execute(
         f"SELECT batch_id, table_name, step, coalesce(rows_sent, 0), coalesce(requests, 0), state, "
         f"processing_status, submitted_at FROM {BATCHES_TABLE} WHERE state IN ('submitting', 'submitted') {where} "
-        "ORDER BY created_at", params).fetchall()
+        "ORDER BY created_at",
+        params,
+    ).fetchall()
     return [BatchOverview(*r) for r in rows]

@@ -53,16 +53,28 @@ from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError, LedgerError
 
 _BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE)
-_STEP_VIEW = ("", "_status", "_error", "_attempts", "_input_tokens", "_output_tokens", "_cost_usd", "_model",
-              "_finished_at", "_raw", "_flag")
+_STEP_VIEW = (
+    "",
+    "_status",
+    "_error",
+    "_attempts",
+    "_input_tokens",
+    "_output_tokens",
+    "_cost_usd",
+    "_model",
+    "_finished_at",
+    "_raw",
+    "_flag",
+)
 
 
 def is_parquet_path(df: Any) -> bool:
     return isinstance(df, str | Path) and (str(df).endswith(".parquet") or any(c in str(df) for c in "*?["))
 
 
-def read_parquet_input(path: str | Path, *, key: str | Sequence[str] | None, prompt: Any,
-                       where: str | None, every_column: bool = False) -> pl.DataFrame:
+def read_parquet_input(
+    path: str | Path, *, key: str | Sequence[str] | None, prompt: Any, where: str | None, every_column: bool = False
+) -> pl.DataFrame:
     """The columns of a Parquet file (or glob) a step needs: its key, what the prompt and `where` name.
 
     A callable prompt (or a `validate=` callable, `every_column`) may read any column, so it gets them all.
@@ -84,8 +96,9 @@ def read_parquet_input(path: str | Path, *, key: str | Sequence[str] | None, pro
     return lazy.select(keep or names).collect()
 
 
-def export(store: str | Path, table: str, path: str | Path, *, step: str | None = None,
-           overwrite: bool = False) -> Path:
+def export(
+    store: str | Path, table: str, path: str | Path, *, step: str | None = None, overwrite: bool = False
+) -> Path:
     """Write `table` (with its steps' bookkeeping) to the folder `path`; to a `path` ending in `.parquet`, the
     table alone as one file (or with `step=`, one step's view).
 
@@ -101,8 +114,9 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
         raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
     out = Path(path).expanduser()
     if step is not None and out.suffix.lower() != ".parquet":
-        raise InvalidInputError(f"export(step=...) writes one Parquet file: pass a path ending in .parquet, got "
-                                f"{str(path)!r}")
+        raise InvalidInputError(
+            f"export(step=...) writes one Parquet file: pass a path ending in .parquet, got {str(path)!r}"
+        )
     if not is_url(store) and out.resolve() == Path(store).expanduser().resolve():
         raise InvalidInputError(f"{str(path)!r} is the store itself; export to another path")
     with ledger.conn.open(wait=60.0, read_only=True) as con:
@@ -118,29 +132,41 @@ def export(store: str | Path, table: str, path: str | Path, *, step: str | None 
             return out
         if out.suffix.lower() == ".parquet":  # one file a Parquet reader opens (a folder there holds mixed schemas)
             if out.is_dir():
-                raise InvalidInputError(f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
-                                        "a folder path (not ending in .parquet) for the table with its bookkeeping")
+                raise InvalidInputError(
+                    f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
+                    "a folder path (not ending in .parquet) for the table with its bookkeeping"
+                )
             _check_file(out, overwrite)
             _make_folder(out.parent, out)
             _copy(con, f"SELECT * FROM {q(table)}", out)
             return out
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            exported = out.is_dir() and (out / f"{STEPS_TABLE}.parquet").exists() and all(
-                f.is_file() and f.suffix == ".parquet" for f in out.iterdir())
+            exported = (
+                out.is_dir()
+                and (out / f"{STEPS_TABLE}.parquet").exists()
+                and all(f.is_file() and f.suffix == ".parquet" for f in out.iterdir())
+            )
             if not (overwrite and exported):
                 raise InvalidInputError(
                     f"{str(out)!r} exists and is not an empty folder; export writes a folder of Parquet files (a "
-                    "path ending in .parquet gets a single file). " + (
-                        "Pass overwrite=True to replace that earlier export." if exported else
-                        "It is not a folder export wrote, so it is never emptied: choose another path."))
+                    "path ending in .parquet gets a single file). "
+                    + (
+                        "Pass overwrite=True to replace that earlier export."
+                        if exported
+                        else "It is not a folder export wrote, so it is never emptied: choose another path."
+                    )
+                )
             for old in out.glob("*.parquet"):
                 old.unlink()
         _make_folder(out, out)
         _copy(con, f"SELECT * FROM {q(table)}", out / f"{table}.parquet")
         for name in _BOOKKEEPING:
             if table_exists(con, name):
-                _copy(con, f"SELECT * FROM {name} WHERE table_name = '{table.replace(chr(39), chr(39) * 2)}'",
-                      out / f"{name}.parquet")
+                _copy(
+                    con,
+                    f"SELECT * FROM {name} WHERE table_name = '{table.replace(chr(39), chr(39) * 2)}'",
+                    out / f"{name}.parquet",
+                )
     return out
 
 
@@ -159,12 +185,16 @@ def restore(path: str | Path, store: str | Path) -> str:
     folder = Path(path).expanduser()
     facts = [p for p in folder.glob("*.parquet") if p.stem not in _BOOKKEEPING] if folder.is_dir() else []
     if len(facts) != 1 or not (folder / f"{STEPS_TABLE}.parquet").exists():
-        raise InvalidInputError(f"{str(folder)!r} is not a folder written by llmledger.export (it needs one "
-                                f"<table>.parquet and {STEPS_TABLE}.parquet)")
+        raise InvalidInputError(
+            f"{str(folder)!r} is not a folder written by llmledger.export (it needs one "
+            f"<table>.parquet and {STEPS_TABLE}.parquet)"
+        )
     table = facts[0].stem
     if is_url(store):
-        raise InvalidInputError("restore writes into a DuckDB file; to bring an export into PostgreSQL, restore it "
-                                "into a new .duckdb file, then: llmledger copy FILE postgresql://...")
+        raise InvalidInputError(
+            "restore writes into a DuckDB file; to bring an export into PostgreSQL, restore it "
+            "into a new .duckdb file, then: llmledger copy FILE postgresql://..."
+        )
     target = Path(store).expanduser()
     check_store_path(target)
     made = make_folders(target)
@@ -174,8 +204,7 @@ def restore(path: str | Path, store: str | Path) -> str:
     def work(con: Any) -> None:
         migrate(con, utcnow())
         if table_exists(con, table):
-            raise InvalidInputError(f"store {str(target)!r} already has a table {table!r}; restore into another "
-                                    "store")
+            raise InvalidInputError(f"store {str(target)!r} already has a table {table!r}; restore into another store")
         con.execute(f"CREATE TABLE {q(table)} AS SELECT * FROM read_parquet({sql_literal(str(facts[0]))})")
         for name in _BOOKKEEPING:
             part = folder / f"{name}.parquet"
@@ -186,8 +215,9 @@ def restore(path: str | Path, store: str | Path) -> str:
             ensure_step_columns(con, table, step, types.get(step, STEP_COLUMNS[0].sql_type))
             for column in STEP_COLUMNS:  # Parquet keeps no column defaults; new rows need them
                 if column.default is not None:
-                    con.execute(f"ALTER TABLE {q(table)} ALTER COLUMN {q(step + column.suffix)} "
-                                f"SET DEFAULT {column.default}")
+                    con.execute(
+                        f"ALTER TABLE {q(table)} ALTER COLUMN {q(step + column.suffix)} SET DEFAULT {column.default}"
+                    )
 
     try:
         ledger.conn.transaction(work, wait=60.0)

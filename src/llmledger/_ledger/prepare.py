@@ -35,8 +35,18 @@ INCOMING = "llmledger_incoming"
 # but llmledger_... (refused up front), so a column `p` can never stand in for a row's prompt.
 P, FP, UP, LEGACY = "llmledger_p", "llmledger_fp", "llmledger_up", "llmledger_legacy"
 RENDERED = "llmledger_prompt"  # a chunk of prompts rendered in Python (PromptPlan.render_chunks)
-_NUMERIC = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
-            "UHUGEINT"}
+_NUMERIC = {
+    "TINYINT",
+    "SMALLINT",
+    "INTEGER",
+    "BIGINT",
+    "HUGEINT",
+    "UTINYINT",
+    "USMALLINT",
+    "UINTEGER",
+    "UBIGINT",
+    "UHUGEINT",
+}
 _SINGLE = {"FLOAT", "REAL"}  # DuckDB's two names for a 4-byte float (PostgreSQL's REAL)
 
 
@@ -44,8 +54,11 @@ def _fits(stored: str, incoming: str) -> bool:
     """Whether a frame column of type `incoming` can be stored in (and compared with) a column of type `stored`:
     the same type, any two integers, or a 4-byte float in a double (as 0.6.0 created Float32 columns added to a
     PostgreSQL table)."""
-    return stored == incoming or (stored in _NUMERIC and incoming in _NUMERIC) or \
-        (incoming in _SINGLE and stored in (*_SINGLE, "DOUBLE"))
+    return (
+        stored == incoming
+        or (stored in _NUMERIC and incoming in _NUMERIC)
+        or (incoming in _SINGLE and stored in (*_SINGLE, "DOUBLE"))
+    )
 
 
 def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame) -> None:
@@ -57,18 +70,24 @@ def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Da
     existing = column_types(con, layout.table)
     for k in layout.key:
         if k not in existing:
-            raise KeyColumnError(f"table {layout.table!r} has no column {k!r}, so it cannot be keyed by it; "
-                                 f"its columns are {list(existing)}. Pass the key it was built with, or a "
-                                 "new table=.")
+            raise KeyColumnError(
+                f"table {layout.table!r} has no column {k!r}, so it cannot be keyed by it; "
+                f"its columns are {list(existing)}. Pass the key it was built with, or a "
+                "new table=."
+            )
         if not _fits(existing[k], incoming[k]):
-            raise KeyColumnError(f"key column {k!r} is {existing[k]} in table {layout.table!r} but "
-                                 f"{incoming[k]} in the frame; cast it (e.g. pl.col({k!r}).cast(...)).")
+            raise KeyColumnError(
+                f"key column {k!r} is {existing[k]} in table {layout.table!r} but "
+                f"{incoming[k]} in the frame; cast it (e.g. pl.col({k!r}).cast(...))."
+            )
     for c in layout.mirror:
         if c not in existing:
             con.execute(f"ALTER TABLE {q(layout.table)} ADD COLUMN {q(c)} {incoming[c]}")
         elif not _fits(existing[c], incoming[c]):
-            raise InvalidInputError(f"column {c!r} is {existing[c]} in table {layout.table!r} but {incoming[c]} in "
-                                    f"the frame; cast it (e.g. pl.col({c!r}).cast(...)) or rename it.")
+            raise InvalidInputError(
+                f"column {c!r} is {existing[c]} in table {layout.table!r} but {incoming[c]} in "
+                f"the frame; cast it (e.g. pl.col({c!r}).cast(...)) or rename it."
+            )
 
 
 def create_fact_table(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, str], key: list[str]) -> None:
@@ -95,20 +114,26 @@ def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type:
         return
     archive(con, layout, now=now, reason="'output type changed'", condition="true", output_type=current)
     col = q(layout.step)
-    using = output_as_text(col, current) if wanted == "VARCHAR" else output_from_text(output_as_text(col, current),
-                                                                                     wanted)
+    using = (
+        output_as_text(col, current) if wanted == "VARCHAR" else output_from_text(output_as_text(col, current), wanted)
+    )
     c = names(layout.step)
-    lost = con.sql(f"SELECT {', '.join(q(k) for k in layout.key)} FROM {q(layout.table)} "
-                   f"WHERE {col} IS NOT NULL AND ({using}) IS NULL").pl()
+    lost = con.sql(
+        f"SELECT {', '.join(q(k) for k in layout.key)} FROM {q(layout.table)} "
+        f"WHERE {col} IS NOT NULL AND ({using}) IS NULL"
+    ).pl()
     con.execute(f"ALTER TABLE {q(layout.table)} ALTER COLUMN {col} SET DATA TYPE {wanted} USING {using}")
     if lost.height:  # answers that do not fit the new type: kept in the history, and the rows report stale
         with registered(con, INCOMING, lost):
-            con.execute(f"UPDATE {q(layout.table)} AS t SET {c['_fingerprint']} = NULL FROM {INCOMING} AS i "
-                        f"WHERE {layout.key_join('t', 'i')}")
+            con.execute(
+                f"UPDATE {q(layout.table)} AS t SET {c['_fingerprint']} = NULL FROM {INCOMING} AS i "
+                f"WHERE {layout.key_join('t', 'i')}"
+            )
 
 
-def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
-                rows: pl.DataFrame, *, in_sql: bool) -> None:
+def insert_rows(
+    con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition, rows: pl.DataFrame, *, in_sql: bool
+) -> None:
     """Insert new keys as NOT_STARTED; with a SQL template, their requests are rendered in the same statement."""
     cols = [*layout.key, *layout.mirror]
     col_list = ", ".join(q(c) for c in cols)
@@ -120,7 +145,9 @@ def insert_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
                 f"INSERT INTO {q(layout.table)} ({col_list}, {c['_prompt']}, {c['_request_fingerprint']}, "
                 f"{c['_version']}) SELECT {col_list}, {P}, {definition.request.fingerprint_sql(P, dialect(con))}, "
                 f"$version "
-                f"FROM (SELECT {col_list}, {prompt} AS {P} FROM {INCOMING}) AS r", {"version": definition.version})
+                f"FROM (SELECT {col_list}, {prompt} AS {P} FROM {INCOMING}) AS r",
+                {"version": definition.version},
+            )
         else:
             con.execute(f"INSERT INTO {q(layout.table)} ({col_list}) SELECT {col_list} FROM {INCOMING}")
 
@@ -132,12 +159,21 @@ def refresh_rows(con: duckdb.DuckDBPyConnection, layout: Layout, rows: pl.DataFr
     existing = column_types(con, layout.table)
     sets += [f"{q(s + '_version')} = NULL" for s in sorted(steps) if s + "_version" in existing]
     with registered(con, INCOMING, rows.select([*layout.key, *layout.mirror])):
-        con.execute(f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM {INCOMING} AS i "
-                    f"WHERE {layout.key_join('t', 'i')}")
+        con.execute(
+            f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM {INCOMING} AS i "
+            f"WHERE {layout.key_join('t', 'i')}"
+        )
 
 
-def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition, frame: pl.DataFrame,
-                *, in_sql: bool, legacy_signature: str | None) -> None:
+def render_rows(
+    con: duckdb.DuckDBPyConnection,
+    layout: Layout,
+    definition: StepDefinition,
+    frame: pl.DataFrame,
+    *,
+    in_sql: bool,
+    legacy_signature: str | None,
+) -> None:
     """Write the current request of the frame's rows `frame` (key and inputs) into the ledger.
 
     `legacy_signature`: when the store came from llmledger 0.1.0, DONE rows whose old fingerprint
@@ -150,22 +186,39 @@ def render_rows(con: duckdb.DuckDBPyConnection, layout: Layout, definition: Step
         keys = frame.select(layout.key)
         with registered(con, INCOMING, keys):
             prompt = definition.prompt.sql("s")
-            _update(con, layout, definition, legacy_signature,
-                    f"(SELECT {', '.join('s.' + q(k) for k in layout.key)}, {prompt} AS {P} "
-                    f"FROM {q(layout.table)} AS s WHERE EXISTS (SELECT 1 FROM {INCOMING} AS k "
-                    f"WHERE {layout.key_join('s', 'k')}))",
-                    "true", version)
+            _update(
+                con,
+                layout,
+                definition,
+                legacy_signature,
+                f"(SELECT {', '.join('s.' + q(k) for k in layout.key)}, {prompt} AS {P} "
+                f"FROM {q(layout.table)} AS s WHERE EXISTS (SELECT 1 FROM {INCOMING} AS k "
+                f"WHERE {layout.key_join('s', 'k')}))",
+                "true",
+                version,
+            )
         return
     for chunk in definition.prompt.render_chunks(frame, layout.key):
         with registered(con, INCOMING, chunk):
-            _update(con, layout, definition, legacy_signature,
-                    f"(SELECT {', '.join(q(k) for k in layout.key)}, {RENDERED} AS {P} FROM {INCOMING})",
-                    f"{c['_version']} IS DISTINCT FROM $version OR {c['_request_fingerprint']} IS DISTINCT FROM r.{FP}",
-                    version)
+            _update(
+                con,
+                layout,
+                definition,
+                legacy_signature,
+                f"(SELECT {', '.join(q(k) for k in layout.key)}, {RENDERED} AS {P} FROM {INCOMING})",
+                f"{c['_version']} IS DISTINCT FROM $version OR {c['_request_fingerprint']} IS DISTINCT FROM r.{FP}",
+                version,
+            )
 
 
-def render_dependent(con: duckdb.DuckDBPyConnection, layout: Layout, plan: PromptPlan, version: str,
-                     request: RequestSpec, graph: StepGraph) -> int:
+def render_dependent(
+    con: duckdb.DuckDBPyConnection,
+    layout: Layout,
+    plan: PromptPlan,
+    version: str,
+    request: RequestSpec,
+    graph: StepGraph,
+) -> int:
     """Render, in SQL over the stored answers, the requests of a step that reads other steps.
 
     Every row of the table is rendered; only rows whose request or upstream digest changed are
@@ -173,32 +226,47 @@ def render_dependent(con: duckdb.DuckDBPyConnection, layout: Layout, plan: Promp
     """
     c = names(layout.step)
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
-    source = (f"SELECT {keys}, {plan.sql('t', graph.field_sql)} AS {P}, {graph.digest_sql(layout.step)} AS {UP} "
-              f"FROM {q(layout.table)} AS t")
+    source = (
+        f"SELECT {keys}, {plan.sql('t', graph.field_sql)} AS {P}, {graph.digest_sql(layout.step)} AS {UP} "
+        f"FROM {q(layout.table)} AS t"
+    )
     rows = con.execute(
         f"UPDATE {q(layout.table)} AS t SET {c['_prompt']} = r.{P}, {c['_request_fingerprint']} = r.{FP}, "
         f"{c['_version']} = $version, {c['_upstream_fingerprint']} = r.{UP} "
         f"FROM (SELECT *, {request.fingerprint_sql(P, dialect(con))} AS {FP} FROM ({source}) AS s) AS r "
         f"WHERE {layout.key_join('t', 'r')} AND (t.{c['_version']} IS DISTINCT FROM $version "
         f"OR t.{c['_request_fingerprint']} IS DISTINCT FROM r.{FP} "
-        f"OR t.{c['_upstream_fingerprint']} IS DISTINCT FROM r.{UP}) RETURNING 1", {"version": version}).fetchall()
+        f"OR t.{c['_upstream_fingerprint']} IS DISTINCT FROM r.{UP}) RETURNING 1",
+        {"version": version},
+    ).fetchall()
     return len(rows)
 
 
-def _update(con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
-            legacy_signature: str | None, source: str, condition: str, params: dict[str, str]) -> None:
+def _update(
+    con: duckdb.DuckDBPyConnection,
+    layout: Layout,
+    definition: StepDefinition,
+    legacy_signature: str | None,
+    source: str,
+    condition: str,
+    params: dict[str, str],
+) -> None:
     c = names(layout.step)
     sets = [f"{c['_prompt']} = r.{P}", f"{c['_request_fingerprint']} = r.{FP}", f"{c['_version']} = $version"]
     extra = ""
     if legacy_signature is not None:
-        extra = (f", md5('{LEGACY_FINGERPRINT_PREFIX}' || md5({sql_literal(legacy_signature)} || {P}))::UUID "
-                 f"AS {LEGACY}")
-        sets.append(f"{c['_fingerprint']} = CASE WHEN t.{c['_fingerprint']} = r.{LEGACY} THEN r.{FP} "
-                    f"ELSE t.{c['_fingerprint']} END")
-    con.execute(f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM "
-                f"(SELECT *, {definition.request.fingerprint_sql(P, dialect(con))} AS {FP}{extra} FROM {source} AS s) "
-                "AS r "
-                f"WHERE {layout.key_join('t', 'r')} AND ({condition})", params)
+        extra = f", md5('{LEGACY_FINGERPRINT_PREFIX}' || md5({sql_literal(legacy_signature)} || {P}))::UUID AS {LEGACY}"
+        sets.append(
+            f"{c['_fingerprint']} = CASE WHEN t.{c['_fingerprint']} = r.{LEGACY} THEN r.{FP} "
+            f"ELSE t.{c['_fingerprint']} END"
+        )
+    con.execute(
+        f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM "
+        f"(SELECT *, {definition.request.fingerprint_sql(P, dialect(con))} AS {FP}{extra} FROM {source} AS s) "
+        "AS r "
+        f"WHERE {layout.key_join('t', 'r')} AND ({condition})",
+        params,
+    )
 
 
 def legacy_signature(definition: StepDefinition, migrated_from_legacy: bool) -> str | None:

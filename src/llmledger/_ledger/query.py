@@ -19,8 +19,9 @@ from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
 
-def sql(store: str | Path, query: str, params: Any = None, *, wait: float = 60.0,
-        write: bool = False) -> pl.DataFrame | None:
+def sql(
+    store: str | Path, query: str, params: Any = None, *, wait: float = 60.0, write: bool = False
+) -> pl.DataFrame | None:
     """Run `query` on the store and return the result as a polars frame (None for statements without rows).
 
     Read-only unless `write=True`: a statement that writes is refused (InvalidInputError, nothing changed), since
@@ -60,12 +61,18 @@ def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, b
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("flag needs a reason= saying what is wrong, e.g. reason='company name is wrong'")
     _check_where(where)
-    return open_existing(store).flag(table, step, where=where, reason=reason, by=by or _who(),
-                                              now=utcnow())
+    return open_existing(store).flag(table, step, where=where, reason=reason, by=by or _who(), now=utcnow())
 
 
-def reset(store: str | Path, table: str, step: str, *, where: str, running: bool = False,
-          stale_after: timedelta = timedelta(minutes=30)) -> int:
+def reset(
+    store: str | Path,
+    table: str,
+    step: str,
+    *,
+    where: str,
+    running: bool = False,
+    stale_after: timedelta = timedelta(minutes=30),
+) -> int:
     """Put `step` back to NOT_STARTED on rows matching `where` (not rows being sent); return how many.
 
     Their answers, usage and errors are cleared from the fact table after being copied to the history.
@@ -81,14 +88,17 @@ def reset(store: str | Path, table: str, step: str, *, where: str, running: bool
     if not isinstance(stale_after, timedelta) or stale_after <= timedelta(0):
         raise InvalidInputError(f"stale_after must be a positive timedelta, got {stale_after!r}")
     now = utcnow()
-    return open_existing(store).reset(table, step, where=where, now=now,
-                                      running_stale_after=stale_after if running else None)
+    return open_existing(store).reset(
+        table, step, where=where, now=now, running_stale_after=stale_after if running else None
+    )
 
 
 def _check_where(where: Any) -> None:
     if not isinstance(where, str) or not where.strip():
-        raise InvalidInputError(f"where= must be a SQL predicate over the fact table such as \"id IN (3, 7)\" "
-                                f"(use \"true\" for every row), got {where!r}")
+        raise InvalidInputError(
+            f'where= must be a SQL predicate over the fact table such as "id IN (3, 7)" '
+            f'(use "true" for every row), got {where!r}'
+        )
     check_where_shape(where)
 
 

@@ -30,12 +30,18 @@ def rehearse(con: duckdb.DuckDBPyConnection, selection: Selection) -> Rehearsal:
     layout = selection.layout
     c = names(layout.step, "t")
     with registered(con, _WORK, selection.work):
-        sent = con.execute(f"SELECT {c['_request_fingerprint']}::VARCHAR, {c['_prompt']} FROM {q(layout.table)} AS t "
-                           f"WHERE EXISTS (SELECT 1 FROM {_WORK} AS i WHERE {layout.key_join('t', 'i')})").fetchall()
-    average, answered = one(con, f"SELECT avg({c['_output_tokens']}), count(*) FROM {q(layout.table)} AS t "
-                                 f"WHERE {c['_status']} = 'DONE' AND {c['_output_tokens']} > 0")
-    return Rehearsal(selection, [(fp, prompt) for fp, prompt in sent], int(answered),
-                     None if average is None else float(average))
+        sent = con.execute(
+            f"SELECT {c['_request_fingerprint']}::VARCHAR, {c['_prompt']} FROM {q(layout.table)} AS t "
+            f"WHERE EXISTS (SELECT 1 FROM {_WORK} AS i WHERE {layout.key_join('t', 'i')})"
+        ).fetchall()
+    average, answered = one(
+        con,
+        f"SELECT avg({c['_output_tokens']}), count(*) FROM {q(layout.table)} AS t "
+        f"WHERE {c['_status']} = 'DONE' AND {c['_output_tokens']} > 0",
+    )
+    return Rehearsal(
+        selection, [(fp, prompt) for fp, prompt in sent], int(answered), None if average is None else float(average)
+    )
 
 
 def count_where(frame: pl.DataFrame, where: str) -> int | None:

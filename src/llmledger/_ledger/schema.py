@@ -72,8 +72,14 @@ def _v1_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 def _v2_self_contained(con: duckdb.DuckDBPyConnection) -> None:
     """Step versions with their whole request; each row's rendered request; fingerprints of whole requests."""
-    for name, sql_type in (("version", "VARCHAR"), ("max_tokens", "INTEGER"), ("options", "VARCHAR"),
-                           ("request", "VARCHAR"), ("prompt_kind", "VARCHAR"), ("last_prepared_at", "TIMESTAMP")):
+    for name, sql_type in (
+        ("version", "VARCHAR"),
+        ("max_tokens", "INTEGER"),
+        ("options", "VARCHAR"),
+        ("request", "VARCHAR"),
+        ("prompt_kind", "VARCHAR"),
+        ("last_prepared_at", "TIMESTAMP"),
+    ):
         con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS {name} {sql_type}")
     for name in ("version", "entry"):
         con.execute(f"ALTER TABLE {RUNS_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
@@ -86,9 +92,11 @@ def _v2_self_contained(con: duckdb.DuckDBPyConnection) -> None:
                 con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} {sql_type}")
         fp = step + "_fingerprint"
         if existing.get(fp) == "VARCHAR":  # 0.1.0's md5(model␟system␟max_tokens␟prompt), kept recognisable
-            con.execute(f"ALTER TABLE {q(table)} ALTER COLUMN {q(fp)} TYPE UUID USING "
-                        f"CASE WHEN {q(fp)} IS NULL THEN NULL "
-                        f"ELSE md5('{LEGACY_FINGERPRINT_PREFIX}' || {q(fp)})::UUID END")
+            con.execute(
+                f"ALTER TABLE {q(table)} ALTER COLUMN {q(fp)} TYPE UUID USING "
+                f"CASE WHEN {q(fp)} IS NULL THEN NULL "
+                f"ELSE md5('{LEGACY_FINGERPRINT_PREFIX}' || {q(fp)})::UUID END"
+            )
 
 
 def _v3_pipelines(con: duckdb.DuckDBPyConnection) -> None:
@@ -97,8 +105,17 @@ def _v3_pipelines(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS upstream VARCHAR[]")
     for name in ("reason", "status", "raw"):
         con.execute(f"ALTER TABLE {HISTORY_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
-    _add_step_columns(con, {"_raw": "VARCHAR", "_claimed_from": "VARCHAR", "_flag": "VARCHAR",
-                            "_flagged_at": "TIMESTAMP", "_flagged_by": "VARCHAR", "_upstream_fingerprint": "UUID"})
+    _add_step_columns(
+        con,
+        {
+            "_raw": "VARCHAR",
+            "_claimed_from": "VARCHAR",
+            "_flag": "VARCHAR",
+            "_flagged_at": "TIMESTAMP",
+            "_flagged_by": "VARCHAR",
+            "_upstream_fingerprint": "UUID",
+        },
+    )
 
 
 def _v4_cache(con: duckdb.DuckDBPyConnection) -> None:
@@ -133,8 +150,10 @@ def _v6_sources(con: duckdb.DuckDBPyConnection) -> None:
 
 def _v7_budget_reservations(con: duckdb.DuckDBPyConnection) -> None:
     """A step's budget shared by its concurrent runs: what each live run has reserved (budget.py)."""
-    con.execute("CREATE TABLE IF NOT EXISTS llmledger_budget_reservations (table_name VARCHAR, step VARCHAR, "
-                "claimant VARCHAR, reserved_usd DOUBLE, reserved_at TIMESTAMP)")
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS llmledger_budget_reservations (table_name VARCHAR, step VARCHAR, "
+        "claimant VARCHAR, reserved_usd DOUBLE, reserved_at TIMESTAMP)"
+    )
 
 
 def _v8_leases(con: duckdb.DuckDBPyConnection) -> None:
@@ -160,12 +179,12 @@ def _v10_request_shapes(con: duckdb.DuckDBPyConnection) -> None:
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
-    Migration(3, "pipelines: structured outputs, upstream steps, flags, claims that remember, history reasons",
-              _v3_pipelines),
+    Migration(
+        3, "pipelines: structured outputs, upstream steps, flags, claims that remember, history reasons", _v3_pipelines
+    ),
     Migration(4, "prompt caching: cache write and read tokens per row", _v4_cache),
     Migration(5, "Message Batches: batch intents and ids, per-row batch and custom ids, run modes", _v5_batches),
-    Migration(6, "answer sources: the simulator or the API endpoint per answer, kept in the history too",
-              _v6_sources),
+    Migration(6, "answer sources: the simulator or the API endpoint per answer, kept in the history too", _v6_sources),
     Migration(7, "budget reservations: a step's budget shared by its concurrent runs", _v7_budget_reservations),
     Migration(8, "leases: each claim's own end, in the database's clock", _v8_leases),
     Migration(9, "batch sources: where each Message Batch was sent", _v9_batch_sources),
@@ -190,24 +209,30 @@ def migrate(con: duckdb.DuckDBPyConnection, now: datetime) -> int:
     """Bring the store to the latest schema; return how many migrations ran. Runs inside the caller's transaction."""
     current = schema_version(con)
     if current > LATEST:
-        raise StoreError(f"this store was written by a newer llmledger (schema {current}; this llmledger knows "
-                         f"up to {LATEST}). Upgrade llmledger (pip install -U llmledger) to use it.")
+        raise StoreError(
+            f"this store was written by a newer llmledger (schema {current}; this llmledger knows "
+            f"up to {LATEST}). Upgrade llmledger (pip install -U llmledger) to use it."
+        )
     if current == LATEST:
         return 0
     from llmledger._version import __version__
 
     if current == 0 and dialect(con) == "postgres":
         con.execute(_PG_JSONB_FUNCTION)
-    con.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version INTEGER, name VARCHAR, "
-                "applied_at TIMESTAMP, llmledger VARCHAR)")
+    con.execute(
+        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version INTEGER, name VARCHAR, "
+        "applied_at TIMESTAMP, llmledger VARCHAR)"
+    )
     if current == 1 and not one(con, f"SELECT count(*) FROM {MIGRATIONS_TABLE}")[0]:
         con.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (1, ?, ?, '0.1.0')", [MIGRATIONS[0].name, now])
     ran = 0
     for migration in MIGRATIONS:
         if migration.version > current:
             migration.apply(con)
-            con.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES (?, ?, ?, ?)",
-                        [migration.version, migration.name, now, __version__])
+            con.execute(
+                f"INSERT INTO {MIGRATIONS_TABLE} VALUES (?, ?, ?, ?)",
+                [migration.version, migration.name, now, __version__],
+            )
             ran += 1
     return ran
 
@@ -222,6 +247,7 @@ def migrate_for_readers(conn: Any) -> None:
 
 
 # -- steps ---------------------------------------------------------------------------------------------
+
 
 def list_steps(con: duckdb.DuckDBPyConnection, table: str | None = None) -> list[tuple[str, str, list[str]]]:
     """(table, step, key) for every step the store knows, in the order they were first run."""
@@ -246,8 +272,7 @@ def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[
     return owned
 
 
-def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str,
-                        output_type: str = "VARCHAR") -> None:
+def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str, output_type: str = "VARCHAR") -> None:
     """Give the table the step's columns. On PostgreSQL the status and the request fingerprint get an index:
     claims look rows up by the one, and take identical requests together by the other (`claim_twins`)."""
     existing = column_types(con, table)
@@ -256,8 +281,9 @@ def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str,
             con.execute(add_column_ddl(table, step, column, output_type))
     if dialect(con) == "postgres":
         for suffix in ("_status", "_request_fingerprint"):
-            con.execute(f"CREATE INDEX IF NOT EXISTS {q(index_name(table, step + suffix))} ON {q(table)} "
-                        f"({q(step + suffix)})")
+            con.execute(
+                f"CREATE INDEX IF NOT EXISTS {q(index_name(table, step + suffix))} ON {q(table)} ({q(step + suffix)})"
+            )
 
 
 def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:
@@ -268,28 +294,69 @@ def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:
     return str(one(con, f"SELECT typeof(CAST(NULL AS {sql_type}))")[0])
 
 
-def record_step(con: duckdb.DuckDBPyConnection, *, table: str, step: str, key: list[str], version: str,
-                model: str, system: str | None, max_tokens: int, options: str, request: str, prompt: str,
-                prompt_kind: str, upstream: list[str], now: datetime, skip_nulls: list[str] | None = None) -> None:
+def record_step(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    table: str,
+    step: str,
+    key: list[str],
+    version: str,
+    model: str,
+    system: str | None,
+    max_tokens: int,
+    options: str,
+    request: str,
+    prompt: str,
+    prompt_kind: str,
+    upstream: list[str],
+    now: datetime,
+    skip_nulls: list[str] | None = None,
+) -> None:
     """Record this definition of the step (one row per version) and mark it the step's current one, with the
     columns whose nulls this call leaves unsent (`skip_nulls`)."""
-    known = one(con, f"SELECT count(*) FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? AND version = ?",
-                [table, step, version])[0]
+    known = one(
+        con,
+        f"SELECT count(*) FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? AND version = ?",
+        [table, step, version],
+    )[0]
     if known:
-        con.execute(f"UPDATE {STEPS_TABLE} SET last_prepared_at = ?, skip_nulls = ? WHERE table_name = ? "
-                    "AND step = ? AND version = ?", [now, skip_nulls, table, step, version])
+        con.execute(
+            f"UPDATE {STEPS_TABLE} SET last_prepared_at = ?, skip_nulls = ? WHERE table_name = ? "
+            "AND step = ? AND version = ?",
+            [now, skip_nulls, table, step, version],
+        )
     else:
-        con.execute(f"INSERT INTO {STEPS_TABLE} (table_name, step, key, created_at, model, prompt, system, version, "
-                    "max_tokens, options, request, prompt_kind, last_prepared_at, upstream, skip_nulls) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [table, step, key, now, model, prompt, system, version, max_tokens, options, request,
-                     prompt_kind, now, upstream, skip_nulls])
+        con.execute(
+            f"INSERT INTO {STEPS_TABLE} (table_name, step, key, created_at, model, prompt, system, version, "
+            "max_tokens, options, request, prompt_kind, last_prepared_at, upstream, skip_nulls) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                table,
+                step,
+                key,
+                now,
+                model,
+                prompt,
+                system,
+                version,
+                max_tokens,
+                options,
+                request,
+                prompt_kind,
+                now,
+                upstream,
+                skip_nulls,
+            ],
+        )
 
 
 def skipped_nulls(con: duckdb.DuckDBPyConnection, table: str, step: str) -> list[str]:
     """The columns whose nulls the step's last apply_llm left unsent (skip_nulls=True)."""
-    rows = con.execute(f"SELECT skip_nulls FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
-                       "AND version IS NOT NULL ORDER BY last_prepared_at DESC LIMIT 1", [table, step]).fetchall()
+    rows = con.execute(
+        f"SELECT skip_nulls FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
+        "AND version IS NOT NULL ORDER BY last_prepared_at DESC LIMIT 1",
+        [table, step],
+    ).fetchall()
     return list(rows[0][0] or []) if rows else []
 
 
@@ -297,8 +364,11 @@ def current_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> tu
     """(version, request JSON, key) of the definition apply_llm last prepared for this step."""
     if not table_exists(con, STEPS_TABLE):
         return None
-    rows = con.execute(f"SELECT version, request, key FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
-                       "AND version IS NOT NULL ORDER BY last_prepared_at DESC LIMIT 1", [table, step]).fetchall()
+    rows = con.execute(
+        f"SELECT version, request, key FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
+        "AND version IS NOT NULL ORDER BY last_prepared_at DESC LIMIT 1",
+        [table, step],
+    ).fetchall()
     return (rows[0][0], rows[0][1], list(rows[0][2])) if rows else None
 
 
@@ -309,5 +379,9 @@ def current_output_spec(con: duckdb.DuckDBPyConnection, table: str, step: str) -
 
 
 def requests_by_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> dict[str, str]:
-    return dict(con.execute(f"SELECT version, request FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
-                            "AND version IS NOT NULL", [table, step]).fetchall())
+    return dict(
+        con.execute(
+            f"SELECT version, request FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? AND version IS NOT NULL",
+            [table, step],
+        ).fetchall()
+    )

@@ -83,9 +83,12 @@ STATUSES = tuple(s.value for s in Status)
 # upstream steps are not fresh count as "waiting" (`status_counts`).
 COUNTED = (*STATUSES, "stale", "waiting")
 # The statuses a row may have to be eligible under each redo mode (what `eligible_sql` checks in full).
-CLAIMABLE = {Redo.NONE.value: ("NOT_STARTED", "FAILED"), Redo.STALE.value: ("NOT_STARTED", "FAILED", "DONE"),
-             Redo.ALL.value: ("NOT_STARTED", "FAILED", "DONE", "NEEDS_REVIEW"),
-             Redo.FLAGGED.value: ("NOT_STARTED", "FAILED", "DONE", "NEEDS_REVIEW")}
+CLAIMABLE = {
+    Redo.NONE.value: ("NOT_STARTED", "FAILED"),
+    Redo.STALE.value: ("NOT_STARTED", "FAILED", "DONE"),
+    Redo.ALL.value: ("NOT_STARTED", "FAILED", "DONE", "NEEDS_REVIEW"),
+    Redo.FLAGGED.value: ("NOT_STARTED", "FAILED", "DONE", "NEEDS_REVIEW"),
+}
 STATUS_ENUM_SQL = "ENUM(" + ", ".join(f"'{s}'" for s in STATUSES) + ")"
 
 
@@ -105,9 +108,11 @@ def prior_status_sql(col: dict[str, str]) -> str:
     Claims record it in `_claimed_from`; for claims taken before that column existed (schema 3) it is read
     back from the row's other columns (a claim touches only the status and claim columns).
     """
-    return (f"coalesce({col['_claimed_from']}, CASE WHEN {col['_error']} IS NOT NULL THEN (CASE WHEN "
-            f"{col['_attempts']} >= $max_attempts THEN 'NEEDS_REVIEW' ELSE 'FAILED' END) "
-            f"WHEN {col['_finished_at']} IS NOT NULL THEN 'DONE' ELSE 'NOT_STARTED' END)")
+    return (
+        f"coalesce({col['_claimed_from']}, CASE WHEN {col['_error']} IS NOT NULL THEN (CASE WHEN "
+        f"{col['_attempts']} >= $max_attempts THEN 'NEEDS_REVIEW' ELSE 'FAILED' END) "
+        f"WHEN {col['_finished_at']} IS NOT NULL THEN 'DONE' ELSE 'NOT_STARTED' END)"
+    )
 
 
 def eligible_sql(col: dict[str, str], stale: str | None = None) -> str:
@@ -117,15 +122,19 @@ def eligible_sql(col: dict[str, str], stale: str | None = None) -> str:
     the staleness rule of a step fed by other steps (graph.py); the plain one otherwise.
     """
     s, a, f = col["_status"], col["_attempts"], col["_finished_at"]
-    return (f"({s} = 'NOT_STARTED' OR ({s} = 'FAILED' AND {a} < $max_attempts) "
-            f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)) "
-            f"OR ($redo = 'flagged' AND {col['_flag']} IS NOT NULL AND {s} NOT IN ('RUNNING', 'SUBMITTED') "
-            f"AND ({f} IS NULL OR {f} < $run_started)) "
-            f"OR ($redo = 'stale' AND {stale or stale_sql(col)}))")
+    return (
+        f"({s} = 'NOT_STARTED' OR ({s} = 'FAILED' AND {a} < $max_attempts) "
+        f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)) "
+        f"OR ($redo = 'flagged' AND {col['_flag']} IS NOT NULL AND {s} NOT IN ('RUNNING', 'SUBMITTED') "
+        f"AND ({f} IS NULL OR {f} < $run_started)) "
+        f"OR ($redo = 'stale' AND {stale or stale_sql(col)}))"
+    )
 
 
 def stale_sql(col: dict[str, str]) -> str:
     """SQL: the row is DONE, but its answer was made for another request than the current one, or its inputs
     changed since (its request is to be rendered again: `_version` cleared)."""
-    return (f"({col['_status']} = 'DONE' AND ({col['_fingerprint']} IS DISTINCT FROM {col['_request_fingerprint']}"
-            f" OR {col['_version']} IS NULL))")
+    return (
+        f"({col['_status']} = 'DONE' AND ({col['_fingerprint']} IS DISTINCT FROM {col['_request_fingerprint']}"
+        f" OR {col['_version']} IS NULL))"
+    )

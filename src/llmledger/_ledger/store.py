@@ -91,8 +91,11 @@ _READS = {"SELECT", "EXPLAIN", "PRAGMA"}  # statement types llmledger.sql runs w
 def _reads(statement: Any) -> bool:
     """A DuckDB statement that only reads: EXPLAIN ANALYZE runs the statement it explains, so it is not one."""
     kind = str(statement.type).rsplit(".", 1)[-1]
-    return kind in _READS and not (kind == "EXPLAIN" and re.match(r"\s*explain\s+analy[sz]e\b", statement.query,
-                                                                     re.IGNORECASE))
+    return kind in _READS and not (
+        kind == "EXPLAIN" and re.match(r"\s*explain\s+analy[sz]e\b", statement.query, re.IGNORECASE)
+    )
+
+
 _PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
@@ -115,9 +118,17 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         self.conn.on_wait = value
 
     # -- preparing a run ---------------------------------------------------------------------------------
-    def prepare(self, definition: StepDefinition, frame: pl.DataFrame, params: RunParams, *,
-                dedupe: bool, source: pl.DataFrame | None = None, inputs: bool = False,
-                rehearse: bool = False) -> Any:
+    def prepare(
+        self,
+        definition: StepDefinition,
+        frame: pl.DataFrame,
+        params: RunParams,
+        *,
+        dedupe: bool,
+        source: pl.DataFrame | None = None,
+        inputs: bool = False,
+        rehearse: bool = False,
+    ) -> Any:
         """One transaction: schema, the frame's rows and requests, journals of dead runs, lost claims, the work.
 
         `frame` holds the columns the ledger can store; `source` (the same rows, in the same order) is
@@ -133,9 +144,12 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         def work(con: duckdb.DuckDBPyConnection) -> Selection:
             now = params.run_started
             migrate(con, now)
-            layout = Layout(definition.table, definition.step, definition.key,
-                            frame_columns(frame, definition.key, owned_columns(con, definition.table,
-                                                                               definition.step)))
+            layout = Layout(
+                definition.table,
+                definition.step,
+                definition.key,
+                frame_columns(frame, definition.key, owned_columns(con, definition.table, definition.step)),
+            )
             columns_before = column_types(con, layout.table) if table_exists(con, layout.table) else {}
             establish_table(con, layout, frame)
             key_types = {k: frame.schema[k] for k in layout.key}
@@ -144,12 +158,23 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             request = definition.request
             output = request.output_spec()
             set_output_type(con, layout, "VARCHAR" if output is None else output.sql_type, now)
-            record_step(con, table=layout.table, step=layout.step, key=layout.key, version=definition.version,
-                        model=request.model, system=request.system, max_tokens=request.max_tokens,
-                        options=canonical_json(request.options),
-                        request=request.to_json(), prompt=definition.prompt.text,
-                        prompt_kind=definition.prompt.kind, upstream=list(definition.prompt.upstream), now=now,
-                        skip_nulls=list(definition.skip_nulls) or None)
+            record_step(
+                con,
+                table=layout.table,
+                step=layout.step,
+                key=layout.key,
+                version=definition.version,
+                model=request.model,
+                system=request.system,
+                max_tokens=request.max_tokens,
+                options=canonical_json(request.options),
+                request=request.to_json(),
+                prompt=definition.prompt.text,
+                prompt_kind=definition.prompt.kind,
+                upstream=list(definition.prompt.upstream),
+                now=now,
+                skip_nulls=list(definition.skip_nulls) or None,
+            )
             graph = StepGraph.load(con, layout.table, layout.step)
             layout = fed_layout(layout, graph)
             check_where(con, layout.table, params.where)
@@ -157,17 +182,35 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             unsimulated[0] = set_aside_simulated(con, layout, params.source, now)
             sql_params = params.sql(definition.version)
             altered = column_types(con, layout.table).keys() != columns_before.keys()  # a new table version to hold
-            found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
-                           wrote=altered)
+            found = survey(
+                con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where, wrote=altered
+            )
             if params.guard_inputs and columns_before and bool((found["changed"] & found["exists"]).any()):
                 _refuse_rewriting_answered_inputs(con, layout, frame, list(columns_before))
-            wrote = self._write_frame(con, layout, definition, frame, found,
-                                      frame if source is None else source, graph)
+            wrote = self._write_frame(con, layout, definition, frame, found, frame if source is None else source, graph)
             if wrote:
-                found = survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
-                               compare=False, wrote=True)
-            selection = self._selection(con, layout, definition.version, frame.select(layout.key), found,
-                                        sql_params, key_types, params, dedupe, inputs)
+                found = survey(
+                    con,
+                    layout,
+                    frame,
+                    fields=_PREPARE_FIELDS,
+                    params=sql_params,
+                    where=params.where,
+                    compare=False,
+                    wrote=True,
+                )
+            selection = self._selection(
+                con,
+                layout,
+                definition.version,
+                frame.select(layout.key),
+                found,
+                sql_params,
+                key_types,
+                params,
+                dedupe,
+                inputs,
+            )
             selection.unsimulated = unsimulated[0]
             return rehearsal(con, selection) if rehearse else selection
 
@@ -185,8 +228,16 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             path.unlink(missing_ok=True)
         return selection
 
-    def _write_frame(self, con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition,
-                     frame: pl.DataFrame, found: pl.DataFrame, source: pl.DataFrame, graph: StepGraph) -> bool:
+    def _write_frame(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        layout: Layout,
+        definition: StepDefinition,
+        frame: pl.DataFrame,
+        found: pl.DataFrame,
+        source: pl.DataFrame,
+        graph: StepGraph,
+    ) -> bool:
         """Insert new rows, refresh changed ones, render what is not current. True when anything was written."""
         exists, changed = found["exists"], found["changed"] & found["exists"]
         rendering = definition.prompt.rendering({*layout.key, *layout.mirror})
@@ -199,8 +250,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             refresh_rows(con, layout, frame.filter(changed))
             wrote = True
         if fed:  # rendered from the stored answers of the steps it reads, whose changes the frame cannot show
-            rendered = render_dependent(con, layout, definition.prompt, definition.version, definition.request,
-                                        graph)
+            rendered = render_dependent(con, layout, definition.prompt, definition.version, definition.request, graph)
             return wrote or rendered > 0
         if rendering.incremental:
             need = changed | ~found["current"]
@@ -209,33 +259,56 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         else:
             need = pl.repeat(True, frame.height, eager=True)
         if need.any():
-            render_rows(con, layout, definition, (frame if rendering.in_sql else source).filter(need),
-                        in_sql=rendering.in_sql,
-                        legacy_signature=legacy_signature(definition, from_legacy(con)))
+            render_rows(
+                con,
+                layout,
+                definition,
+                (frame if rendering.in_sql else source).filter(need),
+                in_sql=rendering.in_sql,
+                legacy_signature=legacy_signature(definition, from_legacy(con)),
+            )
             wrote = True
         return wrote
 
-    def _selection(self, con: duckdb.DuckDBPyConnection, layout: Layout, version: str, keys: pl.DataFrame,
-                   found: pl.DataFrame, sql_params: dict[str, Any], key_types: dict[str, pl.DataType],
-                   params: RunParams, dedupe: bool, inputs: bool) -> Selection:
+    def _selection(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        layout: Layout,
+        version: str,
+        keys: pl.DataFrame,
+        found: pl.DataFrame,
+        sql_params: dict[str, Any],
+        key_types: dict[str, pl.DataType],
+        params: RunParams,
+        dedupe: bool,
+        inputs: bool,
+    ) -> Selection:
         status = found["status"]
         work = keys.filter(found["eligible"] & found["in_where"])
         requests = requests_of(con, layout)
         return Selection(
             inputs=input_columns(con, layout) if inputs or _attaching(requests) else [],
-            layout=layout, version=version, requests=requests, work=work, params=sql_params,
+            layout=layout,
+            version=version,
+            requests=requests,
+            work=work,
+            params=sql_params,
             lease=params.lease,
-            key_types=key_types, stale=int(found["stale"].sum()) if params.redo is not Redo.STALE else 0,
+            key_types=key_types,
+            stale=int(found["stale"].sum()) if params.redo is not Redo.STALE else 0,
             running_elsewhere=int((status == Status.RUNNING).sum()),
             needs_review=int((status == Status.NEEDS_REVIEW).sum()),
             waiting=int((found["waiting"] & found["in_where"]).sum()),
             in_batches=int((status == Status.SUBMITTED).sum()),
             done_skipped=int(((status == Status.DONE) & ~(found["eligible"] & found["in_where"])).sum()),
             known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers else {},
-            survey=found.select("status", "output", "stale"), source=params.source, where=params.where, dedupe=dedupe)
+            survey=found.select("status", "output", "stale"),
+            source=params.source,
+            where=params.where,
+            dedupe=dedupe,
+        )
 
-    def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool,
-               inputs: bool = False) -> Selection:
+    def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool, inputs: bool = False) -> Selection:
         """The work of a step that apply_llm prepared, selected from the store alone."""
         self.conn.check(must_exist=True)
         merged: list[Path] = []
@@ -245,19 +318,29 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             found = current_version(con, table, step)
             if found is None or not table_exists(con, table):
                 known = [f"{t}.{s}" for t, s, _ in list_steps(con)]
-                raise InvalidInputError(f"the store has no step {step!r} on table {table!r} that apply_llm "
-                                        f"prepared; it has: {known or 'no steps'}. Run apply_llm once to record "
-                                        "the step and its requests.")
+                raise InvalidInputError(
+                    f"the store has no step {step!r} on table {table!r} that apply_llm "
+                    f"prepared; it has: {known or 'no steps'}. Run apply_llm once to record "
+                    "the step and its requests."
+                )
             version, request, key = found
             skipped = skipped_nulls(con, table, step)  # apply_llm's skip_nulls=True holds here too
-            where = " AND ".join([f"({params.where})"] * bool(params.where) + [f"{q(c)} IS NOT NULL" for c in skipped
-                                                                                if c in column_types(con, table)])
+            where = " AND ".join(
+                [f"({params.where})"] * bool(params.where)
+                + [f"{q(c)} IS NOT NULL" for c in skipped if c in column_types(con, table)]
+            )
             where = where or None
             graph = StepGraph.load(con, table, step)
             layout = fed_layout(Layout(table, step, key, []), graph)
             if graph.upstream.get(step):  # the steps it reads may have moved since apply_llm rendered it
-                render_dependent(con, layout, stored_template(graph.templates[step] or "", graph.upstream[step]),
-                                 version, RequestSpec.from_json(request), graph)
+                render_dependent(
+                    con,
+                    layout,
+                    stored_template(graph.templates[step] or "", graph.upstream[step]),
+                    version,
+                    RequestSpec.from_json(request),
+                    graph,
+                )
             check_where(con, table, where)
             work_sql = params.sql(version)
             key_list = ", ".join(q(k) for k in key)
@@ -267,30 +350,50 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             unsimulated = set_aside_simulated(con, layout, params.source, params.run_started)
             flags = flag_sql(layout, where)
             open_ended = dialect(con) == "postgres"  # claims take rows from the table: no list of keys to hold
-            work = con.sql(f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
-                           f"AND {flags['eligible']} AND {flags['in_where']}{' LIMIT 0' if open_ended else ''}",
-                           params=work_sql).pl()
-            pending, stale, running, review, unprepared, waiting, submitted = one(con, (
-                f"SELECT count(*) FILTER (WHERE {flags['current']} AND {flags['eligible']}), "
-                f"count(*) FILTER (WHERE {flags['current']} AND {flags['stale']}), "
-                f"count(*) FILTER (WHERE {flags['status']} = 'RUNNING'), "
-                f"count(*) FILTER (WHERE {flags['status']} = 'NEEDS_REVIEW'), "
-                f"count(*) FILTER (WHERE NOT {flags['current']} AND {flags['eligible']}), "
-                f"count(*) FILTER (WHERE {flags['waiting']}), "
-                f"count(*) FILTER (WHERE {flags['status']} = 'SUBMITTED') "
-                f"FROM {q(table)} AS t WHERE {flags['in_where']}"), work_sql)
+            work = con.sql(
+                f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
+                f"AND {flags['eligible']} AND {flags['in_where']}{' LIMIT 0' if open_ended else ''}",
+                params=work_sql,
+            ).pl()
+            pending, stale, running, review, unprepared, waiting, submitted = one(
+                con,
+                (
+                    f"SELECT count(*) FILTER (WHERE {flags['current']} AND {flags['eligible']}), "
+                    f"count(*) FILTER (WHERE {flags['current']} AND {flags['stale']}), "
+                    f"count(*) FILTER (WHERE {flags['status']} = 'RUNNING'), "
+                    f"count(*) FILTER (WHERE {flags['status']} = 'NEEDS_REVIEW'), "
+                    f"count(*) FILTER (WHERE NOT {flags['current']} AND {flags['eligible']}), "
+                    f"count(*) FILTER (WHERE {flags['waiting']}), "
+                    f"count(*) FILTER (WHERE {flags['status']} = 'SUBMITTED') "
+                    f"FROM {q(table)} AS t WHERE {flags['in_where']}"
+                ),
+                work_sql,
+            )
             requests = requests_of(con, layout)
             return Selection(
                 inputs=input_columns(con, layout) if inputs or _attaching(requests) else [],
-                layout=layout, version=version, requests=requests, work=work, params=work_sql,
+                layout=layout,
+                version=version,
+                requests=requests,
+                work=work,
+                params=work_sql,
                 lease=params.lease,
-                key_types=key_types, stale=int(stale) if params.redo is not Redo.STALE else 0,
-                running_elsewhere=int(running), needs_review=int(review), unprepared=int(unprepared),
-                waiting=int(waiting), in_batches=int(submitted),
-                known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers
-                else {}, open_ended=open_ended, pending=int(pending), where=where,
-                reuse=open_ended and dedupe and params.redo.reuses_answers, source=params.source,
-                unsimulated=unsimulated, dedupe=dedupe)
+                key_types=key_types,
+                stale=int(stale) if params.redo is not Redo.STALE else 0,
+                running_elsewhere=int(running),
+                needs_review=int(review),
+                unprepared=int(unprepared),
+                waiting=int(waiting),
+                in_batches=int(submitted),
+                known=known_answers(con, layout, work, params.source) if dedupe and params.redo.reuses_answers else {},
+                open_ended=open_ended,
+                pending=int(pending),
+                where=where,
+                reuse=open_ended and dedupe and params.redo.reuses_answers,
+                source=params.source,
+                unsimulated=unsimulated,
+                dedupe=dedupe,
+            )
 
         selection = self.conn.transaction(work, exclusive=True)
         for path in merged:
@@ -328,15 +431,23 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         return claimed
 
     @staticmethod
-    def _twins(con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.DataFrame, *, claimant: str,
-               now: datetime) -> pl.DataFrame:
+    def _twins(
+        con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.DataFrame, *, claimant: str, now: datetime
+    ) -> pl.DataFrame:
         """`claim_twins` when the run shares one call among identical requests (`dedupe`), else nothing."""
         if not selection.dedupe:
             return got.clear()
         return claim_twins(con, selection, got, claimant=claimant, now=now)
 
-    def commit(self, selection: Selection, results: pl.DataFrame, *, now: datetime,
-               wait: float | None = None, settled: tuple[str, float] | None = None) -> None:
+    def commit(
+        self,
+        selection: Selection,
+        results: pl.DataFrame,
+        *,
+        now: datetime,
+        wait: float | None = None,
+        settled: tuple[str, float] | None = None,
+    ) -> None:
         """One chunk of results. `settled` (claimant, dollars): those answers' cost leaves the claimant's budget
         reservation in the same transaction, as it enters the fact table."""
         layout = selection.layout
@@ -354,9 +465,12 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
 
         def work(con: duckdb.DuckDBPyConnection) -> int:
             drop(con, claimant)
-            return give_back(con, layout, f"{layout.col('_claimed_by')} = $claimant "
-                                          f"AND {layout.col('_custom_id')} IS NULL",
-                             {"claimant": claimant, "max_attempts": selection.params["max_attempts"]}).height
+            return give_back(
+                con,
+                layout,
+                f"{layout.col('_claimed_by')} = $claimant AND {layout.col('_custom_id')} IS NULL",
+                {"claimant": claimant, "max_attempts": selection.params["max_attempts"]},
+            ).height
 
         return self.conn.transaction(work, wait=30.0)
 
@@ -366,11 +480,14 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
 
         def work(con: duckdb.DuckDBPyConnection) -> int:
             touch(con, claimant, now)  # and its budget reservation
-            return len(con.execute(
-                f"UPDATE {q(layout.table)} SET {layout.col('_running_started_at')} = {clock(con)}, "
-                f"{layout.col('_lease_until')} = {clock(con)} + $lease WHERE "
-                f"{layout.col('_claimed_by')} = $claimant AND {layout.col('_status')} = 'RUNNING' RETURNING 1",
-                {"now": now, "claimant": claimant, "lease": selection.lease}).fetchall())
+            return len(
+                con.execute(
+                    f"UPDATE {q(layout.table)} SET {layout.col('_running_started_at')} = {clock(con)}, "
+                    f"{layout.col('_lease_until')} = {clock(con)} + $lease WHERE "
+                    f"{layout.col('_claimed_by')} = $claimant AND {layout.col('_status')} = 'RUNNING' RETURNING 1",
+                    {"now": now, "claimant": claimant, "lease": selection.lease},
+                ).fetchall()
+            )
 
         return self.conn.transaction(work, wait=30.0)
 
@@ -382,18 +499,26 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame:
         """`{step}`, `{step}_status` and `{step}_stale` for the frame's keys, in frame order."""
         found = self.conn.transaction(
-            lambda con: survey(con, selection.layout, frame, fields=("status", "output", "stale"), params={},
-                               compare=False), wait=30.0)
+            lambda con: survey(
+                con, selection.layout, frame, fields=("status", "output", "stale"), params={}, compare=False
+            ),
+            wait=30.0,
+        )
         return named_outputs(found, selection.layout.step)
 
     def record_run(self, row: dict[str, Any]) -> None:
         """Write the run's row, replacing the one it wrote when it started (same run_id and step)."""
+
         def work(con: duckdb.DuckDBPyConnection) -> None:
-            con.execute(f"DELETE FROM {RUNS_TABLE} WHERE run_id = ? AND table_name = ? AND step = ?",
-                        [row["run_id"], row["table_name"], row["step"]])
+            con.execute(
+                f"DELETE FROM {RUNS_TABLE} WHERE run_id = ? AND table_name = ? AND step = ?",
+                [row["run_id"], row["table_name"], row["step"]],
+            )
             cols = list(row)
-            con.execute(f"INSERT INTO {RUNS_TABLE} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-                        list(row.values()))
+            con.execute(
+                f"INSERT INTO {RUNS_TABLE} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                list(row.values()),
+            )
 
         self.conn.transaction(work, wait=30.0)
 
@@ -415,8 +540,9 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             if not below:
                 return {}
             counts = status_counts(con, table)
-        return {r["step"]: int(r["stale"] or 0) for r in counts.iter_rows(named=True)
-                if r["step"] in below and r["stale"]}
+        return {
+            r["step"]: int(r["stale"] or 0) for r in counts.iter_rows(named=True) if r["step"] in below and r["stale"]
+        }
 
     def overview(self, table: str | None = None) -> Overview:
         with self.conn.open(wait=60.0, read_only=True) as con:
@@ -424,8 +550,9 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
 
     def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame:
         self.migrated()
-        return self.conn.transaction(lambda con: side_by_side(con, self._layout(con, table, step), key), wait=60.0,
-                                     read_only=True)
+        return self.conn.transaction(
+            lambda con: side_by_side(con, self._layout(con, table, step), key), wait=60.0, read_only=True
+        )
 
     def migrated(self) -> None:
         migrate_for_readers(self.conn)
@@ -433,6 +560,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
     # -- what people do to rows ----------------------------------------------------------------------------
     def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
         """Mark the step's answers of rows matching `where` for redo (`redo="flagged"`), saying why and who."""
+
         def work(con: duckdb.DuckDBPyConnection) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
@@ -441,32 +569,39 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             # Rows given the very same answer to the very same request (twins answered together, or reused) hold
             # the answer the person rejected: they are flagged with it, so no row keeps showing it. (EXISTS, not
             # a row-value IN: DuckDB 1.2 fails on (UUID, VARCHAR) IN (SELECT ...).)
-            return len(con.execute(
-                f"UPDATE {q(layout.table)} AS t SET {c['_flag']} = $reason, {c['_flagged_at']} = $now, "
-                f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) OR ({t['_status']} = 'DONE' AND "
-                f"EXISTS (SELECT 1 FROM {q(layout.table)} AS o WHERE {o['_status']} = 'DONE' "
-                f"AND {o['_fingerprint']} = {t['_fingerprint']} "
-                f"AND {output_as_text(o[''], kind)} = {output_as_text(t[''], kind)} "
-                f"AND coalesce(({where}), false))) RETURNING 1",
-                {"reason": reason, "now": now, "by": by}).fetchall())
+            return len(
+                con.execute(
+                    f"UPDATE {q(layout.table)} AS t SET {c['_flag']} = $reason, {c['_flagged_at']} = $now, "
+                    f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) OR ({t['_status']} = 'DONE' AND "
+                    f"EXISTS (SELECT 1 FROM {q(layout.table)} AS o WHERE {o['_status']} = 'DONE' "
+                    f"AND {o['_fingerprint']} = {t['_fingerprint']} "
+                    f"AND {output_as_text(o[''], kind)} = {output_as_text(t[''], kind)} "
+                    f"AND coalesce(({where}), false))) RETURNING 1",
+                    {"reason": reason, "now": now, "by": by},
+                ).fetchall()
+            )
 
         return self.conn.transaction(work, wait=60.0, exclusive=True)
 
-    def reset(self, table: str, step: str, *, where: str, now: datetime,
-              running_stale_after: timedelta | None = None) -> int:
+    def reset(
+        self, table: str, step: str, *, where: str, now: datetime, running_stale_after: timedelta | None = None
+    ) -> int:
         """Put the step of rows matching `where` back to NOT_STARTED; their answers go to the history first.
 
         Rows in a Message Batch (SUBMITTED) are taken out of it: the batch's answers to them are then not
         merged (the escape for a batch the API has lost). With `running_stale_after`, RUNNING rows whose holder is
         gone (`gone_holders`) are taken too.
         """
+
         def work(con: duckdb.DuckDBPyConnection) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
             gone = gone_holders(con, layout, running_stale_after, now) if running_stale_after is not None else []
-            matching = (f"coalesce(({where}), false) AND ({layout.col('_status')} <> 'RUNNING' "
-                        f"OR ({layout.col('_custom_id')} IS NULL AND {layout.col('_claimed_by')} IN "
-                        f"({', '.join(sql_literal(h) for h in gone) or 'NULL'})))")
+            matching = (
+                f"coalesce(({where}), false) AND ({layout.col('_status')} <> 'RUNNING' "
+                f"OR ({layout.col('_custom_id')} IS NULL AND {layout.col('_claimed_by')} IN "
+                f"({', '.join(sql_literal(h) for h in gone) or 'NULL'})))"
+            )
             return start_over(con, layout, matching, reason="'reset'", now=now)
 
         return self.conn.transaction(work, wait=60.0, exclusive=True)
@@ -476,13 +611,13 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         found = [key for t, s, key in list_steps(con, table) if s == step]
         if not found or not table_exists(con, table):
             known = [f"{t}.{s}" for t, s, _ in list_steps(con)]
-            raise InvalidInputError(f"the store has no step {step!r} on table {table!r}; it has: "
-                                    f"{known or 'no steps'}")
+            raise InvalidInputError(f"the store has no step {step!r} on table {table!r}; it has: {known or 'no steps'}")
         return Layout(table, step, found[0], [])
 
     def query(self, sql: str, params: Any = None, *, wait: float = 60.0, write: bool = False) -> pl.DataFrame | None:
         """Run `sql`, read-only unless `write` (so a store that cannot be written can be queried, and a statement
         that would change the ledger behind its back is refused unless asked for)."""
+
         def run(con: Any) -> pl.DataFrame | None:
             if dialect(con) == "postgres":
                 if not write:
@@ -501,11 +636,13 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                 return run(con)
         except Exception as exc:
             if not write and (writes_refused(exc) or "multiple commands into a prepared statement" in str(exc)):
-                raise InvalidInputError(f"this statement writes (to the store or a file), or is more than one, and "
-                                        f"llmledger.sql only reads one unless told: pass write=True (the CLI: "
-                                        f"--write) to run it ({sql.strip()[:80]!r}). Changing the "
-                                        "ledger's own columns by hand can break its promises: prefer flag(), "
-                                        "reset() and apply_llm(redo=...).") from None
+                raise InvalidInputError(
+                    f"this statement writes (to the store or a file), or is more than one, and "
+                    f"llmledger.sql only reads one unless told: pass write=True (the CLI: "
+                    f"--write) to run it ({sql.strip()[:80]!r}). Changing the "
+                    "ledger's own columns by hand can break its promises: prefer flag(), "
+                    "reset() and apply_llm(redo=...)."
+                ) from None
             raise
 
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]:
@@ -519,8 +656,9 @@ def _attaching(requests: dict[str, RequestSpec]) -> bool:
     return any(r.attach for r in requests.values())
 
 
-def _refuse_rewriting_answered_inputs(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
-                                      before: list[str]) -> None:
+def _refuse_rewriting_answered_inputs(
+    con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, before: list[str]
+) -> None:
     """The default table, given a frame whose values differ from those stored for rows some step has answered:
     most likely another dataset sharing its keys (reviews, then SMS, both `id` 1..n). Say so before writing.
 
@@ -533,11 +671,15 @@ def _refuse_rewriting_answered_inputs(con: duckdb.DuckDBPyConnection, layout: La
     differs = " OR ".join(f"t.{q(c)} IS DISTINCT FROM i.{q(c)}" for c in inputs)
     answered = " OR ".join(f"t.{q(s + '_status')} = 'DONE'" for s in steps)
     with registered(con, "llmledger_incoming_check", frame.select([*layout.key, *inputs])):
-        n = one(con, f"SELECT count(*) FROM {q(layout.table)} AS t JOIN llmledger_incoming_check AS i ON "
-                     f"{layout.key_join('t', 'i')} WHERE ({differs}) AND ({answered})")[0]
+        n = one(
+            con,
+            f"SELECT count(*) FROM {q(layout.table)} AS t JOIN llmledger_incoming_check AS i ON "
+            f"{layout.key_join('t', 'i')} WHERE ({differs}) AND ({answered})",
+        )[0]
     if n:
         raise InvalidInputError(
             f"this frame would change the input columns of {n:,} rows of the default table {layout.table!r} that "
             f"already have answers (they would turn stale): is it another dataset with the same keys? Pass "
             f"table='...' naming a table for it (e.g. table='sms'); or, to update those rows on purpose, pass "
-            f"table={layout.table!r}. Nothing was written.")
+            f"table={layout.table!r}. Nothing was written."
+        )

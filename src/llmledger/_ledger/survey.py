@@ -60,9 +60,10 @@ class Layout:
 
     def key_json(self, alias: str = "t") -> str:
         """SQL: the row's key as compact JSON, `{"id":1}`, the same text on DuckDB and PostgreSQL."""
-        parts = " || ',' || ".join(f"{sql_literal(json.dumps(k, ensure_ascii=False) + ':')} || "
-                                   f"CAST(to_json({alias}.{q(k)}) AS VARCHAR)"
-                                   for k in self.key)
+        parts = " || ',' || ".join(
+            f"{sql_literal(json.dumps(k, ensure_ascii=False) + ':')} || CAST(to_json({alias}.{q(k)}) AS VARCHAR)"
+            for k in self.key
+        )
         return f"('{{' || {parts} || '}}')"
 
 
@@ -96,25 +97,41 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
     except duckdb.Error:  # not even parseable: the query below says why, in the user's terms
         statements = 1
     if statements != 1:
-        raise WhereClauseError(f"where={where!r} is more than one SQL statement; pass one predicate such as "
-                               "\"label = 'spam'\"")
+        raise WhereClauseError(
+            f"where={where!r} is more than one SQL statement; pass one predicate such as \"label = 'spam'\""
+        )
     try:
         con.execute(f"SELECT $one FROM {q(table)} WHERE coalesce(({where}), false) LIMIT 0", {"one": 1}).fetchall()
     except db_errors() as exc:
-        raise WhereClauseError(f"where={where!r} does not work on table {table!r}: "
-                               f"{str(exc).splitlines()[0]}. It is SQL over the fact table's columns: "
-                               f"{columns}") from None
+        raise WhereClauseError(
+            f"where={where!r} does not work on table {table!r}: "
+            f"{str(exc).splitlines()[0]}. It is SQL over the fact table's columns: "
+            f"{columns}"
+        ) from None
     probe = f"SELECT ({where}) AS llmledger_where FROM {q(table)}"  # one expression now (checked above)
-    kind = (con.types(probe)["llmledger_where"] if dialect(con) == "postgres"  # type: ignore[attr-defined]
-            else con.execute(f"DESCRIBE {probe}").fetchall()[0][1])
+    kind = (
+        con.types(probe)["llmledger_where"]
+        if dialect(con) == "postgres"  # type: ignore[attr-defined]
+        else con.execute(f"DESCRIBE {probe}").fetchall()[0][1]
+    )
     if kind not in ("BOOLEAN", '"NULL"'):
-        raise WhereClauseError(f"where={where!r} is not a condition: its value is {kind}, not true or false "
-                               "(e.g. \"label = 'spam'\" rather than \"label\")")
+        raise WhereClauseError(
+            f"where={where!r} is not a condition: its value is {kind}, not true or false "
+            '(e.g. "label = \'spam\'" rather than "label")'
+        )
 
 
-def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, *, fields: Sequence[str],
-           params: dict[str, Any], where: str | None = None, compare: bool = True,
-           wrote: bool = False) -> pl.DataFrame:
+def survey(
+    con: duckdb.DuckDBPyConnection,
+    layout: Layout,
+    frame: pl.DataFrame,
+    *,
+    fields: Sequence[str],
+    params: dict[str, Any],
+    where: str | None = None,
+    compare: bool = True,
+    wrote: bool = False,
+) -> pl.DataFrame:
     """`fields` of `flag_sql`, plus `exists` (and, with `compare`, `changed`), for every frame row in frame order.
 
     Read under a small memory limit, unless the transaction `wrote` rows (see `memory_limited`)."""
@@ -140,8 +157,9 @@ def survey(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, 
     return found
 
 
-def _aligned_rows(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame,
-                  compare: bool) -> tuple[int, list[pl.Series]] | None:
+def _aligned_rows(
+    con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, compare: bool
+) -> tuple[int, list[pl.Series]] | None:
     """(rows the table holds of the frame, `changed` per slice) when the table holds the frame's rows first and in
     the frame's order; None otherwise (always on PostgreSQL, whose tables keep no order).
 
@@ -163,8 +181,11 @@ def _aligned_rows(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Data
                 return None
             if compare:
                 differs = pl.DataFrame([mine[c].ne_missing(chunk[c]).alias(c) for c in layout.mirror])
-                changed.append(differs.select(pl.any_horizontal(pl.all())).to_series() if layout.mirror
-                               else pl.repeat(False, chunk.height, eager=True))
+                changed.append(
+                    differs.select(pl.any_horizontal(pl.all())).to_series()
+                    if layout.mirror
+                    else pl.repeat(False, chunk.height, eager=True)
+                )
         except (pl.exceptions.PolarsError, TypeError):  # types polars will not compare: let SQL decide
             return None
         pos += chunk.height
@@ -180,12 +201,14 @@ def _facts(batch: Any) -> pl.DataFrame:
 
 def _absent(n: int, exprs: dict[str, str], compare: bool = False) -> pl.DataFrame:
     """Survey rows for frame rows the table does not have yet."""
+
     def constant(name: str, value: bool | None, dtype: Any) -> pl.Series:
         return pl.repeat(value, n, dtype=dtype, eager=True).alias(name)
 
     types = {"status": STATUS_TYPE, "output": pl.Null()}  # the output's type is the step's: text or a Struct
-    columns = [constant(name, False, pl.Boolean()) if name in _FLAGS else constant(name, None, types[name])
-               for name in exprs]
+    columns = [
+        constant(name, False, pl.Boolean()) if name in _FLAGS else constant(name, None, types[name]) for name in exprs
+    ]
     columns.append(constant("exists", False, pl.Boolean()))
     if compare:
         columns.append(constant("changed", False, pl.Boolean()))
@@ -201,18 +224,27 @@ def _select_list(exprs: dict[str, str]) -> str:
     return ", ".join(f"{sql} AS {q('__' + name)}" for name, sql in exprs.items())
 
 
-def _joined(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, exprs: dict[str, str],
-            params: dict[str, Any], compare: bool, limit: int) -> pl.DataFrame:
+def _joined(
+    con: duckdb.DuckDBPyConnection,
+    layout: Layout,
+    frame: pl.DataFrame,
+    exprs: dict[str, str],
+    params: dict[str, Any],
+    compare: bool,
+    limit: int,
+) -> pl.DataFrame:
     """The survey by one hash join, for frames whose order is not the table's."""
     mirror = layout.mirror if compare else []
     with registered(con, FRAME, frame.select([*layout.key, *mirror]).with_row_index("__row")):
         changed = " OR ".join(f"t.{q(c)} IS DISTINCT FROM i.{q(c)}" for c in mirror) or "false"
         inner = ", ".join(q(c) for c in [*layout.key, *mirror])
         outs = ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
-        query = (f"SELECT i.__row, {outs}, t.__exists IS NOT NULL AS {q('exists')}"
-                 + (f", coalesce(({changed}), false) AS changed" if compare else "")
-                 + f" FROM {FRAME} AS i LEFT JOIN (SELECT {inner}, true AS __exists, {_select_list(exprs)} "
-                 f"FROM {q(layout.table)} AS t) AS t ON {layout.key_join('t', 'i')}")
+        query = (
+            f"SELECT i.__row, {outs}, t.__exists IS NOT NULL AS {q('exists')}"
+            + (f", coalesce(({changed}), false) AS changed" if compare else "")
+            + f" FROM {FRAME} AS i LEFT JOIN (SELECT {inner}, true AS __exists, {_select_list(exprs)} "
+            f"FROM {q(layout.table)} AS t) AS t ON {layout.key_join('t', 'i')}"
+        )
         with memory_limited(con, limit):
             relation = con.sql(query, params=_used(params, query))
             batches = [pl.from_arrow(b) for b in arrow_batches(relation, BATCH_ROWS)]
@@ -234,8 +266,9 @@ def _structured(con: Any, layout: Layout, found: pl.DataFrame) -> pl.DataFrame:
     scratch = duckdb.connect()
     try:
         scratch.register("answers", found.select("output").to_arrow())
-        output = scratch.sql(f"SELECT try_cast(try_cast(output AS JSON) AS {spec.sql_type}) AS output "
-                             "FROM answers").pl()["output"]
+        output = scratch.sql(
+            f"SELECT try_cast(try_cast(output AS JSON) AS {spec.sql_type}) AS output FROM answers"
+        ).pl()["output"]
     finally:
         scratch.close()
     return found.with_columns(output)
@@ -247,8 +280,9 @@ def _in_frame_order(found: pl.DataFrame) -> pl.DataFrame:
     n = found.height
     if found["__row"].is_sorted():
         return found.drop("__row")
-    order = pl.zeros(n, dtype=pl.UInt32, eager=True).scatter(found["__row"],
-                                                            pl.int_range(0, n, dtype=pl.UInt32, eager=True))
+    order = pl.zeros(n, dtype=pl.UInt32, eager=True).scatter(
+        found["__row"], pl.int_range(0, n, dtype=pl.UInt32, eager=True)
+    )
     found = found.drop("__row")
     columns = []
     for name in found.columns:

@@ -1,7 +1,6 @@
 """The values the ledger's verbs take and give: a step's definition, a run's parameters, the selection a run
 works through, a known answer, and the `Ledger` protocol those verbs form. No SQL and no connection here."""
 
-
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +35,14 @@ class StepDefinition:
     @cached_property
     def version(self) -> str:
         """Changes whenever the request or the prompt's definition changes."""
-        text = canonical_json({"request": self.request.to_json(), "prompt": self.prompt.text,
-                               "kind": self.prompt.kind, "digest": self.prompt.digest})
+        text = canonical_json(
+            {
+                "request": self.request.to_json(),
+                "prompt": self.prompt.text,
+                "kind": self.prompt.kind,
+                "digest": self.prompt.digest,
+            }
+        )
         return hashlib.md5(text.encode()).hexdigest()[:12]
 
 
@@ -62,8 +67,12 @@ class RunParams:
     guard_inputs: bool = False
 
     def sql(self, version: str) -> dict[str, Any]:
-        return {"max_attempts": self.max_attempts, "redo": self.redo.value, "run_started": self.run_started,
-                "version": version}
+        return {
+            "max_attempts": self.max_attempts,
+            "redo": self.redo.value,
+            "run_started": self.run_started,
+            "version": version,
+        }
 
 
 @dataclass(frozen=True)
@@ -120,14 +129,28 @@ class Ledger(Protocol):
     path: Path
     on_wait: Callable[[str], None] | None
 
-    def prepare(self, definition: StepDefinition, frame: pl.DataFrame, params: RunParams, *,
-                dedupe: bool, source: pl.DataFrame | None = None, inputs: bool = False,
-                rehearse: bool = False) -> Any: ...
-    def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool,
-               inputs: bool = False) -> Selection: ...
+    def prepare(
+        self,
+        definition: StepDefinition,
+        frame: pl.DataFrame,
+        params: RunParams,
+        *,
+        dedupe: bool,
+        source: pl.DataFrame | None = None,
+        inputs: bool = False,
+        rehearse: bool = False,
+    ) -> Any: ...
+    def resume(self, table: str, step: str, params: RunParams, *, dedupe: bool, inputs: bool = False) -> Selection: ...
     def claim(self, selection: Selection, n: int, *, claimant: str, now: datetime) -> list[dict[str, Any]]: ...
-    def commit(self, selection: Selection, results: pl.DataFrame, *, now: datetime,
-               wait: float | None = None, settled: tuple[str, float] | None = None) -> None: ...
+    def commit(
+        self,
+        selection: Selection,
+        results: pl.DataFrame,
+        *,
+        now: datetime,
+        wait: float | None = None,
+        settled: tuple[str, float] | None = None,
+    ) -> None: ...
     def release(self, selection: Selection, *, claimant: str) -> int: ...
     def renew(self, selection: Selection, *, claimant: str, now: datetime) -> int: ...
     def recover(self, table: str, step: str, params: RunParams) -> int: ...
@@ -135,34 +158,77 @@ class Ledger(Protocol):
     def record_run(self, row: dict[str, Any]) -> None: ...
     def spent(self, table: str, step: str) -> float: ...
     def average_paid(self, table: str, step: str) -> float: ...
-    def reserve_budget(self, table: str, step: str, *, claimant: str, need_usd: float, want_usd: float,
-                       budget_usd: float, now: datetime, stale_after: timedelta) -> BudgetLook: ...
-    def begin_batch(self, layout: Layout, assigned: pl.DataFrame, *, intent: str, claimant: str, requests: int,
-                    size: int, model: str, version: str, validated: bool, now: datetime,
-                    source: str | None = None) -> None: ...
-    def confirm_batch(self, table: str, step: str, *, intent: str, batch_id: str, now: datetime,
-                      adopted: bool = False) -> int | None: ...
+    def reserve_budget(
+        self,
+        table: str,
+        step: str,
+        *,
+        claimant: str,
+        need_usd: float,
+        want_usd: float,
+        budget_usd: float,
+        now: datetime,
+        stale_after: timedelta,
+    ) -> BudgetLook: ...
+    def begin_batch(
+        self,
+        layout: Layout,
+        assigned: pl.DataFrame,
+        *,
+        intent: str,
+        claimant: str,
+        requests: int,
+        size: int,
+        model: str,
+        version: str,
+        validated: bool,
+        now: datetime,
+        source: str | None = None,
+    ) -> None: ...
+    def confirm_batch(
+        self, table: str, step: str, *, intent: str, batch_id: str, now: datetime, adopted: bool = False
+    ) -> int | None: ...
     def reject_batch(self, batch: BatchRecord, *, note: str) -> int: ...
-    def attach_to_batch(self, layout: Layout, assigned: pl.DataFrame, *, batch_id: str, claimant: str,
-                        validated: bool, source: str | None = None) -> int: ...
+    def attach_to_batch(
+        self,
+        layout: Layout,
+        assigned: pl.DataFrame,
+        *,
+        batch_id: str,
+        claimant: str,
+        validated: bool,
+        source: str | None = None,
+    ) -> int: ...
     def requests_in_batches(self, table: str, step: str) -> dict[str, str]: ...
-    def abandon_batch(self, table: str, step: str, *, intent: str, note: str, now: datetime,
-                      confirmed: bool = False) -> pl.DataFrame: ...
+    def abandon_batch(
+        self, table: str, step: str, *, intent: str, note: str, now: datetime, confirmed: bool = False
+    ) -> pl.DataFrame: ...
     def open_batches(self, table: str, step: str) -> list[BatchRecord]: ...
     def unsettled_batches(self) -> list[BatchRecord]: ...
     def known_batch_ids(self) -> set[str]: ...
     def batch_rows(self, batch: BatchRecord, *, inputs: bool = False) -> BatchRows: ...
-    def merge_batch(self, batch: BatchRecord, layout: Layout, results: pl.DataFrame, *, counts: dict[str, int],
-                    processing_status: str, ended_at: datetime | None, now: datetime, expected_rows: int,
-                    unused: tuple[int, float] = (0, 0.0)) -> pl.DataFrame | None: ...
+    def merge_batch(
+        self,
+        batch: BatchRecord,
+        layout: Layout,
+        results: pl.DataFrame,
+        *,
+        counts: dict[str, int],
+        processing_status: str,
+        ended_at: datetime | None,
+        now: datetime,
+        expected_rows: int,
+        unused: tuple[int, float] = (0, 0.0),
+    ) -> pl.DataFrame | None: ...
     def counts(self, table: str | None = None) -> pl.DataFrame: ...
     def overview(self, table: str | None = None) -> Overview: ...
     def downstream_stale(self, table: str, step: str) -> dict[str, int]: ...
     def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame: ...
     def migrated(self) -> None: ...
     def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int: ...
-    def reset(self, table: str, step: str, *, where: str, now: datetime,
-              running_stale_after: timedelta | None = None) -> int: ...
+    def reset(
+        self, table: str, step: str, *, where: str, now: datetime, running_stale_after: timedelta | None = None
+    ) -> int: ...
     def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None: ...
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]: ...
 

@@ -52,11 +52,12 @@ WANTED = "llmledger_wanted"
 RESULTS = "llmledger_results"
 
 
-
 # -- the SQL of each verb --------------------------------------------------------------------------------
 
-def claim_rows(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataFrame, *, claimant: str,
-               now: datetime) -> pl.DataFrame:
+
+def claim_rows(
+    con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataFrame, *, claimant: str, now: datetime
+) -> pl.DataFrame:
     """Claim the rows of `batch` (keys) that may be claimed now.
 
     On PostgreSQL, where other processes claim at the same time, the rows are picked with
@@ -68,33 +69,44 @@ def claim_rows(con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.D
         pick = f"{BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']}"
         if dialect(con) == "postgres":
             keys = ", ".join(f"t.{q(k)}" for k in layout.key)
-            pick = (f"(SELECT {keys} FROM {q(layout.table)} AS t JOIN {pick.replace(' WHERE ', ' ON ', 1)} "
-                    f"FOR UPDATE OF t SKIP LOCKED) AS i WHERE {layout.key_join('t', 'i')}")
+            pick = (
+                f"(SELECT {keys} FROM {q(layout.table)} AS t JOIN {pick.replace(' WHERE ', ' ON ', 1)} "
+                f"FOR UPDATE OF t SKIP LOCKED) AS i WHERE {layout.key_join('t', 'i')}"
+            )
         got = _claim(con, selection, pick, claimant=claimant, now=now)
     return batch.join(got, on=layout.key, how="inner", maintain_order="left")
 
 
-def claim_open(con: duckdb.DuckDBPyConnection, selection: Selection, n: int, *, claimant: str,
-               now: datetime) -> pl.DataFrame:
+def claim_open(
+    con: duckdb.DuckDBPyConnection, selection: Selection, n: int, *, claimant: str, now: datetime
+) -> pl.DataFrame:
     """PostgreSQL, open-ended: claim up to `n` of the step's current, eligible rows matching `where`, straight from
     the table (`FOR UPDATE SKIP LOCKED`). The status filter in front lets the status index find them."""
     layout = selection.layout
     flags = flag_sql(layout, selection.where)
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
     statuses = ", ".join(f"'{s}'" for s in CLAIMABLE[selection.params["redo"]])
-    got = _claim(con, selection, f"(SELECT {keys} FROM {q(layout.table)} AS t WHERE {layout.col('_status', 't')} "
-                                 f"IN ({statuses}) AND {flags['current']} AND {flags['eligible']} AND "
-                                 f"{flags['in_where']} LIMIT {int(n)} FOR UPDATE OF t SKIP LOCKED) AS i "
-                                 f"WHERE {layout.key_join('t', 'i')}", claimant=claimant, now=now)
+    got = _claim(
+        con,
+        selection,
+        f"(SELECT {keys} FROM {q(layout.table)} AS t WHERE {layout.col('_status', 't')} "
+        f"IN ({statuses}) AND {flags['current']} AND {flags['eligible']} AND "
+        f"{flags['in_where']} LIMIT {int(n)} FOR UPDATE OF t SKIP LOCKED) AS i "
+        f"WHERE {layout.key_join('t', 'i')}",
+        claimant=claimant,
+        now=now,
+    )
     if selection.reuse and got.height:  # answers to identical requests, committed by anyone until now
         fresh = got.select(pl.col("fingerprint").alias("fp")).unique()
-        selection.known.update(answers_to(con, layout, fresh.filter(~pl.col("fp").is_in(list(selection.known))),
-                                          selection.source))
+        selection.known.update(
+            answers_to(con, layout, fresh.filter(~pl.col("fp").is_in(list(selection.known))), selection.source)
+        )
     return got
 
 
-def claim_twins(con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.DataFrame, *, claimant: str,
-                now: datetime) -> pl.DataFrame:
+def claim_twins(
+    con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.DataFrame, *, claimant: str, now: datetime
+) -> pl.DataFrame:
     """Claim too every other row of the step this run may claim (current, eligible, matching `where`) whose
     request is identical to one of `got`'s, wherever it is in the table; return them.
 
@@ -114,14 +126,17 @@ def claim_twins(con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.Da
     if not fps.height:
         return got.clear()
     with registered(con, WANTED, fps):
-        pick = (f"(SELECT {keys} FROM {q(layout.table)} AS t WHERE {layout.col('_request_fingerprint', 't')} IN "
-                f"(SELECT CAST(w.fp AS UUID) FROM {WANTED} AS w) AND {flags['current']} AND {flags['eligible']} "
-                f"AND {flags['in_where']}{lock}) AS i WHERE {layout.key_join('t', 'i')}")
+        pick = (
+            f"(SELECT {keys} FROM {q(layout.table)} AS t WHERE {layout.col('_request_fingerprint', 't')} IN "
+            f"(SELECT CAST(w.fp AS UUID) FROM {WANTED} AS w) AND {flags['current']} AND {flags['eligible']} "
+            f"AND {flags['in_where']}{lock}) AS i WHERE {layout.key_join('t', 'i')}"
+        )
         return _claim(con, selection, pick, claimant=claimant, now=now)
 
 
-def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, pick: str, *, claimant: str,
-           now: datetime) -> pl.DataFrame:
+def _claim(
+    con: duckdb.DuckDBPyConnection, selection: Selection, pick: str, *, claimant: str, now: datetime
+) -> pl.DataFrame:
     """Mark the rows `pick` selects (SQL: a FROM item `i` and its join to the fact table `t`) RUNNING for
     `claimant`, recording the status each had; return their keys, input columns and stored requests."""
     layout = selection.layout
@@ -136,12 +151,20 @@ def _claim(con: duckdb.DuckDBPyConnection, selection: Selection, pick: str, *, c
         f"RETURNING {', '.join('t.' + q(k) for k in layout.key)}, {inputs}{c['_prompt']} AS prompt, "
         f"{c['_request_fingerprint']}::VARCHAR AS fingerprint, {c['_version']} AS version, "
         f"{c['_attempts']} AS attempts, {c['_finished_at']} IS NOT NULL AND {c['_error']} IS NULL AS was_done",
-        params={**selection.params, "now": now, "claimant": claimant, "lease": selection.lease}).pl()
+        params={**selection.params, "now": now, "claimant": claimant, "lease": selection.lease},
+    ).pl()
     return got.cast({k: selection.key_types[k] for k in layout.key})
 
 
-def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.DataFrame, *,
-                   now: datetime, only_unfinished: bool = False, only_batch: str | None = None) -> None:
+def commit_results(
+    con: duckdb.DuckDBPyConnection,
+    layout: Layout,
+    results: pl.DataFrame,
+    *,
+    now: datetime,
+    only_unfinished: bool = False,
+    only_batch: str | None = None,
+) -> None:
     """Write outputs and statuses of one chunk; archive the outputs that a redo replaces.
 
     `only_unfinished` (for journals of dead runs) leaves rows that are DONE or NEEDS_REVIEW by now
@@ -154,14 +177,24 @@ def commit_results(con: duckdb.DuckDBPyConnection, layout: Layout, results: pl.D
         guard = f" AND {c['_status']} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
         if only_batch is not None:
             guard += f" AND {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = {sql_literal(only_batch)}"
-        archive(con, layout, now=now, reason=redo_reason(layout), condition=f"{ANSWERED}{guard}",
-                join=f"JOIN {RESULTS} AS i ON {layout.key_join()}", output_type=output_type)
-        con.execute(f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step, output_type)} "
-                    f"FROM {RESULTS} AS i WHERE {layout.key_join()}{guard}")
+        archive(
+            con,
+            layout,
+            now=now,
+            reason=redo_reason(layout),
+            condition=f"{ANSWERED}{guard}",
+            join=f"JOIN {RESULTS} AS i ON {layout.key_join()}",
+            output_type=output_type,
+        )
+        con.execute(
+            f"UPDATE {q(layout.table)} AS t SET {commit_assignments(layout.step, output_type)} "
+            f"FROM {RESULTS} AS i WHERE {layout.key_join()}{guard}"
+        )
 
 
-def give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any], *,
-              status: str = "RUNNING") -> pl.DataFrame:
+def give_back(
+    con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any], *, status: str = "RUNNING"
+) -> pl.DataFrame:
     """Return rows of `status` (RUNNING: claimed; SUBMITTED: in a batch) matching `condition` to the status they
     had before their claim, out of any batch intent (and, for SUBMITTED, out of their batch). Returns their keys."""
     c = names(layout.step)
@@ -170,23 +203,43 @@ def give_back(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, pa
     return con.sql(
         f"UPDATE {q(layout.table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
         f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL, {c['_custom_id']} = NULL{out_of_batch} "
-        f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING {keys}", params=params).pl()
+        f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING {keys}",
+        params=params,
+    ).pl()
 
 
 # What starting a row over clears: its answer and everything about it (the attempts go back to 0).
-_ANSWER_SUFFIXES = ("", "_error", "_finished_at", "_input_tokens", "_output_tokens", "_cache_write_tokens",
-                    "_cache_read_tokens", "_cost_usd", "_stop_reason", "_model", "_source", "_fingerprint", "_raw",
-                    "_flag", "_flagged_at", "_flagged_by", "_batch_id", "_custom_id", "_claimed_from")
+_ANSWER_SUFFIXES = (
+    "",
+    "_error",
+    "_finished_at",
+    "_input_tokens",
+    "_output_tokens",
+    "_cache_write_tokens",
+    "_cache_read_tokens",
+    "_cost_usd",
+    "_stop_reason",
+    "_model",
+    "_source",
+    "_fingerprint",
+    "_raw",
+    "_flag",
+    "_flagged_at",
+    "_flagged_by",
+    "_batch_id",
+    "_custom_id",
+    "_claimed_from",
+)
 
 
-def start_over(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, *, reason: str,
-               now: datetime) -> int:
+def start_over(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, *, reason: str, now: datetime) -> int:
     """Put the step of rows matching `condition` back to NOT_STARTED, their answers copied to the history first
     with `reason` (SQL). Returns how many rows."""
     archive(con, layout, now=now, reason=reason, condition=condition)
     c = names(layout.step)
-    sets = ", ".join([f"{c['_status']} = 'NOT_STARTED'", f"{c['_attempts']} = 0",
-                      *(f"{c[s]} = NULL" for s in _ANSWER_SUFFIXES)])
+    sets = ", ".join(
+        [f"{c['_status']} = 'NOT_STARTED'", f"{c['_attempts']} = 0", *(f"{c[s]} = NULL" for s in _ANSWER_SUFFIXES)]
+    )
     return len(con.execute(f"UPDATE {q(layout.table)} AS t SET {sets} WHERE {condition} RETURNING 1").fetchall())
 
 
@@ -198,8 +251,13 @@ def set_aside_simulated(con: duckdb.DuckDBPyConnection, layout: Layout, source: 
     if source is None or source == SIMULATOR:
         return 0
     c = names(layout.step, "t")
-    return start_over(con, layout, f"{c['_source']} = '{SIMULATOR}' AND {c['_status']} IN ('DONE', 'NEEDS_REVIEW', "
-                                   "'FAILED')", reason=f"'{SIMULATED}'", now=now)
+    return start_over(
+        con,
+        layout,
+        f"{c['_source']} = '{SIMULATOR}' AND {c['_status']} IN ('DONE', 'NEEDS_REVIEW', 'FAILED')",
+        reason=f"'{SIMULATED}'",
+        now=now,
+    )
 
 
 def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) -> int:
@@ -209,18 +267,31 @@ def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunPa
     the API may have the batch, and giving them back would pay for them twice.
     """
     c = names(layout.step)
-    holders = [row[0] for row in con.execute(
-        f"SELECT DISTINCT {c['_claimed_by']} FROM {q(layout.table)} WHERE {c['_status']} = 'RUNNING'").fetchall()]
+    holders = [
+        row[0]
+        for row in con.execute(
+            f"SELECT DISTINCT {c['_claimed_by']} FROM {q(layout.table)} WHERE {c['_status']} = 'RUNNING'"
+        ).fetchall()
+    ]
     if not holders:
         return 0
     dead = [h for h in holders if h is None or is_abandoned(h)]
     alive = [h for h in holders if h is not None and is_alive_here(h)]
-    return give_back(con, layout, f"{c['_custom_id']} IS NULL AND ({c['_claimed_by']} IS NULL "
-                                   f"OR {c['_claimed_by']} IN (SELECT unnest(CAST($dead AS VARCHAR[]))) "
-                                   f"OR ({lapsed_sql(con, c)} "
-                                   f"AND {c['_claimed_by']} NOT IN (SELECT unnest(CAST($alive AS VARCHAR[])))))",
-                      {"dead": dead, "alive": alive, "stale_before": params.stale_before, "now": utcnow(),
-                       "max_attempts": params.max_attempts}).height
+    return give_back(
+        con,
+        layout,
+        f"{c['_custom_id']} IS NULL AND ({c['_claimed_by']} IS NULL "
+        f"OR {c['_claimed_by']} IN (SELECT unnest(CAST($dead AS VARCHAR[]))) "
+        f"OR ({lapsed_sql(con, c)} "
+        f"AND {c['_claimed_by']} NOT IN (SELECT unnest(CAST($alive AS VARCHAR[])))))",
+        {
+            "dead": dead,
+            "alive": alive,
+            "stale_before": params.stale_before,
+            "now": utcnow(),
+            "max_attempts": params.max_attempts,
+        },
+    ).height
 
 
 def clock(con: duckdb.DuckDBPyConnection) -> str:
@@ -231,12 +302,13 @@ def clock(con: duckdb.DuckDBPyConnection) -> str:
 
 def lapsed_sql(con: duckdb.DuckDBPyConnection, c: dict[str, str]) -> str:
     """SQL: the row's claim has lapsed by its own lease (a claim from 0.6 has none: by `$stale_before`)."""
-    return (f"CASE WHEN {c['_lease_until']} IS NULL THEN {c['_running_started_at']} < $stale_before "
-            f"ELSE {c['_lease_until']} < {clock(con)} END")
+    return (
+        f"CASE WHEN {c['_lease_until']} IS NULL THEN {c['_running_started_at']} < $stale_before "
+        f"ELSE {c['_lease_until']} < {clock(con)} END"
+    )
 
 
-def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, stale_after: timedelta,
-                 now: datetime) -> list[str]:
+def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, stale_after: timedelta, now: datetime) -> list[str]:
     """Holders of the step's RUNNING rows that certainly no longer run: a process of this host that is gone
     (`is_abandoned`: by PID and start time), or a holder elsewhere whose claims were all not renewed for
     `stale_after` or have all lapsed by their own lease. Both are judged in the clock the claims were written
@@ -246,13 +318,19 @@ def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, stale_after: ti
     rows = con.execute(
         f"SELECT {c['_claimed_by']}, coalesce(max({c['_running_started_at']}) < {clock(con)} - $stale_after, false) "
         f"OR coalesce(bool_and({c['_lease_until']} < {clock(con)}), false) FROM {q(layout.table)} "
-        f"WHERE {c['_status']} = 'RUNNING' GROUP BY 1", {"stale_after": stale_after, "now": now}).fetchall()
-    return [holder for holder, old in rows if holder is not None and (
-        is_abandoned(holder) or (not is_alive_here(holder) and old))]
+        f"WHERE {c['_status']} = 'RUNNING' GROUP BY 1",
+        {"stale_after": stale_after, "now": now},
+    ).fetchall()
+    return [
+        holder
+        for holder, old in rows
+        if holder is not None and (is_abandoned(holder) or (not is_alive_here(holder) and old))
+    ]
 
 
-def merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path,
-                    key_types: dict[str, pl.DataType]) -> list[Path]:
+def merge_journals(
+    con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path, key_types: dict[str, pl.DataType]
+) -> list[Path]:
     """Commit the answers that runs which died on this host journaled but did not commit.
 
     Returns the files to delete once the transaction has committed.
@@ -262,8 +340,9 @@ def merge_journals(con: duckdb.DuckDBPyConnection, layout: Layout, store_path: P
         if is_abandoned(holder):
             results = read_journal(path, key_types | RESULT_SCHEMA, key=list(key_types))
             if results.height:
-                results = results.with_columns(pl.col("fingerprint").map_elements(upgrade_fingerprint,
-                                                                                  return_dtype=pl.String))
+                results = results.with_columns(
+                    pl.col("fingerprint").map_elements(upgrade_fingerprint, return_dtype=pl.String)
+                )
                 commit_results(con, layout, results, now=utcnow(), only_unfinished=True)
             merged.append(path)
     return merged
@@ -276,8 +355,9 @@ def upgrade_fingerprint(value: str | None) -> str | None:
     return str(uuid.UUID(hashlib.md5((LEGACY_FINGERPRINT_PREFIX + value).encode()).hexdigest()))
 
 
-def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame,
-                  source: str | None) -> dict[str, KnownAnswer]:
+def known_answers(
+    con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame, source: str | None
+) -> dict[str, KnownAnswer]:
     """One stored DONE answer per request fingerprint the work asks for, from any step of any table in the store,
     or from the answers it replaced (the history), made by a source like the run's `source` (`same_source_sql`).
 
@@ -289,27 +369,36 @@ def known_answers(con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataF
         return {}
     c = names(layout.step, "t")
     with registered(con, BATCH, work):
-        wanted = con.sql(f"SELECT DISTINCT {c['_request_fingerprint']}::VARCHAR AS fp FROM {q(layout.table)} AS t "
-                         f"WHERE {c['_request_fingerprint']} IS NOT NULL AND EXISTS (SELECT 1 FROM {BATCH} AS i "
-                         f"WHERE {layout.key_join()})").pl()
+        wanted = con.sql(
+            f"SELECT DISTINCT {c['_request_fingerprint']}::VARCHAR AS fp FROM {q(layout.table)} AS t "
+            f"WHERE {c['_request_fingerprint']} IS NOT NULL AND EXISTS (SELECT 1 FROM {BATCH} AS i "
+            f"WHERE {layout.key_join()})"
+        ).pl()
     return answers_to(con, layout, wanted, source)
 
 
-def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFrame,
-               source: str | None) -> dict[str, KnownAnswer]:
+def answers_to(
+    con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFrame, source: str | None
+) -> dict[str, KnownAnswer]:
     """One stored DONE answer per fingerprint of `wanted` (column `fp`) from a source like `source`: this step's
     first, then the store's, then the history's (`history.REUSABLE_REASONS` only, the latest first)."""
     if not wanted.height:
         return {}
-    sources = [(layout.table, layout.step)] + [(t, s) for t, s, _ in list_steps(con) if (t, s) !=
-                                               (layout.table, layout.step)]
+    sources = [(layout.table, layout.step)] + [
+        (t, s) for t, s, _ in list_steps(con) if (t, s) != (layout.table, layout.step)
+    ]
     found: dict[str, KnownAnswer] = {}
     steps = [(table, step, column_types(con, table) if table_exists(con, table) else {}) for table, step in sources]
     steps = [(table, step, types) for table, step, types in steps if step + "_fingerprint" in types]
     with registered(con, WANTED, wanted):  # a request whose answer a person flagged anywhere is asked afresh
-        rejected = {r[0] for table, step, _ in steps for r in con.execute(
-            f"SELECT DISTINCT {q(step + '_fingerprint')}::VARCHAR FROM {q(table)} WHERE {q(step + '_flag')} IS NOT "
-            f"NULL AND {q(step + '_fingerprint')} IN (SELECT w.fp::UUID FROM {WANTED} AS w)").fetchall()}
+        rejected = {
+            r[0]
+            for table, step, _ in steps
+            for r in con.execute(
+                f"SELECT DISTINCT {q(step + '_fingerprint')}::VARCHAR FROM {q(table)} WHERE {q(step + '_flag')} IS NOT "
+                f"NULL AND {q(step + '_fingerprint')} IN (SELECT w.fp::UUID FROM {WANTED} AS w)"
+            ).fetchall()
+        }
     wanted = wanted.filter(~pl.col("fp").is_in(list(rejected))) if rejected else wanted
     if not wanted.height:
         return {}
@@ -321,7 +410,8 @@ def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFr
                 f"min({o['_stop_reason']}), min({o['_model']}) FROM {q(table)} AS t "
                 f"WHERE {o['_status']} = 'DONE' AND {o['_fingerprint']} IN (SELECT w.fp::UUID FROM {WANTED} AS w) "
                 f"AND {same_source_sql(o['_source'], source)} "
-                f"GROUP BY {o['_fingerprint']}").fetchall()
+                f"GROUP BY {o['_fingerprint']}"
+            ).fetchall()
             for r in rows:
                 found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
             if len(found) == wanted.height:
@@ -331,7 +421,8 @@ def answers_to(con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFr
             f"SELECT h.fingerprint, h.output, h.stop_reason, h.model FROM {HISTORY_TABLE} AS h "
             f"WHERE h.fingerprint IN (SELECT w.fp FROM {WANTED} AS w) AND h.status = 'DONE' AND h.output IS NOT NULL "
             f"AND h.raw IS NULL AND h.reason IN ({reasons}) AND {same_source_sql('h.source', source)} "
-            "ORDER BY h.finished_at DESC NULLS LAST, h.replaced_at DESC").fetchall()
+            "ORDER BY h.finished_at DESC NULLS LAST, h.replaced_at DESC"
+        ).fetchall()
         for r in rows:
             found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
     return found
@@ -361,8 +452,11 @@ def from_legacy(con: duckdb.DuckDBPyConnection) -> bool:
 def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
     """The columns apply_llm appends: the answer, its status, and whether that DONE answer is stale (made for a
     request that has changed since: `redo='stale'` re-sends it)."""
-    return found.select(pl.col("output").alias(step), pl.col("status").alias(f"{step}_status"),
-                        pl.col("stale").fill_null(False).alias(f"{step}_stale"))
+    return found.select(
+        pl.col("output").alias(step),
+        pl.col("status").alias(f"{step}_status"),
+        pl.col("stale").fill_null(False).alias(f"{step}_stale"),
+    )
 
 
 def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> pl.DataFrame:
@@ -373,8 +467,13 @@ def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> p
     DONE counts only current answers; `stale` is the DONE rows whose request (or an upstream answer) changed
     since; `waiting` is the NOT_STARTED and FAILED rows whose upstream steps are not fresh yet.
     """
-    schema = {"table": pl.String, "step": pl.String, **{st: pl.Int64 for st in COUNTED}, "flagged": pl.Int64,
-              "total": pl.Int64}
+    schema = {
+        "table": pl.String,
+        "step": pl.String,
+        **{st: pl.Int64 for st in COUNTED},
+        "flagged": pl.Int64,
+        "total": pl.Int64,
+    }
     frames = []
     by_table: dict[str, list[str]] = {}
     for tbl, step, _ in list_steps(con, table):
@@ -400,7 +499,12 @@ def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> p
                 state[st] += f" AND NOT {waiting}"
             state["waiting"] = waiting
             counts = ", ".join(f"count(*) FILTER (WHERE {state[st]})::BIGINT AS {q(st)}" for st in COUNTED)
-            frames.append(con.sql(f"SELECT ? AS \"table\", ? AS step, {counts}, count(*) FILTER (WHERE "
-                                  f"{names(step)['_flag']} IS NOT NULL)::BIGINT AS flagged, count(*)::BIGINT AS "
-                                  f"total FROM {q(tbl)} AS t", params=[tbl, step]).pl())
+            frames.append(
+                con.sql(
+                    f'SELECT ? AS "table", ? AS step, {counts}, count(*) FILTER (WHERE '
+                    f"{names(step)['_flag']} IS NOT NULL)::BIGINT AS flagged, count(*)::BIGINT AS "
+                    f"total FROM {q(tbl)} AS t",
+                    params=[tbl, step],
+                ).pl()
+            )
     return pl.concat(frames).cast(schema) if frames else pl.DataFrame(schema=schema)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from llmledger.errors import WhereClauseError
 
-_EXAMPLE = "pass one condition such as \"label = 'spam'\" or \"id IN (3, 7)\""
+_EXAMPLE = 'pass one condition such as "label = \'spam\'" or "id IN (3, 7)"'
 
 
 def where_shape_problem(where: str) -> str | None:
@@ -35,8 +35,7 @@ def where_shape_problem(where: str) -> str | None:
                     break
                 i += 1
             else:
-                problems.append(f"it has a {'string literal' if ch == chr(39) else 'quoted name'} that is never "
-                                "closed")
+                problems.append(f"it has a {'string literal' if ch == chr(39) else 'quoted name'} that is never closed")
         elif ch == ";":
             return "it is more than one SQL statement (a ';' outside quotes would end the statement)"
         elif where.startswith("--", i) or where.startswith("/*", i):
@@ -62,5 +61,4 @@ def check_where_shape(where: str | None) -> None:
         return
     problem = where_shape_problem(where)
     if problem:
-        raise WhereClauseError(f"where={where!r} is not one SQL condition: {problem}; {_EXAMPLE}. "
-                               "Nothing was changed.")
+        raise WhereClauseError(f"where={where!r} is not one SQL condition: {problem}; {_EXAMPLE}. Nothing was changed.")

@@ -74,12 +74,18 @@ def _plan(df: Any, step: str, options: Mapping[str, Any]) -> Plan:
 def _figures(plan: Plan) -> dict[str, Any]:
     """apply_llm's preparation of `plan`, rolled back, and what it would send and cost."""
     started = utcnow()
-    params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
-                       stale_before=started - timedelta(days=36500), where=plan.where,
-                       source=answer_source(plan.client))
+    params = RunParams(
+        max_attempts=plan.max_attempts,
+        redo=plan.redo,
+        run_started=started,
+        stale_before=started - timedelta(days=36500),
+        where=plan.where,
+        source=answer_source(plan.client),
+    )
     assert plan.definition is not None and plan.frame is not None
     rehearsal: Rehearsal = open_ledger(plan.store).prepare(
-        plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe, source=plan.user_frame, rehearse=True)
+        plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe, source=plan.user_frame, rehearse=True
+    )
     return _look(rehearsal, plan)
 
 
@@ -98,10 +104,23 @@ def _pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[s
         if all(s in stored for s in upstream):
             figures = _figures(plan)
         else:  # an earlier step is not in the store yet: every row (that where= takes) waits for it
-            figures = {"rows": plan.frame.height, "to_send": 0, "calls": 0, "reused": 0, "done": 0, "stale": 0,
-                       "waiting": _in_where(plan), "needs_review": 0, "in_batches": 0, "input_tokens": 0,
-                       "output_tokens": 0, "output_basis": "", "cost_usd": 0.0, "cost_usd_batch": 0.0,
-                       PER_CALL: min(plan.definition.request.max_tokens, GUESS_CAP) / 2}
+            figures = {
+                "rows": plan.frame.height,
+                "to_send": 0,
+                "calls": 0,
+                "reused": 0,
+                "done": 0,
+                "stale": 0,
+                "waiting": _in_where(plan),
+                "needs_review": 0,
+                "in_batches": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "output_basis": "",
+                "cost_usd": 0.0,
+                "cost_usd_batch": 0.0,
+                PER_CALL: min(plan.definition.request.max_tokens, GUESS_CAP) / 2,
+            }
         if upstream and figures["waiting"]:
             figures = _with_waiting(plan, figures, answer_tokens, shapes)
         answer_tokens[name] = figures.pop(PER_CALL)
@@ -113,8 +132,9 @@ def _pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[s
     return pl.concat([frame, pl.DataFrame([total], schema=frame.schema)])
 
 
-def _with_waiting(plan: Plan, figures: dict[str, Any], answer_tokens: Mapping[str, float],
-                  shapes: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+def _with_waiting(
+    plan: Plan, figures: dict[str, Any], answer_tokens: Mapping[str, float], shapes: Mapping[str, Sequence[str]]
+) -> dict[str, Any]:
     """`figures` with the rows waiting for earlier steps counted as sent: their template over the frame's own
     columns, each earlier step's field as long as that step's estimated answer (a sample of the frame's rows)."""
     assert plan.definition is not None and plan.frame is not None
@@ -138,10 +158,15 @@ def _with_waiting(plan: Plan, figures: dict[str, Any], answer_tokens: Mapping[st
     extra = _priced(request, waiting, round((per_row + fixed) * waiting), figures[PER_CALL])
     cost = {c: None if figures[c] is None or extra[c] is None else figures[c] + extra[c] for c in _TYPES}
     basis = figures["output_basis"] or "a guess (the step has no answers yet)"
-    return {**figures, "to_send": figures["to_send"] + waiting, "calls": figures["calls"] + waiting,
-            "input_tokens": figures["input_tokens"] + extra["input_tokens"],
-            "output_tokens": figures["output_tokens"] + extra["output_tokens"], **cost,
-            "output_basis": f"{basis}; {waiting:,} rows waiting for {', '.join(upstream)} counted as sent"}
+    return {
+        **figures,
+        "to_send": figures["to_send"] + waiting,
+        "calls": figures["calls"] + waiting,
+        "input_tokens": figures["input_tokens"] + extra["input_tokens"],
+        "output_tokens": figures["output_tokens"] + extra["output_tokens"],
+        **cost,
+        "output_basis": f"{basis}; {waiting:,} rows waiting for {', '.join(upstream)} counted as sent",
+    }
 
 
 def _in_where(plan: Plan) -> int:
@@ -177,21 +202,40 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
         per_call, basis = average, f"the step's {answered:,} answers so far"
     else:
         per_call, basis = min(request.max_tokens, GUESS_CAP) / 2, "a guess (the step has no answers yet)"
-    fixed = estimate_tokens(json.dumps(request.options.get("output_config", ""))) if "output_config" in \
-        request.options else 0
+    fixed = (
+        estimate_tokens(json.dumps(request.options.get("output_config", "")))
+        if "output_config" in request.options
+        else 0
+    )
     blobs = plan.cfg.attachments.blobs if plan.cfg.attachments is not None else {}
-    plain = sum(tokens_of(json.loads(p) if request.attach and p else p, blobs, estimate_tokens)
-                for p in prompts.values()) + fixed * calls
+    plain = (
+        sum(tokens_of(json.loads(p) if request.attach and p else p, blobs, estimate_tokens) for p in prompts.values())
+        + fixed * calls
+    )
     usage = _priced(request, calls, plain, per_call)
-    survey = selection.survey if selection.survey is not None else pl.DataFrame(
-        schema={"status": pl.String, "stale": pl.Boolean})
+    survey = (
+        selection.survey
+        if selection.survey is not None
+        else pl.DataFrame(schema={"status": pl.String, "stale": pl.Boolean})
+    )
     status, stale = survey["status"], survey["stale"].fill_null(False)
-    return {"rows": plan.frame.height, "to_send": selection.work.height, "calls": calls,
-            "reused": selection.work.height - calls, "done": int(((status == "DONE") & ~stale).sum()),
-            "stale": selection.stale, "waiting": selection.waiting, "needs_review": selection.needs_review,
-            "in_batches": selection.in_batches, "input_tokens": usage["input_tokens"],
-            "output_tokens": usage["output_tokens"], "output_basis": basis, "cost_usd": usage["cost_usd"],
-            "cost_usd_batch": usage["cost_usd_batch"], PER_CALL: per_call}
+    return {
+        "rows": plan.frame.height,
+        "to_send": selection.work.height,
+        "calls": calls,
+        "reused": selection.work.height - calls,
+        "done": int(((status == "DONE") & ~stale).sum()),
+        "stale": selection.stale,
+        "waiting": selection.waiting,
+        "needs_review": selection.needs_review,
+        "in_batches": selection.in_batches,
+        "input_tokens": usage["input_tokens"],
+        "output_tokens": usage["output_tokens"],
+        "output_basis": basis,
+        "cost_usd": usage["cost_usd"],
+        "cost_usd_batch": usage["cost_usd_batch"],
+        PER_CALL: per_call,
+    }
 
 
 def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> dict[str, Any]:
@@ -204,8 +248,16 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> di
         plain += static * calls
     output = round(per_call * calls)
     price = price_of(request.model)
-    usage = {"input_tokens": plain, "output_tokens": output, "cache_write_tokens": write,
-             "cache_write_1h_tokens": write if request.cached_ttl == "1h" else 0, "cache_read_tokens": read}
-    return {"input_tokens": plain + write + read, "output_tokens": output,
-            "cost_usd": None if price is None else price.cost(**usage),
-            "cost_usd_batch": None if price is None else price.cost(**usage, batch=True)}
+    usage = {
+        "input_tokens": plain,
+        "output_tokens": output,
+        "cache_write_tokens": write,
+        "cache_write_1h_tokens": write if request.cached_ttl == "1h" else 0,
+        "cache_read_tokens": read,
+    }
+    return {
+        "input_tokens": plain + write + read,
+        "output_tokens": output,
+        "cost_usd": None if price is None else price.cost(**usage),
+        "cost_usd_batch": None if price is None else price.cost(**usage, batch=True),
+    }

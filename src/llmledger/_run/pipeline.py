@@ -56,8 +56,10 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
     returned = {name: [name, f"{name}_status", f"{name}_stale"] for name in names}  # what apply_llm appends
     step_columns = [c for name in names for c in returned[name]]
     if isinstance(frame, pl.DataFrame):
-        return pl.concat([frame.drop(step_columns, strict=False),
-                          *(f.select(returned[name]) for name, f in outputs)], how="horizontal")
+        return pl.concat(
+            [frame.drop(step_columns, strict=False), *(f.select(returned[name]) for name, f in outputs)],
+            how="horizontal",
+        )
     out = frame  # pandas: each step's result is a copy of df with that step's columns
     for name, f in outputs[:-1]:
         for column in returned[name]:
@@ -68,27 +70,37 @@ def pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], **common: Any) -> 
 def check_pipeline(df: Any, steps: Any, common: Mapping[str, Any]) -> dict[str, Plan]:
     """Every step of a pipeline checked as apply_llm checks one, in order, before any runs; each step's Plan."""
     if not isinstance(steps, Mapping) or not steps:
-        raise InvalidInputError("steps must be a non-empty mapping of step name -> apply_llm options, e.g. "
-                                "{'summary': {'prompt': 'Summarize: {text}'}}")
+        raise InvalidInputError(
+            "steps must be a non-empty mapping of step name -> apply_llm options, e.g. "
+            "{'summary': {'prompt': 'Summarize: {text}'}}"
+        )
     for name in _PER_CALL & set(common):
         raise InvalidInputError(f"pipeline takes no {name}=; it runs its steps one after another")
     names = list(steps)
     for i, (name, options) in enumerate(steps.items()):
         if not isinstance(options, Mapping) or ("prompt" not in options and "messages" not in options):
-            raise InvalidInputError(f"step {name!r} needs a mapping of apply_llm options with a prompt= (or "
-                                    f"messages=), got {options!r}")
+            raise InvalidInputError(
+                f"step {name!r} needs a mapping of apply_llm options with a prompt= (or messages=), got {options!r}"
+            )
         messages = options.get("messages")
-        prompt = options.get("prompt") if "prompt" in options or not isinstance(messages, list | tuple) or \
-            not messages or not isinstance(messages[-1], dict) else messages[-1].get("content")
+        prompt = (
+            options.get("prompt")
+            if "prompt" in options
+            or not isinstance(messages, list | tuple)
+            or not messages
+            or not isinstance(messages[-1], dict)
+            else messages[-1].get("content")
+        )
         later = [f for f in template_fields(prompt) if f in names[i:]] if isinstance(prompt, str) else []
         if later:
-            raise InvalidInputError(f"step {name!r} reads {later}, which run at or after it; order the steps "
-                                    "so that each comes after the steps it reads")
+            raise InvalidInputError(
+                f"step {name!r} reads {later}, which run at or after it; order the steps "
+                "so that each comes after the steps it reads"
+            )
     return _check_every_step(df, steps, common)
 
 
-def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]],
-                      common: Mapping[str, Any]) -> dict[str, Plan]:
+def _check_every_step(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[str, Any]) -> dict[str, Plan]:
     """Check every step's call as apply_llm would, before the first one runs: a mistake in a later step must
     not leave a store behind with earlier steps paid for. (A `where=` is checked against the table when its
     step runs: a new table does not exist until then.)"""
@@ -123,18 +135,22 @@ def _check_fields(step: str, prompt: str, earlier: Mapping[str, OutputSpec | Non
             continue
         spec = earlier[root]
         if spec is None:
-            raise PromptError(f"step {step!r} reads {{{path}}}, but step {root!r} answers text, which has no "
-                              f"fields; read {{{root}}}, or give {root!r} an output= with a field "
-                              f"{fields[0]!r}. Nothing was run.")
+            raise PromptError(
+                f"step {step!r} reads {{{path}}}, but step {root!r} answers text, which has no "
+                f"fields; read {{{root}}}, or give {root!r} an output= with a field "
+                f"{fields[0]!r}. Nothing was run."
+            )
         schema = spec.schema
         for depth, field in enumerate(fields, start=1):
             properties = _properties(schema, spec.schema.get("$defs", {}))
             if field not in properties:
                 close = difflib.get_close_matches(field, list(properties), n=1)
-                fix = f" Did you mean {{{'.'.join([root, *fields[:depth - 1], close[0]])}}}?" if close else ""
-                raise PromptError(f"step {step!r} reads {{{path}}}, but step {root!r} has no field "
-                                  f"{'.'.join(fields[:depth])!r}; its fields: {sorted(properties)}.{fix} "
-                                  "Nothing was run.")
+                fix = f" Did you mean {{{'.'.join([root, *fields[: depth - 1], close[0]])}}}?" if close else ""
+                raise PromptError(
+                    f"step {step!r} reads {{{path}}}, but step {root!r} has no field "
+                    f"{'.'.join(fields[:depth])!r}; its fields: {sorted(properties)}.{fix} "
+                    "Nothing was run."
+                )
             schema = properties[field]
 
 

@@ -49,9 +49,14 @@ from llmledger.errors import (
 
 _local = threading.local()
 RESEND_ROUNDS = 3  # a waiting batch run sends rows its batches gave back again, this many times in all
-_STOPPED = {Outcome.AUTH: AuthenticationFailed, Outcome.OUTAGE: OutageError,
-            Outcome.SPEND_LIMIT: SpendLimitReached, Outcome.RETRY_REFUSED: RetryRefused,
-            Outcome.NO_MODEL: ModelNotFound, Outcome.BAD_REQUEST: RequestRefused}
+_STOPPED = {
+    Outcome.AUTH: AuthenticationFailed,
+    Outcome.OUTAGE: OutageError,
+    Outcome.SPEND_LIMIT: SpendLimitReached,
+    Outcome.RETRY_REFUSED: RetryRefused,
+    Outcome.NO_MODEL: ModelNotFound,
+    Outcome.BAD_REQUEST: RequestRefused,
+}
 
 
 def last_report() -> RunReport | PipelineReport | None:
@@ -118,9 +123,16 @@ class Run:
         rows = plan.frame.height if plan.frame is not None else 0
         # where this run's answers come from, fixed now: a later llmledger.simulate() does not change it
         plan.cfg = dataclasses.replace(plan.cfg, source=answer_source(plan.client))
-        self.report = RunReport(table=plan.table, step=plan.step, rows=rows, max_cost_usd=plan.cfg.max_cost_usd,
-                                simulated=plan.cfg.source == SIMULATOR, null_fields=plan.null_fields,
-                                null_rows=plan.null_rows, skip_nulls=plan.skip_nulls)
+        self.report = RunReport(
+            table=plan.table,
+            step=plan.step,
+            rows=rows,
+            max_cost_usd=plan.cfg.max_cost_usd,
+            simulated=plan.cfg.source == SIMULATOR,
+            null_fields=plan.null_fields,
+            null_rows=plan.null_rows,
+            skip_nulls=plan.skip_nulls,
+        )
         self.report.outcome = Outcome.PREPARING
         self._done = threading.Event()
         self._result: Any = None
@@ -214,30 +226,51 @@ class Run:
         interrupted = False
         with Claimant.new() as claimant:
             started = utcnow()
-            params = RunParams(max_attempts=plan.max_attempts, redo=plan.redo, run_started=started,
-                               stale_before=started - plan.stale, where=plan.where, source=plan.cfg.source,
-                               lease=plan.stale, guard_inputs=plan.default_table)
+            params = RunParams(
+                max_attempts=plan.max_attempts,
+                redo=plan.redo,
+                run_started=started,
+                stale_before=started - plan.stale,
+                where=plan.where,
+                source=plan.cfg.source,
+                lease=plan.stale,
+                guard_inputs=plan.default_table,
+            )
             if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
-                interrupted = self._run_async(lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag,
-                                                               display, wait=False), foreground=foreground)
+                interrupted = self._run_async(
+                    lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
+                    foreground=foreground,
+                )
             if plan.definition is not None and plan.frame is not None:
-                selection = ledger.prepare(plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe,
-                                           source=plan.user_frame, inputs=plan.cfg.validate is not None)
+                selection = ledger.prepare(
+                    plan.definition,
+                    plan.frame,
+                    params,
+                    dedupe=plan.cfg.dedupe,
+                    source=plan.user_frame,
+                    inputs=plan.cfg.validate is not None,
+                )
             else:
-                selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe,
-                                          inputs=plan.cfg.validate is not None)
+                selection = ledger.resume(
+                    plan.table, plan.step, params, dedupe=plan.cfg.dedupe, inputs=plan.cfg.validate is not None
+                )
             self._take_counts(selection)
             done_before = selection.done_skipped - report.done  # not the rows just merged from batches
-            average = ledger.average_paid(plan.table, plan.step) \
-                if done_before > 0 or plan.cfg.max_cost_usd is not None else 0.0
+            average = (
+                ledger.average_paid(plan.table, plan.step)
+                if done_before > 0 or plan.cfg.max_cost_usd is not None
+                else 0.0
+            )
             report.done_saved_usd = max(done_before, 0) * average
             report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
             batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
             report.mode = "batch" if batch else "online"
             if plan.cfg.max_cost_usd is not None:
                 plan.cfg = dataclasses.replace(
-                    plan.cfg, average_before_usd=average,
-                    spent_before_usd=ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0)
+                    plan.cfg,
+                    average_before_usd=average,
+                    spent_before_usd=ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0,
+                )
                 report.spent_before_usd = plan.cfg.spent_before_usd
             if selection.to_send or (batch and plan.wait):
                 selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
@@ -251,13 +284,17 @@ class Run:
                 if self.stop_flag.is_set():
                     report.outcome = Outcome.INTERRUPTED
                 elif batch and (selection.to_send or plan.wait):
-                    interrupted = self._run_async(lambda: _batches(ledger, selection, plan, claimant, report,
-                                                                   self.stop_flag, display, wait=plan.wait),
-                                                  foreground=foreground)
+                    interrupted = self._run_async(
+                        lambda: _batches(
+                            ledger, selection, plan, claimant, report, self.stop_flag, display, wait=plan.wait
+                        ),
+                        foreground=foreground,
+                    )
                 elif selection.to_send:
-                    interrupted = self._run_async(lambda: _send_all(ledger, selection, plan, claimant, report,
-                                                                    self.stop_flag, display),
-                                                  foreground=foreground)
+                    interrupted = self._run_async(
+                        lambda: _send_all(ledger, selection, plan, claimant, report, self.stop_flag, display),
+                        foreground=foreground,
+                    )
                 if report.outcome == Outcome.RUNNING:
                     report.outcome = Outcome.COMPLETED
                 if report.collected and not selection.to_send:
@@ -283,8 +320,9 @@ class Run:
             raise KeyboardInterrupt(str(report))
         stopped = _STOPPED.get(report.outcome)  # type: ignore[call-overload]
         if stopped is not None:
-            raise stopped(f"{report.message} {report.remaining:,} of {report.selected:,} selected rows remain.",
-                          report=report)
+            raise stopped(
+                f"{report.message} {report.remaining:,} of {report.selected:,} selected rows remain.", report=report
+            )
         return report if outputs is None else outputs
 
     def _run_async(self, make: Any, *, foreground: bool) -> bool:
@@ -306,23 +344,42 @@ class Run:
             report.rows = report.selected + report.running_elsewhere
         report.in_batches = selection.in_batches
         report.early_finished = report.done + report.failed + report.needs_review  # by batches merged first
-        report.skipped = max(0, report.rows - report.selected - report.running_elsewhere - report.in_batches
-                             - report.early_finished)
+        report.skipped = max(
+            0, report.rows - report.selected - report.running_elsewhere - report.in_batches - report.early_finished
+        )
 
-    def _record(self, ledger: Ledger, selection: Selection, claimant: Claimant, started: Any, *,
-                finished: bool = True) -> None:
+    def _record(
+        self, ledger: Ledger, selection: Selection, claimant: Claimant, started: Any, *, finished: bool = True
+    ) -> None:
         """The run's row in llmledger_runs: written as it starts sending (outcome 'running', so a run that is
         killed still shows, with when it began), replaced with its figures when it ends."""
         report, plan = self.report, self.plan
         request = selection.requests.get(selection.version)
-        row = {"run_id": claimant.run_id, "table_name": plan.table, "step": plan.step, "claimant": str(claimant),
-               "model": request.model if request else None, "started_at": started,
-               "finished_at": utcnow() if finished else None,
-               "outcome": str(report.outcome), "rows_in_frame": report.rows, "rows_selected": report.selected,
-               "done": report.done, "failed": report.failed, "needs_review": report.needs_review,
-               "stale": report.stale, "calls": report.calls, "reused": report.reused, "retries": report.retries,
-               "input_tokens": report.input_tokens, "output_tokens": report.output_tokens,
-               "cost_usd": report.cost_usd, "version": selection.version, "entry": plan.entry, "mode": report.mode}
+        row = {
+            "run_id": claimant.run_id,
+            "table_name": plan.table,
+            "step": plan.step,
+            "claimant": str(claimant),
+            "model": request.model if request else None,
+            "started_at": started,
+            "finished_at": utcnow() if finished else None,
+            "outcome": str(report.outcome),
+            "rows_in_frame": report.rows,
+            "rows_selected": report.selected,
+            "done": report.done,
+            "failed": report.failed,
+            "needs_review": report.needs_review,
+            "stale": report.stale,
+            "calls": report.calls,
+            "reused": report.reused,
+            "retries": report.retries,
+            "input_tokens": report.input_tokens,
+            "output_tokens": report.output_tokens,
+            "cost_usd": report.cost_usd,
+            "version": selection.version,
+            "entry": plan.entry,
+            "mode": report.mode,
+        }
         try:
             ledger.record_run(row)
         except StoreBusy:
@@ -344,22 +401,46 @@ class Run:
         return _attach(plan, found)
 
 
-async def _send_all(ledger: Ledger, selection: Selection, plan: Plan, claimant: Claimant, report: RunReport,
-                    stop_flag: threading.Event, display: Any) -> RunReport:
+async def _send_all(
+    ledger: Ledger,
+    selection: Selection,
+    plan: Plan,
+    claimant: Claimant,
+    report: RunReport,
+    stop_flag: threading.Event,
+    display: Any,
+) -> RunReport:
     api, own = run_client(plan.client)
     max_tokens = max((r.max_tokens for r in selection.requests.values()), default=1024)
     api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=max_tokens))
     try:
-        scheduler = Scheduler(ledger=ledger, selection=selection, cfg=plan.cfg, client=api, claimant=claimant,
-                              report=report, stop_flag=stop_flag, on_progress=display.update)
+        scheduler = Scheduler(
+            ledger=ledger,
+            selection=selection,
+            cfg=plan.cfg,
+            client=api,
+            claimant=claimant,
+            report=report,
+            stop_flag=stop_flag,
+            on_progress=display.update,
+        )
         return await scheduler.run()
     finally:
         if own:
             await api.close()
 
 
-async def _batches(ledger: Ledger, selection: Selection | None, plan: Plan, claimant: Claimant, report: RunReport,
-                   stop_flag: threading.Event, display: Any, *, wait: bool) -> None:
+async def _batches(
+    ledger: Ledger,
+    selection: Selection | None,
+    plan: Plan,
+    claimant: Claimant,
+    report: RunReport,
+    stop_flag: threading.Event,
+    display: Any,
+    *,
+    wait: bool,
+) -> None:
     """Batch mode: submit the selection (if any), then wait for the step's batches or just merge what ended.
 
     With `wait`, rows a batch gives back (expired, canceled, the API's own errors) are sent again, up to
@@ -369,37 +450,60 @@ async def _batches(ledger: Ledger, selection: Selection | None, plan: Plan, clai
     api = api.with_options(max_retries=0)  # a retried create could make two batches: batch.py retries itself
     version = plan.definition.version if plan.definition is not None else None
     try:
-        collector = BatchCollector(ledger=ledger, table=plan.table, step=plan.step, cfg=plan.cfg, client=api,
-                                   report=report, stop_flag=stop_flag, version=version,
-                                   output_model=plan.cfg.output_model, on_progress=display.update,
-                                   stale_after=plan.stale)
+        collector = BatchCollector(
+            ledger=ledger,
+            table=plan.table,
+            step=plan.step,
+            cfg=plan.cfg,
+            client=api,
+            report=report,
+            stop_flag=stop_flag,
+            version=version,
+            output_model=plan.cfg.output_model,
+            on_progress=display.update,
+            stale_after=plan.stale,
+        )
         if selection is None:
             await collector.collect()
             if collector.due is not None and not collector.stopped:  # a stopped run's batch may still be being
                 # created: wait (at most ABANDON_AFTER) to tell, rather than leave its rows held by nobody
-                display.note(f"waiting {collector.due:.0f}s to tell whether a stopped run's Message Batch reached "
-                             "the API (its rows are sent again if not)")
+                display.note(
+                    f"waiting {collector.due:.0f}s to tell whether a stopped run's Message Batch reached "
+                    "the API (its rows are sent again if not)"
+                )
                 await asyncio.to_thread(stop_flag.wait, collector.due + 0.1)
                 await collector.collect()
             return
         request = selection.requests.get(selection.version)
         output = collector.output_for(selection.version, request.output_spec() if request is not None else None)
-        sender = BatchSender(ledger=ledger, cfg=plan.cfg, client=api, claimant=claimant, report=report,
-                             stop_flag=stop_flag, output=output, find=collector.find, mine=collector.mine,
-                             batch_size=plan.batch_size,
-                             on_progress=display.update)
+        sender = BatchSender(
+            ledger=ledger,
+            cfg=plan.cfg,
+            client=api,
+            claimant=claimant,
+            report=report,
+            stop_flag=stop_flag,
+            output=output,
+            find=collector.find,
+            mine=collector.mine,
+            batch_size=plan.batch_size,
+            on_progress=display.update,
+        )
         for _ in range(RESEND_ROUNDS):
             if selection.remaining:
                 await sender.submit(selection)
             if not wait:
-                report.in_batches = sum(b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table,
-                                                                                plan.step))
+                report.in_batches = sum(
+                    b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table, plan.step)
+                )
                 return
             open_batches = await collector.collect()
             if collector.waiting_on(open_batches):
-                display.note(f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
-                             "interrupting stops the waiting, not the batches (run the same call again to "
-                             "collect them)")
+                display.note(
+                    f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
+                    "interrupting stops the waiting, not the batches (run the same call again to "
+                    "collect them)"
+                )
                 await collector.wait(open_batches)
             if not collector.returned or collector.stopped:
                 return

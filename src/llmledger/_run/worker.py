@@ -24,8 +24,16 @@ from llmledger._report import RunReport
 from llmledger.errors import InvalidInputError
 
 
-def work(store: str | Path, table: str, step: str, *, poll: float = 5.0,
-         stale_after: timedelta | float = timedelta(minutes=30), progress: bool = True, **options: Any) -> RunReport:
+def work(
+    store: str | Path,
+    table: str,
+    step: str,
+    *,
+    poll: float = 5.0,
+    stale_after: timedelta | float = timedelta(minutes=30),
+    progress: bool = True,
+    **options: Any,
+) -> RunReport:
     """Work on `table`.`step` of `store` alongside other workers until no row of it needs an answer.
 
     Takes `resume`'s options (`concurrency`, `where`, `redo`, `client`, `mode`, ...). Returns one report
@@ -38,12 +46,16 @@ def work(store: str | Path, table: str, step: str, *, poll: float = 5.0,
     if isinstance(poll, bool) or not isinstance(poll, int | float) or poll <= 0:
         raise InvalidInputError(f"poll must be a positive number of seconds, got {poll!r}")
     if options.get("redo", False) not in (False, "stale"):
-        raise InvalidInputError(f"work() takes redo=False or 'stale', not {options['redo']!r}: a worker sends rows "
-                                "until none are left, so redo=True or 'flagged' would send its own answers again on "
-                                "every pass. Run llmledger.resume(..., redo=...) once instead.")
+        raise InvalidInputError(
+            f"work() takes redo=False or 'stale', not {options['redo']!r}: a worker sends rows "
+            "until none are left, so redo=True or 'flagged' would send its own answers again on "
+            "every pass. Run llmledger.resume(..., redo=...) once instead."
+        )
     if options.get("background"):
-        raise InvalidInputError("work() runs in the foreground; start it in a process of its own "
-                                "(llmledger worker STORE --table T --step S) or use apply_llm(..., background=True)")
+        raise InvalidInputError(
+            "work() runs in the foreground; start it in a process of its own "
+            "(llmledger worker STORE --table T --step S) or use apply_llm(..., background=True)"
+        )
     total: RunReport | None = None
     while True:
         report = resume(store, table, step, stale_after=stale_after, progress=progress, **options)

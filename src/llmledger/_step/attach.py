@@ -62,8 +62,7 @@ class Blob:
     def block(self) -> dict[str, Any]:
         """The content block as recorded and fingerprinted: the bytes stand in as their hash."""
         kind = "document" if self.media_type == PDF else "image"
-        return {"type": kind, "source": {"type": "base64", "media_type": self.media_type,
-                                         "data": REF + self.sha256}}
+        return {"type": kind, "source": {"type": "base64", "media_type": self.media_type, "data": REF + self.sha256}}
 
 
 def media_type(data: bytes) -> str | None:
@@ -99,9 +98,9 @@ def image_size(data: bytes, kind: str) -> tuple[int, int] | None:
         if kind == "image/jpeg":
             i = 2
             while i + 9 < len(data):
-                marker, length = data[i + 1], struct.unpack(">H", data[i + 2:i + 4])[0]
+                marker, length = data[i + 1], struct.unpack(">H", data[i + 2 : i + 4])[0]
                 if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-                    height, width = struct.unpack(">HH", data[i + 5:i + 9])
+                    height, width = struct.unpack(">HH", data[i + 5 : i + 9])
                     return width, height
                 i += 2 + length
     except struct.error:
@@ -120,26 +119,35 @@ def blob_of(data: bytes, what: str) -> Blob:
     """The Blob of a file's bytes; PromptError when the API would not take them (`what` names the file)."""
     kind = media_type(data)
     if kind is None:
-        raise PromptError(f"{what} is not a PNG, JPEG, GIF or WebP image or a PDF (it starts {data[:8]!r}); "
-                          "those are what Claude reads. Convert it, or leave the row out (where=, or a null).")
+        raise PromptError(
+            f"{what} is not a PNG, JPEG, GIF or WebP image or a PDF (it starts {data[:8]!r}); "
+            "those are what Claude reads. Convert it, or leave the row out (where=, or a null)."
+        )
     limit = MAX_PDF_BYTES if kind == PDF else MAX_IMAGE_BYTES
     if len(data) > limit:
-        raise PromptError(f"{what} is {len(data) / 2**20:.1f} MB; the API takes at most {limit // 2**20} MB for "
-                          f"{'a PDF' if kind == PDF else 'an image'}. Make it smaller, or leave the row out.")
+        raise PromptError(
+            f"{what} is {len(data) / 2**20:.1f} MB; the API takes at most {limit // 2**20} MB for "
+            f"{'a PDF' if kind == PDF else 'an image'}. Make it smaller, or leave the row out."
+        )
     if kind == PDF:
         pages = len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", data)) or 1
         text = sum(len(t) for t in re.findall(rb"\((.*?)\)\s*Tj", data)) // 4
         tokens = pages * PDF_PAGE_TOKENS + text
     else:
         size = image_size(data, kind)
-        cut = (kind == "image/png" and b"IEND" not in data[-16:]) or (kind == "image/jpeg" and b"\xff\xd9" not in
-                                                                        data[-1024:])
+        cut = (kind == "image/png" and b"IEND" not in data[-16:]) or (
+            kind == "image/jpeg" and b"\xff\xd9" not in data[-1024:]
+        )
         if size is None or min(size) < 1 or cut:
-            raise PromptError(f"{what} starts like a {kind} but its size cannot be read from it: a damaged or cut-off "
-                              "file, which the API refuses. Replace it, or leave the row out.")
+            raise PromptError(
+                f"{what} starts like a {kind} but its size cannot be read from it: a damaged or cut-off "
+                "file, which the API refuses. Replace it, or leave the row out."
+            )
         if max(size) > MAX_IMAGE_SIDE:
-            raise PromptError(f"{what} is {size[0]} x {size[1]} px; the API takes at most {MAX_IMAGE_SIDE} px a side. "
-                              "Scale it down, or leave the row out.")
+            raise PromptError(
+                f"{what} is {size[0]} x {size[1]} px; the API takes at most {MAX_IMAGE_SIDE} px a side. "
+                "Scale it down, or leave the row out."
+            )
         tokens = image_tokens(*size)
     return Blob(hashlib.sha256(data).hexdigest(), kind, len(data), tokens)
 
@@ -166,8 +174,10 @@ def checked_stat(path: Path, *, since_recorded: bool = False) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise OSError(f"{str(path)!r} is {not_} a regular file (a {'directory' if path.is_dir() else 'special file'})")
     if st.st_size > MAX_PDF_BYTES:
-        raise OSError(f"{str(path)!r} is {st.st_size / 2**20:.1f} MB{now}; the API takes at most "
-                      f"{MAX_IMAGE_BYTES // 2**20} MB for an image and {MAX_PDF_BYTES // 2**20} MB for a PDF")
+        raise OSError(
+            f"{str(path)!r} is {st.st_size / 2**20:.1f} MB{now}; the API takes at most "
+            f"{MAX_IMAGE_BYTES // 2**20} MB for an image and {MAX_PDF_BYTES // 2**20} MB for a PDF"
+        )
     return st
 
 
@@ -200,8 +210,10 @@ def blob_at(value: str, what: str) -> Blob:
         return blob_of(read_location(value), what)
     except OSError as exc:
         where = "" if is_url(value) or os.path.isabs(os.path.expanduser(value)) else f" (relative to {os.getcwd()})"
-        raise PromptError(f"{what} cannot be read{where}: {type(exc).__name__}: {exc}. Fix the path, or leave the "
-                          "row out (where=, or a null).") from None
+        raise PromptError(
+            f"{what} cannot be read{where}: {type(exc).__name__}: {exc}. Fix the path, or leave the "
+            "row out (where=, or a null)."
+        ) from None
 
 
 @dataclass
@@ -215,8 +227,9 @@ class Attachments:
     fetched: dict[str, Blob] = field(default_factory=dict)  # URLs fetched by this call: once, not in a transaction
     in_frame: dict[tuple[str, str], Blob] = field(default_factory=dict)  # bytes values hashed, by (column, row key)
 
-    def blocks(self, row: dict[str, Any], where: str, frame: pl.DataFrame | None = None,
-               index: int | None = None) -> list[dict[str, Any]]:
+    def blocks(
+        self, row: dict[str, Any], where: str, frame: pl.DataFrame | None = None, index: int | None = None
+    ) -> list[dict[str, Any]]:
         """The content blocks of one row's files, in column order (a null is no file)."""
         out = []
         for column in self.columns:
@@ -233,8 +246,10 @@ class Attachments:
             else:
                 text = str(value) if isinstance(value, os.PathLike | str) else None
                 if text is None:
-                    raise PromptError(f"{what} is a {type(value).__name__}; an attached column holds file paths "
-                                      "or URLs (text) or file contents (bytes)")
+                    raise PromptError(
+                        f"{what} is a {type(value).__name__}; an attached column holds file paths "
+                        "or URLs (text) or file contents (bytes)"
+                    )
                 found = self.fetched.get(text) or blob_at(text, f"{what} ({text!r})")
                 if is_url(text):
                     self.fetched[text] = found
@@ -245,8 +260,11 @@ class Attachments:
 
     def for_columns(self, columns: tuple[str, ...]) -> Attachments:
         """The same bytes this process knows, for a request attaching `columns` (another version's, resume's)."""
-        return self if columns == self.columns else Attachments(columns, self.known, self.blobs, self.fetched,
-                                                                 self.in_frame)
+        return (
+            self
+            if columns == self.columns
+            else Attachments(columns, self.known, self.blobs, self.fetched, self.in_frame)
+        )
 
     def resolve(self, body: dict[str, Any], *rows: dict[str, Any]) -> dict[str, Any]:
         """`body` as sent: each recorded hash replaced by the file's bytes, read now and checked against it.
@@ -274,8 +292,9 @@ class Attachments:
                 data = place() if callable(place) else read_location(place)
             except OSError as exc:
                 relative = isinstance(place, str) and not is_url(place) and not os.path.isabs(os.path.expanduser(place))
-                problems.append(f"{place!r}{f' (relative to {os.getcwd()})' if relative else ''}: "
-                                f"{type(exc).__name__}: {exc}")
+                problems.append(
+                    f"{place!r}{f' (relative to {os.getcwd()})' if relative else ''}: {type(exc).__name__}: {exc}"
+                )
                 continue
             if hashlib.sha256(data).hexdigest() == sha:
                 return data
@@ -284,12 +303,16 @@ class Attachments:
                     _HASHED.pop(stamp, None)
             problems.append(f"{place!r} holds other content now" if isinstance(place, str) else "changed bytes")
         if not places:
-            raise AttachmentError(f"the file recorded as sha256:{sha[:12]}… came as bytes in the frame, which the "
-                                  "ledger does not keep (it keeps paths and URLs): finish this step with apply_llm "
-                                  "on that frame")
-        raise AttachmentError(f"the file recorded as sha256:{sha[:12]}… is not where it was ("
-                              f"{'; '.join(problems)}): run apply_llm again so the ledger records the file as it "
-                              "is now (the row then reports stale), or put the file back")
+            raise AttachmentError(
+                f"the file recorded as sha256:{sha[:12]}… came as bytes in the frame, which the "
+                "ledger does not keep (it keeps paths and URLs): finish this step with apply_llm "
+                "on that frame"
+            )
+        raise AttachmentError(
+            f"the file recorded as sha256:{sha[:12]}… is not where it was ("
+            f"{'; '.join(problems)}): run apply_llm again so the ledger records the file as it "
+            "is now (the row then reports stale), or put the file back"
+        )
 
 
 def _holder(frame: pl.DataFrame | None, column: str, index: int | None, data: bytes) -> Callable[[], bytes]:
@@ -303,7 +326,7 @@ def _holder(frame: pl.DataFrame | None, column: str, index: int | None, data: by
 def _ref(block: Any) -> str | None:
     source = block.get("source") if isinstance(block, dict) else None
     data = source.get("data") if isinstance(source, dict) else None
-    return data[len(REF):] if isinstance(data, str) and data.startswith(REF) else None
+    return data[len(REF) :] if isinstance(data, str) and data.startswith(REF) else None
 
 
 def _with_data(block: dict[str, Any], data: bytes) -> dict[str, Any]:
@@ -316,16 +339,18 @@ def check_attach(attach: Any, frame: pl.DataFrame) -> tuple[str, ...]:
         return ()
     names = [attach] if isinstance(attach, str) else attach
     if not isinstance(names, list | tuple) or not names or not all(isinstance(n, str) for n in names):
-        raise PromptError(f"attach must name a column (or a list of columns) of file paths, URLs or bytes, "
-                          f"e.g. attach='invoice_path'; got {attach!r}")
+        raise PromptError(
+            f"attach must name a column (or a list of columns) of file paths, URLs or bytes, "
+            f"e.g. attach='invoice_path'; got {attach!r}"
+        )
     for name in names:
         if name not in frame.columns:
-            raise PromptError(f"attach names column {name!r}, which the frame does not have; columns: "
-                              f"{frame.columns}")
+            raise PromptError(f"attach names column {name!r}, which the frame does not have; columns: {frame.columns}")
         dtype = frame.schema[name]
         if not (dtype == pl.String or dtype == pl.Binary or dtype == pl.Object or dtype == pl.Null):
-            raise PromptError(f"attach column {name!r} is {dtype}; it must hold file paths or URLs (text) or "
-                              "file contents (bytes)")
+            raise PromptError(
+                f"attach column {name!r} is {dtype}; it must hold file paths or URLs (text) or file contents (bytes)"
+            )
     if len(set(names)) != len(names):
         raise PromptError(f"attach names a column twice: {names!r}")
     return tuple(names)

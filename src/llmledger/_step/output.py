@@ -100,19 +100,23 @@ def output_spec(output: Any) -> OutputSpec | None:
             raise InvalidInputError("output= is an empty mapping; name at least one field, e.g. {'company': str}")
         bad = [name for name in output if not isinstance(name, str) or not name.isidentifier()]
         if bad:
-            raise InvalidInputError(f"output= field names must be identifiers (letters, digits, underscores), "
-                                    f"got {bad}")
+            raise InvalidInputError(
+                f"output= field names must be identifiers (letters, digits, underscores), got {bad}"
+            )
         for name, tp in output.items():
             _check_field_type(name, tp)
         try:
             model = pydantic.create_model("Output", **{name: (tp, ...) for name, tp in output.items()})
         except Exception as exc:
-            raise InvalidInputError(f"output= could not be made into a model: {exc}. Use types such as str, int, "
-                                    "float, bool, Literal['a', 'b'], list[str], T | None or a pydantic model."
-                                    ) from None
+            raise InvalidInputError(
+                f"output= could not be made into a model: {exc}. Use types such as str, int, "
+                "float, bool, Literal['a', 'b'], list[str], T | None or a pydantic model."
+            ) from None
     elif not (isinstance(output, type) and issubclass(output, pydantic.BaseModel)):
-        raise InvalidInputError(f"output= must be a pydantic model class or a mapping of field names to types "
-                                f"such as {{'company': str, 'year': int}}, got {output!r}")
+        raise InvalidInputError(
+            f"output= must be a pydantic model class or a mapping of field names to types "
+            f"such as {{'company': str, 'year': int}}, got {output!r}"
+        )
     try:
         raw = model.model_json_schema()
     except Exception as exc:
@@ -124,13 +128,21 @@ def output_spec(output: Any) -> OutputSpec | None:
     try:
         sql_type(schema, schema.get("$defs", {}))
     except RecursionError:
-        raise InvalidInputError(f"output= {model.__name__} refers to itself; a stored column cannot nest "
-                                "without end. Flatten the model.") from None
+        raise InvalidInputError(
+            f"output= {model.__name__} refers to itself; a stored column cannot nest without end. Flatten the model."
+        ) from None
     return OutputSpec(schema, model)
 
 
-_POLARS_TYPES = {"Boolean": "bool", "String": "str", "Utf8": "str", "Date": "datetime.date",
-                 "Datetime": "datetime.datetime", "Categorical": "str", "Enum": "Literal['a', 'b']"}
+_POLARS_TYPES = {
+    "Boolean": "bool",
+    "String": "str",
+    "Utf8": "str",
+    "Date": "datetime.date",
+    "Datetime": "datetime.datetime",
+    "Categorical": "str",
+    "Enum": "Literal['a', 'b']",
+}
 
 
 def _check_field_type(name: str, tp: Any) -> None:
@@ -139,12 +151,20 @@ def _check_field_type(name: str, tp: Any) -> None:
     if not module.startswith("polars"):
         return
     kind = getattr(tp, "__name__", None) or type(tp).__name__
-    python = _POLARS_TYPES.get(kind) or ("int" if kind.startswith(("Int", "UInt")) else
-                                         "float" if kind.startswith(("Float", "Decimal")) else
-                                         "list[str]" if kind in ("List", "Array") else "str")
-    raise InvalidInputError(f"output= field {name!r} is the polars type {tp!r}; output= takes Python types: str, "
-                            f"int, float, bool, datetime.date, Literal['a', 'b'], list[str], T | None or a "
-                            f"pydantic model. Use {python} (the stored column is then {kind}).")
+    python = _POLARS_TYPES.get(kind) or (
+        "int"
+        if kind.startswith(("Int", "UInt"))
+        else "float"
+        if kind.startswith(("Float", "Decimal"))
+        else "list[str]"
+        if kind in ("List", "Array")
+        else "str"
+    )
+    raise InvalidInputError(
+        f"output= field {name!r} is the polars type {tp!r}; output= takes Python types: str, "
+        f"int, float, bool, datetime.date, Literal['a', 'b'], list[str], T | None or a "
+        f"pydantic model. Use {python} (the stored column is then {kind})."
+    )
 
 
 def _check_typed(schema: dict[str, Any], defs: dict[str, Any], path: str) -> None:
@@ -159,17 +179,22 @@ def _check_typed(schema: dict[str, Any], defs: dict[str, Any], path: str) -> Non
         return
     kind = schema.get("type")
     if kind is None:
-        raise InvalidInputError(f"output= field {path!r} may hold anything (Any or object), which structured "
-                                "outputs cannot constrain; give it a type such as str, int, list[str] or a model")
+        raise InvalidInputError(
+            f"output= field {path!r} may hold anything (Any or object), which structured "
+            "outputs cannot constrain; give it a type such as str, int, list[str] or a model"
+        )
     if kind == "array":
         items = schema.get("items")
         if not items:
             tuple_like = "prefixItems" in (schema.get("description") or "")
             raise InvalidInputError(
-                f"output= field {path!r} is " + ("a tuple, which structured outputs do not support; use a model "
-                                                 "with named fields, or list[T]" if tuple_like else
-                                                 "a list of anything (a bare list, set or tuple); say what it "
-                                                 "holds, e.g. list[str]"))
+                f"output= field {path!r} is "
+                + (
+                    "a tuple, which structured outputs do not support; use a model with named fields, or list[T]"
+                    if tuple_like
+                    else "a list of anything (a bare list, set or tuple); say what it holds, e.g. list[str]"
+                )
+            )
         _check_typed(items, defs, path + "[]")
     elif kind == "object":
         for name, sub in schema.get("properties", {}).items():
@@ -202,6 +227,7 @@ def _in_field_order(schema: Any) -> Any:
 
 # -- the schema the API accepts ------------------------------------------------------------------------
 
+
 def api_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """`schema` as structured outputs accept it: objects closed, unsupported keywords moved to the description."""
     out: dict[str, Any] = {}
@@ -223,11 +249,14 @@ def api_schema(schema: dict[str, Any]) -> dict[str, Any]:
         if not properties or extra not in (None, False):
             raise InvalidInputError(
                 f"output= has a mapping with free keys ({out.get('title') or 'a dict field'}); structured outputs "
-                "fill named fields only. Use a model with named fields, or a list of key/value models.")
+                "fill named fields only. Use a model with named fields, or a list of key/value models."
+            )
         lowered = [k.lower() for k in properties]
         if len(set(lowered)) < len(lowered):
-            raise InvalidInputError(f"output= has fields differing only in case ({sorted(properties)}); SQL "
-                                    "column names ignore case, so rename one")
+            raise InvalidInputError(
+                f"output= has fields differing only in case ({sorted(properties)}); SQL "
+                "column names ignore case, so rename one"
+            )
         out["properties"] = {k: api_schema(v) for k, v in properties.items()}
         rest.pop("required", None)
         out["required"] = list(properties)  # every field, always: the answer never relies on a default
@@ -244,6 +273,7 @@ def api_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the DuckDB type -----------------------------------------------------------------------------------
+
 
 def resolved(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     ref = schema.get("$ref")
@@ -280,6 +310,7 @@ def sql_type(schema: dict[str, Any], defs: dict[str, Any]) -> str:
 
 # -- checking an answer --------------------------------------------------------------------------------
 
+
 def normalise(value: Any, schema: dict[str, Any], defs: dict[str, Any], path: str) -> Any:
     """`value` checked against `schema`, with every object's properties present (missing optional ones null)."""
     schema = resolved(schema, defs)
@@ -306,8 +337,10 @@ def normalise(value: Any, schema: dict[str, Any], defs: dict[str, Any], path: st
         missing = [name for name in schema.get("required", []) if name not in value]
         if missing:
             raise OutputError(f"{path} is missing required field(s) {missing}")
-        return {name: (normalise(value[name], sub, defs, f"{path}.{name}") if name in value else None)
-                for name, sub in props.items()}
+        return {
+            name: (normalise(value[name], sub, defs, f"{path}.{name}") if name in value else None)
+            for name, sub in props.items()
+        }
     if kind == "array":
         if not isinstance(value, list):
             raise OutputError(f"{path} should be a list, got {json.dumps(value)[:80]}")
@@ -315,8 +348,9 @@ def normalise(value: Any, schema: dict[str, Any], defs: dict[str, Any], path: st
         return [normalise(v, items, defs, f"{path}[{i}]") for i, v in enumerate(value)]
     if kind == "string" and not isinstance(value, str):
         raise OutputError(f"{path} should be a string, got {json.dumps(value)[:80]}")
-    if kind == "integer" and not (isinstance(value, int) and not isinstance(value, bool)
-                                  and _INT64[0] <= value <= _INT64[1]):
+    if kind == "integer" and not (
+        isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value <= _INT64[1]
+    ):
         raise OutputError(f"{path} should be an integer, got {json.dumps(value)[:80]}")
     if kind == "number" and not (isinstance(value, int | float) and not isinstance(value, bool)):
         raise OutputError(f"{path} should be a number, got {json.dumps(value)[:80]}")

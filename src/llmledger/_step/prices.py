@@ -46,16 +46,32 @@ class Price:
     long_prompt_threshold: int | None = None  # prompts (input + cache) above this many tokens pay `long_prompt`
     long_prompt: Price | None = None
 
-    def cost(self, *, input_tokens: int, output_tokens: int, cache_write_tokens: int = 0,
-             cache_write_1h_tokens: int = 0, cache_read_tokens: int = 0, batch: bool = False) -> float:
+    def cost(
+        self,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cache_write_tokens: int = 0,
+        cache_write_1h_tokens: int = 0,
+        cache_read_tokens: int = 0,
+        batch: bool = False,
+    ) -> float:
         prompt = input_tokens + cache_write_tokens + cache_read_tokens
         rates = self
-        if self.long_prompt is not None and self.long_prompt_threshold is not None \
-                and prompt > self.long_prompt_threshold:
+        if (
+            self.long_prompt is not None
+            and self.long_prompt_threshold is not None
+            and prompt > self.long_prompt_threshold
+        ):
             rates = self.long_prompt
         write_5m = cache_write_tokens - cache_write_1h_tokens
-        total = (input_tokens * rates.input + output_tokens * rates.output + write_5m * rates.cache_write_5m
-                 + cache_write_1h_tokens * rates.cache_write_1h + cache_read_tokens * rates.cache_read) / 1e6
+        total = (
+            input_tokens * rates.input
+            + output_tokens * rates.output
+            + write_5m * rates.cache_write_5m
+            + cache_write_1h_tokens * rates.cache_write_1h
+            + cache_read_tokens * rates.cache_read
+        ) / 1e6
         return total * (self.batch if batch else 1.0)
 
 
@@ -96,10 +112,16 @@ def _table() -> tuple[str, dict[str, Price], dict[str, str]]:
 
 def _price(entry: dict[str, Any]) -> Price:
     long = entry.get("long_prompt")
-    return Price(input=entry["input"], output=entry["output"], cache_write_5m=entry["cache_write_5m"],
-                 cache_write_1h=entry["cache_write_1h"], cache_read=entry["cache_read"],
-                 batch=entry.get("batch", 0.5), long_prompt_threshold=long["threshold"] if long else None,
-                 long_prompt=_price({**long, "batch": entry.get("batch", 0.5)}) if long else None)
+    return Price(
+        input=entry["input"],
+        output=entry["output"],
+        cache_write_5m=entry["cache_write_5m"],
+        cache_write_1h=entry["cache_write_1h"],
+        cache_read=entry["cache_read"],
+        batch=entry.get("batch", 0.5),
+        long_prompt_threshold=long["threshold"] if long else None,
+        long_prompt=_price({**long, "batch": entry.get("batch", 0.5)}) if long else None,
+    )
 
 
 def listed(model: str) -> bool:
@@ -138,8 +160,11 @@ def warn_unpriced(model: str) -> None:
     _, table, aliases = _table()
     close = difflib.get_close_matches(model, [*table, *aliases, *_overrides], n=1, cutoff=0.8)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    warn(f"llmledger knows no price for model {model!r}: its rows get a NULL cost (tokens are stored).{hint} "
-         f"Tell it with llmledger.set_price({model!r}, input=..., output=...).", UnknownPriceWarning)
+    warn(
+        f"llmledger knows no price for model {model!r}: its rows get a NULL cost (tokens are stored).{hint} "
+        f"Tell it with llmledger.set_price({model!r}, input=..., output=...).",
+        UnknownPriceWarning,
+    )
 
 
 class Usage(Protocol):
@@ -166,6 +191,7 @@ class Usage(Protocol):
     @property
     def batch(self) -> bool: ...
 
+
 def cost_usd(reply: Usage) -> float | None:
     """What an answer cost at list price (the batch rate for a batch's answer); None when the model's price is
     unknown (said once per model: `warn_unpriced`)."""
@@ -173,13 +199,26 @@ def cost_usd(reply: Usage) -> float | None:
     if price is None:
         warn_unpriced(reply.model)  # the API answered with another id than the one asked for
         return None
-    return price.cost(input_tokens=reply.input_tokens, output_tokens=reply.output_tokens,
-                      cache_write_tokens=reply.cache_write_tokens, cache_write_1h_tokens=reply.cache_write_1h_tokens,
-                      cache_read_tokens=reply.cache_read_tokens, batch=reply.batch)
+    return price.cost(
+        input_tokens=reply.input_tokens,
+        output_tokens=reply.output_tokens,
+        cache_write_tokens=reply.cache_write_tokens,
+        cache_write_1h_tokens=reply.cache_write_1h_tokens,
+        cache_read_tokens=reply.cache_read_tokens,
+        batch=reply.batch,
+    )
 
 
-def set_price(model: str, *, input: float, output: float, cache_write_5m: float | None = None,
-              cache_write_1h: float | None = None, cache_read: float | None = None, batch: float = 0.5) -> None:
+def set_price(
+    model: str,
+    *,
+    input: float,
+    output: float,
+    cache_write_5m: float | None = None,
+    cache_write_1h: float | None = None,
+    cache_read: float | None = None,
+    batch: float = 0.5,
+) -> None:
     """Set the price of `model` for this process, in USD per million tokens.
 
     Cache rates default to the usual multiples of the input rate (writes 1.25x for 5 minutes and 2x for
@@ -191,10 +230,14 @@ def set_price(model: str, *, input: float, output: float, cache_write_5m: float 
     for name, value in rates.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise InvalidInputError(f"{name} must be a non-negative number of USD per million tokens, got {value!r}")
-    price = Price(input=float(input), output=float(output),
-                  cache_write_5m=float(cache_write_5m if cache_write_5m is not None else input * 1.25),
-                  cache_write_1h=float(cache_write_1h if cache_write_1h is not None else input * 2.0),
-                  cache_read=float(cache_read if cache_read is not None else input * 0.1), batch=float(batch))
+    price = Price(
+        input=float(input),
+        output=float(output),
+        cache_write_5m=float(cache_write_5m if cache_write_5m is not None else input * 1.25),
+        cache_write_1h=float(cache_write_1h if cache_write_1h is not None else input * 2.0),
+        cache_read=float(cache_read if cache_read is not None else input * 0.1),
+        batch=float(batch),
+    )
     with _lock:
         _overrides[model] = price
         _warned.discard(model)
@@ -212,8 +255,14 @@ def prices() -> pl.DataFrame:
     rows = []
     for model, price in merged.items():
         flat = {k: v for k, v in asdict(replace(price, long_prompt=None)).items() if k != "long_prompt"}
-        rows.append({"model": model, "aliases": sorted(by_model.get(model, [])), **flat,
-                     "source": "set_price" if model in overridden else f"built in (checked {checked})"})
+        rows.append(
+            {
+                "model": model,
+                "aliases": sorted(by_model.get(model, [])),
+                **flat,
+                "source": "set_price" if model in overridden else f"built in (checked {checked})",
+            }
+        )
     return pl.DataFrame(rows)
 
 

@@ -40,14 +40,18 @@ def template_fields(template: str) -> list[str]:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise PromptError(f"prompt template {template!r} is not a valid format string: {exc}. "
-                          "Write literal braces as '{{' and '}}'.") from None
+        raise PromptError(
+            f"prompt template {template!r} is not a valid format string: {exc}. "
+            "Write literal braces as '{{' and '}}'."
+        ) from None
     for _, field_name, _, _ in parsed:
         if field_name is None:
             continue
         if field_name == "" or field_name.isdigit():
-            raise PromptError(f"prompt template {template!r} has a positional field '{{{field_name}}}'; "
-                              "name a column instead, e.g. '{text}'.")
+            raise PromptError(
+                f"prompt template {template!r} has a positional field '{{{field_name}}}'; "
+                "name a column instead, e.g. '{text}'."
+            )
         name = field_name.split(".", 1)[0].split("[", 1)[0]
         if name not in names:
             names.append(name)
@@ -59,8 +63,9 @@ def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] 
     if callable(prompt):
         return
     if not isinstance(prompt, str):
-        raise PromptError(f"prompt must be a str.format template or a callable(row) -> str, "
-                          f"got {type(prompt).__name__}: {prompt!r}")
+        raise PromptError(
+            f"prompt must be a str.format template or a callable(row) -> str, got {type(prompt).__name__}: {prompt!r}"
+        )
     if not prompt.strip():
         raise PromptError("prompt is empty; pass a template such as 'Summarize: {text}'.")
     for name in template_fields(prompt):
@@ -68,11 +73,15 @@ def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] 
             close = difflib.get_close_matches(name, [*columns, *steps], n=1)
             hint = f" Did you mean {{{close[0]}}}?" if close else ""
             if not name.isidentifier() and not close:  # literal JSON or code: `{"spam": true}`
-                hint = (f" If {{{name}...}} is meant literally (JSON, code), write its braces doubled: "
-                        f"'{{{{' and '}}}}', as in {_doubled(prompt)!r}.")
+                hint = (
+                    f" If {{{name}...}} is meant literally (JSON, code), write its braces doubled: "
+                    f"'{{{{' and '}}}}', as in {_doubled(prompt)!r}."
+                )
             others = f"; steps of this table: {sorted(steps)}" if steps else ""
-            raise PromptError(f"prompt template names column {name!r}, which the frame does not have.{hint} "
-                              f"Columns: {list(columns)}{others}")
+            raise PromptError(
+                f"prompt template names column {name!r}, which the frame does not have.{hint} "
+                f"Columns: {list(columns)}{others}"
+            )
 
 
 def _doubled(template: str, limit: int = 60) -> str:
@@ -162,8 +171,7 @@ def plan_prompt(prompt: Prompt, frame: pl.DataFrame, steps: Collection[str] = ()
         name = getattr(prompt, "__qualname__", None) or type(prompt).__name__
         code = getattr(prompt, "__code__", None)
         digest = _code_digest(code) if isinstance(code, types.CodeType) else name
-        return PromptPlan(prompt, "python", f"<python callable {getattr(prompt, '__module__', '?')}.{name}>",
-                          digest)
+        return PromptPlan(prompt, "python", f"<python callable {getattr(prompt, '__module__', '?')}.{name}>", digest)
     upstream = tuple(name for name in template_fields(prompt) if name in steps)
     simple = True
     for _, field_name, spec, conversion in string.Formatter().parse(prompt):
@@ -172,28 +180,49 @@ def plan_prompt(prompt: Prompt, frame: pl.DataFrame, steps: Collection[str] = ()
         root = field_name.split(".", 1)[0].split("[", 1)[0]
         if root in upstream:
             if spec or conversion:
-                raise PromptError(f"prompt field {{{field_name}{'!' + conversion if conversion else ''}"
-                                  f"{':' + spec if spec else ''}}} reads step {root!r}: fields of other steps "
-                                  "take no format spec or conversion; write {" + field_name + "}.")
+                raise PromptError(
+                    f"prompt field {{{field_name}{'!' + conversion if conversion else ''}"
+                    f"{':' + spec if spec else ''}}} reads step {root!r}: fields of other steps "
+                    "take no format spec or conversion; write {" + field_name + "}."
+                )
             continue
         dtype = frame.schema.get(field_name)
         if spec or conversion or dtype is None or not (isinstance(dtype, _TEXT_LIKE) or dtype.is_integer()):
             simple = False
             if upstream:
-                what = f"column {field_name!r} is {dtype}" if dtype is not None else f"{{{field_name}}} is not " \
-                    "a plain column"
-                raise PromptError(f"a template that reads another step ({', '.join(upstream)}) is rendered by "
-                                  f"the ledger in SQL, which renders text and integer columns exactly, but {what}"
-                                  f"{' with a format spec' if spec or conversion else ''}. Make it a text column "
-                                  f"first, e.g. df.with_columns(pl.col({field_name!r}).cast(pl.String)).")
-    return PromptPlan(prompt, "template", prompt, hashlib.md5(prompt.encode()).hexdigest(),
-                      tuple(template_fields(prompt)), simple, upstream)
+                what = (
+                    f"column {field_name!r} is {dtype}"
+                    if dtype is not None
+                    else f"{{{field_name}}} is not a plain column"
+                )
+                raise PromptError(
+                    f"a template that reads another step ({', '.join(upstream)}) is rendered by "
+                    f"the ledger in SQL, which renders text and integer columns exactly, but {what}"
+                    f"{' with a format spec' if spec or conversion else ''}. Make it a text column "
+                    f"first, e.g. df.with_columns(pl.col({field_name!r}).cast(pl.String))."
+                )
+    return PromptPlan(
+        prompt,
+        "template",
+        prompt,
+        hashlib.md5(prompt.encode()).hexdigest(),
+        tuple(template_fields(prompt)),
+        simple,
+        upstream,
+    )
 
 
 def stored_template(template: str, upstream: tuple[str, ...]) -> PromptPlan:
     """The plan of a template read back from the store (for finishing a step fed by others from the store alone)."""
-    return PromptPlan(template, "template", template, hashlib.md5(template.encode()).hexdigest(),
-                      tuple(template_fields(template)), True, upstream)
+    return PromptPlan(
+        template,
+        "template",
+        template,
+        hashlib.md5(template.encode()).hexdigest(),
+        tuple(template_fields(template)),
+        True,
+        upstream,
+    )
 
 
 def _code_digest(code: types.CodeType) -> str:
@@ -204,8 +233,9 @@ def _code_digest(code: types.CodeType) -> str:
     return hashlib.md5(b"\0".join(parts)).hexdigest()
 
 
-def render(prompt: Prompt, frame: pl.DataFrame, key: Sequence[str],
-           attachments: Attachments | None = None) -> pl.Series:
+def render(
+    prompt: Prompt, frame: pl.DataFrame, key: Sequence[str], attachments: Attachments | None = None
+) -> pl.Series:
     """One prompt string per row, in Python. Nulls render as an empty string.
 
     With `attachments`, each row's message is its files then its text, as canonical JSON content blocks.
@@ -217,12 +247,15 @@ def render(prompt: Prompt, frame: pl.DataFrame, key: Sequence[str],
             text = prompt(row) if callable(prompt) else prompt.format(**values)
         except Exception as exc:
             where = {k: row[k] for k in key}
-            raise PromptError(f"building the prompt failed for the row with key {where}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise PromptError(
+                f"building the prompt failed for the row with key {where}: {type(exc).__name__}: {exc}"
+            ) from exc
         if not isinstance(text, str):
             where = {k: row[k] for k in key}
-            raise PromptError(f"the prompt callable returned {type(text).__name__} for the row with key "
-                              f"{where}; it must return a str.")
+            raise PromptError(
+                f"the prompt callable returned {type(text).__name__} for the row with key "
+                f"{where}; it must return a str."
+            )
         if attachments is not None:
             from llmledger._step.attach import row_content
 

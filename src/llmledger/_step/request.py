@@ -33,8 +33,13 @@ if TYPE_CHECKING:
     from llmledger._step.output import OutputSpec
 
 # Body fields llmledger sets itself, and SDK arguments that are not body fields.
-_OWN_FIELDS = {"model": "model=", "max_tokens": "max_tokens=", "system": "system=",
-               "messages": "prompt= (or messages=)", "llmledger_attach": "attach="}
+_OWN_FIELDS = {
+    "model": "model=",
+    "max_tokens": "max_tokens=",
+    "system": "system=",
+    "messages": "prompt= (or messages=)",
+    "llmledger_attach": "attach=",
+}
 _NOT_BODY = {"stream", "extra_headers", "extra_query", "extra_body", "timeout", "betas"}
 _SENTINEL = "\x00llmledger-prompt\x00"
 ATTACH_KEY = "llmledger_attach"  # in a stored request: the columns whose files go in the row's message
@@ -58,30 +63,41 @@ def check_request_options(options: Any) -> dict[str, Any]:
     if options is None:
         return {}
     if not isinstance(options, dict):
-        raise InvalidInputError(f"request_options must be a dict of Messages API fields such as "
-                                f"{{'temperature': 0.0, 'stop_sequences': ['END']}}, got {type(options).__name__}")
+        raise InvalidInputError(
+            f"request_options must be a dict of Messages API fields such as "
+            f"{{'temperature': 0.0, 'stop_sequences': ['END']}}, got {type(options).__name__}"
+        )
     for name in options:
         if not isinstance(name, str):
             raise InvalidInputError(f"request_options keys must be strings, got {name!r}")
         if name in _OWN_FIELDS:
-            raise InvalidInputError(f"request_options sets {name!r}, which apply_llm sets itself; "
-                                    f"pass {_OWN_FIELDS[name]} instead")
+            raise InvalidInputError(
+                f"request_options sets {name!r}, which apply_llm sets itself; pass {_OWN_FIELDS[name]} instead"
+            )
         if name in _NOT_BODY:
-            hint = ("llmledger does not stream" if name == "stream" else
-                    "set SDK options on the client, e.g. client.with_options(...)")
+            hint = (
+                "llmledger does not stream"
+                if name == "stream"
+                else "set SDK options on the client, e.g. client.with_options(...)"
+            )
             raise InvalidInputError(f"request_options[{name!r}] is not a Messages API body field ({hint})")
     try:
         canonical_json(options)
     except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"request_options must be JSON values (str, number, bool, None, list, dict): "
-                                f"{exc}") from None
+        raise InvalidInputError(
+            f"request_options must be JSON values (str, number, bool, None, list, dict): {exc}"
+        ) from None
     for name, (low, high) in _RANGES.items():
         value = options.get(name)
-        if name in options and (isinstance(value, bool) or not isinstance(value, int | float)
-                                or not low <= value <= (high if high is not None else value)):
+        if name in options and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not low <= value <= (high if high is not None else value)
+        ):
             bounds = f"between {low} and {high}" if high is not None else f"{low} or more"
-            raise InvalidInputError(f"request_options[{name!r}] must be a number {bounds} (the API refuses "
-                                    f"anything else), got {value!r}")
+            raise InvalidInputError(
+                f"request_options[{name!r}] must be a number {bounds} (the API refuses anything else), got {value!r}"
+            )
     return dict(options)
 
 
@@ -110,8 +126,9 @@ class RequestSpec:
         """The body without the row's message."""
         body: dict[str, Any] = {**self.options, "model": self.model, "max_tokens": self.max_tokens}
         if self.system is not None and self.cache_ttl is not None:
-            body["system"] = [{"type": "text", "text": self.system,
-                               "cache_control": {"type": "ephemeral", "ttl": self.cache_ttl}}]
+            body["system"] = [
+                {"type": "text", "text": self.system, "cache_control": {"type": "ephemeral", "ttl": self.cache_ttl}}
+            ]
         elif self.system is not None:
             body["system"] = self.system
         return body
@@ -157,8 +174,9 @@ class RequestSpec:
         if isinstance(system, list):  # [{"type": "text", "text": ..., "cache_control": {...}}], as body() makes it
             ttl = system[0]["cache_control"]["ttl"]
             system = system[0]["text"]
-        return cls(model=model, max_tokens=max_tokens, system=system, options=body, cache_ttl=ttl, prefix=prefix,
-                   attach=attach)
+        return cls(
+            model=model, max_tokens=max_tokens, system=system, options=body, cache_ttl=ttl, prefix=prefix, attach=attach
+        )
 
     def fingerprint(self, prompt: str) -> str:
         return fingerprint(self.body(prompt))
@@ -172,8 +190,7 @@ class RequestSpec:
     @cached_property
     def _around_prompt(self) -> tuple[str, str]:
         """The canonical JSON before and after the prompt's JSON string: the prompt is its only varying part."""
-        text = canonical_json({**self._static(),
-                               "messages": [*self.prefix, {"role": "user", "content": _SENTINEL}]})
+        text = canonical_json({**self._static(), "messages": [*self.prefix, {"role": "user", "content": _SENTINEL}]})
         head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
         return head, tail
 
@@ -183,8 +200,11 @@ class RequestSpec:
         if self.attach:  # the stored message is the content's canonical JSON already
             text = prompt_sql
         else:
-            text = (json_string_sql(prompt_sql) if dialect == "duckdb"
-                    else f"CAST(to_json(CAST({prompt_sql} AS TEXT)) AS TEXT)")
+            text = (
+                json_string_sql(prompt_sql)
+                if dialect == "duckdb"
+                else f"CAST(to_json(CAST({prompt_sql} AS TEXT)) AS TEXT)"
+            )
         return f"md5({sql_literal(head)} || {text} || {sql_literal(tail)})::UUID"
 
 
@@ -205,8 +225,10 @@ def json_string_sql(expr: str) -> str:
     for code in range(32):
         escaped = _SHORT.get(code, f"\\u{code:04x}")
         manual = f"replace({manual}, chr({code}), {sql_literal(escaped)})"
-    return (f"(CASE WHEN regexp_matches({expr}, {sql_literal(_UPPER_HEX_CONTROLS)}) "
-            f"THEN '\"' || {manual} || '\"' ELSE to_json({expr})::VARCHAR END)")
+    return (
+        f"(CASE WHEN regexp_matches({expr}, {sql_literal(_UPPER_HEX_CONTROLS)}) "
+        f"THEN '\"' || {manual} || '\"' ELSE to_json({expr})::VARCHAR END)"
+    )
 
 
 MAX_TOKENS_BOUND = 1_000_000  # above every model's output limit; also what the ledger's INTEGER column holds
@@ -216,5 +238,7 @@ def check_max_tokens(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or math.isinf(value):
         raise InvalidInputError(f"max_tokens must be a positive integer, got {value!r}")
     if value > MAX_TOKENS_BOUND:
-        raise InvalidInputError(f"max_tokens={value:,} is more than any model writes in one answer; pass at most "
-                                f"{MAX_TOKENS_BOUND:,} (the model's own limit, e.g. 64,000, is checked by the API)")
+        raise InvalidInputError(
+            f"max_tokens={value:,} is more than any model writes in one answer; pass at most "
+            f"{MAX_TOKENS_BOUND:,} (the model's own limit, e.g. 64,000, is checked by the API)"
+        )

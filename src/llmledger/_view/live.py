@@ -95,16 +95,23 @@ class Bar:
         from tqdm.auto import tqdm
 
         if self.report.selected:
-            self._bar = tqdm(total=self.report.selected, desc=f"{self.report.table}.{self.report.step}", unit="row",
-                             file=sys.stderr, dynamic_ncols=True, mininterval=REFRESH_SECONDS)
+            self._bar = tqdm(
+                total=self.report.selected,
+                desc=f"{self.report.table}.{self.report.step}",
+                unit="row",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=REFRESH_SECONDS,
+            )
 
     def update(self, report: RunReport, n: int) -> None:
         if self._bar is None:
             return
         with self._lock:
             self._bar.update(n)
-            self._bar.set_postfix(failed=report.failed + report.needs_review, calls=report.calls,
-                                  retries=report.retries, refresh=False)
+            self._bar.set_postfix(
+                failed=report.failed + report.needs_review, calls=report.calls, retries=report.retries, refresh=False
+            )
 
     def note(self, message: str) -> None:
         if self._bar is not None:

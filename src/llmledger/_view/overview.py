@@ -64,8 +64,10 @@ class StoreView:
         if table is not None and table not in self.overview.tables:
             from llmledger.errors import InvalidInputError
 
-            raise InvalidInputError(f"the store has no table {table!r}; its tables: {self.overview.tables}. "
-                                    "Leave out table= to see every one.")
+            raise InvalidInputError(
+                f"the store has no table {table!r}; its tables: {self.overview.tables}. "
+                "Leave out table= to see every one."
+            )
         self.read_at: datetime = utcnow()
         self._widget: Any = None
         self._stop = threading.Event()
@@ -133,8 +135,12 @@ def use_colour(stream: Any = None) -> bool:
     if os.environ.get("FORCE_COLOR"):
         return True
     stream = stream or sys.stdout
-    return (not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-            and hasattr(stream, "isatty") and stream.isatty())
+    return (
+        not os.environ.get("NO_COLOR")
+        and os.environ.get("TERM") != "dumb"
+        and hasattr(stream, "isatty")
+        and stream.isatty()
+    )
 
 
 # -- HTML --------------------------------------------------------------------------------------------------
@@ -160,15 +166,19 @@ def _flagged(step: StepOverview) -> list[str]:
 
 def _claims(claims: list[Claims], now: datetime) -> list[str]:
     """Who holds the step's RUNNING rows; a holder whose process on this host is gone is said to be."""
-    return [f"held by {c.claimed_by}: {rows(c.rows)}, claimed {_ago(c.since, now)} ago" +
-            (" (its process is gone: the next run of the step takes them back)" if is_abandoned(c.claimed_by)
-             else "") for c in claims]
+    return [
+        f"held by {c.claimed_by}: {rows(c.rows)}, claimed {_ago(c.since, now)} ago"
+        + (" (its process is gone: the next run of the step takes them back)" if is_abandoned(c.claimed_by) else "")
+        for c in claims
+    ]
 
 
 def _batch(b: BatchOverview, now: datetime) -> str:
     state = b.processing_status or ("being created" if b.state == "submitting" else b.state)
-    return (f"{b.batch_id or '(being created)'}  {b.table}.{b.step}: {b.rows:,} rows in {b.requests:,} requests, "
-            f"{state}, sent {_ago(b.submitted_at, now)} ago")
+    return (
+        f"{b.batch_id or '(being created)'}  {b.table}.{b.step}: {b.rows:,} rows in {b.requests:,} requests, "
+        f"{state}, sent {_ago(b.submitted_at, now)} ago"
+    )
 
 
 def _nothing(overview: Overview, table: str | None) -> str:
@@ -184,18 +194,23 @@ def store_html(overview: Overview, *, name: str, read_at: datetime, table: str |
     for step in overview.steps:
         if step.table != current:
             current = step.table
-            body.append(f"<div style='margin-top:6px'><b>{esc(current)}</b> <span style='color:#777'>"
-                        f"{step.counts.get('total', 0):,} rows</span></div>")
+            body.append(
+                f"<div style='margin-top:6px'><b>{esc(current)}</b> <span style='color:#777'>"
+                f"{step.counts.get('total', 0):,} rows</span></div>"
+            )
         bar = parts(step.counts)
-        extra = "".join(f"<div style='color:{SEGMENTS['RUNNING'].colour}'>{esc(c)}</div>"
-                        for c in _claims(step.claims, now))
+        extra = "".join(
+            f"<div style='color:{SEGMENTS['RUNNING'].colour}'>{esc(c)}</div>" for c in _claims(step.claims, now)
+        )
         extra += "".join(f"<div data-field='flagged' style='color:#ef6c00'>{esc(f)}</div>" for f in _flagged(step))
-        body.append(f"<div class='llmledger-step' data-table='{esc(step.table)}' data-step='{esc(step.step)}' "
-                    f"style='display:flex;gap:10px;align-items:flex-start;margin:2px 0 6px 8px'>"
-                    f"<div style='width:150px;overflow:hidden;text-overflow:ellipsis'><b>{esc(step.step)}</b>"
-                    f"<div style='color:#777;font-size:85%' data-field='cost'>{esc(_cost(step))}</div></div>"
-                    f"<div style='flex:1'>{bar_html(bar)}{legend_html(bar)}{extra}{errors_html(_errors(step))}"
-                    f"</div></div>")
+        body.append(
+            f"<div class='llmledger-step' data-table='{esc(step.table)}' data-step='{esc(step.step)}' "
+            f"style='display:flex;gap:10px;align-items:flex-start;margin:2px 0 6px 8px'>"
+            f"<div style='width:150px;overflow:hidden;text-overflow:ellipsis'><b>{esc(step.step)}</b>"
+            f"<div style='color:#777;font-size:85%' data-field='cost'>{esc(_cost(step))}</div></div>"
+            f"<div style='flex:1'>{bar_html(bar)}{legend_html(bar)}{extra}{errors_html(_errors(step))}"
+            f"</div></div>"
+        )
     if overview.batches:
         rows = "".join(f"<div class='llmledger-batch'>{esc(_batch(b, now))}</div>" for b in overview.batches)
         body.append(f"<div style='margin-top:6px'><b>Message Batches in progress</b>{rows}</div>")
@@ -206,11 +221,12 @@ def store_html(overview: Overview, *, name: str, read_at: datetime, table: str |
 def _plain(value: object, limit: int = 160) -> str:
     """One line of printable text: model output and error messages may hold newlines or terminal escapes."""
     text = " ".join("".join(c if c.isprintable() else " " for c in str(value)).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def store_text(overview: Overview, *, name: str, read_at: datetime, table: str | None = None,
-               colour: bool = False) -> str:
+def store_text(
+    overview: Overview, *, name: str, read_at: datetime, table: str | None = None, colour: bool = False
+) -> str:
     now = utcnow()
     lines = [f"llmledger · {name} · read at {read_at:%H:%M:%S} UTC"]
     if not overview.steps:
@@ -223,12 +239,17 @@ def store_text(overview: Overview, *, name: str, read_at: datetime, table: str |
             current = step.table
             lines.append(f"{current} ({step.counts.get('total', 0):,} rows)")
         bar = parts(step.counts)
-        lines.append(f"  {step.step:<{width}}  {bar_text(bar, 30, colour=colour)}  {legend_text(bar, colour=colour)}"
-                     f"  ({_cost(step)})")
+        lines.append(
+            f"  {step.step:<{width}}  {bar_text(bar, 30, colour=colour)}  {legend_text(bar, colour=colour)}"
+            f"  ({_cost(step)})"
+        )
         lines.extend(pad + _plain(c) for c in _claims(step.claims, now) + _flagged(step))
         red = ("\x1b[31m", "\x1b[0m") if colour else ("", "")
-        lines.extend(f"{pad}{red[0]}{e.count:,} rows: {_plain(e.kind, 80)}{red[1]}, e.g. {_plain(e.example_key, 60)}: "
-                     f"{_plain(e.detail)}" for e in _errors(step))
+        lines.extend(
+            f"{pad}{red[0]}{e.count:,} rows: {_plain(e.kind, 80)}{red[1]}, e.g. {_plain(e.example_key, 60)}: "
+            f"{_plain(e.detail)}"
+            for e in _errors(step)
+        )
     if overview.batches:
         lines.append("Message Batches in progress")
         lines.extend("  " + _plain(_batch(b, now), 200) for b in overview.batches)

@@ -9,5 +9,14 @@ from llmledger.simulator.media import pdf, png, sample_documents
 from llmledger.simulator.replies import ERRORS, ErrorSpec, count_tokens, default_reply
 from llmledger.simulator.server import Simulator, simulate
 
-__all__ = ["ERRORS", "ErrorSpec", "Simulator", "count_tokens", "default_reply", "pdf", "png", "sample_documents",
-           "simulate"]
+__all__ = [
+    "ERRORS",
+    "ErrorSpec",
+    "Simulator",
+    "count_tokens",
+    "default_reply",
+    "pdf",
+    "png",
+    "sample_documents",
+    "simulate",
+]

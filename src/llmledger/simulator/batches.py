@@ -71,31 +71,51 @@ class SimBatches:
     def create(self, body: Any, size: int, base_url: str) -> dict[str, Any]:
         f = self.sim.faults
         if size > f.batch_max_bytes:
-            raise _Refused(ErrorSpec(413, "request_too_large", f"Batch exceeds the maximum size of "
-                                                               f"{f.batch_max_bytes} bytes."))
+            raise _Refused(
+                ErrorSpec(413, "request_too_large", f"Batch exceeds the maximum size of {f.batch_max_bytes} bytes.")
+            )
         requests = body.get("requests") if isinstance(body, dict) else None
         if not isinstance(requests, list) or not requests:
             raise _Refused(ErrorSpec(400, "invalid_request_error", "requests: at least one request is required"))
         if len(requests) > f.batch_max_requests:
-            raise _Refused(ErrorSpec(400, "invalid_request_error", f"requests: a batch holds at most "
-                                                                   f"{f.batch_max_requests} requests"))
+            raise _Refused(
+                ErrorSpec(
+                    400, "invalid_request_error", f"requests: a batch holds at most {f.batch_max_requests} requests"
+                )
+            )
         seen: set[str] = set()
         for n, request in enumerate(requests):
             custom_id = request.get("custom_id") if isinstance(request, dict) else None
             if not isinstance(custom_id, str) or not _CUSTOM_ID.match(custom_id):
-                raise _Refused(ErrorSpec(400, "invalid_request_error", f"requests.{n}.custom_id: String should "
-                                                                       "match pattern '^[a-zA-Z0-9_-]{1,64}$'"))
+                raise _Refused(
+                    ErrorSpec(
+                        400,
+                        "invalid_request_error",
+                        f"requests.{n}.custom_id: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'",
+                    )
+                )
             if custom_id in seen:
-                raise _Refused(ErrorSpec(400, "invalid_request_error", f"requests.{n}.custom_id: duplicate "
-                                                                       f"custom_id {custom_id!r}"))
+                raise _Refused(
+                    ErrorSpec(
+                        400, "invalid_request_error", f"requests.{n}.custom_id: duplicate custom_id {custom_id!r}"
+                    )
+                )
             seen.add(custom_id)
             if not isinstance(request.get("params"), dict):
                 raise _Refused(ErrorSpec(400, "invalid_request_error", f"requests.{n}.params: Field required"))
         now = time.time()
         batch_id = f"msgbatch_sim_{uuid.uuid4().hex[:20]}"
-        record = {"id": batch_id, "created": now, "ends": now + f.batch_delay, "expires": now + f.batch_expire_after,
-                  "requests": requests, "results": None, "ended": None, "cancel_at": None,
-                  "results_url": f"{base_url}/v1/messages/batches/{batch_id}/results"}
+        record = {
+            "id": batch_id,
+            "created": now,
+            "ends": now + f.batch_delay,
+            "expires": now + f.batch_expire_after,
+            "requests": requests,
+            "results": None,
+            "ended": None,
+            "cancel_at": None,
+            "results_url": f"{base_url}/v1/messages/batches/{batch_id}/results",
+        }
         with self._lock:
             self._batches[batch_id] = record
         self.sim.count("batches")
@@ -111,19 +131,23 @@ class SimBatches:
         ids = [r["id"] for r in records]
         limit = max(1, min(1000, int(query.get("limit") or 20)))
         if query.get("after_id") in ids:  # the page after that batch (older ones)
-            records = records[ids.index(query["after_id"]) + 1:]
+            records = records[ids.index(query["after_id"]) + 1 :]
             more = len(records) > limit
             records = records[:limit]
         elif query.get("before_id") in ids:  # the page before it (newer ones)
-            records = records[:ids.index(query["before_id"])]
+            records = records[: ids.index(query["before_id"])]
             more = len(records) > limit
             records = records[-limit:]
         else:
             more = len(records) > limit
             records = records[:limit]
         page = [self._view(self._advance(r)) for r in records]
-        return {"data": page, "has_more": more, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None}
+        return {
+            "data": page,
+            "has_more": more,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+        }
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
         record = self._advance(self._get(batch_id))
@@ -134,8 +158,13 @@ class SimBatches:
     def delete(self, batch_id: str) -> dict[str, Any]:
         record = self._advance(self._get(batch_id))
         if record["ended"] is None:
-            raise _Refused(ErrorSpec(400, "invalid_request_error", "Batches must be finished processing before "
-                                                                   "they can be deleted; cancel it first."))
+            raise _Refused(
+                ErrorSpec(
+                    400,
+                    "invalid_request_error",
+                    "Batches must be finished processing before they can be deleted; cancel it first.",
+                )
+            )
         with self._lock:
             del self._batches[batch_id]
             self._deleted.add(batch_id)
@@ -144,8 +173,13 @@ class SimBatches:
     def results(self, batch_id: str) -> bytes:
         record = self._advance(self._get(batch_id))
         if record["results"] is None:
-            raise _Refused(ErrorSpec(400, "invalid_request_error", f"Batch {batch_id} has not finished processing; "
-                                                                   "results are available once it has ended."))
+            raise _Refused(
+                ErrorSpec(
+                    400,
+                    "invalid_request_error",
+                    f"Batch {batch_id} has not finished processing; results are available once it has ended.",
+                )
+            )
         lines = list(record["results"])
         self.sim.shuffle(lines)  # the API promises no order
         return "".join(json.dumps(line) + "\n" for line in lines).encode()
@@ -178,8 +212,9 @@ class SimBatches:
             share = 1.0 if outcome is None or span <= 0 else min(1.0, max(0.0, (ended - record["created"]) / span))
             done = int(len(record["requests"]) * share)
             record["ended"] = ended
-            record["results"] = [self._process(r, None if n < done else outcome)
-                                 for n, r in enumerate(record["requests"])]
+            record["results"] = [
+                self._process(r, None if n < done else outcome) for n, r in enumerate(record["requests"])
+            ]
         return record
 
     def advance_all(self) -> None:
@@ -219,11 +254,18 @@ class SimBatches:
             status, processing = "ended", 0
             for line in results:
                 counts[line["result"]["type"]] += 1
-        return {"id": record["id"], "type": "message_batch", "processing_status": status,
-                "request_counts": {"processing": processing, **counts}, "ended_at": _rfc3339(record["ended"]),
-                "created_at": _rfc3339(record["created"]), "expires_at": _rfc3339(record["expires"]),
-                "cancel_initiated_at": _rfc3339(record["cancel_at"]), "archived_at": None,
-                "results_url": record["results_url"] if results is not None else None}
+        return {
+            "id": record["id"],
+            "type": "message_batch",
+            "processing_status": status,
+            "request_counts": {"processing": processing, **counts},
+            "ended_at": _rfc3339(record["ended"]),
+            "created_at": _rfc3339(record["created"]),
+            "expires_at": _rfc3339(record["expires"]),
+            "cancel_initiated_at": _rfc3339(record["cancel_at"]),
+            "archived_at": None,
+            "results_url": record["results_url"] if results is not None else None,
+        }
 
 
 class _Refused(Exception):

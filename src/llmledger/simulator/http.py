@@ -43,11 +43,12 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             """Serve the same routes with or without the path a Simulator's base_url ends in."""
             ok = super().parse_request()
             if ok and self.path.startswith(SIMULATOR_PATH + "/"):
-                self.path = self.path[len(SIMULATOR_PATH):]
+                self.path = self.path[len(SIMULATOR_PATH) :]
             return ok
 
-        def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None,
-                  request_id: str | None = None) -> None:
+        def _send(
+            self, status: int, payload: Any, headers: dict[str, str] | None = None, request_id: str | None = None
+        ) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("content-type", "application/json")

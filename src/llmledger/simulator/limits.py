@@ -43,8 +43,9 @@ class PromptCache:
             return 0, 0, 0
         now, written, read = time.time(), {"5m": 0, "1h": 0}, 0
         with self.lock:
-            hit = max((n for n, (key, _, _) in enumerate(points) if self.expiry.get((model, key), 0.0) > now),
-                      default=-1)
+            hit = max(
+                (n for n, (key, _, _) in enumerate(points) if self.expiry.get((model, key), 0.0) > now), default=-1
+            )
             for n, (key, tokens, ttl) in enumerate(points):
                 before = points[n - 1][1] if n else 0
                 if n <= hit:
@@ -59,13 +60,21 @@ def _prompt_blocks(body: dict[str, Any]) -> list[tuple[str, Any]]:
     """(role, block) of the whole prompt in the order the API caches it: tools, system, then each message."""
     system = body.get("system")
     blocks: list[tuple[str, Any]] = [("tools", tool) for tool in body.get("tools") or []]
-    blocks += [("system", {"type": "text", "text": system})] if isinstance(system, str) else \
-        [("system", b) for b in system or [] if isinstance(b, dict)]
+    blocks += (
+        [("system", {"type": "text", "text": system})]
+        if isinstance(system, str)
+        else [("system", b) for b in system or [] if isinstance(b, dict)]
+    )
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         role = str(message.get("role")) if isinstance(message, dict) else ""
-        blocks += [(role, {"type": "text", "text": content})] if isinstance(content, str) else \
-            [(role, b) for b in content or []] if isinstance(content, list) else []
+        blocks += (
+            [(role, {"type": "text", "text": content})]
+            if isinstance(content, str)
+            else [(role, b) for b in content or []]
+            if isinstance(content, list)
+            else []
+        )
     return blocks
 
 
@@ -100,9 +109,11 @@ class Bucket:
         if rounded:  # the API rounds token counts to the nearest thousand
             remaining = int(round(remaining, -3))
         reset = datetime.now(UTC) + timedelta(seconds=(self.size - self.tokens) / self.rate)
-        return {f"anthropic-ratelimit-{family}-limit": str(int(self.rate * 60)),
-                f"anthropic-ratelimit-{family}-remaining": str(remaining),
-                f"anthropic-ratelimit-{family}-reset": reset.isoformat(timespec="seconds").replace("+00:00", "Z")}
+        return {
+            f"anthropic-ratelimit-{family}-limit": str(int(self.rate * 60)),
+            f"anthropic-ratelimit-{family}-remaining": str(remaining),
+            f"anthropic-ratelimit-{family}-reset": reset.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        }
 
 
 class TokenLimits:
@@ -114,10 +125,10 @@ class TokenLimits:
     """
 
     def __init__(self, input_per_minute: float | None, output_per_minute: float | None, burst_seconds: float):
-        self.input = Bucket(input_per_minute / 60, input_per_minute / 60 * burst_seconds) if input_per_minute \
-            else None
-        self.output = Bucket(output_per_minute / 60, output_per_minute / 60 * burst_seconds) \
-            if output_per_minute else None
+        self.input = Bucket(input_per_minute / 60, input_per_minute / 60 * burst_seconds) if input_per_minute else None
+        self.output = (
+            Bucket(output_per_minute / 60, output_per_minute / 60 * burst_seconds) if output_per_minute else None
+        )
         self.lock = threading.Lock()
 
     def admit(self, tokens_in: int, max_out: int) -> ErrorSpec | None:
@@ -130,9 +141,13 @@ class TokenLimits:
                 if not granted:
                     if family == "output" and self.input is not None:
                         self.input.give_back(tokens_in)
-                    return ErrorSpec(429, "rate_limit_error",
-                                     f"This request would exceed the rate limit for your organization of "
-                                     f"{int(bucket.rate * 60):,} {family} tokens per minute.", retry_after=wait)
+                    return ErrorSpec(
+                        429,
+                        "rate_limit_error",
+                        f"This request would exceed the rate limit for your organization of "
+                        f"{int(bucket.rate * 60):,} {family} tokens per minute.",
+                        retry_after=wait,
+                    )
         return None
 
     def settle(self, max_out: int, used_out: int) -> None:
@@ -146,8 +161,9 @@ class TokenLimits:
             for bucket, family in ((self.input, "input-tokens"), (self.output, "output-tokens")):
                 if bucket is not None:
                     out.update(bucket.headers(family, rounded=True))
-            binding = min((b for b in (self.input, self.output) if b is not None), key=lambda b: b.tokens / b.size,
-                          default=None)
+            binding = min(
+                (b for b in (self.input, self.output) if b is not None), key=lambda b: b.tokens / b.size, default=None
+            )
             if binding is not None:
                 family = "input-tokens" if binding is self.input else "output-tokens"
                 out.update({k.replace(family, "tokens"): v for k, v in binding.headers(family, rounded=True).items()})

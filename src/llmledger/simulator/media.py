@@ -93,9 +93,9 @@ def image_size(raw: bytes) -> tuple[str, int, int] | None:
             at += 1 if marker == 0xFF else 2
             continue
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            height, width = struct.unpack(">HH", raw[at + 5:at + 9])
+            height, width = struct.unpack(">HH", raw[at + 5 : at + 9])
             return "image/jpeg", width, height
-        at += 2 + struct.unpack(">H", raw[at + 2:at + 4])[0]
+        at += 2 + struct.unpack(">H", raw[at + 2 : at + 4])[0]
     return None
 
 
@@ -120,17 +120,18 @@ def pdf_pages(raw: bytes) -> list[str] | None:
             continue
         head, data = raw[start:end], b""
         if stream >= 0:
-            head, begin = raw[start:stream], stream + 6 + (2 if raw[stream + 6:stream + 8] == b"\r\n" else 1)
+            head, begin = raw[start:stream], stream + 6 + (2 if raw[stream + 6 : stream + 8] == b"\r\n" else 1)
             length = re.search(rb"/Length\s+(\d+)(?!\s+\d+\s+R)", head)
-            data = raw[begin:begin + int(length.group(1))] if length else raw[begin:raw.find(b"endstream", begin)]
+            data = raw[begin : begin + int(length.group(1))] if length else raw[begin : raw.find(b"endstream", begin)]
             if b"/FlateDecode" in head:
                 try:
                     data = zlib.decompress(data)
                 except zlib.error:
                     data = b""
         objects[int(found.group(1))] = (head, data)
-    dicts = b"\n".join([head for head, _ in objects.values()] +
-                       [data for head, data in objects.values() if b"/ObjStm" in head])
+    dicts = b"\n".join(
+        [head for head, _ in objects.values()] + [data for head, data in objects.values() if b"/ObjStm" in head]
+    )
     pages = [head for _, (head, _) in sorted(objects.items()) if _PAGE.search(head)]
     count = len(_PAGE.findall(dicts)) or max((int(n) for n in re.findall(rb"/Count\s+(\d+)", dicts)), default=0)
     if count < 1:
@@ -153,6 +154,7 @@ def _unescape(text: bytes) -> bytes:
     def one(match: re.Match[bytes]) -> bytes:
         code = match.group(1)
         return bytes([int(code, 8) & 0xFF]) if code[:1].isdigit() else _ESCAPES.get(code, code)
+
     return re.sub(rb"\\([0-7]{1,3}|.)", one, text, flags=re.S)
 
 
@@ -184,8 +186,9 @@ def inspect(kind: str, media_type: str, data: str) -> Attachment | tuple[str, st
 def _inspect(kind: str, media_type: str, data: str) -> Attachment | tuple[str, str]:
     if kind == "text":
         digest = hashlib.sha256(data.encode()).hexdigest()[:8]
-        return Attachment(media_type, digest, 0, f"[text/plain {len(data)} chars sha256:{digest}: {_extract(data)}]",
-                          text=data)
+        return Attachment(
+            media_type, digest, 0, f"[text/plain {len(data)} chars sha256:{digest}: {_extract(data)}]", text=data
+        )
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -208,8 +211,13 @@ def _inspect(kind: str, media_type: str, data: str) -> Attachment | tuple[str, s
     _, width, height = found
     if max(width, height) > (side := MAX_IMAGE_SIDE):
         return "source.base64.data", f"At least one of the image dimensions exceed max allowed size: {side} pixels"
-    return Attachment(media_type, digest, image_tokens(width, height),
-                      f"[{media_type} {width}x{height} sha256:{digest}]", size=(width, height))
+    return Attachment(
+        media_type,
+        digest,
+        image_tokens(width, height),
+        f"[{media_type} {width}x{height} sha256:{digest}]",
+        size=(width, height),
+    )
 
 
 def _source(block: dict[str, Any], where: str) -> tuple[str, str, str] | str:
@@ -218,12 +226,16 @@ def _source(block: dict[str, Any], where: str) -> tuple[str, str, str] | str:
     stype = source.get("type") if isinstance(source, dict) else None
     expected = ("base64", "url", "file") if name == "image" else ("base64", "text", "content", "url", "file")
     if stype in ("url", "file", "content") and stype in expected:
-        return (f"{where}.{name}.source.{stype}: the llmledger simulator takes base64 sources only (and text for "
-                f"documents): it cannot fetch a URL, read the Files API or custom content; send the file's bytes "
-                f'as {{"type": "base64", "media_type": ..., "data": ...}}')
+        return (
+            f"{where}.{name}.source.{stype}: the llmledger simulator takes base64 sources only (and text for "
+            f"documents): it cannot fetch a URL, read the Files API or custom content; send the file's bytes "
+            f'as {{"type": "base64", "media_type": ..., "data": ...}}'
+        )
     if stype not in expected:
-        return (f"{where}.{name}.source: Input tag {stype!r} found using 'type' does not match any of the expected "
-                f"tags: {', '.join(repr(e) for e in expected)}")
+        return (
+            f"{where}.{name}.source: Input tag {stype!r} found using 'type' does not match any of the expected "
+            f"tags: {', '.join(repr(e) for e in expected)}"
+        )
     media, data = source.get("media_type"), source.get("data")
     allowed = IMAGE_TYPES if name == "image" else ("application/pdf",) if stype == "base64" else ("text/plain",)
     if media not in allowed:
@@ -249,8 +261,9 @@ def block_problem(block: Any, where: str) -> str | None:
     if not isinstance(block, dict):
         return f"{where}: Input should be a valid dictionary"
     control = block.get("cache_control")
-    if control is not None and not (isinstance(control, dict) and control.get("type") == "ephemeral"
-                                    and control.get("ttl", "5m") in ("5m", "1h")):
+    if control is not None and not (
+        isinstance(control, dict) and control.get("type") == "ephemeral" and control.get("ttl", "5m") in ("5m", "1h")
+    ):
         return f"{where}.cache_control: type must be 'ephemeral' and ttl '5m' or '1h'"
     kind = block.get("type")
     if kind == "text":
@@ -263,8 +276,10 @@ def block_problem(block: Any, where: str) -> str | None:
     if kind in PASSED_THROUGH:
         return None
     if kind not in ("image", "document"):
-        return (f"{where}: Input tag {kind!r} found using 'type' does not match any of the expected tags: 'text', "
-                f"'image', 'document', {', '.join(repr(k) for k in sorted(PASSED_THROUGH))}")
+        return (
+            f"{where}: Input tag {kind!r} found using 'type' does not match any of the expected tags: 'text', "
+            f"'image', 'document', {', '.join(repr(k) for k in sorted(PASSED_THROUGH))}"
+        )
     source = _source(block, where)
     if isinstance(source, str):
         return source
@@ -276,8 +291,12 @@ def block_problem(block: Any, where: str) -> str | None:
 def content_problem(body: dict[str, Any]) -> str | None:
     """What the API refuses in the content blocks of a request's messages, over all of them: each block, the
     pages of all PDFs (at most 100), the number and size of images, cache breakpoints (at most 4 with system's)."""
-    blocks = [(f"messages.{i}.content.{j}", block) for i, m in enumerate(body.get("messages") or [])
-              if isinstance(m, dict) and isinstance(m.get("content"), list) for j, block in enumerate(m["content"])]
+    blocks = [
+        (f"messages.{i}.content.{j}", block)
+        for i, m in enumerate(body.get("messages") or [])
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for j, block in enumerate(m["content"])
+    ]
     images = sum(isinstance(b, dict) and b.get("type") == "image" for _, b in blocks)
     if images > MAX_IMAGES:
         return f"messages: A maximum of {MAX_IMAGES} images may be provided in one request. Found {images}."
@@ -288,14 +307,19 @@ def content_problem(body: dict[str, Any]) -> str | None:
             return problem
         found = attachment(block)
         if found is not None and images > MANY_IMAGES and max(found.size) > MAX_IMAGE_SIDE_MANY:
-            return (f"{where}.image.source.base64.data: At least one of the image dimensions exceed max allowed "
-                    f"size for many-image requests: {MAX_IMAGE_SIDE_MANY} pixels")
+            return (
+                f"{where}.image.source.base64.data: At least one of the image dimensions exceed max allowed "
+                f"size for many-image requests: {MAX_IMAGE_SIDE_MANY} pixels"
+            )
         pages += found.pages if found is not None else 0
         if pages > MAX_PDF_PAGES:
             return f"{where}.pdf.source.base64.data: A maximum of {MAX_PDF_PAGES} PDF pages may be provided."
     system = body.get("system")
-    marked = [b for b in [*(system if isinstance(system, list) else []), *(body.get("tools") or []),
-                          *(b for _, b in blocks)] if isinstance(b, dict) and b.get("cache_control") is not None]
+    marked = [
+        b
+        for b in [*(system if isinstance(system, list) else []), *(body.get("tools") or []), *(b for _, b in blocks)]
+        if isinstance(b, dict) and b.get("cache_control") is not None
+    ]
     if len(marked) > MAX_BREAKPOINTS:
         return f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(marked)}."
     return None
@@ -355,13 +379,17 @@ def png(width: int, height: int, *, seed: int = 0) -> bytes:
     rng = random.Random(seed)
     base = bytes(rng.randrange(256) for _ in range(3 * 256))  # one period of 256 pixels
     tiled, step = base * (width // 256 + 2), rng.randrange(1, 256)
-    rows = b"".join(b"\x00" + tiled[3 * (y * step % 256):3 * (y * step % 256 + width)] for y in range(height))
+    rows = b"".join(b"\x00" + tiled[3 * (y * step % 256) : 3 * (y * step % 256 + width)] for y in range(height))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows, 6)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows, 6))
+        + chunk(b"IEND", b"")
+    )
 
 
 def pdf(pages: list[str]) -> bytes:
@@ -370,13 +398,18 @@ def pdf(pages: list[str]) -> bytes:
     if not pages:
         raise ValueError("a PDF needs at least one page")
     kids = " ".join(f"{4 + 2 * i} 0 R" for i in range(len(pages)))
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>".encode(),
-               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"]
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>".encode(),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
+    ]
     for i, text in enumerate(pages):
         shown = " T* ".join(f"({_escape(line)}) Tj" for line in text.split("\n"))
         stream = f"BT /F1 12 Tf 14 TL 72 720 Td {shown} ET".encode("latin-1", "replace")
-        objects.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> "
-                       f">> /Contents {5 + 2 * i} 0 R >>".encode())
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> "
+            f">> /Contents {5 + 2 * i} 0 R >>".encode()
+        )
         objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
     out, offsets = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n"), []
     for number, body in enumerate(objects, 1):
@@ -393,8 +426,16 @@ def _escape(line: str) -> str:
     return line.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)").replace("\r", "")
 
 
-VENDORS = ("Acme Corp", "Globex Ltd", "Initech", "Umbrella Supplies", "Stark Industries", "Wayne Hardware",
-           "Hooli Cloud", "Vandelay Imports")
+VENDORS = (
+    "Acme Corp",
+    "Globex Ltd",
+    "Initech",
+    "Umbrella Supplies",
+    "Stark Industries",
+    "Wayne Hardware",
+    "Hooli Cloud",
+    "Vandelay Imports",
+)
 
 
 def sample_documents(folder: str | Path, n: int = 12, *, seed: int = 0) -> pl.DataFrame:
@@ -415,12 +456,16 @@ def sample_documents(folder: str | Path, n: int = 12, *, seed: int = 0) -> pl.Da
             rows.append((i, str(path), "receipt"))
             continue
         vendor = rng.choice(VENDORS)
-        items = [(f"Item {chr(65 + k)}", rng.randrange(1, 5), rng.randrange(500, 20000) / 100)
-                 for k in range(rng.randrange(1, 6))]
+        items = [
+            (f"Item {chr(65 + k)}", rng.randrange(1, 5), rng.randrange(500, 20000) / 100)
+            for k in range(rng.randrange(1, 6))
+        ]
         total = round(sum(q * p for _, q, p in items), 2)
         lines = [f"{name} x{q} @ ${p:.2f} = ${q * p:.2f}" for name, q, p in items]
-        first = (f"INVOICE {seed:02d}-{i:04d}\nVendor: {vendor}\nDate: 2025-{i % 12 + 1:02d}-{i % 28 + 1:02d}\n"
-                 f"Total: ${total:.2f}\n\n" + "\n".join(lines))
+        first = (
+            f"INVOICE {seed:02d}-{i:04d}\nVendor: {vendor}\nDate: 2025-{i % 12 + 1:02d}-{i % 28 + 1:02d}\n"
+            f"Total: ${total:.2f}\n\n" + "\n".join(lines)
+        )
         pages = [first] + (["Terms: payment due within 30 days.\nThank you for your business."] if i % 3 == 0 else [])
         path = folder / f"invoice_{i:03d}.pdf"
         path.write_bytes(pdf(pages))

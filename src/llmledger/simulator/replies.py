@@ -136,8 +136,11 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
             return values[pick(path, len(values))]
         kind = node.get("type")
         rules = _stated_rules(node)  # constraints the schema states in its description (what a model reads)
-        stated = stated_value(files, path.rsplit(".", 1)[-1], kind in ("integer", "number")) \
-            if files and kind in ("integer", "number", "string") and "format" not in node else None
+        stated = (
+            stated_value(files, path.rsplit(".", 1)[-1], kind in ("integer", "number"))
+            if files and kind in ("integer", "number", "string") and "format" not in node
+            else None
+        )
         if stated is not None and (kind != "integer" or float(stated).is_integer()):
             return int(stated) if kind == "integer" else stated
         if kind == "object":
@@ -145,8 +148,10 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
         if kind == "array":
             low = int(rules.get("minItems", 1))
             high = max(low, int(rules.get("maxItems", low + 2)))
-            return [make(node.get("items") or {"type": "string"}, f"{path}[{i}]")
-                    for i in range(low + pick(path, high - low + 1))]
+            return [
+                make(node.get("items") or {"type": "string"}, f"{path}[{i}]")
+                for i in range(low + pick(path, high - low + 1))
+            ]
         if kind in ("integer", "number"):
             return _number(rules, kind == "integer", pick(path, 1_000_000) / 1_000_000)
         if kind == "boolean":
@@ -160,9 +165,9 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
         if built is not None:
             return built
         start = pick(path, len(words))
-        text = " ".join(words[start:start + 3]) + again
+        text = " ".join(words[start : start + 3]) + again
         text = text.ljust(int(rules.get("minLength", 0)), "x")
-        return text[:int(rules["maxLength"])] if "maxLength" in rules else text
+        return text[: int(rules["maxLength"])] if "maxLength" in rules else text
 
     return json.dumps(make(schema, "$"), ensure_ascii=False)
 
@@ -194,8 +199,14 @@ def matching(pattern: str, seed: int = 0) -> str | None:
     from re import _constants as c  # type: ignore[attr-defined]
     from re import _parser  # type: ignore[attr-defined]
 
-    categories = {c.CATEGORY_DIGIT: "0123456789", c.CATEGORY_WORD: "abcxyz", c.CATEGORY_SPACE: " ",
-                  c.CATEGORY_NOT_DIGIT: "a", c.CATEGORY_NOT_WORD: "-", c.CATEGORY_NOT_SPACE: "a"}
+    categories = {
+        c.CATEGORY_DIGIT: "0123456789",
+        c.CATEGORY_WORD: "abcxyz",
+        c.CATEGORY_SPACE: " ",
+        c.CATEGORY_NOT_DIGIT: "a",
+        c.CATEGORY_NOT_WORD: "-",
+        c.CATEGORY_NOT_SPACE: "a",
+    }
 
     def build(items: Any, n: int) -> str:
         out = []
@@ -315,20 +326,34 @@ ERRORS: dict[int | str, ErrorSpec] = {
     504: ErrorSpec(504, "timeout_error", "Request timed out while processing", retry_after=1),
     529: ErrorSpec(529, "overloaded_error", "Overloaded", retry_after=1),
     "enforced_spend_limit_reached": ErrorSpec(
-        429, "rate_limit_error", "Your organization has reached the monthly usage limit of its API tier.",
-        error_code="enforced_spend_limit_reached", should_retry=False),
+        429,
+        "rate_limit_error",
+        "Your organization has reached the monthly usage limit of its API tier.",
+        error_code="enforced_spend_limit_reached",
+        should_retry=False,
+    ),
     "contract_spend_limit_reached": ErrorSpec(
-        429, "rate_limit_error", "Your organization has reached the spend limit of its contract.",
-        error_code="contract_spend_limit_reached", should_retry=False),
+        429,
+        "rate_limit_error",
+        "Your organization has reached the spend limit of its contract.",
+        error_code="contract_spend_limit_reached",
+        should_retry=False,
+    ),
     "usage_limit": ErrorSpec(
-        400, "invalid_request_error",
-        f"You have reached your specified API usage limits. You will regain access on {_USAGE_LIMIT_RESET}."),
+        400,
+        "invalid_request_error",
+        f"You have reached your specified API usage limits. You will regain access on {_USAGE_LIMIT_RESET}.",
+    ),
     "credit_balance": ErrorSpec(
-        400, "invalid_request_error", "Your credit balance is too low to access the Anthropic API. Please go to "
-        "Plans & Billing to upgrade or purchase credits."),
+        400,
+        "invalid_request_error",
+        "Your credit balance is too low to access the Anthropic API. Please go to "
+        "Plans & Billing to upgrade or purchase credits.",
+    ),
     "no_retry": ErrorSpec(529, "overloaded_error", "Overloaded", should_retry=False),
-    "retry_after_ms": ErrorSpec(429, "rate_limit_error", "Number of requests has exceeded your rate limit",
-                                retry_after_ms=1500),
+    "retry_after_ms": ErrorSpec(
+        429, "rate_limit_error", "Number of requests has exceeded your rate limit", retry_after_ms=1500
+    ),
 }
 
 
@@ -336,14 +361,19 @@ def error_spec(fault: int | str | dict[str, Any]) -> ErrorSpec:
     """An error to inject: a status (529), a named preset ("enforced_spend_limit_reached") or a dict of
     ErrorSpec fields, optionally over a preset ({"status": 529, "should_retry": False})."""
     if isinstance(fault, dict):
-        base = ERRORS.get(fault.get("preset") or fault.get("status", 500)) or \
-            ErrorSpec(int(fault.get("status", 500)), "api_error", "Internal server error")
+        base = ERRORS.get(fault.get("preset") or fault.get("status", 500)) or ErrorSpec(
+            int(fault.get("status", 500)), "api_error", "Internal server error"
+        )
         return replace(base, **{k: v for k, v in fault.items() if k != "preset"})
     if fault in ERRORS:
         return ERRORS[fault]
     if isinstance(fault, int):
-        return ErrorSpec(fault, "api_error" if fault >= 500 else "invalid_request_error", f"error {fault}",
-                         retry_after=1 if fault in RETRYABLE else None)
+        return ErrorSpec(
+            fault,
+            "api_error" if fault >= 500 else "invalid_request_error",
+            f"error {fault}",
+            retry_after=1 if fault in RETRYABLE else None,
+        )
     raise ValueError(f"unknown simulator fault {fault!r}; known: {sorted(map(str, ERRORS))} or a status code")
 
 
@@ -392,8 +422,9 @@ def request_tokens(body: dict[str, Any]) -> int:
     """The input tokens of a request (tools, system, messages and output schema), as billed and rate-limited: text
     blocks by their text, images and PDFs by the API's formulas (media.py), never their base64."""
     system, tools = body.get("system"), body.get("tools")
-    text = (json.dumps(tools) if tools else "") + (system if isinstance(system, str) else "".join(
-        b.get("text", "") for b in system or [] if isinstance(b, dict)))
+    text = (json.dumps(tools) if tools else "") + (
+        system if isinstance(system, str) else "".join(b.get("text", "") for b in system or [] if isinstance(b, dict))
+    )
     files = 0
     for message in body.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None

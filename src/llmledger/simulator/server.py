@@ -56,8 +56,17 @@ from llmledger.simulator.replies import (
 
 Responder = Callable[[str, str | None], str]
 
-__all__ = ["ERRORS", "ErrorSpec", "Simulator", "count_tokens", "default_reply", "pdf", "png", "sample_documents",
-           "simulate"]
+__all__ = [
+    "ERRORS",
+    "ErrorSpec",
+    "Simulator",
+    "count_tokens",
+    "default_reply",
+    "pdf",
+    "png",
+    "sample_documents",
+    "simulate",
+]
 
 
 class Simulator:
@@ -69,8 +78,9 @@ class Simulator:
             faults["outage_until"] = time.time() + float(faults.pop("outage_for"))
         unknown = set(faults) - {f.name for f in fields(Faults)}
         if unknown:
-            raise ValueError(f"unknown simulator setting(s) {sorted(unknown)}; known: "
-                             f"{sorted(f.name for f in fields(Faults))}")
+            raise ValueError(
+                f"unknown simulator setting(s) {sorted(unknown)}; known: {sorted(f.name for f in fields(Faults))}"
+            )
         self.faults = Faults(**faults)
         self._lock = threading.Lock()
         self._rng = random.Random(self.faults.seed)
@@ -98,8 +108,7 @@ class Simulator:
     def start(self) -> Simulator:
         if self._thread is not None:  # started already (e.g. `with llmledger.simulate() as sim:`)
             return self
-        self._thread = threading.Thread(target=self._server.serve_forever, name="llmledger-simulator",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="llmledger-simulator", daemon=True)
         self._thread.start()
         return self
 
@@ -115,8 +124,7 @@ class Simulator:
 
     def __repr__(self) -> str:
         which = " (this session's: apply_llm answers from it)" if _session[0] is self else ""
-        return (f"<llmledger Simulator at {self.base_url}{which}: simulated answers, not Claude's; "
-                "nothing is paid>")
+        return f"<llmledger Simulator at {self.base_url}{which}: simulated answers, not Claude's; nothing is paid>"
 
     def __enter__(self) -> Simulator:
         return self.start()
@@ -134,13 +142,17 @@ class Simulator:
             unknown = set(changes) - known
             if unknown:
                 raise ValueError(f"unknown simulator setting(s) {sorted(unknown)}; known: {sorted(known)}")
-            for fault in [*changes.get("fail_next", []), changes.get("error_status", 529),
-                          changes.get("outage_status", 529)]:
+            for fault in [
+                *changes.get("fail_next", []),
+                changes.get("error_status", 529),
+                changes.get("outage_status", 529),
+            ]:
                 error_spec(fault)  # refuse an unknown fault now, not at the next request
             for name, value in changes.items():
                 setattr(self.faults, name, list(value) if name == "fail_next" else value)
-            if {"rate_limit", "burst", "input_tokens_per_minute", "output_tokens_per_minute",
-                    "token_burst"} & set(changes):
+            if {"rate_limit", "burst", "input_tokens_per_minute", "output_tokens_per_minute", "token_burst"} & set(
+                changes
+            ):
                 self._reset_bucket()
             if "seed" in changes:
                 self._rng = random.Random(self.faults.seed)
@@ -158,9 +170,17 @@ class Simulator:
     def _note(self, body: Any, status: int) -> None:
         body = body if isinstance(body, dict) else {}
         with self._lock:
-            self._log.append({"time": time.time(), "status": status, "prompt": user_text(body),
-                              "system": body.get("system"), "model": body.get("model"),
-                              "max_tokens": body.get("max_tokens"), "body": body})
+            self._log.append(
+                {
+                    "time": time.time(),
+                    "status": status,
+                    "prompt": user_text(body),
+                    "system": body.get("system"),
+                    "model": body.get("model"),
+                    "max_tokens": body.get("max_tokens"),
+                    "body": body,
+                }
+            )
             if status:
                 self._stats["by_status"][status] += 1
 
@@ -197,10 +217,22 @@ class Simulator:
 
     @staticmethod
     def _empty_stats() -> dict[str, Any]:
-        return {"requests": 0, "paid": 0, "dropped": 0, "by_status": Counter(), "input_tokens": 0,
-                "batches": 0, "batch_requests": 0, "batch_paid": 0,
-                "output_tokens": 0, "cache_write_tokens": 0, "cache_read_tokens": 0, "prompts": Counter(),
-                "max_concurrent": 0, "_concurrent": 0}
+        return {
+            "requests": 0,
+            "paid": 0,
+            "dropped": 0,
+            "by_status": Counter(),
+            "input_tokens": 0,
+            "batches": 0,
+            "batch_requests": 0,
+            "batch_paid": 0,
+            "output_tokens": 0,
+            "cache_write_tokens": 0,
+            "cache_read_tokens": 0,
+            "prompts": Counter(),
+            "max_concurrent": 0,
+            "_concurrent": 0,
+        }
 
     def _reset_bucket(self) -> None:
         f = self.faults
@@ -209,8 +241,9 @@ class Simulator:
         self._tokens = TokenLimits(f.input_tokens_per_minute, f.output_tokens_per_minute, f.token_burst)
 
     # -- the API -----------------------------------------------------------------------------
-    def _decide(self, prompt: str, api_key: str | None, tokens_in: int = 0,
-                max_out: int = 0) -> tuple[str, ErrorSpec | None]:
+    def _decide(
+        self, prompt: str, api_key: str | None, tokens_in: int = 0, max_out: int = 0
+    ) -> tuple[str, ErrorSpec | None]:
         """Pick what to do with one request: ("drop" | "error" | "ok", the error to send)."""
         f = self.faults
         with self._lock:
@@ -239,8 +272,9 @@ class Simulator:
                     self._bucket.give_back(1)
                 return "error", refused
             if f.poison and f.poison in prompt:
-                return "error", ErrorSpec(400, "invalid_request_error",
-                                          f"prompt contains the poison substring {f.poison!r}")
+                return "error", ErrorSpec(
+                    400, "invalid_request_error", f"prompt contains the poison substring {f.poison!r}"
+                )
             return "ok", None
 
     def _ratelimit_headers(self) -> dict[str, str]:
@@ -261,8 +295,10 @@ class Simulator:
             text = fake_json(schema, first, asked_before)
         else:
             text = self.responder(prompt, system)
-        if schema is not None and ((f.bad_json and f.bad_json in first) or
-                                   (f.bad_json_once and f.bad_json_once in first and len(body["messages"]) == 1)):
+        if schema is not None and (
+            (f.bad_json and f.bad_json in first)
+            or (f.bad_json_once and f.bad_json_once in first and len(body["messages"]) == 1)
+        ):
             text = text.replace("{", "", 1) or "not json"
         max_tokens = int(body.get("max_tokens") or 0)
         if f.truncate and f.truncate in first:
@@ -295,10 +331,13 @@ class Simulator:
             "content": [{"type": "text", "text": text}] if text else [],
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": usage_in, "output_tokens": usage_out,
-                      "cache_creation_input_tokens": write_5m + write_1h, "cache_read_input_tokens": read,
-                      "cache_creation": {"ephemeral_5m_input_tokens": write_5m,
-                                         "ephemeral_1h_input_tokens": write_1h}},
+            "usage": {
+                "input_tokens": usage_in,
+                "output_tokens": usage_out,
+                "cache_creation_input_tokens": write_5m + write_1h,
+                "cache_read_input_tokens": read,
+                "cache_creation": {"ephemeral_5m_input_tokens": write_5m, "ephemeral_1h_input_tokens": write_1h},
+            },
         }
 
 

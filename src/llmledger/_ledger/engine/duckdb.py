@@ -41,16 +41,19 @@ JOIN_MEMORY_LIMIT = 512_000_000  # bytes
 def check_store_path(path: Path, *, must_exist: bool = False) -> None:
     """Refuse a path that exists but is not a DuckDB file, before DuckDB touches it."""
     if path.is_dir():
-        raise StoreError(f"store {str(path)!r} is a directory; pass a file path such as "
-                         f"{str(path / 'ledger.duckdb')!r}.")
+        raise StoreError(
+            f"store {str(path)!r} is a directory; pass a file path such as {str(path / 'ledger.duckdb')!r}."
+        )
     if must_exist and not path.exists():
         raise StoreNotFound(f"no store at {str(path)!r}; apply_llm(..., store=...) creates it")
     if path.exists() and path.stat().st_size > 0:
         with path.open("rb") as fh:
             head = fh.read(12)
         if head[8:12] != _DUCKDB_MAGIC:
-            raise StoreError(f"store {str(path)!r} exists but is not a DuckDB database file; "
-                             "pass a new path (it will be created) or an existing .duckdb ledger.")
+            raise StoreError(
+                f"store {str(path)!r} exists but is not a DuckDB database file; "
+                "pass a new path (it will be created) or an existing .duckdb ledger."
+            )
 
 
 def remove_store(path: Path, folders: Sequence[Path] = ()) -> None:
@@ -89,15 +92,19 @@ def store_error(path: Path, exc: BaseException) -> StoreError | None:
     lower = text.lower()
     about_store = str(path) in text
     if any(word in lower for word in _CORRUPT) or (about_store and any(word in lower for word in _CUT_SHORT)):
-        return StoreError(f"store {str(path)!r} is damaged (cut short or overwritten): {text}. Restore it from a "
-                          "backup or from an llmledger.export folder (llmledger.restore), or pass a new store= "
-                          "path to start a new ledger.")
+        return StoreError(
+            f"store {str(path)!r} is damaged (cut short or overwritten): {text}. Restore it from a "
+            "backup or from an llmledger.export folder (llmledger.restore), or pass a new store= "
+            "path to start a new ledger."
+        )
     if about_store and any(word in lower for word in _UNWRITABLE):
-        return StoreError(f"store {str(path)!r} cannot be written: {text}. DuckDB writes the file and a "
-                          f"{path.name}.wal beside it, so both the file and its folder {str(path.parent)!r} "
-                          "must be writable by this user; fix the permissions or copy the store to a writable "
-                          "folder. Reading it works as it is: llmledger.sql, progress, show, history and "
-                          "export (and llmledger status) open it read-only.")
+        return StoreError(
+            f"store {str(path)!r} cannot be written: {text}. DuckDB writes the file and a "
+            f"{path.name}.wal beside it, so both the file and its folder {str(path.parent)!r} "
+            "must be writable by this user; fix the permissions or copy the store to a writable "
+            "folder. Reading it works as it is: llmledger.sql, progress, show, history and "
+            "export (and llmledger status) open it read-only."
+        )
     return None
 
 
@@ -105,8 +112,14 @@ class Patience:
     """Trying again to open a store that another process holds (DuckDB) or that cannot be reached (PostgreSQL):
     backing off, saying so once after a second, giving up after `wait` seconds (None: when `should_stop` says)."""
 
-    def __init__(self, wait: float | None, should_stop: Callable[[], bool] | None,
-                 on_wait: Callable[[str], None] | None, *, longest: float) -> None:
+    def __init__(
+        self,
+        wait: float | None,
+        should_stop: Callable[[], bool] | None,
+        on_wait: Callable[[str], None] | None,
+        *,
+        longest: float,
+    ) -> None:
         self.wait, self.should_stop, self.on_wait, self.longest = wait, should_stop, on_wait, longest
         self.start, self.delay, self.told = time.monotonic(), 0.02, False
 
@@ -143,9 +156,11 @@ def lock_holder(exc: Exception) -> str:
     with contextlib.suppress(OSError):  # Linux: the whole command line says which notebook or script it is
         words = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         program = " ".join(w for w in words if w)[:120] or program
-    return (f"held by process {pid} ({program}). A DuckDB file has one process at a time, and any connection left "
-            "open holds it, even duckdb.connect(..., read_only=True): close that connection (con.close()), or "
-            "read with llmledger.sql(...), which holds the file only while it reads")
+    return (
+        f"held by process {pid} ({program}). A DuckDB file has one process at a time, and any connection left "
+        "open holds it, even duckdb.connect(..., read_only=True): close that connection (con.close()), or "
+        "read with llmledger.sql(...), which holds the file only while it reads"
+    )
 
 
 def _is_other_configuration(exc: Exception) -> bool:
@@ -162,8 +177,13 @@ def writes_refused(exc: Exception) -> bool:
 class Connection:
     """One DuckDB file, opened briefly for each transaction."""
 
-    def __init__(self, path: str | Path, *, on_wait: Callable[[str], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        on_wait: Callable[[str], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
         self.path = Path(path).expanduser().resolve()
         self.on_wait = on_wait
         self.should_stop = should_stop
@@ -212,15 +232,18 @@ class Connection:
                         f"this process has {str(self.path)!r} open read-only (a duckdb.connect(..., read_only=True) "
                         "left open, e.g. in another cell), and DuckDB cannot open it for writing beside that: close "
                         "that connection (con.close()) and call again, or read with llmledger.sql(...), which holds "
-                        "the file only while it reads") from None
+                        "the file only while it reads"
+                    ) from None
                 read_only = False  # this process holds it read-write (its own duckdb.connect): read through that
             except duckdb.Error as exc:
                 if not isinstance(exc, duckdb.IOException) or not _is_lock_error(exc):
                     raise store_error(self.path, exc) or StoreError(
-                        f"cannot open store {str(self.path)!r}: {exc}") from exc
+                        f"cannot open store {str(self.path)!r}: {exc}"
+                    ) from exc
                 if not patience.again(f"waiting for {self.path.name}: {lock_holder(exc)}"):
-                    raise StoreBusy(f"store {str(self.path)!r}: {lock_holder(exc)} (waited {patience.waited:.0f}s)"
-                                    ) from exc
+                    raise StoreBusy(
+                        f"store {str(self.path)!r}: {lock_holder(exc)} (waited {patience.waited:.0f}s)"
+                    ) from exc
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -233,8 +256,15 @@ class Connection:
         remove_store(self.path, self.made)
         self.made = []
 
-    def transaction(self, work: Callable[[duckdb.DuckDBPyConnection], T], *, wait: float | None = None,
-                    commit: bool = True, exclusive: bool = False, read_only: bool = False) -> T:
+    def transaction(
+        self,
+        work: Callable[[duckdb.DuckDBPyConnection], T],
+        *,
+        wait: float | None = None,
+        commit: bool = True,
+        exclusive: bool = False,
+        read_only: bool = False,
+    ) -> T:
         """Run `work` in one transaction, retrying on a write conflict (`commit=False`: roll it back).
 
         `exclusive` is for PostgreSQL (one such transaction at a time); a DuckDB file has one writer anyway.
@@ -264,7 +294,7 @@ class Connection:
 
 
 def dialect(con: Any) -> str:
-    """"duckdb" or "postgres": which engine a connection handed to the ledger's SQL talks to."""
+    """ "duckdb" or "postgres": which engine a connection handed to the ledger's SQL talks to."""
     return getattr(con, "dialect", "duckdb")
 
 
@@ -282,8 +312,10 @@ def lock_step(con: duckdb.DuckDBPyConnection, lock_class: int, table: str, step:
     step's crc32), so the transactions that take it run one at a time. On DuckDB, which has one writing
     process per file, nothing."""
     if dialect(con) == "postgres":
-        con.execute("SELECT pg_advisory_xact_lock(CAST(? AS INTEGER), CAST(? AS INTEGER))",
-                    [lock_class, zlib.crc32(f"{table}\x00{step}".encode()) - 2 ** 31])
+        con.execute(
+            "SELECT pg_advisory_xact_lock(CAST(? AS INTEGER), CAST(? AS INTEGER))",
+            [lock_class, zlib.crc32(f"{table}\x00{step}".encode()) - 2**31],
+        )
 
 
 def one(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> tuple[Any, ...]:
@@ -292,8 +324,13 @@ def one(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> tuple[A
 
 
 def table_exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    return bool(one(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ? "
-                         "AND table_schema = current_schema()", [table])[0])
+    return bool(
+        one(
+            con,
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = ? AND table_schema = current_schema()",
+            [table],
+        )[0]
+    )
 
 
 def column_types(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:

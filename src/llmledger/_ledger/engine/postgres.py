@@ -40,18 +40,37 @@ _LOCK_ID = 0x6C6C6D6C  # "llml": the advisory lock of prepare, migrations, flag 
 
 # PostgreSQL type oid -> (DuckDB's name for the type, polars type): what column_types and .pl() report.
 _TYPES: dict[int, tuple[str, Any]] = {
-    16: ("BOOLEAN", pl.Boolean), 20: ("BIGINT", pl.Int64), 21: ("SMALLINT", pl.Int16), 23: ("INTEGER", pl.Int32),
-    25: ("VARCHAR", pl.String), 1043: ("VARCHAR", pl.String), 1042: ("VARCHAR", pl.String), 19: ("VARCHAR", pl.String),
-    700: ("REAL", pl.Float32), 701: ("DOUBLE", pl.Float64), 1700: ("DOUBLE", pl.Float64),
-    1114: ("TIMESTAMP", pl.Datetime("us")), 1184: ("TIMESTAMPTZ", pl.Datetime("us", "UTC")), 1082: ("DATE", pl.Date),
-    1083: ("TIME", pl.Time), 1186: ("INTERVAL", pl.Duration("us")), 2950: ("UUID", pl.String),
-    114: ("JSON", pl.String), 3802: ("JSONB", pl.String), 17: ("BYTEA", pl.Binary),
-    1009: ("VARCHAR[]", pl.List(pl.String)), 1015: ("VARCHAR[]", pl.List(pl.String)),
-    1016: ("BIGINT[]", pl.List(pl.Int64)), 1007: ("INTEGER[]", pl.List(pl.Int32)),
+    16: ("BOOLEAN", pl.Boolean),
+    20: ("BIGINT", pl.Int64),
+    21: ("SMALLINT", pl.Int16),
+    23: ("INTEGER", pl.Int32),
+    25: ("VARCHAR", pl.String),
+    1043: ("VARCHAR", pl.String),
+    1042: ("VARCHAR", pl.String),
+    19: ("VARCHAR", pl.String),
+    700: ("REAL", pl.Float32),
+    701: ("DOUBLE", pl.Float64),
+    1700: ("DOUBLE", pl.Float64),
+    1114: ("TIMESTAMP", pl.Datetime("us")),
+    1184: ("TIMESTAMPTZ", pl.Datetime("us", "UTC")),
+    1082: ("DATE", pl.Date),
+    1083: ("TIME", pl.Time),
+    1186: ("INTERVAL", pl.Duration("us")),
+    2950: ("UUID", pl.String),
+    114: ("JSON", pl.String),
+    3802: ("JSONB", pl.String),
+    17: ("BYTEA", pl.Binary),
+    1009: ("VARCHAR[]", pl.List(pl.String)),
+    1015: ("VARCHAR[]", pl.List(pl.String)),
+    1016: ("BIGINT[]", pl.List(pl.Int64)),
+    1007: ("INTEGER[]", pl.List(pl.Int32)),
     1005: ("SMALLINT[]", pl.List(pl.Int16)),
-    1000: ("BOOLEAN[]", pl.List(pl.Boolean)), 1021: ("REAL[]", pl.List(pl.Float32)),
-    1022: ("DOUBLE[]", pl.List(pl.Float64)), 1231: ("DOUBLE[]", pl.List(pl.Float64)),
-    1115: ("TIMESTAMP[]", pl.List(pl.Datetime("us"))), 1182: ("DATE[]", pl.List(pl.Date)),
+    1000: ("BOOLEAN[]", pl.List(pl.Boolean)),
+    1021: ("REAL[]", pl.List(pl.Float32)),
+    1022: ("DOUBLE[]", pl.List(pl.Float64)),
+    1231: ("DOUBLE[]", pl.List(pl.Float64)),
+    1115: ("TIMESTAMP[]", pl.List(pl.Datetime("us"))),
+    1182: ("DATE[]", pl.List(pl.Date)),
 }
 # REAL, not DuckDB's other name FLOAT for it: a table created from these names would get PostgreSQL's FLOAT, which
 # is double precision, and a Float32 column would then no longer match its own table.
@@ -77,8 +96,15 @@ def journal_base(url: str) -> Path:
 
 
 # "not yet accepting connections": crash recovery (PostgreSQL 14+), as after a crash or `pg_ctl stop -m immediate`
-_TRANSIENT = ("starting up", "shutting down", "in recovery", "not yet accepting connections",
-              "not accepting connections", "connection slots", "too many connections")
+_TRANSIENT = (
+    "starting up",
+    "shutting down",
+    "in recovery",
+    "not yet accepting connections",
+    "not accepting connections",
+    "connection slots",
+    "too many connections",
+)
 
 
 def _refused_for_good(message: str) -> str | None:
@@ -123,8 +149,13 @@ def translate(sql: str, params: Any) -> tuple[str, Any]:
 def _pg_type(dtype: pl.DataType) -> str:
     """The column type a polars column is registered with."""
     if dtype.is_integer():
-        return {pl.Int8: "SMALLINT", pl.Int16: "SMALLINT", pl.UInt8: "SMALLINT", pl.Int32: "INTEGER",
-                pl.UInt16: "INTEGER"}.get(dtype.base_type(), "BIGINT")  # type: ignore[call-overload]
+        return {
+            pl.Int8: "SMALLINT",
+            pl.Int16: "SMALLINT",
+            pl.UInt8: "SMALLINT",
+            pl.Int32: "INTEGER",
+            pl.UInt16: "INTEGER",
+        }.get(dtype.base_type(), "BIGINT")  # type: ignore[call-overload]
     if dtype == pl.Float32:
         return "REAL"
     if dtype.is_float():
@@ -154,16 +185,19 @@ def _check_fits(frame: pl.DataFrame) -> None:
         if dtype == pl.UInt64 and frame.height:
             largest = frame[column].max()
             if isinstance(largest, int) and largest > _BIGINT_MAX:
-                raise InvalidInputError(f"column {column!r} holds {largest}, above {_BIGINT_MAX:,}, the largest "
-                                        "integer PostgreSQL stores (BIGINT); cast it, e.g. "
-                                        f"pl.col({column!r}).cast(pl.String), or use a DuckDB store")
+                raise InvalidInputError(
+                    f"column {column!r} holds {largest}, above {_BIGINT_MAX:,}, the largest "
+                    "integer PostgreSQL stores (BIGINT); cast it, e.g. "
+                    f"pl.col({column!r}).cast(pl.String), or use a DuckDB store"
+                )
         elif dtype == pl.String and frame.height:
             nul = frame[column].str.contains("\x00", literal=True)
             if nul.any():
                 raise InvalidInputError(
                     f"column {column!r} holds a NUL character (\\x00) in {int(nul.sum()):,} row(s), e.g. "
                     f"{frame[column].filter(nul)[0][:60]!r}; PostgreSQL text cannot hold one. Remove it, "
-                    f"e.g. pl.col({column!r}).str.replace_all('\\x00', ''), or use a DuckDB store")
+                    f"e.g. pl.col({column!r}).str.replace_all('\\x00', ''), or use a DuckDB store"
+                )
 
 
 def _json_text(value: Any) -> str:
@@ -172,8 +206,11 @@ def _json_text(value: Any) -> str:
 
 def _as_csv(dtype: pl.DataType) -> bool:
     """Whether polars writes this type as CSV text PostgreSQL reads back as the same value."""
-    return (dtype.is_numeric() and not dtype.is_decimal()) or dtype in (pl.Boolean, pl.Date, pl.Null) or \
-        isinstance(dtype, pl.String | pl.Categorical | pl.Enum | pl.Datetime)
+    return (
+        (dtype.is_numeric() and not dtype.is_decimal())
+        or dtype in (pl.Boolean, pl.Date, pl.Null)
+        or isinstance(dtype, pl.String | pl.Categorical | pl.Enum | pl.Datetime)
+    )
 
 
 class PgRelation:
@@ -243,8 +280,13 @@ class PgCon:
                         copy.write(part.write_csv(include_header=False))
             else:
                 nested = [c for c, t in types.items() if t == "JSONB"]
-                rows = frame.with_columns(pl.col(c).map_elements(_json_text, return_dtype=pl.String)
-                                          for c in nested).iter_rows() if nested else frame.iter_rows()
+                rows = (
+                    frame.with_columns(
+                        pl.col(c).map_elements(_json_text, return_dtype=pl.String) for c in nested
+                    ).iter_rows()
+                    if nested
+                    else frame.iter_rows()
+                )
                 with self.raw.cursor().copy(psycopg.sql.SQL(f'COPY "{name}" ({names}) FROM STDIN')) as copy:
                     for row in rows:
                         copy.write_row(row)
@@ -257,8 +299,9 @@ class PgCon:
 class PgConnection:
     """One PostgreSQL database (a URL), through one connection kept open and opened again when lost."""
 
-    def __init__(self, url: str, *, on_wait: Callable[[str], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self, url: str, *, on_wait: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None
+    ) -> None:
         self.url = url
         self.name = redacted(url)
         self.path = journal_base(url)
@@ -275,19 +318,28 @@ class PgConnection:
         patience = Patience(wait, self.should_stop, self.on_wait, longest=1.0)
         while True:
             try:
-                raw = psycopg.connect(self.url, autocommit=True, connect_timeout=10, keepalives=1,
-                                      keepalives_idle=30, keepalives_interval=10, keepalives_count=3)
+                raw = psycopg.connect(
+                    self.url,
+                    autocommit=True,
+                    connect_timeout=10,
+                    keepalives=1,
+                    keepalives_idle=30,
+                    keepalives_interval=10,
+                    keepalives_count=3,
+                )
                 break
             except psycopg.OperationalError as exc:
                 refused = _refused_for_good(str(exc))
                 if refused:
                     raise (StoreNotFound if "does not exist" in refused else StoreError)(
-                        f"cannot open the PostgreSQL store {self.name}: {refused}" + (
-                            " (create it first: createdb NAME)" if "database" in refused else "")) from None
+                        f"cannot open the PostgreSQL store {self.name}: {refused}"
+                        + (" (create it first: createdb NAME)" if "database" in refused else "")
+                    ) from None
                 reason = str(exc).strip().splitlines()[-1]
                 if not patience.again(f"waiting for PostgreSQL at {self.name}: {reason}"):
-                    raise StoreBusy(f"cannot reach the PostgreSQL store {self.name} (waited {patience.waited:.0f}s): "
-                                    f"{reason}") from exc
+                    raise StoreBusy(
+                        f"cannot reach the PostgreSQL store {self.name} (waited {patience.waited:.0f}s): {reason}"
+                    ) from exc
         text = psycopg.types.string.TextLoader
         for name in ("uuid", "json", "jsonb"):  # as text, like the DuckDB side returns them
             raw.adapters.register_loader(name, text)
@@ -303,16 +355,19 @@ class PgConnection:
     def exists(self) -> bool:
         """Whether the database holds a ledger (llmledger's bookkeeping tables)."""
         with self.open(wait=30.0) as con:
-            return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
-                                    "current_schema() AND table_name = 'llmledger_steps'").fetchall()[0][0])
+            return bool(
+                con.execute(
+                    "SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                    "current_schema() AND table_name = 'llmledger_steps'"
+                ).fetchall()[0][0]
+            )
 
     def remove(self) -> None:
         """Nothing to delete: the refused call's transaction was rolled back, so the database is as it was."""
 
     def check(self, *, must_exist: bool = False) -> None:
         if must_exist and not self.exists():
-            raise StoreNotFound(f"no ledger in the PostgreSQL store {self.name}; apply_llm(..., store=...) "
-                                "creates one")
+            raise StoreNotFound(f"no ledger in the PostgreSQL store {self.name}; apply_llm(..., store=...) creates one")
 
     @contextlib.contextmanager
     def open(self, *, wait: float | None = None, read_only: bool = False) -> Iterator[PgCon]:
@@ -326,8 +381,15 @@ class PgConnection:
                 self._drop()
                 raise StoreError(f"lost the PostgreSQL store {self.name}: {str(exc).strip()}") from exc
 
-    def transaction(self, work: Callable[[PgCon], T], *, wait: float | None = None, commit: bool = True,
-                    exclusive: bool = False, read_only: bool = False) -> T:
+    def transaction(
+        self,
+        work: Callable[[PgCon], T],
+        *,
+        wait: float | None = None,
+        commit: bool = True,
+        exclusive: bool = False,
+        read_only: bool = False,
+    ) -> T:
         """Run `work` in one transaction, redoing it after a serialization failure, a deadlock or a lost
         connection (`commit=False`: roll it back; `exclusive`: one such transaction at a time in the database;
         `read_only` is for a DuckDB file: the server decides what this role may do)."""
@@ -358,12 +420,15 @@ class PgConnection:
                         raise
                     self._drop()  # the server went away: connect again and redo the transaction
                     if ending and commit:  # it may have committed: redoing it could write twice
-                        raise StoreError(f"lost the PostgreSQL store {self.name} while committing; whether the "
-                                         "transaction landed is unknown. Answers are kept in this machine's "
-                                         "journal, and the next run merges what did not land.") from None
+                        raise StoreError(
+                            f"lost the PostgreSQL store {self.name} while committing; whether the "
+                            "transaction landed is unknown. Answers are kept in this machine's "
+                            "journal, and the next run merges what did not land."
+                        ) from None
                     if wait is not None and time.monotonic() - start > wait:
-                        raise StoreBusy(f"cannot reach the PostgreSQL store {self.name} (waited "
-                                        f"{time.monotonic() - start:.0f}s)") from None
+                        raise StoreBusy(
+                            f"cannot reach the PostgreSQL store {self.name} (waited {time.monotonic() - start:.0f}s)"
+                        ) from None
                     time.sleep(0.2)
                 except BaseException:
                     with contextlib.suppress(psycopg.Error):
