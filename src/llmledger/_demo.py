@@ -13,6 +13,7 @@ import polars as pl
 
 from llmledger._draw import rows as n_rows
 from llmledger._ledger.query import sql
+from llmledger._report import RunReport
 from llmledger._run.api import apply_llm
 from llmledger._run.run import last_report
 from llmledger.simulator import Simulator
@@ -46,7 +47,7 @@ def _client() -> Iterator[tuple[anthropic.AsyncAnthropic | None, Simulator | Non
         yield anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="simulator"), sim
 
 
-def _show(title: str, frame: pl.DataFrame) -> None:
+def _show(title: str, frame: pl.DataFrame | None) -> None:
     print(f"\n{title}")
     with pl.Config(tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, fmt_str_lengths=60):
         print(frame)
@@ -83,7 +84,7 @@ def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
                 concurrency=16,
             )
             report = last_report()
-            if report:
+            if isinstance(report, RunReport):
                 print(
                     f"-> this run paid {report.calls:,} calls; {n_rows(report.reused)} reused the answer to an "
                     "identical request"

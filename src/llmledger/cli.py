@@ -28,7 +28,7 @@ import dataclasses
 import sys
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 
@@ -38,7 +38,14 @@ from llmledger._view.overview import show, use_colour
 from llmledger.errors import InvalidInputError, LedgerError
 from llmledger.simulator.replies import Faults
 
-_TABLE_FORMAT = {
+# --redo as resume() takes it
+_REDO: dict[str | None, bool | Literal["stale", "flagged"]] = {
+    "stale": "stale",
+    "flagged": "flagged",
+    "all": True,
+    None: False,
+}
+_TABLE_FORMAT: dict[str, Any] = {
     "tbl_hide_dataframe_shape": True,
     "tbl_hide_column_data_types": True,
     "tbl_rows": 100,
@@ -230,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "run":
             from llmledger._run.api import resume
 
-            redo = {"stale": "stale", "flagged": "flagged", "all": True, None: False}[args.redo]
+            redo = _REDO[args.redo]
             try:
                 resume(
                     args.store,
@@ -336,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                 sim.serve_forever()
             except KeyboardInterrupt:
                 time.sleep(0)
-    except (LedgerError, *db_errors()) as exc:
+    except (LedgerError, *db_errors()) as exc:  # type: ignore[misc]
         if isinstance(exc, InvalidInputError) and str(exc).startswith("no API key"):  # to a shell user
             exc = InvalidInputError(
                 "no API key: export ANTHROPIC_API_KEY=... first. To run offline instead, "

@@ -172,7 +172,8 @@ class BatchSender:
         intent = "b" + uuid.uuid4().hex[:12]
         self.mine.add(intent)
         layout = selection.layout
-        requests, keys = [], []
+        requests: list[dict[str, Any]] = []
+        keys: list[Any] = []
         for n, (fingerprint, body, rows) in enumerate(chunk):
             custom_id = custom_id_of(intent, fingerprint, None if self.cfg.dedupe else n)
             requests.append({"custom_id": custom_id, "params": body})
@@ -244,7 +245,8 @@ class BatchSender:
                 failure = classify(exc)
                 ambiguous = isinstance(exc, anthropic.APIConnectionError) or exc.status_code in AMBIGUOUS_STATUS
             if failure.kind is not Kind.TRANSIENT:
-                return await self._refused(intent, failure, table, step)
+                await self._refused(intent, failure, table, step)
+                return None
             self.report.retries += 1
             if ambiguous:
                 for delay in LOOKS:
@@ -274,7 +276,8 @@ class BatchSender:
                     )
                 )
         assert failure is not None
-        return await self._refused(intent, failure, table, step)
+        await self._refused(intent, failure, table, step)
+        return None
 
     async def _refused(self, intent: str, failure: CallFailed, table: str, step: str) -> None:
         await asyncio.to_thread(

@@ -92,9 +92,11 @@ class CallFailed(Exception):
 
 def _error_fields(exc: anthropic.APIStatusError) -> tuple[str, str, str | None]:
     """(type, message, details.error_code) from the error body, whatever the SDK version parses itself."""
-    body = exc.body if isinstance(exc.body, dict) else {}
-    error = body.get("error") if isinstance(body.get("error"), dict) else body
-    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+    nested = body.get("error")
+    error: dict[str, Any] = nested if isinstance(nested, dict) else body
+    found = error.get("details")
+    details: dict[str, Any] = found if isinstance(found, dict) else {}
     code = details.get("error_code")
     return (
         str(error.get("type") or type(exc).__name__),

@@ -42,10 +42,11 @@ from llmledger._exec.config import RunConfig
 from llmledger._exec.reconcile import Reading, Reconciler, Undecided, tag_of
 from llmledger._exec.recorder import Recorder
 from llmledger._ledger import Ledger, Selection
-from llmledger._ledger.batches import BatchChanged, BatchRecord, BatchRows
+from llmledger._ledger.batches import BatchChanged
 from llmledger._ledger.claims import is_abandoned, is_alive_here
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.states import Outcome
+from llmledger._ledger.types import BatchRecord, BatchRows
 from llmledger._report import RunReport
 from llmledger._step.output import OutputError, OutputSpec
 from llmledger._time import utcnow
@@ -327,7 +328,7 @@ class BatchCollector:
                 [record], f"batch {record.batch_id}: downloading its results failed ({type(exc).__name__}: {exc})"
             )
             return False
-        if record.adopted and record.intent not in tags and sum(counts.values()):  # a wrong guess: not ours
+        if record.adopted and record.intent not in tags and sum(counts.values()) > 0:  # a wrong guess: not ours
             self.reconciler.tags[record.batch_id] = frozenset(tags)
             await asyncio.to_thread(
                 self.ledger.reject_batch, record, note=f"{record.batch_id} holds no custom id of this intent"
@@ -339,7 +340,7 @@ class BatchCollector:
             return False
         ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
         try:
-            back = await asyncio.to_thread(
+            merged = await asyncio.to_thread(
                 self.ledger.merge_batch,
                 record,
                 rows.layout,
@@ -354,7 +355,7 @@ class BatchCollector:
         except BatchChanged:  # rows joined it meanwhile: merge it again at the next look, with them
             return False
         self.failures.pop(record.intent, None)
-        if back is None:  # another run merged it meanwhile
+        if merged is None:  # another run merged it meanwhile
             return True
         self.report.absorb(counted)
         self.report.collected += len(results)

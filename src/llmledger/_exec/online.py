@@ -66,7 +66,7 @@ class Sink(Protocol):
     def note_unsent(self, message: str, row: dict[str, Any]) -> None: ...
     def set_in_flight(self, delta: int) -> None: ...
     def may_spend(self) -> bool: ...
-    def bill(self, reply: Reply) -> None: ...
+    def bill(self, reply: Reply) -> float | None: ...
 
 
 class OnlineSender:
@@ -108,9 +108,9 @@ class OnlineSender:
             twin = self.twins.get(fp)
             if twin is not None:
                 self._doing(f"waiting for twin {fp[:8]}")
-                answer = await asyncio.shield(twin)
-                if answer is not None:  # None: the twin was stopped, so this row is released too
-                    self.sink.record(row, *answer, reused=True)
+                shared = await asyncio.shield(twin)
+                if shared is not None:  # None: the twin was stopped, so this row is released too
+                    self.sink.record(row, *shared, reused=True)
                 return
             self.twins[fp] = asyncio.get_running_loop().create_future()
         answer: Answer | None = None

@@ -24,7 +24,7 @@ from typing import Any
 
 import anthropic
 
-from llmledger._ledger.batches import BatchRecord
+from llmledger._ledger.types import BatchRecord
 
 CLOCK_SLACK = timedelta(minutes=10)  # how far this machine's clock may be from the API's
 CREATE_WINDOW = timedelta(hours=3)  # an intent's create (retries, timeouts, looks) is over well within this: a

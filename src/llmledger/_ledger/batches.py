@@ -19,28 +19,52 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-import duckdb
 import polars as pl
 
-from llmledger._ledger.columns import names, q
+from llmledger._ledger.columns import names
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import Connection, column_types, one, registered, table_exists
 from llmledger._ledger.engine.postgres import PgConnection
 from llmledger._ledger.schema import BATCHES_TABLE
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import BatchRecord, BatchRows
 from llmledger._ledger.verbs import commit_results, give_back, input_columns, requests_of
+from llmledger._step.sqltext import q
 
 ASSIGNED = "llmledger_assigned"
 NO_LIMIT = 1 << 30  # max_attempts for giving back batch rows: each had its prior status recorded by its claim
 OPEN_STATES = ("submitting", "submitted")
 
 
+def _record(*row: Any) -> BatchRecord:
+    """A `BatchRecord` from a row of the SELECT in `batches` (its columns in the record's order)."""
+    intent, batch_id, table, step, claimant, requests, rows, created_at, state, version, validated, adopted = row[:12]
+    rejected, source = row[12:]
+    return BatchRecord(
+        intent,
+        batch_id,
+        table,
+        step,
+        claimant,
+        requests,
+        rows,
+        created_at,
+        state,
+        version,
+        validated,
+        adopted,
+        list(rejected or []),
+        source,
+    )
+
+
 class BatchChanged(Exception):
     """Rows joined a batch between reading its rows and merging its results: merge again."""
 
 
-def _state(con: duckdb.DuckDBPyConnection, intent: str) -> tuple[str | None, str | None]:
+def _state(con: Con, intent: str) -> tuple[str | None, str | None]:
     """(state, batch id) of an intent; (None, None) when the store has no such intent."""
     found = con.execute(f"SELECT state, batch_id FROM {BATCHES_TABLE} WHERE intent = ?", [intent]).fetchall()
     return found[0] if found else (None, None)
@@ -55,7 +79,7 @@ class BatchVerbs:
 
     conn: Connection | PgConnection
     path: Path
-    _layout: Callable[[duckdb.DuckDBPyConnection, str, str], Layout]  # the ledger's: migrates, checks the step
+    _layout: Callable[[Con, str, str], Layout]  # the ledger's: migrates, checks the step
 
     def begin_batch(
         self,
@@ -75,7 +99,7 @@ class BatchVerbs:
         """Record the intent (and where it is sent: `source`) and give each claimed row (`assigned`: key columns
         and custom_id) its custom id."""
 
-        def work(con: duckdb.DuckDBPyConnection) -> None:
+        def work(con: Con) -> None:
             c = names(layout.step, "t")
             with registered(con, ASSIGNED, assigned):
                 con.execute(
@@ -117,15 +141,17 @@ class BatchVerbs:
         When another run confirmed it with this very batch (it read the batch's custom ids), its rows.
         """
 
-        def work(con: duckdb.DuckDBPyConnection) -> int | None:
+        def work(con: Con) -> int | None:
             c = names(step)
             state, current = _state(con, intent)
             if state == "submitted" and current == batch_id:
-                return one(
-                    con,
-                    f"SELECT count(*) FROM {q(table)} WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = ?",
-                    [batch_id],
-                )[0]
+                return int(
+                    one(
+                        con,
+                        f"SELECT count(*) FROM {q(table)} WHERE {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = ?",
+                        [batch_id],
+                    )[0]
+                )
             if state != "submitting":
                 return None
             if one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ?", [batch_id])[0]:
@@ -150,7 +176,7 @@ class BatchVerbs:
         """Reconciliation adopted a batch that was not the intent's (its results hold other custom ids):
         the intent waits for its own batch again, never to adopt this one."""
 
-        def work(con: duckdb.DuckDBPyConnection) -> int:
+        def work(con: Con) -> int:
             c = names(batch.step)
             rows = len(
                 con.execute(
@@ -185,7 +211,7 @@ class BatchVerbs:
         was sent with a different `validate=` setting (its answers are checked as it says), or to another source
         than the run's (`source`: a simulated batch's answer is no answer for a run against the API)."""
 
-        def work(con: duckdb.DuckDBPyConnection) -> int:
+        def work(con: Con) -> int:
             if not one(
                 con,
                 f"SELECT count(*) FROM {BATCHES_TABLE} WHERE batch_id = ? AND state = 'submitted' "
@@ -228,7 +254,7 @@ class BatchVerbs:
         found the batch meanwhile); with `confirmed`, a batch the API has is closed instead, its rows (if any are
         left: a simulated batch a run against the API gives up) back to what they were."""
 
-        def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+        def work(con: Con) -> pl.DataFrame:
             layout = self._layout(con, table, step)
             state, batch_id = _state(con, intent)
             if not ((state == "submitting" and batch_id is None) or (confirmed and state == "submitted")):
@@ -273,7 +299,7 @@ class BatchVerbs:
                 f"FROM {BATCHES_TABLE} WHERE {where} ORDER BY created_at",
                 params,
             ).fetchall()
-        return [BatchRecord(*r[:-2], list(r[-2] or []), r[-1]) for r in rows]
+        return [_record(*r) for r in rows]
 
     def known_batch_ids(self) -> set[str]:
         """Every API batch id this store has recorded (so reconciling never adopts one twice)."""
@@ -285,7 +311,7 @@ class BatchVerbs:
     def batch_rows(self, batch: BatchRecord, *, inputs: bool = False) -> BatchRows:
         """The SUBMITTED rows of `batch`, with their custom ids and what a result row needs."""
 
-        def work(con: duckdb.DuckDBPyConnection) -> BatchRows:
+        def work(con: Con) -> BatchRows:
             layout = self._layout(con, batch.table, batch.step)
             columns = input_columns(con, layout) if inputs else []
             c = names(layout.step, "t")
@@ -323,7 +349,7 @@ class BatchVerbs:
         `expected_rows` rows the results were matched against (rows joined it meanwhile).
         """
 
-        def work(con: duckdb.DuckDBPyConnection) -> pl.DataFrame | None:
+        def work(con: Con) -> pl.DataFrame | None:
             if _state(con, batch.intent)[0] not in OPEN_STATES:
                 return None
             c = names(layout.step)

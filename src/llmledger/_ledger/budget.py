@@ -21,15 +21,14 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-import duckdb
-
 from llmledger._ledger.claims import is_abandoned, is_alive_here
-from llmledger._ledger.columns import q
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import Connection, lock_step, one, table_exists
 from llmledger._ledger.engine.postgres import PgConnection
 from llmledger._ledger.schema import BATCHES_TABLE, HISTORY_TABLE
 from llmledger._ledger.types import BudgetLook
 from llmledger._ledger.verbs import clock
+from llmledger._step.sqltext import q
 
 RESERVATIONS_TABLE = "llmledger_budget_reservations"
 _PG_LOCK_CLASS = 0x6C6C6D62  # "llmb": advisory locks on a step's budget (the second key is the step's crc32)
@@ -166,7 +165,7 @@ class BudgetVerbs:
     ) -> BudgetLook:
         """One short transaction: see what the step has spent and others reserved; reserve what fits."""
 
-        def work(con: duckdb.DuckDBPyConnection) -> BudgetLook:
+        def work(con: Con) -> BudgetLook:
             lock_step(con, _PG_LOCK_CLASS, table, step)
             return reserve(
                 con,

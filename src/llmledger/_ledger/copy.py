@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llmledger._ledger.columns import JSONB, output_as_text, output_from_text, q, step_columns
+from llmledger._ledger.columns import JSONB, output_as_text, output_from_text, step_columns
 from llmledger._ledger.engine.duckdb import column_types, dialect, frames, registered, table_exists
 from llmledger._ledger.open import locate, open_ledger, shown
 from llmledger._ledger.prepare import create_fact_table
@@ -28,6 +28,7 @@ from llmledger._ledger.schema import (
     list_steps,
     migrate,
 )
+from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
@@ -46,8 +47,8 @@ def copy(source: str | Path, target: str | Path) -> dict[str, int]:
     if str(src_at) == str(dst_at):
         raise InvalidInputError(f"source and target are the same store ({shown(source)}); name another target")
     src, dst = open_ledger(src_at), open_ledger(dst_at)
-    src.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)  # type: ignore[attr-defined]
-    existed = dst.conn.exists()  # type: ignore[attr-defined]
+    src.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)
+    existed = dst.conn.exists()
     copied: dict[str, int] = {}
 
     def work(dcon: Any) -> None:
@@ -57,7 +58,7 @@ def copy(source: str | Path, target: str | Path) -> dict[str, int]:
                 "or an empty PostgreSQL database"
             )
         migrate(dcon, utcnow())
-        with src.conn.open(wait=60.0) as scon:  # type: ignore[attr-defined]
+        with src.conn.open(wait=60.0) as scon:
             for table in BOOKKEEPING:
                 if table_exists(scon, table):
                     copied[table] = _copy_rows(scon, dcon, table, {})
@@ -69,10 +70,10 @@ def copy(source: str | Path, target: str | Path) -> dict[str, int]:
                 copied[table] = _copy_fact_table(scon, dcon, table, key, steps)
 
     try:
-        dst.conn.transaction(work, wait=60.0, exclusive=True)  # type: ignore[attr-defined]
+        dst.conn.transaction(work, wait=60.0, exclusive=True)
     except BaseException:
         if not existed:
-            dst.conn.remove()  # type: ignore[attr-defined]
+            dst.conn.remove()
         raise
     return copied
 

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 
-from llmledger._ledger.columns import names, q
+from llmledger._ledger.columns import names
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import column_types, dialect, table_exists
 from llmledger._ledger.schema import STEPS_TABLE
+from llmledger._step.sqltext import q
 from llmledger.errors import PromptError
 
 _NESTED = ("STRUCT", "MAP", "JSON", "UNION")
@@ -51,7 +54,7 @@ class StepGraph:
     dialect: str = "duckdb"  # of the store the SQL is for
 
     @classmethod
-    def load(cls, con: duckdb.DuckDBPyConnection, table: str, step: str | None = None) -> StepGraph:
+    def load(cls, con: Con, table: str, step: str | None = None) -> StepGraph:
         """The current definition of every step of `table`, as apply_llm last prepared it.
 
         Upstream fields are checked and given their SQL for `step` and the steps it reads (all steps
@@ -85,7 +88,7 @@ class StepGraph:
             {**self.templates, step: template}, {**self.upstream, step: upstream}, self.field_sql, self.dialect
         )
 
-    def typed(self, con: duckdb.DuckDBPyConnection, table: str, steps: list[str]) -> StepGraph:
+    def typed(self, con: Con, table: str, steps: list[str]) -> StepGraph:
         """This graph with SQL for the upstream fields the templates of `steps` read, checked against the table."""
         exprs = dict(self.field_sql)
         for step in steps:
@@ -162,7 +165,7 @@ class StepGraph:
         return f"({names(step, 't')['_status']} = 'DONE' AND NOT {self.fresh_sql(step)})"
 
 
-def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, step: str) -> str:
+def upstream_field_sql(con: Con, table: str, path: str, step: str) -> str:
     """SQL for one upstream field as prompt text (nested values as JSON), or a PromptError naming the problem."""
     parts = path.split(".")
     if any(not p.isidentifier() for p in parts) or "[" in path:
@@ -183,7 +186,7 @@ def upstream_field_sql(con: duckdb.DuckDBPyConnection, table: str, path: str, st
     return f"to_json({expr})::VARCHAR" if nested else f"CAST({expr} AS VARCHAR)"
 
 
-def _jsonb_field_sql(con: duckdb.DuckDBPyConnection, table: str, parts: list[str], step: str) -> str:
+def _jsonb_field_sql(con: Con, table: str, parts: list[str], step: str) -> str:
     """PostgreSQL: a structured step is a JSONB column; its fields are checked against the step's output schema."""
     from llmledger._ledger.schema import current_output_spec
 
@@ -196,7 +199,7 @@ def _jsonb_field_sql(con: duckdb.DuckDBPyConnection, table: str, parts: list[str
             f"{'.'.join(parts[1:])!r} (its answers are text)"
         )
     spec = current_output_spec(con, table, parts[0])
-    schema: dict = spec.schema if spec is not None else {}
+    schema: dict[str, Any] = spec.schema if spec is not None else {}
     for depth, name in enumerate(parts[1:], start=1):
         ref = schema.get("$ref", "")
         if ref.startswith("#/$defs/"):

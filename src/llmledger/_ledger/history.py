@@ -11,13 +11,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import duckdb
 import polars as pl
 
-from llmledger._ledger.columns import names, output_as_text, output_from_text, q
+from llmledger._ledger.columns import names, output_as_text, output_from_text
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import column_types
 from llmledger._ledger.schema import HISTORY_TABLE
 from llmledger._ledger.survey import Layout
+from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError
 
 _COLUMNS = (
@@ -27,7 +28,7 @@ _COLUMNS = (
 
 
 def archive(
-    con: duckdb.DuckDBPyConnection,
+    con: Con,
     layout: Layout,
     *,
     now: datetime,
@@ -73,7 +74,7 @@ def redo_reason(layout: Layout) -> str:
     )
 
 
-def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None) -> pl.DataFrame:
+def side_by_side(con: Con, layout: Layout, key: Any = None) -> pl.DataFrame:
     """Each replaced answer of the step next to the row's current one, oldest first.
 
     `key`: one row's key value (a dict of key columns when the key has several), or None for all rows.
@@ -95,7 +96,7 @@ def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None
     )
     params = {"k" + str(i): v for i, v in enumerate((key or {}).values())}
     old_output = output_from_text("h.output", output_type)
-    return con.sql(
+    frame: pl.DataFrame = con.sql(
         f"SELECT {keys}, h.replaced_at, h.reason, {old_output} AS old_output, h.output AS old_text, h.raw AS old_raw, "
         f"h.status AS old_status, "
         f"h.model AS old_model, h.fingerprint AS old_fingerprint, h.input_tokens AS old_input_tokens, "
@@ -106,3 +107,4 @@ def side_by_side(con: duckdb.DuckDBPyConnection, layout: Layout, key: Any = None
         f"ORDER BY {keys}, h.replaced_at",
         params={**params, "table": layout.table, "step": layout.step},
     ).pl()
+    return frame

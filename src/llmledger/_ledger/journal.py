@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from datetime import date, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import polars as pl
 
@@ -95,7 +95,7 @@ def read(path: Path, schema: dict[str, pl.DataType], *, key: Sequence[str] = ())
 
     def whole(rows: list[Any]) -> pl.DataFrame:
         frame = pl.from_dicts(rows, schema=loose) if rows else pl.DataFrame(schema=loose)
-        return frame.with_columns(pl.col(k).str.strptime(v) for k, v in temporal.items())
+        return frame.with_columns(pl.col(k).str.strptime(cast(Any, v)) for k, v in temporal.items())
 
     good: list[tuple[int, dict[str, Any]]] = []  # (line number, row)
     bad: list[int] = []

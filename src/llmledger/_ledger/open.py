@@ -36,7 +36,7 @@ def open_existing(store: str | Path) -> Ledger:
     """The ledger in `store`, which must hold one (StoreNotFound otherwise), checked on the connection it is
     then used through (a PostgreSQL store is not connected to twice)."""
     ledger = open_ledger(locate(store))
-    ledger.conn.check(must_exist=True)  # type: ignore[attr-defined]
+    ledger.conn.check(must_exist=True)
     return ledger
 
 
@@ -76,7 +76,7 @@ def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
     if isinstance(location, Path) and not location.exists():
         return [], []
     ledger = open_ledger(location)
-    with ledger.conn.open(wait=60.0, read_only=True) as con:  # type: ignore[attr-defined]
+    with ledger.conn.open(wait=60.0, read_only=True) as con:
         alike = [
             t
             for (t,) in con.execute(
@@ -104,7 +104,7 @@ def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
     if isinstance(location, Path) and not location.exists():
         return {}
     ledger = open_ledger(location)
-    with ledger.conn.open(wait=60.0, read_only=True) as con:  # type: ignore[attr-defined]
+    with ledger.conn.open(wait=60.0, read_only=True) as con:
         if not table_exists(con, STEPS_TABLE):
             return {}
         return {step: current_output_spec(con, table, step) for _, step, _ in list_steps(con, table)}

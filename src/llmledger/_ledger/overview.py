@@ -11,19 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import duckdb
-
-from llmledger._ledger.columns import q
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import table_exists
 from llmledger._ledger.schema import BATCHES_TABLE, list_steps
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import BatchOverview, Claims, ErrorKind, Overview, StepOverview
 from llmledger._ledger.verbs import status_counts
+from llmledger._step.sqltext import q
 
 ERROR_KINDS = 5  # kinds shown per step, the commonest first
 
 
-def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> Overview:
+def read_overview(con: Con, table: str | None = None) -> Overview:
     """Everything `show` draws, read on one connection."""
     counts = status_counts(con, table)
     keys = {(t, s): k for t, s, k in list_steps(con, table)}
@@ -41,7 +40,7 @@ def read_overview(con: duckdb.DuckDBPyConnection, table: str | None = None) -> O
     return Overview(steps, batches, [r[0] for r in known if not r[0].startswith("llmledger_")])
 
 
-def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview, key_columns: list[str]) -> None:
+def _usage(con: Con, s: StepOverview, key_columns: list[str]) -> None:
     """Cost and paid rows; the processes holding claims; FAILED / NEEDS_REVIEW rows by kind of error."""
     t, status = q(s.table), q(s.step + "_status")
     cost = q(s.step + "_cost_usd")
@@ -71,7 +70,7 @@ def _usage(con: duckdb.DuckDBPyConnection, s: StepOverview, key_columns: list[st
             s.errors.append(ErrorKind(str(name), int(rows), *(str(v) for v in (example or [("", "")])[0])))
 
 
-def _batches(con: duckdb.DuckDBPyConnection, table: str | None) -> list[BatchOverview]:
+def _batches(con: Con, table: str | None) -> list[BatchOverview]:
     where, params = ("AND table_name = ?", [table]) if table else ("", [])
     rows: list[Any] = con.execute(
         f"SELECT batch_id, table_name, step, coalesce(rows_sent, 0), coalesce(requests, 0), state, "

@@ -26,7 +26,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from llmledger._ledger.columns import STEP_COLUMNS, q
+from llmledger._ledger.columns import STEP_COLUMNS
 from llmledger._ledger.engine.duckdb import (
     check_store_path,
     column_types,
@@ -49,6 +49,7 @@ from llmledger._ledger.schema import (
 )
 from llmledger._step.prompt import template_fields
 from llmledger._step.request import sql_literal
+from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError, LedgerError
 

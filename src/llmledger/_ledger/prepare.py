@@ -13,15 +13,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-import duckdb
 import polars as pl
 
-from llmledger._ledger.columns import JSONB, index_name, names, output_as_text, output_from_text, q
+from llmledger._ledger.columns import JSONB, index_name, names, output_as_text, output_from_text
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import column_types, dialect, registered, table_exists
 from llmledger._ledger.history import archive
 from llmledger._ledger.schema import LEGACY_FINGERPRINT_PREFIX, canonical_type, ensure_step_columns, list_steps
 from llmledger._ledger.survey import Layout
 from llmledger._step.request import sql_literal
+from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError, KeyColumnError
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def _fits(stored: str, incoming: str) -> bool:
     )
 
 
-def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame) -> None:
+def establish_table(con: Con, layout: Layout, frame: pl.DataFrame) -> None:
     """Create or extend the fact table so it holds the frame's key and copied columns."""
     with registered(con, INCOMING, frame.head(0)):
         incoming = column_types(con, INCOMING)
@@ -90,7 +91,7 @@ def establish_table(con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.Da
             )
 
 
-def create_fact_table(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, str], key: list[str]) -> None:
+def create_fact_table(con: Con, table: str, columns: dict[str, str], key: list[str]) -> None:
     """A new fact table with `columns` ({name: type}); on PostgreSQL with a unique index on the key, by which
     claims and commits find rows (DuckDB joins without one)."""
     con.execute(f"CREATE TABLE {q(table)} ({', '.join(f'{q(c)} {t}' for c, t in columns.items())})")
@@ -98,7 +99,7 @@ def create_fact_table(con: duckdb.DuckDBPyConnection, table: str, columns: dict[
         con.execute(f"CREATE UNIQUE INDEX {q(index_name(table, 'key'))} ON {q(table)} ({', '.join(q(k) for k in key)})")
 
 
-def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type: str, now: datetime) -> None:
+def set_output_type(con: Con, layout: Layout, output_type: str, now: datetime) -> None:
     """Give the step its columns, its output column the type the step's output schema needs.
 
     When the type changes (text becomes structured, a schema gains a field), every stored answer is
@@ -131,9 +132,7 @@ def set_output_type(con: duckdb.DuckDBPyConnection, layout: Layout, output_type:
             )
 
 
-def insert_rows(
-    con: duckdb.DuckDBPyConnection, layout: Layout, definition: StepDefinition, rows: pl.DataFrame, *, in_sql: bool
-) -> None:
+def insert_rows(con: Con, layout: Layout, definition: StepDefinition, rows: pl.DataFrame, *, in_sql: bool) -> None:
     """Insert new keys as NOT_STARTED; with a SQL template, their requests are rendered in the same statement."""
     cols = [*layout.key, *layout.mirror]
     col_list = ", ".join(q(c) for c in cols)
@@ -152,7 +151,7 @@ def insert_rows(
             con.execute(f"INSERT INTO {q(layout.table)} ({col_list}) SELECT {col_list} FROM {INCOMING}")
 
 
-def refresh_rows(con: duckdb.DuckDBPyConnection, layout: Layout, rows: pl.DataFrame) -> None:
+def refresh_rows(con: Con, layout: Layout, rows: pl.DataFrame) -> None:
     """Copy changed inputs into the ledger; every step's request for those rows must be rendered again."""
     steps = {s for _, s, _ in list_steps(con, layout.table)} | {layout.step}
     sets = [f"{q(c)} = i.{q(c)}" for c in layout.mirror]
@@ -166,7 +165,7 @@ def refresh_rows(con: duckdb.DuckDBPyConnection, layout: Layout, rows: pl.DataFr
 
 
 def render_rows(
-    con: duckdb.DuckDBPyConnection,
+    con: Con,
     layout: Layout,
     definition: StepDefinition,
     frame: pl.DataFrame,
@@ -212,7 +211,7 @@ def render_rows(
 
 
 def render_dependent(
-    con: duckdb.DuckDBPyConnection,
+    con: Con,
     layout: Layout,
     plan: PromptPlan,
     version: str,
@@ -243,7 +242,7 @@ def render_dependent(
 
 
 def _update(
-    con: duckdb.DuckDBPyConnection,
+    con: Con,
     layout: Layout,
     definition: StepDefinition,
     legacy_signature: str | None,

@@ -9,9 +9,11 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from llmledger._ledger.columns import names, q
+from llmledger._ledger.columns import names
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import one, registered
 from llmledger._ledger.types import Selection
+from llmledger._step.sqltext import q
 
 _WORK = "llmledger_estimate"
 
@@ -26,7 +28,7 @@ class Rehearsal:
     average_output_tokens: float | None  # their average output tokens (None without any)
 
 
-def rehearse(con: duckdb.DuckDBPyConnection, selection: Selection) -> Rehearsal:
+def rehearse(con: Con, selection: Selection) -> Rehearsal:
     layout = selection.layout
     c = names(layout.step, "t")
     with registered(con, _WORK, selection.work):

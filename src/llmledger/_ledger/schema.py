@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import duckdb
-
-from llmledger._ledger.columns import STEP_COLUMNS, add_column_ddl, index_name, q
+from llmledger._ledger.columns import STEP_COLUMNS, add_column_ddl, index_name
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import column_types, dialect, one, table_exists
 from llmledger._step.request import RequestSpec
+from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import StoreError
 
@@ -41,10 +41,10 @@ LEGACY_FINGERPRINT_PREFIX = "llmledger-0.1:"  # fingerprints of 0.1.0 become md5
 class Migration:
     version: int
     name: str
-    apply: Callable[[duckdb.DuckDBPyConnection], None]
+    apply: Callable[[Con], None]
 
 
-def _add_step_columns(con: duckdb.DuckDBPyConnection, columns: dict[str, str]) -> None:
+def _add_step_columns(con: Con, columns: dict[str, str]) -> None:
     """Add the per-step columns `{suffix: SQL type}` to every step of every fact table that lacks them."""
     for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
         if table_exists(con, table):
@@ -54,7 +54,7 @@ def _add_step_columns(con: duckdb.DuckDBPyConnection, columns: dict[str, str]) -
                     con.execute(f"ALTER TABLE {q(table)} ADD COLUMN {q(step + suffix)} {sql_type}")
 
 
-def _v1_tables(con: duckdb.DuckDBPyConnection) -> None:
+def _v1_tables(con: Con) -> None:
     """The bookkeeping tables of llmledger 0.1.0."""
     con.execute(f"""CREATE TABLE IF NOT EXISTS {STEPS_TABLE} (
         table_name VARCHAR, step VARCHAR, key VARCHAR[], created_at TIMESTAMP, model VARCHAR,
@@ -70,7 +70,7 @@ def _v1_tables(con: duckdb.DuckDBPyConnection) -> None:
         finished_at TIMESTAMP, replaced_at TIMESTAMP)""")
 
 
-def _v2_self_contained(con: duckdb.DuckDBPyConnection) -> None:
+def _v2_self_contained(con: Con) -> None:
     """Step versions with their whole request; each row's rendered request; fingerprints of whole requests."""
     for name, sql_type in (
         ("version", "VARCHAR"),
@@ -99,7 +99,7 @@ def _v2_self_contained(con: duckdb.DuckDBPyConnection) -> None:
             )
 
 
-def _v3_pipelines(con: duckdb.DuckDBPyConnection) -> None:
+def _v3_pipelines(con: Con) -> None:
     """Per step: raw text of answers not matching an output schema, the status a claim took, flags, and the
     upstream answers a request was made from; steps record their upstream steps; history says why."""
     con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS upstream VARCHAR[]")
@@ -118,12 +118,12 @@ def _v3_pipelines(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-def _v4_cache(con: duckdb.DuckDBPyConnection) -> None:
+def _v4_cache(con: Con) -> None:
     """Per step: prompt tokens written to and read from the prompt cache."""
     _add_step_columns(con, {"_cache_write_tokens": "BIGINT", "_cache_read_tokens": "BIGINT"})
 
 
-def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
+def _v5_batches(con: Con) -> None:
     """Message Batches: each batch's intent and fate; per step, the batch and custom id a row was sent with;
     per run, the mode it ran in."""
     con.execute(f"""CREATE TABLE IF NOT EXISTS {BATCHES_TABLE} (
@@ -137,7 +137,7 @@ def _v5_batches(con: duckdb.DuckDBPyConnection) -> None:
     _add_step_columns(con, {"_batch_id": "VARCHAR", "_custom_id": "VARCHAR"})
 
 
-def _v6_sources(con: duckdb.DuckDBPyConnection) -> None:
+def _v6_sources(con: Con) -> None:
     """Per step, where each answer came from (the simulator or an API endpoint); the history keeps it, and
     the stop reason, with each replaced answer (so an answer found there can be reused like a current one).
     On PostgreSQL the history gets an index on the fingerprint: each claim of a worker looks answers up there."""
@@ -148,7 +148,7 @@ def _v6_sources(con: duckdb.DuckDBPyConnection) -> None:
     _add_step_columns(con, {"_source": "VARCHAR"})
 
 
-def _v7_budget_reservations(con: duckdb.DuckDBPyConnection) -> None:
+def _v7_budget_reservations(con: Con) -> None:
     """A step's budget shared by its concurrent runs: what each live run has reserved (budget.py)."""
     con.execute(
         "CREATE TABLE IF NOT EXISTS llmledger_budget_reservations (table_name VARCHAR, step VARCHAR, "
@@ -156,19 +156,19 @@ def _v7_budget_reservations(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-def _v8_leases(con: duckdb.DuckDBPyConnection) -> None:
+def _v8_leases(con: Con) -> None:
     """Per step, when the current claim lapses unless renewed: each claim carries its holder's own lease, written
     in the database's clock, so workers with other clocks or other stale_after judge it alike."""
     _add_step_columns(con, {"_lease_until": "TIMESTAMP"})
 
 
-def _v9_batch_sources(con: duckdb.DuckDBPyConnection) -> None:
+def _v9_batch_sources(con: Con) -> None:
     """Per Message Batch, where it was sent (the simulator or the API endpoint): its answers are recorded as
     that source's, and only a run against the same source collects it or joins rows to it."""
     con.execute(f"ALTER TABLE {BATCHES_TABLE} ADD COLUMN IF NOT EXISTS source VARCHAR")
 
 
-def _v10_request_shapes(con: duckdb.DuckDBPyConnection) -> None:
+def _v10_request_shapes(con: Con) -> None:
     """A stored request may now hold a `messages=` prefix and the columns whose files a row's message carries
     (`llmledger_attach`), and a row's stored message may be JSON content blocks: an older llmledger would send
     such a request wrongly, so the store is marked as one only this version reads. Steps record the columns
@@ -199,13 +199,13 @@ _PG_JSONB_FUNCTION = """CREATE OR REPLACE FUNCTION llmledger_jsonb(answer TEXT) 
     BEGIN RETURN answer::JSONB; EXCEPTION WHEN others THEN RETURN NULL; END $f$"""
 
 
-def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+def schema_version(con: Con) -> int:
     if table_exists(con, MIGRATIONS_TABLE):
         return int(one(con, f"SELECT coalesce(max(version), 0) FROM {MIGRATIONS_TABLE}")[0])
     return 1 if table_exists(con, STEPS_TABLE) else 0
 
 
-def migrate(con: duckdb.DuckDBPyConnection, now: datetime) -> int:
+def migrate(con: Con, now: datetime) -> int:
     """Bring the store to the latest schema; return how many migrations ran. Runs inside the caller's transaction."""
     current = schema_version(con)
     if current > LATEST:
@@ -249,7 +249,7 @@ def migrate_for_readers(conn: Any) -> None:
 # -- steps ---------------------------------------------------------------------------------------------
 
 
-def list_steps(con: duckdb.DuckDBPyConnection, table: str | None = None) -> list[tuple[str, str, list[str]]]:
+def list_steps(con: Con, table: str | None = None) -> list[tuple[str, str, list[str]]]:
     """(table, step, key) for every step the store knows, in the order they were first run."""
     if not table_exists(con, STEPS_TABLE):
         return []
@@ -262,7 +262,7 @@ def list_steps(con: duckdb.DuckDBPyConnection, table: str | None = None) -> list
     return [(r[0], r[1], list(r[2])) for r in rows]
 
 
-def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[str]:
+def owned_columns(con: Con, table: str, step: str) -> set[str]:
     """Columns the ledger owns for the table's steps, stored or only returned (never copied from a frame)."""
     from llmledger._ledger.columns import owned_names
 
@@ -272,7 +272,7 @@ def owned_columns(con: duckdb.DuckDBPyConnection, table: str, step: str) -> set[
     return owned
 
 
-def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str, output_type: str = "VARCHAR") -> None:
+def ensure_step_columns(con: Con, table: str, step: str, output_type: str = "VARCHAR") -> None:
     """Give the table the step's columns. On PostgreSQL the status and the request fingerprint get an index:
     claims look rows up by the one, and take identical requests together by the other (`claim_twins`)."""
     existing = column_types(con, table)
@@ -286,7 +286,7 @@ def ensure_step_columns(con: duckdb.DuckDBPyConnection, table: str, step: str, o
             )
 
 
-def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:
+def canonical_type(con: Con, sql_type: str) -> str:
     """DuckDB's own spelling of a column type, for comparing a wanted type with the catalog's (on PostgreSQL
     the ledger's types are spelled as column_types reports them already)."""
     if dialect(con) == "postgres":
@@ -295,7 +295,7 @@ def canonical_type(con: duckdb.DuckDBPyConnection, sql_type: str) -> str:
 
 
 def record_step(
-    con: duckdb.DuckDBPyConnection,
+    con: Con,
     *,
     table: str,
     step: str,
@@ -350,7 +350,7 @@ def record_step(
         )
 
 
-def skipped_nulls(con: duckdb.DuckDBPyConnection, table: str, step: str) -> list[str]:
+def skipped_nulls(con: Con, table: str, step: str) -> list[str]:
     """The columns whose nulls the step's last apply_llm left unsent (skip_nulls=True)."""
     rows = con.execute(
         f"SELECT skip_nulls FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? "
@@ -360,7 +360,7 @@ def skipped_nulls(con: duckdb.DuckDBPyConnection, table: str, step: str) -> list
     return list(rows[0][0] or []) if rows else []
 
 
-def current_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> tuple[str, str, list[str]] | None:
+def current_version(con: Con, table: str, step: str) -> tuple[str, str, list[str]] | None:
     """(version, request JSON, key) of the definition apply_llm last prepared for this step."""
     if not table_exists(con, STEPS_TABLE):
         return None
@@ -372,13 +372,13 @@ def current_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> tu
     return (rows[0][0], rows[0][1], list(rows[0][2])) if rows else None
 
 
-def current_output_spec(con: duckdb.DuckDBPyConnection, table: str, step: str) -> OutputSpec | None:
+def current_output_spec(con: Con, table: str, step: str) -> OutputSpec | None:
     """The structured output the step's current definition asks for; None for text answers (or no such step)."""
     found = current_version(con, table, step)
     return RequestSpec.from_json(found[1]).output_spec() if found else None
 
 
-def requests_by_version(con: duckdb.DuckDBPyConnection, table: str, step: str) -> dict[str, str]:
+def requests_by_version(con: Con, table: str, step: str) -> dict[str, str]:
     return dict(
         con.execute(
             f"SELECT version, request FROM {STEPS_TABLE} WHERE table_name = ? AND step = ? AND version IS NOT NULL",

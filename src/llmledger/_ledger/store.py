@@ -20,7 +20,8 @@ import polars as pl
 
 from llmledger._ledger.batches import BatchVerbs
 from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
-from llmledger._ledger.columns import names, output_as_text, q
+from llmledger._ledger.columns import names, output_as_text
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import (
     Connection,
     column_types,
@@ -34,7 +35,7 @@ from llmledger._ledger.engine.duckdb import (
 from llmledger._ledger.engine.postgres import PgConnection
 from llmledger._ledger.graph import StepGraph
 from llmledger._ledger.history import side_by_side
-from llmledger._ledger.overview import Overview, read_overview
+from llmledger._ledger.overview import read_overview
 from llmledger._ledger.prepare import (
     establish_table,
     frame_columns,
@@ -58,7 +59,7 @@ from llmledger._ledger.schema import (
 )
 from llmledger._ledger.states import Redo, Status
 from llmledger._ledger.survey import Layout, check_where, flag_sql, survey
-from llmledger._ledger.types import RunParams, Selection, StepDefinition
+from llmledger._ledger.types import Overview, RunParams, Selection, StepDefinition
 from llmledger._ledger.verbs import (
     CLAIM_LOCK,
     claim_open,
@@ -82,6 +83,7 @@ from llmledger._ledger.verbs import (
 )
 from llmledger._step.prompt import stored_template
 from llmledger._step.request import RequestSpec, canonical_json, sql_literal
+from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
@@ -141,7 +143,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         merged: list[Path] = []
         unsimulated = [0]
 
-        def work(con: duckdb.DuckDBPyConnection) -> Selection:
+        def work(con: Con) -> Selection:
             now = params.run_started
             migrate(con, now)
             layout = Layout(
@@ -212,7 +214,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                 inputs,
             )
             selection.unsimulated = unsimulated[0]
-            return rehearsal(con, selection) if rehearse else selection
+            return rehearsal(con, selection) if rehearse else selection  # type: ignore[return-value]
 
         try:
             selection = self.conn.transaction(work, commit=not rehearse, exclusive=True)
@@ -230,7 +232,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
 
     def _write_frame(
         self,
-        con: duckdb.DuckDBPyConnection,
+        con: Con,
         layout: Layout,
         definition: StepDefinition,
         frame: pl.DataFrame,
@@ -272,7 +274,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
 
     def _selection(
         self,
-        con: duckdb.DuckDBPyConnection,
+        con: Con,
         layout: Layout,
         version: str,
         keys: pl.DataFrame,
@@ -313,7 +315,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         self.conn.check(must_exist=True)
         merged: list[Path] = []
 
-        def work(con: duckdb.DuckDBPyConnection) -> Selection:
+        def work(con: Con) -> Selection:
             migrate(con, params.run_started)
             found = current_version(con, table, step)
             if found is None or not table_exists(con, table):
@@ -325,11 +327,11 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
                 )
             version, request, key = found
             skipped = skipped_nulls(con, table, step)  # apply_llm's skip_nulls=True holds here too
-            where = " AND ".join(
+            where: str | None = " AND ".join(
                 [f"({params.where})"] * bool(params.where)
                 + [f"{q(c)} IS NOT NULL" for c in skipped if c in column_types(con, table)]
             )
-            where = where or None
+            where = where or None  # nothing to narrow by
             graph = StepGraph.load(con, table, step)
             layout = fed_layout(Layout(table, step, key, []), graph)
             if graph.upstream.get(step):  # the steps it reads may have moved since apply_llm rendered it
@@ -407,7 +409,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         claimed: list[dict[str, Any]] = []
         end = [start]
 
-        def work(con: duckdb.DuckDBPyConnection) -> None:
+        def work(con: Con) -> None:
             claimed.clear()
             lock_step(con, CLAIM_LOCK, selection.layout.table, selection.layout.step)
             if selection.open_ended:
@@ -431,9 +433,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         return claimed
 
     @staticmethod
-    def _twins(
-        con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.DataFrame, *, claimant: str, now: datetime
-    ) -> pl.DataFrame:
+    def _twins(con: Con, selection: Selection, got: pl.DataFrame, *, claimant: str, now: datetime) -> pl.DataFrame:
         """`claim_twins` when the run shares one call among identical requests (`dedupe`), else nothing."""
         if not selection.dedupe:
             return got.clear()
@@ -452,7 +452,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         reservation in the same transaction, as it enters the fact table."""
         layout = selection.layout
 
-        def work(con: duckdb.DuckDBPyConnection) -> None:
+        def work(con: Con) -> None:
             commit_results(con, layout, results, now=now)
             if settled is not None:
                 settle(con, layout.table, layout.step, claimant=settled[0], committed_usd=settled[1], now=now)
@@ -463,7 +463,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         """Give back the run's unfinished claims, and drop its budget reservation (its answers are committed)."""
         layout = selection.layout
 
-        def work(con: duckdb.DuckDBPyConnection) -> int:
+        def work(con: Con) -> int:
             drop(con, claimant)
             return give_back(
                 con,
@@ -478,7 +478,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         """Mark the claims this run still holds as alive now (so no other run takes them back by age)."""
         layout = selection.layout
 
-        def work(con: duckdb.DuckDBPyConnection) -> int:
+        def work(con: Con) -> int:
             touch(con, claimant, now)  # and its budget reservation
             return len(
                 con.execute(
@@ -509,7 +509,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
     def record_run(self, row: dict[str, Any]) -> None:
         """Write the run's row, replacing the one it wrote when it started (same run_id and step)."""
 
-        def work(con: duckdb.DuckDBPyConnection) -> None:
+        def work(con: Con) -> None:
             con.execute(
                 f"DELETE FROM {RUNS_TABLE} WHERE run_id = ? AND table_name = ? AND step = ?",
                 [row["run_id"], row["table_name"], row["step"]],
@@ -561,7 +561,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
     def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
         """Mark the step's answers of rows matching `where` for redo (`redo="flagged"`), saying why and who."""
 
-        def work(con: duckdb.DuckDBPyConnection) -> int:
+        def work(con: Con) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
             c, t, o = names(step), names(step, "t"), names(step, "o")
@@ -593,7 +593,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
         gone (`gone_holders`) are taken too.
         """
 
-        def work(con: duckdb.DuckDBPyConnection) -> int:
+        def work(con: Con) -> int:
             layout = self._layout(con, table, step)
             check_where(con, table, where)
             gone = gone_holders(con, layout, running_stale_after, now) if running_stale_after is not None else []
@@ -606,7 +606,7 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
 
         return self.conn.transaction(work, wait=60.0, exclusive=True)
 
-    def _layout(self, con: duckdb.DuckDBPyConnection, table: str, step: str) -> Layout:
+    def _layout(self, con: Con, table: str, step: str) -> Layout:
         migrate(con, utcnow())
         found = [key for t, s, key in list_steps(con, table) if s == step]
         if not found or not table_exists(con, table):
@@ -656,9 +656,7 @@ def _attaching(requests: dict[str, RequestSpec]) -> bool:
     return any(r.attach for r in requests.values())
 
 
-def _refuse_rewriting_answered_inputs(
-    con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, before: list[str]
-) -> None:
+def _refuse_rewriting_answered_inputs(con: Con, layout: Layout, frame: pl.DataFrame, before: list[str]) -> None:
     """The default table, given a frame whose values differ from those stored for rows some step has answered:
     most likely another dataset sharing its keys (reviews, then SMS, both `id` 1..n). Say so before writing.
 

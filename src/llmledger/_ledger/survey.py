@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import polars as pl
 
-from llmledger._ledger.columns import names, q
+from llmledger._ledger.columns import names
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import (
     JOIN_MEMORY_LIMIT,
     SCAN_MEMORY_LIMIT,
@@ -30,9 +31,11 @@ from llmledger._ledger.engine.duckdb import (
     memory_limited,
     registered,
 )
+from llmledger._ledger.engine.postgres import PgCon
 from llmledger._ledger.states import STATUSES, eligible_sql, stale_sql
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.request import sql_literal
+from llmledger._step.sqltext import q
 from llmledger.errors import WhereClauseError
 
 BATCH_ROWS = 250_000
@@ -82,7 +85,7 @@ def flag_sql(layout: Layout, where: str | None) -> dict[str, str]:
     }
 
 
-def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -> None:
+def check_where(con: Con, table: str, where: str | None) -> None:
     """Bind `where` against the fact table without reading it, so a bad predicate fails before anything runs.
 
     Its shape is checked first (`where.py`): only one self-contained expression reaches the engine, and it is
@@ -93,7 +96,11 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
     check_where_shape(where)
     columns = list(column_types(con, table))  # before the query: a failed one aborts the transaction
     try:
-        statements = len(con.extract_statements(f"SELECT 1 WHERE ({where})")) if dialect(con) == "duckdb" else 1
+        statements = (
+            len(cast(duckdb.DuckDBPyConnection, con).extract_statements(f"SELECT 1 WHERE ({where})"))
+            if dialect(con) == "duckdb"
+            else 1
+        )
     except duckdb.Error:  # not even parseable: the query below says why, in the user's terms
         statements = 1
     if statements != 1:
@@ -110,8 +117,8 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
         ) from None
     probe = f"SELECT ({where}) AS llmledger_where FROM {q(table)}"  # one expression now (checked above)
     kind = (
-        con.types(probe)["llmledger_where"]
-        if dialect(con) == "postgres"  # type: ignore[attr-defined]
+        cast(PgCon, con).types(probe)["llmledger_where"]
+        if dialect(con) == "postgres"
         else con.execute(f"DESCRIBE {probe}").fetchall()[0][1]
     )
     if kind not in ("BOOLEAN", '"NULL"'):
@@ -122,7 +129,7 @@ def check_where(con: duckdb.DuckDBPyConnection, table: str, where: str | None) -
 
 
 def survey(
-    con: duckdb.DuckDBPyConnection,
+    con: Con,
     layout: Layout,
     frame: pl.DataFrame,
     *,
@@ -149,17 +156,15 @@ def survey(
     found = pl.concat(parts, rechunk=False) if parts else _absent(0, exprs)
     found = found.with_columns(pl.lit(True).alias("exists"))
     if compare:
-        flags = pl.concat(changed) if changed else pl.Series([], dtype=pl.Boolean)
-        found = found.with_columns(flags.alias("changed"))
+        changed_rows = pl.concat(changed) if changed else pl.Series([], dtype=pl.Boolean)
+        found = found.with_columns(changed_rows.alias("changed"))
     if present < frame.height:
         missing = _absent(frame.height - present, exprs, compare)
         found = pl.concat([found, missing.select(found.columns)], how="vertical_relaxed", rechunk=False)
     return found
 
 
-def _aligned_rows(
-    con: duckdb.DuckDBPyConnection, layout: Layout, frame: pl.DataFrame, compare: bool
-) -> tuple[int, list[pl.Series]] | None:
+def _aligned_rows(con: Con, layout: Layout, frame: pl.DataFrame, compare: bool) -> tuple[int, list[pl.Series]] | None:
     """(rows the table holds of the frame, `changed` per slice) when the table holds the frame's rows first and in
     the frame's order; None otherwise (always on PostgreSQL, whose tables keep no order).
 
@@ -225,7 +230,7 @@ def _select_list(exprs: dict[str, str]) -> str:
 
 
 def _joined(
-    con: duckdb.DuckDBPyConnection,
+    con: Con,
     layout: Layout,
     frame: pl.DataFrame,
     exprs: dict[str, str],
@@ -247,8 +252,8 @@ def _joined(
         )
         with memory_limited(con, limit):
             relation = con.sql(query, params=_used(params, query))
-            batches = [pl.from_arrow(b) for b in arrow_batches(relation, BATCH_ROWS)]
-    found = pl.concat(batches, rechunk=False)  # type: ignore[arg-type]
+            batches = [cast(pl.DataFrame, pl.from_arrow(b)) for b in arrow_batches(relation, BATCH_ROWS)]
+    found = pl.concat(batches, rechunk=False)
     found = found.with_columns(pl.col(f).fill_null(False) for f in _FLAGS if f in found.columns)
     if "status" in found.columns:
         found = found.with_columns(pl.col("status").cast(STATUS_TYPE))

@@ -127,6 +127,7 @@ class Selection:
 
 class Ledger(Protocol):
     path: Path
+    conn: Any  # the engine's connection: `engine.duckdb.Connection` or `engine.postgres.PgConnection`
     on_wait: Callable[[str], None] | None
 
     def prepare(
@@ -229,7 +230,9 @@ class Ledger(Protocol):
     def reset(
         self, table: str, step: str, *, where: str, now: datetime, running_stale_after: timedelta | None = None
     ) -> int: ...
-    def query(self, sql: str, params: Any = None, *, wait: float = 60.0) -> pl.DataFrame | None: ...
+    def query(
+        self, sql: str, params: Any = None, *, wait: float = 60.0, write: bool = False
+    ) -> pl.DataFrame | None: ...
     def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]: ...
 
 

@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import polars as pl
 
 from llmledger._ledger.claims import is_abandoned, is_alive_here
@@ -23,9 +22,9 @@ from llmledger._ledger.columns import (
     commit_assignments,
     names,
     output_as_text,
-    q,
     same_source_sql,
 )
+from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import column_types, db_errors, dialect, one, registered, table_exists
 from llmledger._ledger.graph import StepGraph
 from llmledger._ledger.history import REUSABLE_REASONS, SIMULATED, archive, redo_reason
@@ -43,6 +42,7 @@ from llmledger._ledger.states import CLAIMABLE, COUNTED, STATUSES, prior_status_
 from llmledger._ledger.survey import Layout, flag_sql
 from llmledger._ledger.types import KnownAnswer, RunParams, Selection
 from llmledger._step.request import RequestSpec, sql_literal
+from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import PromptError
 
@@ -55,9 +55,7 @@ RESULTS = "llmledger_results"
 # -- the SQL of each verb --------------------------------------------------------------------------------
 
 
-def claim_rows(
-    con: duckdb.DuckDBPyConnection, selection: Selection, batch: pl.DataFrame, *, claimant: str, now: datetime
-) -> pl.DataFrame:
+def claim_rows(con: Con, selection: Selection, batch: pl.DataFrame, *, claimant: str, now: datetime) -> pl.DataFrame:
     """Claim the rows of `batch` (keys) that may be claimed now.
 
     On PostgreSQL, where other processes claim at the same time, the rows are picked with
@@ -77,9 +75,7 @@ def claim_rows(
     return batch.join(got, on=layout.key, how="inner", maintain_order="left")
 
 
-def claim_open(
-    con: duckdb.DuckDBPyConnection, selection: Selection, n: int, *, claimant: str, now: datetime
-) -> pl.DataFrame:
+def claim_open(con: Con, selection: Selection, n: int, *, claimant: str, now: datetime) -> pl.DataFrame:
     """PostgreSQL, open-ended: claim up to `n` of the step's current, eligible rows matching `where`, straight from
     the table (`FOR UPDATE SKIP LOCKED`). The status filter in front lets the status index find them."""
     layout = selection.layout
@@ -104,9 +100,7 @@ def claim_open(
     return got
 
 
-def claim_twins(
-    con: duckdb.DuckDBPyConnection, selection: Selection, got: pl.DataFrame, *, claimant: str, now: datetime
-) -> pl.DataFrame:
+def claim_twins(con: Con, selection: Selection, got: pl.DataFrame, *, claimant: str, now: datetime) -> pl.DataFrame:
     """Claim too every other row of the step this run may claim (current, eligible, matching `where`) whose
     request is identical to one of `got`'s, wherever it is in the table; return them.
 
@@ -134,15 +128,13 @@ def claim_twins(
         return _claim(con, selection, pick, claimant=claimant, now=now)
 
 
-def _claim(
-    con: duckdb.DuckDBPyConnection, selection: Selection, pick: str, *, claimant: str, now: datetime
-) -> pl.DataFrame:
+def _claim(con: Con, selection: Selection, pick: str, *, claimant: str, now: datetime) -> pl.DataFrame:
     """Mark the rows `pick` selects (SQL: a FROM item `i` and its join to the fact table `t`) RUNNING for
     `claimant`, recording the status each had; return their keys, input columns and stored requests."""
     layout = selection.layout
     c = names(layout.step, "t")
     inputs = "".join(f"t.{q(col)} AS {q('input.' + col)}, " for col in selection.inputs)
-    got = con.sql(
+    got: pl.DataFrame = con.sql(
         f"UPDATE {q(layout.table)} AS t SET {q(layout.step + '_status')} = 'RUNNING', "
         f"{q(layout.step + '_claimed_from')} = {c['_status']}, {q(layout.step + '_custom_id')} = NULL, "
         f"{q(layout.step + '_running_started_at')} = {clock(con)}, {q(layout.step + '_claimed_by')} = $claimant, "
@@ -157,7 +149,7 @@ def _claim(
 
 
 def commit_results(
-    con: duckdb.DuckDBPyConnection,
+    con: Con,
     layout: Layout,
     results: pl.DataFrame,
     *,
@@ -193,19 +185,20 @@ def commit_results(
 
 
 def give_back(
-    con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, params: dict[str, Any], *, status: str = "RUNNING"
+    con: Con, layout: Layout, condition: str, params: dict[str, Any], *, status: str = "RUNNING"
 ) -> pl.DataFrame:
     """Return rows of `status` (RUNNING: claimed; SUBMITTED: in a batch) matching `condition` to the status they
     had before their claim, out of any batch intent (and, for SUBMITTED, out of their batch). Returns their keys."""
     c = names(layout.step)
     out_of_batch = f", {c['_batch_id']} = NULL" if status == "SUBMITTED" else ""
     keys = ", ".join(q(k) for k in layout.key) or "1 AS one"
-    return con.sql(
+    frame: pl.DataFrame = con.sql(
         f"UPDATE {q(layout.table)} SET {c['_status']} = {prior_status_sql(c)}, {c['_running_started_at']} = NULL, "
         f"{c['_claimed_by']} = NULL, {c['_claimed_from']} = NULL, {c['_custom_id']} = NULL{out_of_batch} "
         f"WHERE {c['_status']} = '{status}' AND ({condition}) RETURNING {keys}",
         params=params,
     ).pl()
+    return frame
 
 
 # What starting a row over clears: its answer and everything about it (the attempts go back to 0).
@@ -232,7 +225,7 @@ _ANSWER_SUFFIXES = (
 )
 
 
-def start_over(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, *, reason: str, now: datetime) -> int:
+def start_over(con: Con, layout: Layout, condition: str, *, reason: str, now: datetime) -> int:
     """Put the step of rows matching `condition` back to NOT_STARTED, their answers copied to the history first
     with `reason` (SQL). Returns how many rows."""
     archive(con, layout, now=now, reason=reason, condition=condition)
@@ -243,7 +236,7 @@ def start_over(con: duckdb.DuckDBPyConnection, layout: Layout, condition: str, *
     return len(con.execute(f"UPDATE {q(layout.table)} AS t SET {sets} WHERE {condition} RETURNING 1").fetchall())
 
 
-def set_aside_simulated(con: duckdb.DuckDBPyConnection, layout: Layout, source: str | None, now: datetime) -> int:
+def set_aside_simulated(con: Con, layout: Layout, source: str | None, now: datetime) -> int:
     """For a run against a real endpoint: rows of the step whose answer the simulator made start over (their
     answers kept in the history as "simulated answer"), so they are asked for real and a simulated answer is
     never shown as a real one. A simulated run, or a caller that does not say (`source` None), leaves every
@@ -260,7 +253,7 @@ def set_aside_simulated(con: duckdb.DuckDBPyConnection, layout: Layout, source: 
     )
 
 
-def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunParams) -> int:
+def recover_claims(con: Con, layout: Layout, params: RunParams) -> int:
     """Give back claims whose holder is gone (this host) or that are older than `stale_before`.
 
     Rows claimed for a Message Batch (they have a custom id) are left to the batch's reconciliation:
@@ -294,13 +287,13 @@ def recover_claims(con: duckdb.DuckDBPyConnection, layout: Layout, params: RunPa
     ).height
 
 
-def clock(con: duckdb.DuckDBPyConnection) -> str:
+def clock(con: Con) -> str:
     """SQL for the time claims are written and judged by: the database's own clock on PostgreSQL, which every
     worker shares whatever its machine's clock says; on DuckDB (one file, one host) the process's `$now`."""
     return "(now() AT TIME ZONE 'UTC')" if dialect(con) == "postgres" else "$now"
 
 
-def lapsed_sql(con: duckdb.DuckDBPyConnection, c: dict[str, str]) -> str:
+def lapsed_sql(con: Con, c: dict[str, str]) -> str:
     """SQL: the row's claim has lapsed by its own lease (a claim from 0.6 has none: by `$stale_before`)."""
     return (
         f"CASE WHEN {c['_lease_until']} IS NULL THEN {c['_running_started_at']} < $stale_before "
@@ -308,7 +301,7 @@ def lapsed_sql(con: duckdb.DuckDBPyConnection, c: dict[str, str]) -> str:
     )
 
 
-def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, stale_after: timedelta, now: datetime) -> list[str]:
+def gone_holders(con: Con, layout: Layout, stale_after: timedelta, now: datetime) -> list[str]:
     """Holders of the step's RUNNING rows that certainly no longer run: a process of this host that is gone
     (`is_abandoned`: by PID and start time), or a holder elsewhere whose claims were all not renewed for
     `stale_after` or have all lapsed by their own lease. Both are judged in the clock the claims were written
@@ -328,9 +321,7 @@ def gone_holders(con: duckdb.DuckDBPyConnection, layout: Layout, stale_after: ti
     ]
 
 
-def merge_journals(
-    con: duckdb.DuckDBPyConnection, layout: Layout, store_path: Path, key_types: dict[str, pl.DataType]
-) -> list[Path]:
+def merge_journals(con: Con, layout: Layout, store_path: Path, key_types: dict[str, pl.DataType]) -> list[Path]:
     """Commit the answers that runs which died on this host journaled but did not commit.
 
     Returns the files to delete once the transaction has committed.
@@ -355,9 +346,7 @@ def upgrade_fingerprint(value: str | None) -> str | None:
     return str(uuid.UUID(hashlib.md5((LEGACY_FINGERPRINT_PREFIX + value).encode()).hexdigest()))
 
 
-def known_answers(
-    con: duckdb.DuckDBPyConnection, layout: Layout, work: pl.DataFrame, source: str | None
-) -> dict[str, KnownAnswer]:
+def known_answers(con: Con, layout: Layout, work: pl.DataFrame, source: str | None) -> dict[str, KnownAnswer]:
     """One stored DONE answer per request fingerprint the work asks for, from any step of any table in the store,
     or from the answers it replaced (the history), made by a source like the run's `source` (`same_source_sql`).
 
@@ -377,9 +366,7 @@ def known_answers(
     return answers_to(con, layout, wanted, source)
 
 
-def answers_to(
-    con: duckdb.DuckDBPyConnection, layout: Layout, wanted: pl.DataFrame, source: str | None
-) -> dict[str, KnownAnswer]:
+def answers_to(con: Con, layout: Layout, wanted: pl.DataFrame, source: str | None) -> dict[str, KnownAnswer]:
     """One stored DONE answer per fingerprint of `wanted` (column `fp`) from a source like `source`: this step's
     first, then the store's, then the history's (`history.REUSABLE_REASONS` only, the latest first)."""
     if not wanted.height:
@@ -435,17 +422,17 @@ def fed_layout(layout: Layout, graph: StepGraph) -> Layout:
     return dataclasses.replace(layout, ready=graph.ready_sql(layout.step), stale=graph.stale_sql(layout.step))
 
 
-def input_columns(con: duckdb.DuckDBPyConnection, layout: Layout) -> list[str]:
+def input_columns(con: Con, layout: Layout) -> list[str]:
     """The fact table's input columns (its key and what frames put there): what a `validate=` callable sees."""
     owned = owned_columns(con, layout.table, layout.step)
     return [c for c in column_types(con, layout.table) if c not in owned and c not in layout.key]
 
 
-def requests_of(con: duckdb.DuckDBPyConnection, layout: Layout) -> dict[str, RequestSpec]:
+def requests_of(con: Con, layout: Layout) -> dict[str, RequestSpec]:
     return {v: RequestSpec.from_json(r) for v, r in requests_by_version(con, layout.table, layout.step).items()}
 
 
-def from_legacy(con: duckdb.DuckDBPyConnection) -> bool:
+def from_legacy(con: Con) -> bool:
     return bool(one(con, f"SELECT count(*) FROM {MIGRATIONS_TABLE} WHERE llmledger = '0.1.0'")[0])
 
 
@@ -459,7 +446,7 @@ def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
     )
 
 
-def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> pl.DataFrame:
+def status_counts(con: Con, table: str | None = None) -> pl.DataFrame:
     """Rows per state for every (table, step), steps after the steps they read: one partition of the rows, the
     one `progress()`, `show()`, `llmledger status` and a run's bar all draw (`COUNTED`), plus `flagged` (rows a
     person flagged, whatever their state) and `total`.
@@ -480,10 +467,12 @@ def status_counts(con: duckdb.DuckDBPyConnection, table: str | None = None) -> p
         if table_exists(con, tbl):
             by_table.setdefault(tbl, []).append(step)
     for tbl, steps in by_table.items():
+        graph: StepGraph | None = None
         try:
-            graph: StepGraph | None = StepGraph.load(con, tbl)
-            ordered = [s for s in graph.order(steps) if s in steps] + [s for s in steps if s not in graph.templates]
-        except (PromptError, *db_errors()):  # an old store not upgraded yet, or a broken definition: no graph
+            loaded = StepGraph.load(con, tbl)
+            ordered = [s for s in loaded.order(steps) if s in steps] + [s for s in steps if s not in loaded.templates]
+            graph = loaded
+        except (PromptError, *db_errors()):  # type: ignore[misc]  # an old store not upgraded yet, or a broken definition: no graph
             graph, ordered = None, steps
         for step in ordered:
             layout = Layout(tbl, step, [], [])

@@ -23,7 +23,7 @@ from llmledger._exec.batch import MAX_REQUESTS
 from llmledger._exec.client import DEFAULT_MODEL, simulated
 from llmledger._exec.config import RetryPolicy, RunConfig
 from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE, StepDefinition, known_table, locate
-from llmledger._ledger.columns import KEY_RESERVED, MAX_STEP_NAME, NAME_BYTES, check_step_name, owned_names, q
+from llmledger._ledger.columns import KEY_RESERVED, MAX_STEP_NAME, NAME_BYTES, check_step_name, owned_names
 from llmledger._ledger.parquet import is_parquet_path, read_parquet_input
 from llmledger._ledger.states import Redo
 from llmledger._ledger.where import check_where_shape
@@ -35,6 +35,7 @@ from llmledger._step.output import output_spec
 from llmledger._step.prices import estimate_tokens, min_cacheable_tokens, warn_unpriced
 from llmledger._step.prompt import Prompt, check_prompt, plan_prompt, template_fields
 from llmledger._step.request import RequestSpec, check_max_tokens, check_request_options
+from llmledger._step.sqltext import q
 from llmledger._view.live import make_display
 from llmledger.errors import InvalidInputError, KeyColumnError, StepNameError
 

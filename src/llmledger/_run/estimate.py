@@ -248,7 +248,7 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> di
         plain += static * calls
     output = round(per_call * calls)
     price = price_of(request.model)
-    usage = {
+    usage: dict[str, Any] = {
         "input_tokens": plain,
         "output_tokens": output,
         "cache_write_tokens": write,

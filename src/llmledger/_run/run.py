@@ -24,12 +24,13 @@ import anthropic
 import polars as pl
 
 from llmledger._exec.batch import AUTO_BATCH_ROWS, MAX_REQUESTS, BatchSender
-from llmledger._exec.client import SIMULATOR, answer_source, bounded_timeout, default_client
+from llmledger._exec.client import answer_source, bounded_timeout, default_client
 from llmledger._exec.collect import BatchCollector
 from llmledger._exec.config import RunConfig
 from llmledger._exec.scheduler import Scheduler
 from llmledger._ledger import Ledger, RunParams, Selection, StepDefinition, Store, open_ledger
 from llmledger._ledger.claims import Claimant
+from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.states import Outcome, Redo
 from llmledger._ledger.verbs import named_outputs
 from llmledger._report import PipelineReport, RunReport, Watcher
@@ -318,7 +319,7 @@ class Run:
             warn(report.hints()[0], StaleAnswersWarning)
         if interrupted:
             raise KeyboardInterrupt(str(report))
-        stopped = _STOPPED.get(report.outcome)  # type: ignore[call-overload]
+        stopped = _STOPPED.get(report.outcome)
         if stopped is not None:
             raise stopped(
                 f"{report.message} {report.remaining:,} of {report.selected:,} selected rows remain.", report=report
@@ -507,7 +508,8 @@ async def _batches(
                 await collector.wait(open_batches)
             if not collector.returned or collector.stopped:
                 return
-            selection.work = pl.concat(collector.returned).cast(selection.key_types)  # send those again
+            key_types: dict[Any, Any] = dict(selection.key_types)
+            selection.work = pl.concat(collector.returned).cast(key_types)  # send those again
             selection.cursor, selection.open_ended = 0, False
             collector.returned.clear()
     finally:

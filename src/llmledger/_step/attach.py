@@ -277,7 +277,7 @@ class Attachments:
         content = messages[-1]["content"]
         if not isinstance(content, list) or not any(_ref(b) for b in content):
             return body
-        sent = [_with_data(b, self._bytes(_ref(b), rows)) if _ref(b) else b for b in content]
+        sent = [_with_data(b, self._bytes(ref, rows)) if (ref := _ref(b)) else b for b in content]
         return {**body, "messages": [*messages[:-1], {**messages[-1], "content": sent}]}
 
     def _bytes(self, sha: str, rows: Sequence[dict[str, Any]]) -> bytes:

@@ -107,7 +107,7 @@ def cached(prefix: tuple[dict[str, Any], ...], ttl: str | None) -> tuple[dict[st
     if not prefix or ttl is None:
         return prefix
     last = prefix[-1]
-    blocks = (
+    blocks: list[dict[str, Any]] = (
         [{"type": "text", "text": last["content"]}]
         if isinstance(last["content"], str)
         else [dict(b) for b in last["content"]]

@@ -106,7 +106,8 @@ def output_spec(output: Any) -> OutputSpec | None:
         for name, tp in output.items():
             _check_field_type(name, tp)
         try:
-            model = pydantic.create_model("Output", **{name: (tp, ...) for name, tp in output.items()})
+            fields: dict[str, Any] = {name: (tp, ...) for name, tp in output.items()}
+            model = pydantic.create_model("Output", **fields)
         except Exception as exc:
             raise InvalidInputError(
                 f"output= could not be made into a model: {exc}. Use types such as str, int, "
@@ -278,7 +279,8 @@ def api_schema(schema: dict[str, Any]) -> dict[str, Any]:
 def resolved(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/$defs/"):
-        return defs[ref.split("/", 2)[2]]
+        found: dict[str, Any] = defs[ref.split("/", 2)[2]]
+        return found
     return schema
 
 

@@ -95,7 +95,8 @@ def min_cacheable_tokens(model: str) -> int:
 
 @cache
 def _data() -> dict[str, Any]:
-    return json.loads(resources.files("llmledger").joinpath("prices.json").read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads(resources.files("llmledger").joinpath("prices.json").read_text(encoding="utf-8"))
+    return data
 
 
 @cache

@@ -30,7 +30,7 @@ def _shell() -> Any:
     """The running IPython shell, if IPython is imported and running (never imports it)."""
     module = sys.modules.get("IPython")
     try:
-        return module.get_ipython() if module is not None else None  # type: ignore[attr-defined]
+        return module.get_ipython() if module is not None else None
     except AttributeError:
         return None
 

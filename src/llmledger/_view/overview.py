@@ -32,7 +32,7 @@ from llmledger._draw import (
 )
 from llmledger._ledger import DEFAULT_STORE, open_existing, short_name
 from llmledger._ledger.claims import is_abandoned
-from llmledger._ledger.overview import BatchOverview, Claims, Overview, StepOverview
+from llmledger._ledger.types import BatchOverview, Claims, Overview, StepOverview
 from llmledger._time import utcnow
 from llmledger._view.live import widget_frontend
 

@@ -236,6 +236,7 @@ def _source(block: dict[str, Any], where: str) -> tuple[str, str, str] | str:
             f"{where}.{name}.source: Input tag {stype!r} found using 'type' does not match any of the expected "
             f"tags: {', '.join(repr(e) for e in expected)}"
         )
+    assert isinstance(source, dict)  # a source without a type was refused above
     media, data = source.get("media_type"), source.get("data")
     allowed = IMAGE_TYPES if name == "image" else ("application/pdf",) if stype == "base64" else ("text/plain",)
     if media not in allowed:
@@ -244,7 +245,7 @@ def _source(block: dict[str, Any], where: str) -> tuple[str, str, str] | str:
         return f"{where}.{name}.source.{stype}.media_type: Input should be {said}"
     if not isinstance(data, str):
         return f"{where}.{name}.source.{stype}.data: Input should be a valid string"
-    return ("image" if name == "image" else "pdf" if stype == "base64" else "text"), media, data
+    return ("image" if name == "image" else "pdf" if stype == "base64" else "text"), str(media), data
 
 
 def attachment(block: Any) -> Attachment | None:

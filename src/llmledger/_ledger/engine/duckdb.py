@@ -17,11 +17,12 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import duckdb
 import polars as pl
 
+from llmledger._ledger.engine import Con
 from llmledger.errors import StoreBusy, StoreError, StoreNotFound
 
 T = TypeVar("T")
@@ -307,7 +308,7 @@ def db_errors() -> tuple[type[Exception], ...]:
     return (duckdb.Error, psycopg.Error)
 
 
-def lock_step(con: duckdb.DuckDBPyConnection, lock_class: int, table: str, step: str) -> None:
+def lock_step(con: Con, lock_class: int, table: str, step: str) -> None:
     """PostgreSQL: take the transaction-scoped advisory lock `lock_class` on one step (the second key is the
     step's crc32), so the transactions that take it run one at a time. On DuckDB, which has one writing
     process per file, nothing."""
@@ -318,12 +319,12 @@ def lock_step(con: duckdb.DuckDBPyConnection, lock_class: int, table: str, step:
         )
 
 
-def one(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> tuple[Any, ...]:
+def one(con: Con, sql: str, params: Any = None) -> tuple[Any, ...]:
     """The single row of a query, fetched to the end: a half-read result blocks the connection."""
     return tuple(con.execute(sql, params).fetchall()[0])
 
 
-def table_exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+def table_exists(con: Con, table: str) -> bool:
     return bool(
         one(
             con,
@@ -333,18 +334,19 @@ def table_exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     )
 
 
-def column_types(con: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+def column_types(con: Con, relation: str) -> dict[str, str]:
     """Column name -> type (DuckDB's names on either engine: VARCHAR, BIGINT, ...)."""
     from llmledger._step.sqltext import q
 
     if dialect(con) == "postgres":
-        return con.types(f"SELECT * FROM {q(relation)}")  # type: ignore[attr-defined]
+        types: dict[str, str] = con.types(f"SELECT * FROM {q(relation)}")  # type: ignore[attr-defined]
+        return types
     rows = con.execute(f"DESCRIBE SELECT * FROM {q(relation)}").fetchall()
     return {r[0]: r[1] for r in rows}
 
 
 @contextlib.contextmanager
-def memory_limited(con: duckdb.DuckDBPyConnection, limit: int) -> Iterator[None]:
+def memory_limited(con: Con, limit: int) -> Iterator[None]:
     """Run a full-table read under `limit` bytes (the pages it evicts are clean: reading them back is cheap).
     A `limit` of 0 is none: for a transaction that has written rows, whose changes cannot be evicted (a limit
     below them fails, which aborts the transaction, or leaves the read no room). PostgreSQL manages its own
@@ -384,7 +386,7 @@ def frames(con: Any, query: str, rows: int) -> Iterator[pl.DataFrame]:
 
 
 @contextlib.contextmanager
-def registered(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> Iterator[None]:
+def registered(con: Con, name: str, frame: pl.DataFrame) -> Iterator[None]:
     """`frame` queryable as `name` inside the block, without copying it.
 
     Handing DuckDB the polars frame itself makes polars convert every text column to Arrow's
@@ -399,7 +401,7 @@ def registered(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -
         yield
     finally:  # never hide the error that ended the block behind "transaction aborted"
         with contextlib.suppress(*db_errors()):
-            con.unregister(name)
+            cast(duckdb.DuckDBPyConnection, con).unregister(name)
 
 
 # Before 1.5, DuckDB pushed filters on a registered Arrow table into pyarrow, which has no kernels for views.

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import polars as pl
@@ -149,13 +149,14 @@ def translate(sql: str, params: Any) -> tuple[str, Any]:
 def _pg_type(dtype: pl.DataType) -> str:
     """The column type a polars column is registered with."""
     if dtype.is_integer():
-        return {
+        integers: dict[Any, str] = {
             pl.Int8: "SMALLINT",
             pl.Int16: "SMALLINT",
             pl.UInt8: "SMALLINT",
             pl.Int32: "INTEGER",
             pl.UInt16: "INTEGER",
-        }.get(dtype.base_type(), "BIGINT")  # type: ignore[call-overload]
+        }
+        return integers.get(dtype.base_type(), "BIGINT")
     if dtype == pl.Float32:
         return "REAL"
     if dtype.is_float():
@@ -166,9 +167,9 @@ def _pg_type(dtype: pl.DataType) -> str:
         return "TIMESTAMPTZ" if dtype.time_zone else "TIMESTAMP"
     simple = {pl.Date: "DATE", pl.Time: "TIME", pl.Binary: "BYTEA"}
     if dtype.base_type() in simple:
-        return simple[dtype.base_type()]  # type: ignore[index]
+        return simple[dtype.base_type()]
     if isinstance(dtype, pl.List) and dtype.inner is not None and not dtype.inner.is_nested():
-        return _pg_type(dtype.inner) + "[]"
+        return _pg_type(cast(pl.DataType, dtype.inner)) + "[]"
     if dtype.is_nested():
         return "JSONB"
     return "VARCHAR"  # strings, categoricals, enums, nulls (VARCHAR as the ledger's DDL says, so arrays compare)
