@@ -211,10 +211,17 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         wait=o.get("wait", True),
         batch_size=o.get("batch_size"),
     )
-    plan.df, plan.user_frame, plan.frame, plan.from_pandas, plan.definition = df, frame, stored, from_pandas, definition
-    plan.cfg = dataclasses.replace(plan.cfg, attachments=attachments)
-    _null_fields(plan, prompt, o.get("skip_nulls", False))
-    plan.default_table = o["table"] is None
+    plan = dataclasses.replace(
+        plan,
+        df=df,
+        user_frame=frame,
+        frame=stored,
+        from_pandas=from_pandas,
+        definition=definition,
+        cfg=dataclasses.replace(plan.cfg, attachments=attachments),
+        default_table=o["table"] is None,
+    )
+    plan = _null_fields(plan, prompt, o.get("skip_nulls", False))
     warn_unpriced(model)  # every check passed: the call will run
     return plan
 
@@ -412,7 +419,6 @@ def _plan(
         table=table,
         step=step,
         cfg=cfg,
-        max_attempts=max_attempts,
         redo=Redo.from_argument(redo),
         stale=stale,
         where=where,
@@ -615,9 +621,10 @@ def _check_no_nul(
             ) from None
 
 
-def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> None:
-    """Count the frame's rows with a null in a column the template reads (shown as empty text); with `skip`, leave
-    them unsent: their `IS NOT NULL` joins `where=` (so they stay NOT_STARTED until their value arrives)."""
+def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> Plan:
+    """`plan` with the frame's rows that hold a null in a column the template reads counted (they are shown as empty
+    text); with `skip`, left unsent: their `IS NOT NULL` joins `where=` (so they stay NOT_STARTED until their value
+    arrives)."""
     if not isinstance(skip, bool):
         raise InvalidInputError(f"skip_nulls must be True or False, got {skip!r}")
     if skip and not isinstance(prompt, str):
@@ -631,15 +638,16 @@ def _null_fields(plan: Plan, prompt: Prompt, skip: Any) -> None:
     if plan.definition is not None:  # a row without its file (a null path or URL) is left unsent too
         fields += [c for c in plan.definition.request.attach if c in frame.columns and c not in fields]
     if skip and plan.definition is not None:  # recorded with the step: resume and `llmledger run` skip them too
-        plan.definition = dataclasses.replace(plan.definition, skip_nulls=tuple(fields))
+        plan = dataclasses.replace(plan, definition=dataclasses.replace(plan.definition, skip_nulls=tuple(fields)))
     nulls = [f for f in fields if frame[f].null_count()]
     if not nulls:
-        return
-    plan.null_fields, plan.skip_nulls = tuple(nulls), skip
-    plan.null_rows = int(frame.select(pl.any_horizontal(pl.col(f).is_null() for f in nulls).sum()).item())
+        return plan
+    rows = int(frame.select(pl.any_horizontal(pl.col(f).is_null() for f in nulls).sum()).item())
+    where = plan.where
     if skip:
         present = " AND ".join(f"{q(f)} IS NOT NULL" for f in nulls)
-        plan.where = f"({plan.where}) AND {present}" if plan.where else present
+        where = f"({where}) AND {present}" if where else present
+    return dataclasses.replace(plan, null_fields=tuple(nulls), skip_nulls=skip, null_rows=rows, where=where)
 
 
 def _index_names(df: Any) -> list[str]:

@@ -75,7 +75,7 @@ def _figures(plan: Plan) -> dict[str, Any]:
     """apply_llm's preparation of `plan`, rolled back, and what it would send and cost."""
     started = utcnow()
     params = RunParams(
-        max_attempts=plan.max_attempts,
+        max_attempts=plan.cfg.max_attempts,
         redo=plan.redo,
         run_started=started,
         stale_before=started - timedelta(days=36500),

@@ -73,15 +73,17 @@ def set_last_report(report: RunReport | PipelineReport) -> None:
     _local.report = report
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """A checked call: everything a run needs, nothing written yet."""
+    """A checked call: everything a run needs, nothing written yet. Frozen: each option is checked once, by
+    `_run.api`, and lives in one place; the ledger's view of it (`RunParams`) and the senders' (`cfg`, a
+    `RunConfig`) are derived from it, and what a run learns as it starts (where its answers come from, what the
+    step has spent) makes a new plan with `dataclasses.replace`."""
 
     store: Store
     table: str
     step: str
-    cfg: RunConfig
-    max_attempts: int
+    cfg: RunConfig  # how the senders send (attempts, concurrency, budget, ...)
     redo: Redo
     stale: timedelta
     where: str | None
@@ -123,7 +125,8 @@ class Run:
         self.stop_flag = threading.Event()
         rows = plan.frame.height if plan.frame is not None else 0
         # where this run's answers come from, fixed now: a later llmledger.simulate() does not change it
-        plan.cfg = dataclasses.replace(plan.cfg, source=answer_source(plan.client))
+        plan = dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, source=answer_source(plan.client)))
+        self.plan = plan
         self.report = RunReport(
             table=plan.table,
             step=plan.step,
@@ -228,7 +231,7 @@ class Run:
         with Claimant.new() as claimant:
             started = utcnow()
             params = RunParams(
-                max_attempts=plan.max_attempts,
+                max_attempts=plan.cfg.max_attempts,
                 redo=plan.redo,
                 run_started=started,
                 stale_before=started - plan.stale,
@@ -267,11 +270,9 @@ class Run:
             batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
             report.mode = "batch" if batch else "online"
             if plan.cfg.max_cost_usd is not None:
-                plan.cfg = dataclasses.replace(
-                    plan.cfg,
-                    average_before_usd=average,
-                    spent_before_usd=ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0,
-                )
+                spent = ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0
+                cfg = dataclasses.replace(plan.cfg, average_before_usd=average, spent_before_usd=spent)
+                self.plan = plan = dataclasses.replace(plan, cfg=cfg)
                 report.spent_before_usd = plan.cfg.spent_before_usd
             if selection.to_send or (batch and plan.wait):
                 selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
