@@ -359,11 +359,11 @@ class BatchCollector:
             return True
         self.report.absorb(counted)
         self.report.collected += len(results)
-        self.report.returned += back.height
+        self.report.returned += merged.height
         if record.intent in self.mine or record.batch_id in self.mine:
-            self.report.batch_pending = max(0, self.report.batch_pending - len(results) - back.height)
-        if back.height:
-            self.returned.append(back)
+            self.report.batch_pending = max(0, self.report.batch_pending - len(results) - merged.height)
+        if merged.height:
+            self.returned.append(merged)
         if self.on_progress:
             self.on_progress(self.report, len(results))
         return True

@@ -144,6 +144,7 @@ def survey(
     Read under a small memory limit, unless the transaction `wrote` rows (see `memory_limited`)."""
     flags = flag_sql(layout, where)
     exprs = {name: flags[name] for name in fields}
+    parts: list[pl.DataFrame] = []
     with memory_limited(con, 0 if wrote else SCAN_MEMORY_LIMIT):
         aligned = _aligned_rows(con, layout, frame, compare)
         if aligned is not None:

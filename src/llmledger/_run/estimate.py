@@ -25,7 +25,7 @@ from llmledger._exec.client import answer_source
 from llmledger._ledger import RunParams, known_table, open_ledger
 from llmledger._ledger.rehearsal import Rehearsal, count_where
 from llmledger._run.api import apply_llm, checked_plan
-from llmledger._run.run import Plan
+from llmledger._run.plan import Plan
 from llmledger._step.attach import tokens_of
 from llmledger._step.prices import estimate_tokens, price_of
 from llmledger._step.prompt import render
@@ -50,7 +50,7 @@ def estimate(df: Any, step: str | Mapping[str, Mapping[str, Any]], **options: An
     """
     if isinstance(step, Mapping):
         return _pipeline(df, step, options)
-    plan = _plan(df, step, options)
+    plan = plan_options(df, step, options)
     figures = _figures(plan)
     del figures[PER_CALL]
     return pl.DataFrame([figures], schema_overrides=_TYPES)
@@ -60,7 +60,7 @@ _TYPES = {"cost_usd": pl.Float64, "cost_usd_batch": pl.Float64}
 PER_CALL = "per_call"  # in the figures, not the frame: output tokens a call is reckoned at (answers so far, or a guess)
 
 
-def _plan(df: Any, step: str, options: Mapping[str, Any]) -> Plan:
+def plan_options(df: Any, step: str, options: Mapping[str, Any]) -> Plan:
     try:
         bound = inspect.signature(apply_llm).bind(df, step, **options)
     except TypeError as exc:

@@ -18,7 +18,8 @@ from llmledger._ledger import stored_outputs
 from llmledger._ledger.graph import field_paths
 from llmledger._report import PipelineReport, RunReport
 from llmledger._run.api import apply_llm, checked_plan
-from llmledger._run.run import Plan, last_report, set_last_report
+from llmledger._run.plan import Plan
+from llmledger._run.run import last_report, set_last_report
 from llmledger._step.output import OutputSpec, resolved, spec_from_request
 from llmledger._step.prompt import template_fields
 from llmledger.errors import InvalidInputError, PromptError

@@ -16,25 +16,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-import anthropic
 import polars as pl
 
-from llmledger._exec.batch import AUTO_BATCH_ROWS, MAX_REQUESTS, BatchSender
-from llmledger._exec.client import answer_source, bounded_timeout, default_client
-from llmledger._exec.collect import BatchCollector
-from llmledger._exec.config import RunConfig
-from llmledger._exec.scheduler import Scheduler
-from llmledger._ledger import Ledger, RunParams, Selection, StepDefinition, Store, open_ledger
+from llmledger._exec.batch import AUTO_BATCH_ROWS
+from llmledger._exec.client import answer_source
+from llmledger._ledger import Ledger, RunParams, Selection, open_ledger
 from llmledger._ledger.claims import Claimant
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.states import Outcome, Redo
 from llmledger._ledger.verbs import named_outputs
 from llmledger._report import PipelineReport, RunReport, Watcher
+from llmledger._run.drive import run_batches, send_all
+from llmledger._run.frames import with_answers
 from llmledger._run.loop import background_loop, run_blocking
+from llmledger._run.plan import Plan
 from llmledger._time import utcnow
 from llmledger.errors import (
     AuthenticationFailed,
@@ -49,7 +46,6 @@ from llmledger.errors import (
 )
 
 _local = threading.local()
-RESEND_ROUNDS = 3  # a waiting batch run sends rows its batches gave back again, this many times in all
 _STOPPED = {
     Outcome.AUTH: AuthenticationFailed,
     Outcome.OUTAGE: OutageError,
@@ -71,41 +67,6 @@ def last_report() -> RunReport | PipelineReport | None:
 
 def set_last_report(report: RunReport | PipelineReport) -> None:
     _local.report = report
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A checked call: everything a run needs, nothing written yet. Frozen: each option is checked once, by
-    `_run.api`, and lives in one place; the ledger's view of it (`RunParams`) and the senders' (`cfg`, a
-    `RunConfig`) are derived from it, and what a run learns as it starts (where its answers come from, what the
-    step has spent) makes a new plan with `dataclasses.replace`."""
-
-    store: Store
-    table: str
-    step: str
-    cfg: RunConfig  # how the senders send (attempts, concurrency, budget, ...)
-    redo: Redo
-    stale: timedelta
-    where: str | None
-    client: anthropic.AsyncAnthropic | None
-    progress: bool
-    mode: str = "online"  # "online", "batch" or "auto" (batch from AUTO_BATCH_ROWS rows to send)
-    wait: bool = True  # batch mode: wait for the batches to end (else return once they are submitted)
-    batch_size: int = MAX_REQUESTS
-    # apply_llm only: what the user passed, the frame as the ledger sees it, and the step's definition
-    df: Any = None
-    user_frame: pl.DataFrame | None = None  # the frame as the user gave it, in polars
-    frame: pl.DataFrame | None = None  # the columns the ledger stores
-    from_pandas: bool = False
-    definition: StepDefinition | None = None
-    null_fields: tuple[str, ...] = ()  # template fields that are null in some rows of the frame
-    null_rows: int = 0  # rows of the frame with a null in a field the template reads
-    skip_nulls: bool = False  # those rows are left unsent (apply_llm's skip_nulls=True)
-    default_table: bool = False  # apply_llm was not given table=: it refuses to rewrite answered rows' inputs
-
-    @property
-    def entry(self) -> str:
-        return "apply_llm" if self.definition is not None else "resume"
 
 
 # Makes what a run reports to (`_view.live.make_display`), from (progress wanted, the report, in the background).
@@ -242,7 +203,7 @@ class Run:
             )
             if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
                 interrupted = self._run_async(
-                    lambda: _batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
+                    lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
                     foreground=foreground,
                 )
             if plan.definition is not None and plan.frame is not None:
@@ -287,14 +248,14 @@ class Run:
                     report.outcome = Outcome.INTERRUPTED
                 elif batch and (selection.to_send or plan.wait):
                     interrupted = self._run_async(
-                        lambda: _batches(
+                        lambda: run_batches(
                             ledger, selection, plan, claimant, report, self.stop_flag, display, wait=plan.wait
                         ),
                         foreground=foreground,
                     )
                 elif selection.to_send:
                     interrupted = self._run_async(
-                        lambda: _send_all(ledger, selection, plan, claimant, report, self.stop_flag, display),
+                        lambda: send_all(ledger, selection, plan, claimant, report, self.stop_flag, display),
                         foreground=foreground,
                     )
                 if report.outcome == Outcome.RUNNING:
@@ -400,150 +361,4 @@ class Run:
         self.report.stale = int(found[f"{step}_stale"].sum())  # after the run: what a redo='stale' would re-send
         if found[step].dtype == pl.Null:  # no row has an answer yet, so nothing said its type
             found = found.with_columns(pl.col(step).cast(pl.String))
-        return _attach(plan, found)
-
-
-async def _send_all(
-    ledger: Ledger,
-    selection: Selection,
-    plan: Plan,
-    claimant: Claimant,
-    report: RunReport,
-    stop_flag: threading.Event,
-    display: Any,
-) -> RunReport:
-    api, own = run_client(plan.client)
-    max_tokens = max((r.max_tokens for r in selection.requests.values()), default=1024)
-    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=max_tokens))
-    try:
-        scheduler = Scheduler(
-            ledger=ledger,
-            selection=selection,
-            cfg=plan.cfg,
-            client=api,
-            claimant=claimant,
-            report=report,
-            stop_flag=stop_flag,
-            on_progress=display.update,
-        )
-        return await scheduler.run()
-    finally:
-        if own:
-            await api.close()
-
-
-async def _batches(
-    ledger: Ledger,
-    selection: Selection | None,
-    plan: Plan,
-    claimant: Claimant,
-    report: RunReport,
-    stop_flag: threading.Event,
-    display: Any,
-    *,
-    wait: bool,
-) -> None:
-    """Batch mode: submit the selection (if any), then wait for the step's batches or just merge what ended.
-
-    With `wait`, rows a batch gives back (expired, canceled, the API's own errors) are sent again, up to
-    RESEND_ROUNDS times, so a waiting call finishes its rows. Without a selection: merge what has ended.
-    """
-    api, own = run_client(plan.client)
-    api = api.with_options(max_retries=0)  # a retried create could make two batches: batch.py retries itself
-    version = plan.definition.version if plan.definition is not None else None
-    try:
-        collector = BatchCollector(
-            ledger=ledger,
-            table=plan.table,
-            step=plan.step,
-            cfg=plan.cfg,
-            client=api,
-            report=report,
-            stop_flag=stop_flag,
-            version=version,
-            output_model=plan.cfg.output_model,
-            on_progress=display.update,
-            stale_after=plan.stale,
-        )
-        if selection is None:
-            await collector.collect()
-            if collector.due is not None and not collector.stopped:  # a stopped run's batch may still be being
-                # created: wait (at most ABANDON_AFTER) to tell, rather than leave its rows held by nobody
-                display.note(
-                    f"waiting {collector.due:.0f}s to tell whether a stopped run's Message Batch reached "
-                    "the API (its rows are sent again if not)"
-                )
-                await asyncio.to_thread(stop_flag.wait, collector.due + 0.1)
-                await collector.collect()
-            return
-        request = selection.requests.get(selection.version)
-        output = collector.output_for(selection.version, request.output_spec() if request is not None else None)
-        sender = BatchSender(
-            ledger=ledger,
-            cfg=plan.cfg,
-            client=api,
-            claimant=claimant,
-            report=report,
-            stop_flag=stop_flag,
-            output=output,
-            find=collector.find,
-            mine=collector.mine,
-            batch_size=plan.batch_size,
-            on_progress=display.update,
-        )
-        for _ in range(RESEND_ROUNDS):
-            if selection.remaining:
-                await sender.submit(selection)
-            if not wait:
-                report.in_batches = sum(
-                    b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table, plan.step)
-                )
-                return
-            open_batches = await collector.collect()
-            if collector.waiting_on(open_batches):
-                display.note(
-                    f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
-                    "interrupting stops the waiting, not the batches (run the same call again to "
-                    "collect them)"
-                )
-                await collector.wait(open_batches)
-            if not collector.returned or collector.stopped:
-                return
-            key_types: dict[Any, Any] = dict(selection.key_types)
-            selection.work = pl.concat(collector.returned).cast(key_types)  # send those again
-            selection.cursor, selection.open_ended = 0, False
-            collector.returned.clear()
-    finally:
-        if own:
-            await api.close()
-
-
-def run_client(client: anthropic.AsyncAnthropic | None) -> tuple[anthropic.AsyncAnthropic, bool]:
-    """The client a run sends with, and whether the run must close it.
-
-    A run gets a connection pool of its own, opened and closed on llmledger's event loop. Sharing
-    the caller's pool across runs let a client the caller dropped without closing (one per cell, say)
-    have its sockets finalized by the garbage collector while still registered with the loop; a new
-    connection reusing such a socket's file descriptor then never heard its answer (a stall until the
-    read timeout, and a request paid twice). A client with an http_client of the caller's own (a proxy,
-    say) is used as given.
-    """
-    if client is None:
-        return default_client(), True
-    http = getattr(client, "_client", None)
-    if http is not None and type(http).__name__ != "AsyncHttpxClientWrapper":
-        return client, False
-    return client.with_options(http_client=anthropic.DefaultAsyncHttpxClient()), True
-
-
-def _attach(plan: Plan, found: pl.DataFrame) -> Any:
-    """The input rows in their order, with the step's output and status appended."""
-    names = [plan.step, f"{plan.step}_status", f"{plan.step}_stale"]
-    if plan.from_pandas:
-        out = plan.df.copy()
-        for name in names:  # text, or dicts for a structured output
-            column = found[name]
-            out[name] = (column.cast(pl.String) if column.dtype in (pl.Enum, pl.Categorical) else column).to_list()
-        return out
-    assert plan.user_frame is not None
-    return pl.concat([plan.user_frame.drop(names, strict=False), found], how="horizontal")
+        return with_answers(plan, found)

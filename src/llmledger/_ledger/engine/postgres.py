@@ -317,7 +317,8 @@ class PgConnection:
         if self._raw is not None and not self._raw.closed:
             return self._raw
         patience = Patience(wait, self.should_stop, self.on_wait, longest=1.0)
-        while True:
+        raw: Any = None
+        while raw is None:
             try:
                 raw = psycopg.connect(
                     self.url,
@@ -328,7 +329,6 @@ class PgConnection:
                     keepalives_interval=10,
                     keepalives_count=3,
                 )
-                break
             except psycopg.OperationalError as exc:
                 refused = _refused_for_good(str(exc))
                 if refused:

@@ -1,0 +1,155 @@
+"""Driving the senders of one run on llmledger's event loop: online through the scheduler, or in Message Batches
+(sent, waited for and collected), with the client the run sends with."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import anthropic
+import polars as pl
+
+from llmledger._exec.batch import BatchSender
+from llmledger._exec.client import bounded_timeout, default_client
+from llmledger._exec.collect import BatchCollector
+from llmledger._exec.scheduler import Scheduler
+from llmledger._ledger import Ledger, Selection
+from llmledger._ledger.claims import Claimant
+from llmledger._report import RunReport
+from llmledger._run.plan import Plan
+
+RESEND_ROUNDS = 3  # a waiting batch run sends rows its batches gave back again, this many times in all
+
+
+async def send_all(
+    ledger: Ledger,
+    selection: Selection,
+    plan: Plan,
+    claimant: Claimant,
+    report: RunReport,
+    stop_flag: threading.Event,
+    display: Any,
+) -> RunReport:
+    api, own = run_client(plan.client)
+    max_tokens = max((r.max_tokens for r in selection.requests.values()), default=1024)
+    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=max_tokens))
+    try:
+        scheduler = Scheduler(
+            ledger=ledger,
+            selection=selection,
+            cfg=plan.cfg,
+            client=api,
+            claimant=claimant,
+            report=report,
+            stop_flag=stop_flag,
+            on_progress=display.update,
+        )
+        return await scheduler.run()
+    finally:
+        if own:
+            await api.close()
+
+
+async def run_batches(
+    ledger: Ledger,
+    selection: Selection | None,
+    plan: Plan,
+    claimant: Claimant,
+    report: RunReport,
+    stop_flag: threading.Event,
+    display: Any,
+    *,
+    wait: bool,
+) -> None:
+    """Batch mode: submit the selection (if any), then wait for the step's batches or just merge what ended.
+
+    With `wait`, rows a batch gives back (expired, canceled, the API's own errors) are sent again, up to
+    RESEND_ROUNDS times, so a waiting call finishes its rows. Without a selection: merge what has ended.
+    """
+    api, own = run_client(plan.client)
+    api = api.with_options(max_retries=0)  # a retried create could make two batches: batch.py retries itself
+    version = plan.definition.version if plan.definition is not None else None
+    try:
+        collector = BatchCollector(
+            ledger=ledger,
+            table=plan.table,
+            step=plan.step,
+            cfg=plan.cfg,
+            client=api,
+            report=report,
+            stop_flag=stop_flag,
+            version=version,
+            output_model=plan.cfg.output_model,
+            on_progress=display.update,
+            stale_after=plan.stale,
+        )
+        if selection is None:
+            await collector.collect()
+            if collector.due is not None and not collector.stopped:  # a stopped run's batch may still be being
+                # created: wait (at most ABANDON_AFTER) to tell, rather than leave its rows held by nobody
+                display.note(
+                    f"waiting {collector.due:.0f}s to tell whether a stopped run's Message Batch reached "
+                    "the API (its rows are sent again if not)"
+                )
+                await asyncio.to_thread(stop_flag.wait, collector.due + 0.1)
+                await collector.collect()
+            return
+        request = selection.requests.get(selection.version)
+        output = collector.output_for(selection.version, request.output_spec() if request is not None else None)
+        sender = BatchSender(
+            ledger=ledger,
+            cfg=plan.cfg,
+            client=api,
+            claimant=claimant,
+            report=report,
+            stop_flag=stop_flag,
+            output=output,
+            find=collector.find,
+            mine=collector.mine,
+            batch_size=plan.batch_size,
+            on_progress=display.update,
+        )
+        for _ in range(RESEND_ROUNDS):
+            if selection.remaining:
+                await sender.submit(selection)
+            if not wait:
+                report.in_batches = sum(
+                    b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table, plan.step)
+                )
+                return
+            open_batches = await collector.collect()
+            if collector.waiting_on(open_batches):
+                display.note(
+                    f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
+                    "interrupting stops the waiting, not the batches (run the same call again to "
+                    "collect them)"
+                )
+                await collector.wait(open_batches)
+            if not collector.returned or collector.stopped:
+                return
+            key_types: dict[Any, Any] = dict(selection.key_types)
+            selection.work = pl.concat(collector.returned).cast(key_types)  # send those again
+            selection.cursor, selection.open_ended = 0, False
+            collector.returned.clear()
+    finally:
+        if own:
+            await api.close()
+
+
+def run_client(client: anthropic.AsyncAnthropic | None) -> tuple[anthropic.AsyncAnthropic, bool]:
+    """The client a run sends with, and whether the run must close it.
+
+    A run gets a connection pool of its own, opened and closed on llmledger's event loop. Sharing
+    the caller's pool across runs let a client the caller dropped without closing (one per cell, say)
+    have its sockets finalized by the garbage collector while still registered with the loop; a new
+    connection reusing such a socket's file descriptor then never heard its answer (a stall until the
+    read timeout, and a request paid twice). A client with an http_client of the caller's own (a proxy,
+    say) is used as given.
+    """
+    if client is None:
+        return default_client(), True
+    http = getattr(client, "_client", None)
+    if http is not None and type(http).__name__ != "AsyncHttpxClientWrapper":
+        return client, False
+    return client.with_options(http_client=anthropic.DefaultAsyncHttpxClient()), True
