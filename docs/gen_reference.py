@@ -91,30 +91,10 @@ def ledger_reference() -> str:
         store = Path(tmp) / "ledger.duckdb"
         with llmledger.simulate():
             frame = pl.DataFrame({"id": [1, 2], "text": ["a", "b"]})
-            llmledger.apply_llm(frame, "s", prompt="{text}", store=store, table="t", max_tokens=5, progress=False)
-            llmledger.apply_llm(
-                frame,
-                "s",
-                prompt="{text}",
-                store=store,
-                table="t",
-                max_tokens=5,
-                progress=False,
-                mode="batch",
-                redo=True,
-            )
-            llmledger.apply_llm(
-                frame,
-                "s",
-                prompt="{text}",
-                store=store,
-                table="t",
-                max_tokens=5,
-                progress=False,
-                max_cost_usd=1.0,
-                budget_scope="step",
-                redo=True,
-            )
+            common = {"prompt": "{text}", "store": store, "table": "t", "max_tokens": 5, "progress": False}
+            llmledger.apply_llm(frame, "s", **common)  # the steps, runs and migrations tables
+            llmledger.apply_llm(frame, "s", **common, mode="batch", redo=True)  # batches, and history
+            llmledger.apply_llm(frame, "s", **common, max_cost_usd=1.0, budget_scope="step", redo=True)  # budget
         columns = llmledger.sql(
             store,
             "SELECT table_name, column_name, data_type FROM information_schema.columns "

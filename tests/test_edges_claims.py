@@ -19,10 +19,10 @@ import pytest
 
 import llmledger
 from llmledger import Simulator, apply_llm
-from llmledger._ledger.claims import host_name, process_start
 from llmledger._ledger.columns import STEP_COLUMNS
 from llmledger._ledger.engine.postgres import is_url, journal_base
 from llmledger._ledger.journal import journal_folder
+from llmledger._ledger.liveness import host_name, process_start
 from llmledger._time import utcnow
 from llmledger.simulator import default_reply
 

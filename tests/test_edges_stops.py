@@ -23,7 +23,7 @@ from pydantic import BaseModel
 import llmledger
 import llmledger._time
 from llmledger import RetryPolicy, RunStopped, Simulator, apply_llm, last_report
-from llmledger._ledger.claims import host_name
+from llmledger._ledger.liveness import host_name
 from llmledger._time import utcnow
 
 from .conftest import HELPERS, frame, subprocess_env

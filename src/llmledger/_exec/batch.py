@@ -28,8 +28,8 @@ from llmledger._exec.pacing import backoff
 from llmledger._exec.reconcile import Undecided
 from llmledger._exec.recorder import Recorder
 from llmledger._ledger import Ledger, Selection
-from llmledger._ledger.claims import Claimant
 from llmledger._ledger.columns import RESULT_SCHEMA
+from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
 from llmledger._step.attach import NOT_SENT, AttachmentError, Attachments

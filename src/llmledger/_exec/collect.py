@@ -43,8 +43,8 @@ from llmledger._exec.reconcile import Reading, Reconciler, Undecided, tag_of
 from llmledger._exec.recorder import Recorder
 from llmledger._ledger import Ledger, Selection
 from llmledger._ledger.batches import BatchChanged
-from llmledger._ledger.claims import is_abandoned, is_alive_here
 from llmledger._ledger.columns import SIMULATOR
+from llmledger._ledger.liveness import is_abandoned, is_alive_here
 from llmledger._ledger.states import Outcome
 from llmledger._ledger.types import BatchRecord, BatchRows
 from llmledger._report import RunReport

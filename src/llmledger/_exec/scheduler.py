@@ -32,9 +32,9 @@ from llmledger._exec.config import RunConfig
 from llmledger._exec.online import OnlineSender
 from llmledger._exec.recorder import Recorder
 from llmledger._ledger import Ledger, Selection
-from llmledger._ledger.claims import Claimant
 from llmledger._ledger.columns import RESULT_SCHEMA
 from llmledger._ledger.journal import Journal
+from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
 from llmledger._time import utcnow

@@ -17,9 +17,9 @@
     counts / failures / history / query      what people look at
     flag / reset                             what people do to rows: mark answers for redo, start rows over
 
-`open_ledger(store)` returns the one implementation of these verbs (`store.py`),
+`open_ledger(store)` returns the one implementation of these verbs (`ledger.py`),
 on a DuckDB file (`engine/duckdb.py`) or, for a `postgresql://` URL, on a PostgreSQL
-database (`engine/postgres.py`): the SQL is written once. Claim liveness (`claims.py`) and the
+database (`engine/postgres.py`): the SQL is written once. Claim liveness (`liveness.py`) and the
 write-ahead journal (`journal.py`) live here too because both are about
 rows in the store, not about talking to the API.
 The values the verbs take are in `types.py`, opening a store in `open.py`; this module only re-exports them.

@@ -21,10 +21,10 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from llmledger._ledger.claims import is_abandoned, is_alive_here
 from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import Connection, lock_step, one, table_exists
 from llmledger._ledger.engine.postgres import PgConnection
+from llmledger._ledger.liveness import is_abandoned, is_alive_here
 from llmledger._ledger.schema import BATCHES_TABLE, HISTORY_TABLE
 from llmledger._ledger.types import BudgetLook
 from llmledger._ledger.verbs import clock

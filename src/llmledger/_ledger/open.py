@@ -115,7 +115,7 @@ def open_ledger(
 ) -> Ledger:
     from llmledger._ledger.engine.duckdb import Connection
     from llmledger._ledger.engine.postgres import PgConnection, is_url
-    from llmledger._ledger.store import SQLLedger
+    from llmledger._ledger.ledger import SQLLedger
 
     if is_url(store):
         return SQLLedger(PgConnection(str(store), on_wait=on_wait, should_stop=should_stop))

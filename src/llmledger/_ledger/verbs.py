@@ -14,7 +14,6 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._ledger.claims import is_abandoned, is_alive_here
 from llmledger._ledger.columns import (
     ANSWERED,
     RESULT_SCHEMA,
@@ -30,6 +29,7 @@ from llmledger._ledger.graph import StepGraph
 from llmledger._ledger.history import REUSABLE_REASONS, SIMULATED, archive, redo_reason
 from llmledger._ledger.journal import pending as pending_journals
 from llmledger._ledger.journal import read as read_journal
+from llmledger._ledger.liveness import is_abandoned, is_alive_here
 from llmledger._ledger.schema import (
     HISTORY_TABLE,
     LEGACY_FINGERPRINT_PREFIX,

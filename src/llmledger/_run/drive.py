@@ -15,7 +15,7 @@ from llmledger._exec.client import bounded_timeout, default_client
 from llmledger._exec.collect import BatchCollector
 from llmledger._exec.scheduler import Scheduler
 from llmledger._ledger import Ledger, Selection
-from llmledger._ledger.claims import Claimant
+from llmledger._ledger.liveness import Claimant
 from llmledger._report import RunReport
 from llmledger._run.plan import Plan
 

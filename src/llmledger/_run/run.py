@@ -23,8 +23,8 @@ import polars as pl
 from llmledger._exec.batch import AUTO_BATCH_ROWS
 from llmledger._exec.client import answer_source
 from llmledger._ledger import Ledger, RunParams, Selection, open_ledger
-from llmledger._ledger.claims import Claimant
 from llmledger._ledger.columns import SIMULATOR
+from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.states import Outcome, Redo
 from llmledger._ledger.verbs import named_outputs
 from llmledger._report import PipelineReport, RunReport, Watcher

@@ -31,7 +31,7 @@ from llmledger._draw import (
     rows,
 )
 from llmledger._ledger import DEFAULT_STORE, open_existing, short_name
-from llmledger._ledger.claims import is_abandoned
+from llmledger._ledger.liveness import is_abandoned
 from llmledger._ledger.types import BatchOverview, Claims, Overview, StepOverview
 from llmledger._time import utcnow
 from llmledger._view.live import widget_frontend

@@ -40,7 +40,6 @@ from llmledger._exec.client import SIMULATOR_PATH, use_session_simulator
 from llmledger.simulator.batches import SimBatches
 from llmledger.simulator.http import QuietServer, make_handler
 from llmledger.simulator.limits import Bucket, PromptCache, TokenLimits
-from llmledger.simulator.media import pdf, png, sample_documents
 from llmledger.simulator.replies import (
     ERRORS,
     ErrorSpec,
@@ -55,18 +54,6 @@ from llmledger.simulator.replies import (
 )
 
 Responder = Callable[[str, str | None], str]
-
-__all__ = [
-    "ERRORS",
-    "ErrorSpec",
-    "Simulator",
-    "count_tokens",
-    "default_reply",
-    "pdf",
-    "png",
-    "sample_documents",
-    "simulate",
-]
 
 
 class Simulator:

@@ -9,18 +9,15 @@ commit side by side.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import polars as pl
 
 from llmledger._ledger.batches import BatchVerbs
 from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
-from llmledger._ledger.columns import names, output_as_text
 from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.duckdb import (
     Connection,
@@ -30,12 +27,10 @@ from llmledger._ledger.engine.duckdb import (
     one,
     registered,
     table_exists,
-    writes_refused,
 )
 from llmledger._ledger.engine.postgres import PgConnection
 from llmledger._ledger.graph import StepGraph
-from llmledger._ledger.history import side_by_side
-from llmledger._ledger.overview import read_overview
+from llmledger._ledger.looks import LookVerbs
 from llmledger._ledger.prepare import (
     establish_table,
     frame_columns,
@@ -52,14 +47,13 @@ from llmledger._ledger.schema import (
     current_version,
     list_steps,
     migrate,
-    migrate_for_readers,
     owned_columns,
     record_step,
     skipped_nulls,
 )
 from llmledger._ledger.states import Redo, Status
 from llmledger._ledger.survey import Layout, check_where, flag_sql, survey
-from llmledger._ledger.types import Overview, RunParams, Selection, StepDefinition
+from llmledger._ledger.types import RunParams, Selection, StepDefinition
 from llmledger._ledger.verbs import (
     CLAIM_LOCK,
     claim_open,
@@ -70,7 +64,6 @@ from llmledger._ledger.verbs import (
     fed_layout,
     from_legacy,
     give_back,
-    gone_holders,
     input_columns,
     known_answers,
     merge_journals,
@@ -78,30 +71,16 @@ from llmledger._ledger.verbs import (
     recover_claims,
     requests_of,
     set_aside_simulated,
-    start_over,
-    status_counts,
 )
 from llmledger._step.prompt import stored_template
-from llmledger._step.request import RequestSpec, canonical_json, sql_literal
+from llmledger._step.request import RequestSpec, canonical_json
 from llmledger._step.sqltext import q
-from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
-
-_READS = {"SELECT", "EXPLAIN", "PRAGMA"}  # statement types llmledger.sql runs without write=True (DuckDB)
-
-
-def _reads(statement: Any) -> bool:
-    """A DuckDB statement that only reads: EXPLAIN ANALYZE runs the statement it explains, so it is not one."""
-    kind = str(statement.type).rsplit(".", 1)[-1]
-    return kind in _READS and not (
-        kind == "EXPLAIN" and re.match(r"\s*explain\s+analy[sz]e\b", statement.query, re.IGNORECASE)
-    )
-
 
 _PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
 
 
-class SQLLedger(BatchVerbs, BudgetVerbs):
+class SQLLedger(BatchVerbs, BudgetVerbs, LookVerbs):
     """A ledger in one DuckDB file (`Connection`) or one PostgreSQL database (`PgConnection`).
 
     `path` is the DuckDB file, or for PostgreSQL where this machine journals answers before they commit.
@@ -521,133 +500,6 @@ class SQLLedger(BatchVerbs, BudgetVerbs):
             )
 
         self.conn.transaction(work, wait=30.0)
-
-    # -- what people look at -----------------------------------------------------------------------------
-    # Readers open a DuckDB file read-only, so a store on a read-only medium or another user's can be read.
-    def counts(self, table: str | None = None) -> pl.DataFrame:
-        with self.conn.open(wait=60.0, read_only=True) as con:
-            return status_counts(con, table)
-
-    def downstream_stale(self, table: str, step: str) -> dict[str, int]:
-        """Stale rows, now, in every step that reads `step` (directly or through other steps)."""
-        with self.conn.open(wait=60.0, read_only=True) as con:
-            graph = StepGraph.load(con, table)
-            below, grew = {step}, True
-            while grew:
-                found = {s for s, ups in graph.upstream.items() if below & set(ups)} - below
-                below, grew = below | found, bool(found)
-            below.discard(step)
-            if not below:
-                return {}
-            counts = status_counts(con, table)
-        return {
-            r["step"]: int(r["stale"] or 0) for r in counts.iter_rows(named=True) if r["step"] in below and r["stale"]
-        }
-
-    def overview(self, table: str | None = None) -> Overview:
-        with self.conn.open(wait=60.0, read_only=True) as con:
-            return read_overview(con, table)
-
-    def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame:
-        self.migrated()
-        return self.conn.transaction(
-            lambda con: side_by_side(con, self._layout(con, table, step), key), wait=60.0, read_only=True
-        )
-
-    def migrated(self) -> None:
-        migrate_for_readers(self.conn)
-
-    # -- what people do to rows ----------------------------------------------------------------------------
-    def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
-        """Mark the step's answers of rows matching `where` for redo (`redo="flagged"`), saying why and who."""
-
-        def work(con: Con) -> int:
-            layout = self._layout(con, table, step)
-            check_where(con, table, where)
-            c, t, o = names(step), names(step, "t"), names(step, "o")
-            kind = column_types(con, table)[step]
-            # Rows given the very same answer to the very same request (twins answered together, or reused) hold
-            # the answer the person rejected: they are flagged with it, so no row keeps showing it. (EXISTS, not
-            # a row-value IN: DuckDB 1.2 fails on (UUID, VARCHAR) IN (SELECT ...).)
-            return len(
-                con.execute(
-                    f"UPDATE {q(layout.table)} AS t SET {c['_flag']} = $reason, {c['_flagged_at']} = $now, "
-                    f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) OR ({t['_status']} = 'DONE' AND "
-                    f"EXISTS (SELECT 1 FROM {q(layout.table)} AS o WHERE {o['_status']} = 'DONE' "
-                    f"AND {o['_fingerprint']} = {t['_fingerprint']} "
-                    f"AND {output_as_text(o[''], kind)} = {output_as_text(t[''], kind)} "
-                    f"AND coalesce(({where}), false))) RETURNING 1",
-                    {"reason": reason, "now": now, "by": by},
-                ).fetchall()
-            )
-
-        return self.conn.transaction(work, wait=60.0, exclusive=True)
-
-    def reset(
-        self, table: str, step: str, *, where: str, now: datetime, running_stale_after: timedelta | None = None
-    ) -> int:
-        """Put the step of rows matching `where` back to NOT_STARTED; their answers go to the history first.
-
-        Rows in a Message Batch (SUBMITTED) are taken out of it: the batch's answers to them are then not
-        merged (the escape for a batch the API has lost). With `running_stale_after`, RUNNING rows whose holder is
-        gone (`gone_holders`) are taken too.
-        """
-
-        def work(con: Con) -> int:
-            layout = self._layout(con, table, step)
-            check_where(con, table, where)
-            gone = gone_holders(con, layout, running_stale_after, now) if running_stale_after is not None else []
-            matching = (
-                f"coalesce(({where}), false) AND ({layout.col('_status')} <> 'RUNNING' "
-                f"OR ({layout.col('_custom_id')} IS NULL AND {layout.col('_claimed_by')} IN "
-                f"({', '.join(sql_literal(h) for h in gone) or 'NULL'})))"
-            )
-            return start_over(con, layout, matching, reason="'reset'", now=now)
-
-        return self.conn.transaction(work, wait=60.0, exclusive=True)
-
-    def _layout(self, con: Con, table: str, step: str) -> Layout:
-        migrate(con, utcnow())
-        found = [key for t, s, key in list_steps(con, table) if s == step]
-        if not found or not table_exists(con, table):
-            known = [f"{t}.{s}" for t, s, _ in list_steps(con)]
-            raise InvalidInputError(f"the store has no step {step!r} on table {table!r}; it has: {known or 'no steps'}")
-        return Layout(table, step, found[0], [])
-
-    def query(self, sql: str, params: Any = None, *, wait: float = 60.0, write: bool = False) -> pl.DataFrame | None:
-        """Run `sql`, read-only unless `write` (so a store that cannot be written can be queried, and a statement
-        that would change the ledger behind its back is refused unless asked for)."""
-
-        def run(con: Any) -> pl.DataFrame | None:
-            if dialect(con) == "postgres":
-                if not write:
-                    con.execute("SET TRANSACTION READ ONLY")
-                relation = con.sql(sql, params=params, single=not write)
-            else:
-                if not write and not all(_reads(s) for s in con.extract_statements(sql)):
-                    raise duckdb.InvalidInputException("read-only transaction")  # a write, a COPY TO, an EXPORT
-                relation = con.sql(sql, params=params)
-            return None if relation is None else relation.pl()
-
-        try:
-            if isinstance(self.conn, PgConnection):
-                return self.conn.transaction(run, wait=wait)
-            with self.conn.open(wait=wait, read_only=not write) as con:
-                return run(con)
-        except Exception as exc:
-            if not write and (writes_refused(exc) or "multiple commands into a prepared statement" in str(exc)):
-                raise InvalidInputError(
-                    f"this statement writes (to the store or a file), or is more than one, and "
-                    f"llmledger.sql only reads one unless told: pass write=True (the CLI: "
-                    f"--write) to run it ({sql.strip()[:80]!r}). Changing the "
-                    "ledger's own columns by hand can break its promises: prefer flag(), "
-                    "reset() and apply_llm(redo=...)."
-                ) from None
-            raise
-
-    def steps(self, table: str | None = None) -> list[tuple[str, str, list[str]]]:
-        with self.conn.open(wait=60.0, read_only=True) as con:
-            return list_steps(con, table)
 
 
 def _attaching(requests: dict[str, RequestSpec]) -> bool:
