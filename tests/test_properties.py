@@ -35,12 +35,16 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile("deep", parent=settings.get_profile("ci"), derandomize=False, max_examples=400)
+# The run with the lowest dependency versions (.ci/run) proves the floors: every property runs, with a quarter of
+# the examples (the search itself is proven by the main run).
+settings.register_profile("floors", parent=settings.get_profile("ci"))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
+FLOORS = os.environ.get("HYPOTHESIS_PROFILE") == "floors"
 
 
 def _examples(n: int) -> int:
-    return n * 10 if DEEP else n
+    return n * 10 if DEEP else max(3, n // 4) if FLOORS else n
 
 
 def _tables(store: Path) -> dict[str, list[str]]:
