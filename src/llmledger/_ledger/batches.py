@@ -40,24 +40,9 @@ OPEN_STATES = ("submitting", "submitted")
 
 def _record(*row: Any) -> BatchRecord:
     """A `BatchRecord` from a row of the SELECT in `batches` (its columns in the record's order)."""
-    intent, batch_id, table, step, claimant, requests, rows, created_at, state, version, validated, adopted = row[:12]
-    rejected, source = row[12:]
-    return BatchRecord(
-        intent,
-        batch_id,
-        table,
-        step,
-        claimant,
-        requests,
-        rows,
-        created_at,
-        state,
-        version,
-        validated,
-        adopted,
-        list(rejected or []),
-        source,
-    )
+    fields = list(row)
+    fields[12] = list(fields[12] or [])  # rejected: NULL in rows written before it was recorded
+    return BatchRecord(*fields)
 
 
 class BatchChanged(Exception):
