@@ -81,13 +81,12 @@ class Run:
     """
 
     def __init__(self, plan: Plan, *, watch: Watch) -> None:
+        # where this run's answers come from, fixed now: a later llmledger.simulate() does not change it
+        plan = dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, source=answer_source(plan.client)))
         self.plan = plan
         self._watch = watch
         self.stop_flag = threading.Event()
         rows = plan.frame.height if plan.frame is not None else 0
-        # where this run's answers come from, fixed now: a later llmledger.simulate() does not change it
-        plan = dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, source=answer_source(plan.client)))
-        self.plan = plan
         self.report = RunReport(
             table=plan.table,
             step=plan.step,
