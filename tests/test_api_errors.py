@@ -69,6 +69,19 @@ def test_retry_after_ms_is_honoured_to_the_millisecond(run, sim: Simulator) -> N
     assert 1.45 <= log[1]["time"] - log[0]["time"] < 2.5
 
 
+@pytest.mark.parametrize("header", [{"retry_after": "soon"}, {"retry_after": "inf"}, {"retry_after_ms": "nan"}])
+def test_a_retry_after_that_is_no_usable_wait_neither_stops_nor_holds_the_run(
+    run, sim: Simulator, store: Path, header: dict
+) -> None:
+    """A proxy's `retry-after: soon`, or a wait that never ends, falls back to the usual backoff."""
+    sim.configure(fail_next=[{"status": 429, **header}])
+    started = time.monotonic()
+    out = run(frame(2), "summary", prompt="Summarize: {text}", concurrency=1, retry=FAST)
+    assert out["summary_status"].to_list() == ["DONE"] * 2
+    assert last_report().retries == 1  # type: ignore[union-attr]
+    assert time.monotonic() - started < 30
+
+
 def test_a_permanent_error_keeps_the_apis_words_and_request_id(run, sim: Simulator, store: Path) -> None:
     sim.configure(fail_next=[413])
     run(frame(1), "summary", prompt="Summarize: {text}")

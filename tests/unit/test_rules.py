@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from llmledger._draw import error_kind, rows
 from llmledger._exec.client import Kind, classify
-from llmledger._exec.pacing import backoff, retry_after
+from llmledger._exec.pacing import MAX_RETRY_AFTER, backoff, retry_after
 from llmledger._ledger.states import Outcome, Status, attempts_after, status_after_failure
 from llmledger._ledger.where import check_where_shape, where_shape_problem
 from llmledger.errors import WhereClauseError
@@ -98,6 +98,13 @@ def test_retry_after_prefers_milliseconds_then_seconds_then_a_date() -> None:
     assert 25 <= (retry_after({"retry-after": soon}) or 0) <= 31
     assert retry_after({"retry-after": "whenever"}) is None
     assert retry_after({}) is None
+
+
+def test_no_retry_after_can_hold_a_request_for_good() -> None:
+    assert retry_after({"retry-after": "inf"}) is None and retry_after({"retry-after-ms": "nan"}) is None
+    assert retry_after({"retry-after": "1e9"}) == MAX_RETRY_AFTER
+    assert retry_after({"retry-after": "-5"}) == 0.0
+    assert retry_after({"retry-after-ms": "inf", "retry-after": "3"}) == 3.0
 
 
 @given(st.integers(0, 30), st.floats(0.01, 5), st.floats(0.1, 60), st.none() | st.floats(0, 100))

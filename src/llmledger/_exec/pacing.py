@@ -13,25 +13,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import math
 import random
 import time
 from datetime import datetime
 from typing import Any
 
+MAX_RETRY_AFTER = 600.0  # seconds: the longest wait a retry-after header can ask of one request
+
 
 def retry_after(headers: Any) -> float | None:
-    """Seconds the API asks us to wait: `retry-after-ms` first (more precise), then `retry-after`."""
+    """Seconds the API asks us to wait: `retry-after-ms` first (more precise), then `retry-after`.
+
+    A value that is not a number or an HTTP date (a proxy's), or not finite, is ignored; a longer wait than
+    `MAX_RETRY_AFTER` is cut to it, so no header can hold a request (and the run) for good.
+    """
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
         value = headers.get(name)
         if value is None:
             continue
         try:
-            return max(0.0, float(value) * scale)
+            seconds = float(value) * scale
         except ValueError:
-            if name == "retry-after":  # an HTTP date; a header neither number nor date (a proxy's) is ignored
-                with contextlib.suppress(ValueError, TypeError, OverflowError):
-                    parsed = email.utils.parsedate_to_datetime(value)
-                    return max(0.0, parsed.timestamp() - time.time())
+            if name != "retry-after":
+                continue
+            try:  # an HTTP date
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (ValueError, TypeError, OverflowError):
+                continue
+        if math.isfinite(seconds):
+            return min(max(0.0, seconds), MAX_RETRY_AFTER)
     return None
 
 

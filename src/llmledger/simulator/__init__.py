@@ -6,12 +6,13 @@ process at one. The modules import one way: server → http → batches → core
 """
 
 from llmledger.simulator.media import pdf, png, sample_documents
-from llmledger.simulator.replies import ERRORS, ErrorSpec, count_tokens, default_reply
+from llmledger.simulator.replies import ERRORS, ErrorSpec, Faults, count_tokens, default_reply
 from llmledger.simulator.server import Simulator, simulate
 
 __all__ = [
     "ERRORS",
     "ErrorSpec",
+    "Faults",
     "Simulator",
     "count_tokens",
     "default_reply",

@@ -289,15 +289,19 @@ class ErrorSpec:
     message: str
     error_code: str | None = None
     should_retry: bool | None = None
-    retry_after: float | None = None  # seconds, sent as `retry-after`
-    retry_after_ms: float | None = None  # sent as `retry-after-ms`
+    retry_after: float | str | None = None  # seconds, sent as `retry-after`; a string is sent as it is (a proxy's)
+    retry_after_ms: float | str | None = None  # sent as `retry-after-ms`; a string is sent as it is
 
     def headers(self) -> dict[str, str]:
         retry = self.should_retry if self.should_retry is not None else self.status in RETRYABLE
         headers = {"x-should-retry": "true" if retry else "false"}
-        if self.retry_after is not None:
+        if isinstance(self.retry_after, str):
+            headers["retry-after"] = self.retry_after
+        elif self.retry_after is not None:
             headers["retry-after"] = str(max(1, math.ceil(self.retry_after)))
-        if self.retry_after_ms is not None:
+        if isinstance(self.retry_after_ms, str):
+            headers["retry-after-ms"] = self.retry_after_ms
+        elif self.retry_after_ms is not None:
             headers["retry-after-ms"] = str(int(self.retry_after_ms))
         return headers
 
