@@ -89,8 +89,12 @@ def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
                 f"table {table!r} differs only in case from the store's table {alike[0]!r}; "
                 f"pass table={alike[0]!r}, or a name of its own"
             )
-        steps = [step for _, step, _ in list_steps(con, table)]
+        # The columns first, then the steps. On PostgreSQL each read sees what is committed when it runs, and a
+        # run that adds a step commits its columns and its definition together: read in this order, a step's
+        # columns are never seen without the step (which made a second run starting the same new step at that
+        # moment refuse it as a clash with "input columns").
         columns = list(column_types(con, table)) if table_exists(con, table) else []
+        steps = [step for _, step, _ in list_steps(con, table)]
     return steps, columns
 
 
