@@ -51,11 +51,16 @@ def cli_reference() -> str:
             os.environ["COLUMNS"] = before
 
 
+def verbs(top: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The CLI's verbs by name, aliases included (one parser serves a verb and its alias)."""
+    found = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(found.choices)
+
+
 def _cli_reference(top: argparse.ArgumentParser) -> str:
-    verbs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
     out = [CLI_INTRO, "## llmledger", "", "```", top.format_help().rstrip(), "```", ""]
     seen: set[int] = set()
-    for name, sub in verbs.choices.items():
+    for name, sub in verbs(top).items():
         if id(sub) in seen:  # an alias
             continue
         seen.add(id(sub))

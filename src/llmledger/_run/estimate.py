@@ -153,7 +153,7 @@ def _with_waiting(
     sample = sample.head(_SAMPLE)
     texts = render("".join(own), sample, plan.definition.key) if sample.height else pl.Series([], dtype=pl.String)
     per_row = (sum(estimate_tokens(t) for t in texts) / max(len(texts), 1)) + fields
-    fixed = estimate_tokens(json.dumps(request.options["output_config"])) if "output_config" in request.options else 0
+    fixed = _schema_tokens(request)
     waiting = figures["waiting"]
     extra = _priced(request, waiting, round((per_row + fixed) * waiting), figures[PER_CALL])
     cost = {c: None if figures[c] is None or extra[c] is None else figures[c] + extra[c] for c in _TYPES}
@@ -202,11 +202,7 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
         per_call, basis = average, f"the step's {answered:,} answers so far"
     else:
         per_call, basis = min(request.max_tokens, GUESS_CAP) / 2, "a guess (the step has no answers yet)"
-    fixed = (
-        estimate_tokens(json.dumps(request.options.get("output_config", "")))
-        if "output_config" in request.options
-        else 0
-    )
+    fixed = _schema_tokens(request)
     blobs = plan.cfg.attachments.blobs if plan.cfg.attachments is not None else {}
     plain = (
         sum(tokens_of(json.loads(p) if request.attach and p else p, blobs, estimate_tokens) for p in prompts.values())
@@ -236,6 +232,12 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
         "cost_usd_batch": usage["cost_usd_batch"],
         PER_CALL: per_call,
     }
+
+
+def _schema_tokens(request: RequestSpec) -> int:
+    """The tokens an `output=` schema adds to each request (0 without one)."""
+    options = request.options
+    return estimate_tokens(json.dumps(options["output_config"])) if "output_config" in options else 0
 
 
 def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> dict[str, Any]:

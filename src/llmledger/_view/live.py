@@ -81,10 +81,8 @@ class Silent:
         _display(report)
 
 
-class Bar:
-    """One tqdm.auto bar over the rows a run sends."""
-
-    widget: Any = None
+class Bar(Silent):
+    """One tqdm.auto bar over the rows a run sends; at the end, the summary as `Silent` gives it."""
 
     def __init__(self, report: RunReport) -> None:
         self.report = report
@@ -207,9 +205,7 @@ def _summary(report: RunReport) -> None:
     """The end of a run in words where no live view became it: the summary view in a notebook without widgets;
     the one-line summary (and what to do next) in a terminal."""
     if in_kernel():
-        from IPython.display import display
-
-        display(report)
+        _display(report)
         return
     print(str(report))
     for hint in report.hints():
