@@ -12,7 +12,7 @@ import time
 import anthropic
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmledger._draw import error_kind, rows
@@ -21,6 +21,8 @@ from llmledger._exec.pacing import MAX_RETRY_AFTER, backoff, retry_after
 from llmledger._ledger.states import Outcome, Status, attempts_after, status_after_failure
 from llmledger._ledger.where import check_where_shape, where_shape_problem
 from llmledger.errors import WhereClauseError
+
+from . import UNIT
 
 
 @pytest.mark.parametrize(
@@ -40,6 +42,7 @@ def test_a_where_that_could_escape_its_parentheses_is_refused(where: str) -> Non
         check_where_shape(where)
 
 
+@settings(UNIT)
 @given(st.integers(0, 10), st.integers(1, 10))
 def test_a_refused_row_needs_review_once_it_used_its_attempts(attempts: int, max_attempts: int) -> None:
     expected = Status.NEEDS_REVIEW if attempts >= max_attempts else Status.FAILED
@@ -107,6 +110,7 @@ def test_no_retry_after_can_hold_a_request_for_good() -> None:
     assert retry_after({"retry-after-ms": "inf", "retry-after": "3"}) == 3.0
 
 
+@settings(UNIT)
 @given(st.integers(0, 30), st.floats(0.01, 5), st.floats(0.1, 60), st.none() | st.floats(0, 100))
 def test_backoff_stays_under_its_cap_but_never_under_what_the_server_asked(
     attempt: int, base: float, cap: float, asked: float | None

@@ -18,6 +18,8 @@ from llmledger._step.sqltext import q
 from llmledger.errors import PromptError
 from llmledger.simulator import pdf, png
 
+from . import UNIT
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
@@ -25,6 +27,7 @@ JSON = st.recursive(
 )
 
 
+@settings(UNIT)
 @given(st.dictionaries(st.text(max_size=8), JSON, max_size=5))
 def test_a_fingerprint_depends_on_the_body_not_on_its_key_order(body: dict) -> None:
     reordered = dict(reversed(list(body.items())))
@@ -32,13 +35,14 @@ def test_a_fingerprint_depends_on_the_body_not_on_its_key_order(body: dict) -> N
     assert canonical_json(body) == canonical_json(reordered)
 
 
+@settings(UNIT)
 @given(st.text(max_size=40), st.text(max_size=40))
 def test_different_prompts_have_different_fingerprints(a: str, b: str) -> None:
     spec = RequestSpec(model="m", max_tokens=5, system="s")
     assert (spec.fingerprint(a) == spec.fingerprint(b)) == (a == b)
 
 
-@settings(max_examples=60)
+@settings(UNIT, max_examples=60)
 @given(
     st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60),
     st.sampled_from([None, "terse", "quote ' and \" and \\"]),
@@ -51,7 +55,7 @@ def test_the_sql_fingerprint_is_the_python_fingerprint(prompt: str, system: str 
     assert found is not None and found[0] == spec.fingerprint(prompt)
 
 
-@settings(max_examples=60)
+@settings(UNIT, max_examples=60)
 @given(
     st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=30)
 )
@@ -92,7 +96,7 @@ def test_a_long_prompt_pays_the_long_prompt_rate_for_all_of_it() -> None:
     assert price.cost(input_tokens=200_001, output_tokens=0) == pytest.approx(200_001 * 6.0 / 1e6)
 
 
-@settings(max_examples=30)
+@settings(UNIT, max_examples=30)
 @given(st.integers(1, 300), st.integers(1, 300))
 def test_an_images_size_is_read_from_its_header(width: int, height: int) -> None:
     data = png(width, height)
