@@ -45,10 +45,13 @@ WORKING: dict[str, pl.Series] = {
     .dt.replace_time_zone("UTC")
     .dt.convert_time_zone("Europe/Paris"),
     "time": pl.Series([dt.time(1), dt.time(2), dt.time(23, 59, 59, 999_999)]),
+    "time_ns_whole_us": pl.Series([0, 1_000, 2_000], dtype=pl.Int64).cast(pl.Time),
 }
 
 REFUSED: dict[str, pl.Series] = {
     "datetime_ns_below_us": pl.Series([0, 1, 2], dtype=pl.Int64).cast(pl.Datetime("ns")),
+    # a polars Time is nanoseconds (Parquet's time64[ns]): 1 ns apart, they would become one key
+    "time_below_us": pl.Series([0, 1, 2], dtype=pl.Int64).cast(pl.Time),
     **({"int128": pl.Series([1, 2, 3], dtype=pl.Int128)} if hasattr(pl, "Int128") else {}),
     "duration": pl.Series([dt.timedelta(1), dt.timedelta(2), dt.timedelta(3)]),
     "decimal": pl.Series([decimal.Decimal("1.5"), decimal.Decimal("2.5"), decimal.Decimal("3.5")]),
@@ -113,6 +116,20 @@ def test_a_refused_key_type_writes_nothing_to_postgresql(pg_url: str, client: an
         )
     tables = llmledger._ledger.open_ledger(pg_url).steps()
     assert tables == []
+
+
+def test_a_key_the_tables_integer_column_cannot_hold_is_refused_writing_nothing(
+    target: Any, client: anthropic.AsyncAnthropic, sim: Simulator
+) -> None:
+    """An Int8 table later given an Int64 frame: a key beyond the column's range cannot be a row of it."""
+    common = {"key": "k", "store": target, "table": "t", "client": client, "progress": False}
+    apply_llm(_frame("small", pl.Series([1, 2], dtype=pl.Int8)), "s", prompt="Q: {text}", **common)
+    before = llmledger.sql(target, "SELECT count(*) AS n FROM t")
+    wide = _frame("wide", pl.Series([1, 2, 2**40], dtype=pl.Int64))
+    with pytest.raises(KeyColumnError, match=r"key column 'k' is .* cannot hold the frame's key 1099511627776"):
+        apply_llm(wide, "s2", prompt="Z: {text}", **common)
+    assert llmledger.sql(target, "SELECT count(*) AS n FROM t").equals(before)
+    assert llmledger.progress(target)["step"].to_list() == ["s"] and sim.stats()["paid"] == 2
 
 
 def test_composite_keys_of_mixed_types_find_their_rows(

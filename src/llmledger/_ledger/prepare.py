@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import polars as pl
 
@@ -49,6 +49,17 @@ _NUMERIC = {
     "UHUGEINT",
 }
 _SINGLE = {"FLOAT", "REAL"}  # DuckDB's two names for a 4-byte float (PostgreSQL's REAL)
+# The values an integer column can hold (HUGEINT and UHUGEINT hold every integer a frame can).
+_INTEGER_RANGES = {
+    "TINYINT": (-(2**7), 2**7 - 1),
+    "SMALLINT": (-(2**15), 2**15 - 1),
+    "INTEGER": (-(2**31), 2**31 - 1),
+    "BIGINT": (-(2**63), 2**63 - 1),
+    "UTINYINT": (0, 2**8 - 1),
+    "USMALLINT": (0, 2**16 - 1),
+    "UINTEGER": (0, 2**32 - 1),
+    "UBIGINT": (0, 2**64 - 1),
+}
 
 
 def _fits(stored: str, incoming: str) -> bool:
@@ -81,6 +92,17 @@ def establish_table(con: Con, layout: Layout, frame: pl.DataFrame) -> None:
                 f"key column {k!r} is {existing[k]} in table {layout.table!r} but "
                 f"{incoming[k]} in the frame; cast it (e.g. pl.col({k!r}).cast(...))."
             )
+        bounds = _INTEGER_RANGES.get(existing[k])
+        if bounds is not None and incoming[k] in _NUMERIC and frame.height:
+            low, high = bounds
+            # Python ints (keys hold no nulls): compared without overflowing the column's own type
+            smallest, largest = cast(int, frame[k].min()), cast(int, frame[k].max())
+            if smallest < low or largest > high:
+                raise KeyColumnError(
+                    f"key column {k!r} is {existing[k]} in table {layout.table!r}, which cannot hold the frame's "
+                    f"key {largest if largest > high else smallest} (it holds {low:,} to {high:,}); key this "
+                    "frame's rows in a new table=."
+                )
     for c in layout.mirror:
         if c not in existing:
             con.execute(f"ALTER TABLE {q(layout.table)} ADD COLUMN {q(c)} {incoming[c]}")

@@ -77,22 +77,26 @@ _KEY_TYPES = (
 def exact_keys(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
     """`frame` with key columns of a type the ledger keeps exactly; KeyColumnError for any other.
 
-    `Datetime("ns")` (what `pl.from_pandas` gives) is kept in microseconds, as PostgreSQL and Python's datetime
-    hold it, when no value has digits below the microsecond; otherwise two rows could become one key.
+    `Datetime("ns")` (what `pl.from_pandas` gives) and `Time` (always nanoseconds in polars) are kept in
+    microseconds, as PostgreSQL and Python's datetime and time hold them, when no value has digits below the
+    microsecond; otherwise two rows could become one key.
     """
     for k in keys:
         dtype = frame.schema[k]
-        if isinstance(dtype, pl.Datetime) and dtype.time_unit == "ns":
+        nanoseconds = isinstance(dtype, pl.Datetime) and dtype.time_unit == "ns"
+        if nanoseconds or dtype == pl.Time:
             column = frame[k]
             lossy = column.dt.nanosecond() % 1000 != 0
             if lossy.any():
-                example = column.filter(lossy).cast(pl.String)[0]
+                found = column.filter(lossy)  # a Time cast to text drops its fraction: spell it out
+                example = (found.cast(pl.String) if nanoseconds else found.dt.to_string("%H:%M:%S%.9f"))[0]
                 raise KeyColumnError(
-                    f"key column {k!r} is Datetime('ns') and holds {example} (digits below the microsecond), which "
+                    f"key column {k!r} is {dtype} and holds {example} (digits below the microsecond), which "
                     "the ledger cannot keep exactly (PostgreSQL and Python keep microseconds). Use another key, or "
                     f"make it text: df.with_columns(pl.col({k!r}).cast(pl.String))."
                 )
-            frame = frame.with_columns(column.dt.cast_time_unit("us"))
+            if nanoseconds:
+                frame = frame.with_columns(column.dt.cast_time_unit("us"))
         elif dtype.base_type() not in _KEY_TYPES:
             raise KeyColumnError(
                 f"key column {k!r} is {dtype}, which the ledger cannot keep exactly as a key. Keys may be integers, "
