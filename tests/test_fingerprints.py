@@ -14,7 +14,8 @@ import pytest
 import llmledger
 from llmledger import InvalidInputError, Simulator, last_report
 from llmledger._ledger import open_ledger
-from llmledger._ledger.engine.duckdb import registered
+from llmledger._ledger.engine.dialect import DIALECTS
+from llmledger._ledger.engine.shared import registered
 
 from .conftest import frame, sql
 
@@ -148,5 +149,6 @@ def test_the_sql_fingerprint_equals_pythons_for_any_text(engine: str, request: p
 
 def _fingerprints(con: Any, spec: Any, prompts: pl.DataFrame, dialect: str) -> list[str]:
     with registered(con, "prompts", prompts):
-        query = f"SELECT {spec.fingerprint_sql('p', dialect)}::VARCHAR AS fp FROM prompts ORDER BY i"
+        fingerprint = spec.fingerprint_sql("p", DIALECTS[dialect].json_string_sql)
+        query = f"SELECT {fingerprint}::VARCHAR AS fp FROM prompts ORDER BY i"
         return con.sql(query).pl()["fp"].to_list()

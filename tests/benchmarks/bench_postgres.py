@@ -119,11 +119,12 @@ def _fill(url: str, rows: int) -> None:
 
 
 def _request_sql(con: object) -> tuple[str, str]:
+    from llmledger._ledger.engine.dialect import POSTGRES
     from llmledger._ledger.schema import current_version
     from llmledger._step.request import RequestSpec
 
     version, request, _ = current_version(con, "t", "summary")  # type: ignore[arg-type, misc]
-    return RequestSpec.from_json(request).fingerprint_sql("pr", "postgres"), version
+    return RequestSpec.from_json(request).fingerprint_sql("pr", POSTGRES.json_string_sql), version
 
 
 def claim_commit(server: Server, rows: int, *, sample: int = 2_000, chunk: int = 200) -> dict[str, float]:

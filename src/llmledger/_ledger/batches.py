@@ -24,9 +24,8 @@ from typing import Any
 import polars as pl
 
 from llmledger._ledger.columns import names
-from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import Connection, column_types, one, registered, table_exists
-from llmledger._ledger.engine.postgres import PgConnection
+from llmledger._ledger.engine import Con, Database
+from llmledger._ledger.engine.shared import column_types, one, registered, table_exists
 from llmledger._ledger.schema import BATCHES_TABLE
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import BatchRecord, BatchRows
@@ -62,7 +61,7 @@ def _of_intent(col: dict[str, str]) -> str:
 class BatchVerbs:
     """The batch verbs of a ledger, run on its connection (mixed into the DuckDB ledger)."""
 
-    conn: Connection | PgConnection
+    conn: Database
     path: Path
     _layout: Callable[[Con, str, str], Layout]  # the ledger's: migrates, checks the step
 

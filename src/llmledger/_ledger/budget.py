@@ -21,9 +21,8 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import Connection, lock_step, one, table_exists
-from llmledger._ledger.engine.postgres import PgConnection
+from llmledger._ledger.engine import Con, Database
+from llmledger._ledger.engine.shared import lock_step, one, table_exists
 from llmledger._ledger.liveness import is_abandoned, is_alive_here
 from llmledger._ledger.schema import BATCHES_TABLE, HISTORY_TABLE
 from llmledger._ledger.types import BudgetLook
@@ -135,7 +134,7 @@ def touch(con: Any, claimant: str, now: datetime) -> None:
 class BudgetVerbs:
     """The budget verbs of a ledger (mixed into SQLLedger)."""
 
-    conn: Connection | PgConnection
+    conn: Database
 
     def spent(self, table: str, step: str) -> float:
         """Dollars paid for the step's answers: those in the table, those replaced since (the history), and
@@ -179,7 +178,7 @@ class BudgetVerbs:
                 stale_after=stale_after,
             )
 
-        if isinstance(self.conn, PgConnection):
+        if self.conn.dialect.advisory_locks:  # `lock_step` makes the runs take turns
             return self.conn.transaction(work, wait=60.0)
-        with _duckdb_lock:
-            return self.conn.transaction(work, wait=60.0)
+        with _duckdb_lock:  # no advisory locks: the threads of this process take turns (other processes
+            return self.conn.transaction(work, wait=60.0)  # cannot write the file meanwhile)

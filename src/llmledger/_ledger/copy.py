@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from llmledger._ledger.columns import JSONB, output_as_text, output_from_text, step_columns
-from llmledger._ledger.engine.duckdb import column_types, dialect, frames, registered, table_exists
+from llmledger._ledger.engine.dialect import dialect_of, nested
+from llmledger._ledger.engine.shared import column_types, frames, registered, table_exists
 from llmledger._ledger.open import locate, open_ledger, shown
 from llmledger._ledger.prepare import create_fact_table
 from llmledger._ledger.schema import (
@@ -83,7 +84,8 @@ def _copy_fact_table(scon: Any, dcon: Any, table: str, key: list[str], steps: li
     then copy its rows."""
     types = column_types(scon, table)
     owned = {c for s in steps for c in step_columns(s)}
-    create_fact_table(dcon, table, {c: _portable(t, dcon) for c, t in types.items() if c not in owned}, key)
+    portable = dialect_of(dcon).portable_type
+    create_fact_table(dcon, table, {c: portable(t) for c, t in types.items() if c not in owned}, key)
     outputs: dict[str, tuple[str, str]] = {}  # output column -> (source type, target type)
     for step in steps:
         target_type = _output_type(scon, dcon, table, step, types[step])
@@ -95,33 +97,10 @@ def _copy_fact_table(scon: Any, dcon: Any, table: str, key: list[str], steps: li
 def _output_type(scon: Any, dcon: Any, table: str, step: str, source_type: str) -> str:
     if source_type == "VARCHAR":
         return "VARCHAR"
-    if dialect(dcon) == "postgres":
+    if dialect_of(dcon).structured_as_jsonb:
         return JSONB
     spec = current_output_spec(scon, table, step)
     return spec.sql_type if spec is not None else "VARCHAR"
-
-
-# DuckDB types PostgreSQL lacks, as the PostgreSQL type that holds their values.
-_TO_POSTGRES = {
-    "TINYINT": "SMALLINT",
-    "UTINYINT": "SMALLINT",
-    "USMALLINT": "INTEGER",
-    "UINTEGER": "BIGINT",
-    "UBIGINT": "NUMERIC",
-    "HUGEINT": "NUMERIC",
-    "UHUGEINT": "NUMERIC",
-    "FLOAT": "REAL",
-    "BLOB": "BYTEA",
-}
-
-
-def _portable(sql_type: str, dcon: Any) -> str:
-    """An input column's type as the target's engine can hold it (nested values: JSONB, or JSON text on DuckDB)."""
-    if _nested(sql_type):
-        return JSONB if dialect(dcon) == "postgres" else "VARCHAR"
-    if dialect(dcon) == "postgres":
-        return "VARCHAR" if sql_type.startswith("ENUM") else _TO_POSTGRES.get(sql_type, sql_type)
-    return sql_type
 
 
 def _copy_rows(scon: Any, dcon: Any, table: str, outputs: dict[str, tuple[str, str]]) -> int:
@@ -142,19 +121,15 @@ def _copy_rows(scon: Any, dcon: Any, table: str, outputs: dict[str, tuple[str, s
     return total
 
 
-def _nested(sql_type: str) -> bool:
-    return sql_type.startswith(("STRUCT", "MAP", "UNION", "JSON"))
-
-
 def _as_text(con: Any, expr: str, sql_type: str) -> str:
     """SQL reading a column for the copy: UUIDs and nested values as text, the rest as they are."""
-    if sql_type == "UUID" or (_nested(sql_type) and dialect(con) == "postgres"):
+    if sql_type == "UUID" or (nested(sql_type) and dialect_of(con).structured_as_jsonb):
         return f"CAST({expr} AS VARCHAR)"
-    return output_as_text(expr, sql_type) if _nested(sql_type) else expr
+    return output_as_text(expr, sql_type) if nested(sql_type) else expr
 
 
 def _from_text(expr: str, sql_type: str) -> str:
     """SQL writing a copied value into a column of `sql_type` (the inverse of `_as_text`)."""
     if sql_type == "UUID":
         return f"CAST({expr} AS UUID)"
-    return output_from_text(expr, sql_type) if _nested(sql_type) else expr
+    return output_from_text(expr, sql_type) if nested(sql_type) else expr

@@ -27,7 +27,8 @@ import duckdb
 
 from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import column_types, dialect, table_exists
+from llmledger._ledger.engine.dialect import DUCKDB, Dialect, dialect_of
+from llmledger._ledger.engine.shared import column_types, table_exists
 from llmledger._ledger.schema import STEPS_TABLE
 from llmledger._step.sqltext import q
 from llmledger.errors import PromptError
@@ -51,7 +52,7 @@ class StepGraph:
     templates: dict[str, str | None] = field(default_factory=dict)
     upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
     field_sql: dict[str, str] = field(default_factory=dict)  # "step.sub" -> SQL over the fact table `t`
-    dialect: str = "duckdb"  # of the store the SQL is for
+    dialect: Dialect = DUCKDB  # of the store the SQL is for
 
     @classmethod
     def load(cls, con: Con, table: str, step: str | None = None) -> StepGraph:
@@ -70,7 +71,7 @@ class StepGraph:
         graph = cls(
             {r[0]: (r[1] if r[2] == "template" else None) for r in rows},
             {r[0]: tuple(r[3] or ()) for r in rows},
-            dialect=dialect(con),
+            dialect=dialect_of(con),
         )
         return graph.typed(con, table, graph.lineage(step) if step is not None else list(graph.templates))
 
@@ -122,8 +123,7 @@ class StepGraph:
         paths = [
             p for p in field_paths(self.templates.get(step) or "") if p.split(".", 1)[0] in self.upstream.get(step, ())
         ]
-        missing = "chr(0)" if self.dialect == "duckdb" else "chr(1)"  # PostgreSQL's text cannot hold chr(0)
-        values = ", ".join(f"coalesce({self.field_sql[p]}, {missing})" for p in paths) or "''"
+        values = ", ".join(f"coalesce({self.field_sql[p]}, {self.dialect.missing_text})" for p in paths) or "''"
         return f"md5(concat_ws(chr(31), {values}))::UUID"
 
     def rendered_sql(self, step: str) -> str:
@@ -173,7 +173,7 @@ def upstream_field_sql(con: Con, table: str, path: str, step: str) -> str:
             f"step {step!r} reads {{{path}}}: name a step or a field of a structured step, "
             "e.g. {extract.company} (no indexing)"
         )
-    if dialect(con) == "postgres":
+    if dialect_of(con).structured_as_jsonb:
         return _jsonb_field_sql(con, table, parts, step)
     expr = "t." + ".".join(q(p) for p in parts)
     try:

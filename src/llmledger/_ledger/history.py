@@ -15,7 +15,7 @@ import polars as pl
 
 from llmledger._ledger.columns import names, output_as_text, output_from_text
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import column_types
+from llmledger._ledger.engine.shared import column_types
 from llmledger._ledger.schema import HISTORY_TABLE
 from llmledger._ledger.survey import Layout
 from llmledger._step.sqltext import q

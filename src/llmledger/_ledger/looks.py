@@ -3,23 +3,15 @@ rows (flag, reset). Mixed into `SQLLedger` like the batch and budget verbs."""
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta
 from typing import Any
 
-import duckdb
 import polars as pl
 
 from llmledger._ledger.columns import names, output_as_text
-from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import (
-    Connection,
-    column_types,
-    dialect,
-    table_exists,
-    writes_refused,
-)
-from llmledger._ledger.engine.postgres import PgConnection
+from llmledger._ledger.counts import status_counts
+from llmledger._ledger.engine import Con, Database
+from llmledger._ledger.engine.shared import column_types, table_exists, writes_refused
 from llmledger._ledger.graph import StepGraph
 from llmledger._ledger.history import side_by_side
 from llmledger._ledger.overview import read_overview
@@ -30,32 +22,17 @@ from llmledger._ledger.schema import (
 )
 from llmledger._ledger.survey import Layout, check_where
 from llmledger._ledger.types import Overview
-from llmledger._ledger.verbs import (
-    gone_holders,
-    start_over,
-    status_counts,
-)
+from llmledger._ledger.verbs import gone_holders, start_over
 from llmledger._step.request import sql_literal
 from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
 
-def _reads(statement: Any) -> bool:
-    """A DuckDB statement that only reads: EXPLAIN ANALYZE runs the statement it explains, so it is not one."""
-    kind = str(statement.type).rsplit(".", 1)[-1]
-    return kind in _READS and not (
-        kind == "EXPLAIN" and re.match(r"\s*explain\s+analy[sz]e\b", statement.query, re.IGNORECASE)
-    )
-
-
-_READS = {"SELECT", "EXPLAIN", "PRAGMA"}  # statement types llmledger.sql runs without write=True (DuckDB)
-
-
 class LookVerbs:
     """What people look at and do (mixed into SQLLedger)."""
 
-    conn: Connection | PgConnection
+    conn: Database
 
     # -- what people look at -----------------------------------------------------------------------------
     # Readers open a DuckDB file read-only, so a store on a read-only medium or another user's can be read.
@@ -153,19 +130,14 @@ class LookVerbs:
         """Run `sql`, read-only unless `write` (so a store that cannot be written can be queried, and a statement
         that would change the ledger behind its back is refused unless asked for)."""
 
+        dialect = self.conn.dialect
+
         def run(con: Any) -> pl.DataFrame | None:
-            if dialect(con) == "postgres":
-                if not write:
-                    con.execute("SET TRANSACTION READ ONLY")
-                relation = con.sql(sql, params=params, single=not write)
-            else:
-                if not write and not all(_reads(s) for s in con.extract_statements(sql)):
-                    raise duckdb.InvalidInputException("read-only transaction")  # a write, a COPY TO, an EXPORT
-                relation = con.sql(sql, params=params)
+            relation = dialect.user_query(con, sql, params, write=write)
             return None if relation is None else relation.pl()
 
         try:
-            if isinstance(self.conn, PgConnection):
+            if dialect.read_only_transactions:
                 return self.conn.transaction(run, wait=wait)
             with self.conn.open(wait=wait, read_only=not write) as con:
                 return run(con)

@@ -18,7 +18,8 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
     without a ledger (for PostgreSQL this connects to find out).
     """
     from llmledger._ledger.engine.duckdb import check_store_path
-    from llmledger._ledger.engine.postgres import PgConnection, _psycopg, is_url
+    from llmledger._ledger.engine.pgcon import _psycopg
+    from llmledger._ledger.engine.postgres import PgConnection, is_url
 
     if is_url(store):
         _psycopg()
@@ -56,7 +57,7 @@ def short_name(store: str | Path) -> str:
 
 def db_errors() -> tuple[type[Exception], ...]:
     """The database errors a command line reports as a message instead of a traceback (both engines')."""
-    from llmledger._ledger.engine.duckdb import db_errors as engine_errors
+    from llmledger._ledger.engine.shared import db_errors as engine_errors
 
     return engine_errors()
 
@@ -69,7 +70,7 @@ def known_steps(store: str | Path, table: str) -> list[str]:
 def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
     """The steps and the columns a store's `table` has (none when the store or table does not exist yet),
     read without writing anything: what a new step's name is checked against before a call writes."""
-    from llmledger._ledger.engine.duckdb import column_types, table_exists
+    from llmledger._ledger.engine.shared import column_types, table_exists
     from llmledger._ledger.schema import list_steps
 
     location = locate(store)
@@ -101,7 +102,7 @@ def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
 def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
     """Each step of a store's `table` and the structured output (`OutputSpec`) its current definition asks for,
     None for text answers; read without writing (a pipeline checks the fields its templates read against it)."""
-    from llmledger._ledger.engine.duckdb import table_exists
+    from llmledger._ledger.engine.shared import table_exists
     from llmledger._ledger.schema import STEPS_TABLE, current_output_spec, list_steps
 
     location = locate(store)

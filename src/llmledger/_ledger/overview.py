@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmledger._ledger.counts import status_counts
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import table_exists
+from llmledger._ledger.engine.shared import table_exists
 from llmledger._ledger.schema import BATCHES_TABLE, list_steps
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import BatchOverview, Claims, ErrorKind, Overview, StepOverview
-from llmledger._ledger.verbs import status_counts
 from llmledger._step.sqltext import q
 
 ERROR_KINDS = 5  # kinds shown per step, the commonest first

@@ -27,16 +27,10 @@ import duckdb
 import polars as pl
 
 from llmledger._ledger.columns import STEP_COLUMNS
-from llmledger._ledger.engine.duckdb import (
-    check_store_path,
-    column_types,
-    dialect,
-    frames,
-    make_folders,
-    remove_store,
-    table_exists,
-)
+from llmledger._ledger.engine.dialect import dialect_of
+from llmledger._ledger.engine.duckdb import check_store_path, make_folders, remove_store
 from llmledger._ledger.engine.postgres import is_url
+from llmledger._ledger.engine.shared import column_types, frames, table_exists
 from llmledger._ledger.open import open_existing, open_ledger
 from llmledger._ledger.schema import (
     HISTORY_TABLE,
@@ -249,7 +243,7 @@ def _copy(con: Any, query: str, path: Path) -> None:
 
 def _write(con: Any, query: str, path: Path) -> None:
     """By DuckDB itself, or from PostgreSQL chunk by chunk (structured answers, JSONB there, as JSON text)."""
-    if dialect(con) == "duckdb":
+    if dialect_of(con).writes_parquet:
         con.execute(f"COPY ({query}) TO {sql_literal(str(path))} (FORMAT parquet)")
         return
     import pyarrow.parquet as pq

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, cast
 
 import polars as pl
 
-from llmledger._ledger.columns import JSONB, index_name, names, output_as_text, output_from_text
+from llmledger._ledger.columns import index_name, names, output_as_text, output_from_text
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import column_types, dialect, registered, table_exists
+from llmledger._ledger.engine.dialect import dialect_of
+from llmledger._ledger.engine.shared import column_types, registered, table_exists
 from llmledger._ledger.history import archive
-from llmledger._ledger.schema import LEGACY_FINGERPRINT_PREFIX, canonical_type, ensure_step_columns, list_steps
+from llmledger._ledger.schema import LEGACY_FINGERPRINT_PREFIX, ensure_step_columns, list_steps
 from llmledger._ledger.survey import Layout
 from llmledger._step.request import sql_literal
 from llmledger._step.sqltext import q
@@ -117,7 +118,7 @@ def create_fact_table(con: Con, table: str, columns: dict[str, str], key: list[s
     """A new fact table with `columns` ({name: type}); on PostgreSQL with a unique index on the key, by which
     claims and commits find rows (DuckDB joins without one)."""
     con.execute(f"CREATE TABLE {q(table)} ({', '.join(f'{q(c)} {t}' for c, t in columns.items())})")
-    if dialect(con) == "postgres":
+    if dialect_of(con).indexed:
         con.execute(f"CREATE UNIQUE INDEX {q(index_name(table, 'key'))} ON {q(table)} ({', '.join(q(k) for k in key)})")
 
 
@@ -128,11 +129,10 @@ def set_output_type(con: Con, layout: Layout, output_type: str, now: datetime) -
     first copied to the history table as text, then converted where it fits the new type (NULL where
     it does not). Those rows are stale anyway: their requests asked for the old schema.
     """
-    if dialect(con) == "postgres" and output_type != "VARCHAR":  # PostgreSQL keeps any structured answer as JSONB
-        output_type = JSONB
+    output_type = dialect_of(con).output_type(output_type)
     ensure_step_columns(con, layout.table, layout.step, output_type)
     current = column_types(con, layout.table)[layout.step]
-    wanted = canonical_type(con, output_type)
+    wanted = dialect_of(con).canonical_type(con, output_type)
     if current == wanted:
         return
     archive(con, layout, now=now, reason="'output type changed'", condition="true", output_type=current)
@@ -162,9 +162,10 @@ def insert_rows(con: Con, layout: Layout, definition: StepDefinition, rows: pl.D
         if in_sql:
             c = names(layout.step)
             prompt = definition.prompt.sql()
+            fingerprint = definition.request.fingerprint_sql(P, dialect_of(con).json_string_sql)
             con.execute(
                 f"INSERT INTO {q(layout.table)} ({col_list}, {c['_prompt']}, {c['_request_fingerprint']}, "
-                f"{c['_version']}) SELECT {col_list}, {P}, {definition.request.fingerprint_sql(P, dialect(con))}, "
+                f"{c['_version']}) SELECT {col_list}, {P}, {fingerprint}, "
                 f"$version "
                 f"FROM (SELECT {col_list}, {prompt} AS {P} FROM {INCOMING}) AS r",
                 {"version": definition.version},
@@ -251,10 +252,11 @@ def render_dependent(
         f"SELECT {keys}, {plan.sql('t', graph.field_sql)} AS {P}, {graph.digest_sql(layout.step)} AS {UP} "
         f"FROM {q(layout.table)} AS t"
     )
+    fingerprint = request.fingerprint_sql(P, dialect_of(con).json_string_sql)
     rows = con.execute(
         f"UPDATE {q(layout.table)} AS t SET {c['_prompt']} = r.{P}, {c['_request_fingerprint']} = r.{FP}, "
         f"{c['_version']} = $version, {c['_upstream_fingerprint']} = r.{UP} "
-        f"FROM (SELECT *, {request.fingerprint_sql(P, dialect(con))} AS {FP} FROM ({source}) AS s) AS r "
+        f"FROM (SELECT *, {fingerprint} AS {FP} FROM ({source}) AS s) AS r "
         f"WHERE {layout.key_join('t', 'r')} AND (t.{c['_version']} IS DISTINCT FROM $version "
         f"OR t.{c['_request_fingerprint']} IS DISTINCT FROM r.{FP} "
         f"OR t.{c['_upstream_fingerprint']} IS DISTINCT FROM r.{UP}) RETURNING 1",
@@ -281,9 +283,10 @@ def _update(
             f"{c['_fingerprint']} = CASE WHEN t.{c['_fingerprint']} = r.{LEGACY} THEN r.{FP} "
             f"ELSE t.{c['_fingerprint']} END"
         )
+    fingerprint = definition.request.fingerprint_sql(P, dialect_of(con).json_string_sql)
     con.execute(
         f"UPDATE {q(layout.table)} AS t SET {', '.join(sets)} FROM "
-        f"(SELECT *, {definition.request.fingerprint_sql(P, dialect(con))} AS {FP}{extra} FROM {source} AS s) "
+        f"(SELECT *, {fingerprint} AS {FP}{extra} FROM {source} AS s) "
         "AS r "
         f"WHERE {layout.key_join('t', 'r')} AND ({condition})",
         params,

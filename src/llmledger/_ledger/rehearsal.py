@@ -11,7 +11,7 @@ import polars as pl
 
 from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import one, registered
+from llmledger._ledger.engine.shared import one, registered
 from llmledger._ledger.types import Selection
 from llmledger._step.sqltext import q
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from llmledger._ledger.columns import STEP_COLUMNS, add_column_ddl, index_name
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import column_types, dialect, one, table_exists
+from llmledger._ledger.engine.dialect import dialect_of
+from llmledger._ledger.engine.shared import column_types, one, table_exists
 from llmledger._step.request import RequestSpec
 from llmledger._step.sqltext import q
 from llmledger._time import utcnow
@@ -143,7 +144,7 @@ def _v6_sources(con: Con) -> None:
     On PostgreSQL the history gets an index on the fingerprint: each claim of a worker looks answers up there."""
     for name in ("source", "stop_reason"):
         con.execute(f"ALTER TABLE {HISTORY_TABLE} ADD COLUMN IF NOT EXISTS {name} VARCHAR")
-    if dialect(con) == "postgres":
+    if dialect_of(con).indexed:
         con.execute(f"CREATE INDEX IF NOT EXISTS llmledger_history__fingerprint ON {HISTORY_TABLE} (fingerprint)")
     _add_step_columns(con, {"_source": "VARCHAR"})
 
@@ -193,12 +194,6 @@ MIGRATIONS = (
 LATEST = MIGRATIONS[-1].version
 
 
-# PostgreSQL has no try_cast: structured answers are stored as JSONB through this (NULL for text that is not JSON).
-_PG_JSONB_FUNCTION = """CREATE OR REPLACE FUNCTION llmledger_jsonb(answer TEXT) RETURNS JSONB
-    LANGUAGE plpgsql IMMUTABLE AS $f$
-    BEGIN RETURN answer::JSONB; EXCEPTION WHEN others THEN RETURN NULL; END $f$"""
-
-
 def schema_version(con: Con) -> int:
     if table_exists(con, MIGRATIONS_TABLE):
         return int(one(con, f"SELECT coalesce(max(version), 0) FROM {MIGRATIONS_TABLE}")[0])
@@ -217,8 +212,9 @@ def migrate(con: Con, now: datetime) -> int:
         return 0
     from llmledger._version import __version__
 
-    if current == 0 and dialect(con) == "postgres":
-        con.execute(_PG_JSONB_FUNCTION)
+    if current == 0:
+        for statement in dialect_of(con).setup:
+            con.execute(statement)
     con.execute(
         f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version INTEGER, name VARCHAR, "
         "applied_at TIMESTAMP, llmledger VARCHAR)"
@@ -279,19 +275,11 @@ def ensure_step_columns(con: Con, table: str, step: str, output_type: str = "VAR
     for column in STEP_COLUMNS:
         if step + column.suffix not in existing:
             con.execute(add_column_ddl(table, step, column, output_type))
-    if dialect(con) == "postgres":
+    if dialect_of(con).indexed:
         for suffix in ("_status", "_request_fingerprint"):
             con.execute(
                 f"CREATE INDEX IF NOT EXISTS {q(index_name(table, step + suffix))} ON {q(table)} ({q(step + suffix)})"
             )
-
-
-def canonical_type(con: Con, sql_type: str) -> str:
-    """DuckDB's own spelling of a column type, for comparing a wanted type with the catalog's (on PostgreSQL
-    the ledger's types are spelled as column_types reports them already)."""
-    if dialect(con) == "postgres":
-        return sql_type
-    return str(one(con, f"SELECT typeof(CAST(NULL AS {sql_type}))")[0])
 
 
 def record_step(

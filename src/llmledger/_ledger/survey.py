@@ -21,17 +21,9 @@ import polars as pl
 
 from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import (
-    JOIN_MEMORY_LIMIT,
-    SCAN_MEMORY_LIMIT,
-    arrow_batches,
-    column_types,
-    db_errors,
-    dialect,
-    memory_limited,
-    registered,
-)
-from llmledger._ledger.engine.postgres import PgCon
+from llmledger._ledger.engine.dialect import dialect_of
+from llmledger._ledger.engine.duckdb import JOIN_MEMORY_LIMIT, SCAN_MEMORY_LIMIT
+from llmledger._ledger.engine.shared import arrow_batches, column_types, db_errors, memory_limited, registered
 from llmledger._ledger.states import STATUSES, eligible_sql, stale_sql
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.request import sql_literal
@@ -95,15 +87,7 @@ def check_where(con: Con, table: str, where: str | None) -> None:
         return
     check_where_shape(where)
     columns = list(column_types(con, table))  # before the query: a failed one aborts the transaction
-    try:
-        statements = (
-            len(cast(duckdb.DuckDBPyConnection, con).extract_statements(f"SELECT 1 WHERE ({where})"))
-            if dialect(con) == "duckdb"
-            else 1
-        )
-    except duckdb.Error:  # not even parseable: the query below says why, in the user's terms
-        statements = 1
-    if statements != 1:
+    if dialect_of(con).statement_count(con, f"SELECT 1 WHERE ({where})") != 1:
         raise WhereClauseError(
             f"where={where!r} is more than one SQL statement; pass one predicate such as \"label = 'spam'\""
         )
@@ -116,11 +100,7 @@ def check_where(con: Con, table: str, where: str | None) -> None:
             f"{columns}"
         ) from None
     probe = f"SELECT ({where}) AS llmledger_where FROM {q(table)}"  # one expression now (checked above)
-    kind = (
-        cast(PgCon, con).types(probe)["llmledger_where"]
-        if dialect(con) == "postgres"
-        else con.execute(f"DESCRIBE {probe}").fetchall()[0][1]
-    )
+    kind = dialect_of(con).expression_type(con, probe)
     if kind not in ("BOOLEAN", '"NULL"'):
         raise WhereClauseError(
             f"where={where!r} is not a condition: its value is {kind}, not true or false "
@@ -152,7 +132,7 @@ def survey(
             parts = [_facts(b) for b in arrow_batches(con.sql(query, params=_used(params, query)), BATCH_ROWS)]
     if aligned is None:
         found = _joined(con, layout, frame, exprs, params, compare, 0 if wrote else JOIN_MEMORY_LIMIT)
-        return _structured(con, layout, found) if dialect(con) == "postgres" and "output" in exprs else found
+        return _structured(con, layout, found) if dialect_of(con).structured_as_jsonb and "output" in exprs else found
     present, changed = aligned
     found = pl.concat(parts, rechunk=False) if parts else _absent(0, exprs)
     found = found.with_columns(pl.lit(True).alias("exists"))
@@ -172,7 +152,7 @@ def _aligned_rows(con: Con, layout: Layout, frame: pl.DataFrame, compare: bool) 
     Anything kept from an Arrow batch keeps the whole batch alive, so of this scan nothing is kept but the
     freshly computed `changed`.
     """
-    if dialect(con) == "postgres":
+    if not dialect_of(con).ordered_scans:
         return None
     columns = [*layout.key, *(layout.mirror if compare else [])]
     query = f"SELECT {', '.join(q(c) for c in columns)} FROM {q(layout.table)} LIMIT {frame.height}"

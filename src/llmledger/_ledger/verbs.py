@@ -1,13 +1,12 @@
-"""The SQL behind the DuckDB ledger's verbs: claiming, committing, giving claims back, merging journals.
+"""The SQL behind a run's verbs, on either engine: claiming, committing, giving claims back, taking back the
+claims of dead runs, merging journals.
 
-Each function runs inside a transaction `store.SQLLedger` opened; none opens the store itself.
+Each function runs inside a transaction `ledger.SQLLedger` opened; none opens the store itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,31 +19,27 @@ from llmledger._ledger.columns import (
     SIMULATOR,
     commit_assignments,
     names,
-    output_as_text,
-    same_source_sql,
 )
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.duckdb import column_types, db_errors, dialect, one, registered, table_exists
+from llmledger._ledger.engine.dialect import dialect_of
+from llmledger._ledger.engine.shared import column_types, one, registered
 from llmledger._ledger.graph import StepGraph
-from llmledger._ledger.history import REUSABLE_REASONS, SIMULATED, archive, redo_reason
+from llmledger._ledger.history import SIMULATED, archive, redo_reason
 from llmledger._ledger.journal import pending as pending_journals
 from llmledger._ledger.journal import read as read_journal
 from llmledger._ledger.liveness import is_abandoned, is_alive_here
+from llmledger._ledger.reuse import answers_to, upgrade_fingerprint
 from llmledger._ledger.schema import (
-    HISTORY_TABLE,
-    LEGACY_FINGERPRINT_PREFIX,
     MIGRATIONS_TABLE,
-    list_steps,
     owned_columns,
     requests_by_version,
 )
-from llmledger._ledger.states import CLAIMABLE, COUNTED, STATUSES, prior_status_sql
+from llmledger._ledger.states import CLAIMABLE, prior_status_sql
 from llmledger._ledger.survey import Layout, flag_sql
-from llmledger._ledger.types import KnownAnswer, RunParams, Selection
+from llmledger._ledger.types import RunParams, Selection
 from llmledger._step.request import RequestSpec, sql_literal
 from llmledger._step.sqltext import q
 from llmledger._time import utcnow
-from llmledger.errors import PromptError
 
 CLAIM_LOCK = 0x6C6C6D63  # "llmc": the PostgreSQL advisory lock that serialises a step's claims (`claim_twins`)
 BATCH = "llmledger_batch"
@@ -65,11 +60,12 @@ def claim_rows(con: Con, selection: Selection, batch: pl.DataFrame, *, claimant:
     flags = flag_sql(layout, None)
     with registered(con, BATCH, batch):
         pick = f"{BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']}"
-        if dialect(con) == "postgres":
+        lock = dialect_of(con).row_lock
+        if lock:  # take the rows from the table, skipping those another worker holds
             keys = ", ".join(f"t.{q(k)}" for k in layout.key)
             pick = (
                 f"(SELECT {keys} FROM {q(layout.table)} AS t JOIN {pick.replace(' WHERE ', ' ON ', 1)} "
-                f"FOR UPDATE OF t SKIP LOCKED) AS i WHERE {layout.key_join('t', 'i')}"
+                f"{lock}) AS i WHERE {layout.key_join('t', 'i')}"
             )
         got = _claim(con, selection, pick, claimant=claimant, now=now)
     return batch.join(got, on=layout.key, how="inner", maintain_order="left")
@@ -115,7 +111,7 @@ def claim_twins(con: Con, selection: Selection, got: pl.DataFrame, *, claimant: 
     layout = selection.layout
     flags = flag_sql(layout, selection.where)
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
-    lock = " FOR UPDATE OF t SKIP LOCKED" if dialect(con) == "postgres" else ""
+    lock = dialect_of(con).row_lock
     fps = got.select(pl.col("fingerprint").drop_nulls().unique().alias("fp"))
     if not fps.height:
         return got.clear()
@@ -290,7 +286,7 @@ def recover_claims(con: Con, layout: Layout, params: RunParams) -> int:
 def clock(con: Con) -> str:
     """SQL for the time claims are written and judged by: the database's own clock on PostgreSQL, which every
     worker shares whatever its machine's clock says; on DuckDB (one file, one host) the process's `$now`."""
-    return "(now() AT TIME ZONE 'UTC')" if dialect(con) == "postgres" else "$now"
+    return dialect_of(con).clock
 
 
 def lapsed_sql(con: Con, c: dict[str, str]) -> str:
@@ -339,82 +335,6 @@ def merge_journals(con: Con, layout: Layout, store_path: Path, key_types: dict[s
     return merged
 
 
-def upgrade_fingerprint(value: str | None) -> str | None:
-    """Journals written by 0.1.0 hold md5 hex fingerprints; map them like the migration maps stored ones."""
-    if value is None or "-" in value:
-        return value
-    return str(uuid.UUID(hashlib.md5((LEGACY_FINGERPRINT_PREFIX + value).encode()).hexdigest()))
-
-
-def known_answers(con: Con, layout: Layout, work: pl.DataFrame, source: str | None) -> dict[str, KnownAnswer]:
-    """One stored DONE answer per request fingerprint the work asks for, from any step of any table in the store,
-    or from the answers it replaced (the history), made by a source like the run's `source` (`same_source_sql`).
-
-    A fingerprint covers the whole request, so another step's (or table's) answer to an identical
-    request is an answer to this one: it costs nothing and is recorded as reused. So is an answer a
-    change of definition replaced: going back to an earlier definition pays nothing for what it had.
-    """
-    if not work.height:
-        return {}
-    c = names(layout.step, "t")
-    with registered(con, BATCH, work):
-        wanted = con.sql(
-            f"SELECT DISTINCT {c['_request_fingerprint']}::VARCHAR AS fp FROM {q(layout.table)} AS t "
-            f"WHERE {c['_request_fingerprint']} IS NOT NULL AND EXISTS (SELECT 1 FROM {BATCH} AS i "
-            f"WHERE {layout.key_join()})"
-        ).pl()
-    return answers_to(con, layout, wanted, source)
-
-
-def answers_to(con: Con, layout: Layout, wanted: pl.DataFrame, source: str | None) -> dict[str, KnownAnswer]:
-    """One stored DONE answer per fingerprint of `wanted` (column `fp`) from a source like `source`: this step's
-    first, then the store's, then the history's (`history.REUSABLE_REASONS` only, the latest first)."""
-    if not wanted.height:
-        return {}
-    sources = [(layout.table, layout.step)] + [
-        (t, s) for t, s, _ in list_steps(con) if (t, s) != (layout.table, layout.step)
-    ]
-    found: dict[str, KnownAnswer] = {}
-    steps = [(table, step, column_types(con, table) if table_exists(con, table) else {}) for table, step in sources]
-    steps = [(table, step, types) for table, step, types in steps if step + "_fingerprint" in types]
-    with registered(con, WANTED, wanted):  # a request whose answer a person flagged anywhere is asked afresh
-        rejected = {
-            r[0]
-            for table, step, _ in steps
-            for r in con.execute(
-                f"SELECT DISTINCT {q(step + '_fingerprint')}::VARCHAR FROM {q(table)} WHERE {q(step + '_flag')} IS NOT "
-                f"NULL AND {q(step + '_fingerprint')} IN (SELECT w.fp::UUID FROM {WANTED} AS w)"
-            ).fetchall()
-        }
-    wanted = wanted.filter(~pl.col("fp").is_in(list(rejected))) if rejected else wanted
-    if not wanted.height:
-        return {}
-    with registered(con, WANTED, wanted):
-        for table, step, types in steps:
-            o = names(step, "t")
-            rows = con.execute(
-                f"SELECT {o['_fingerprint']}::VARCHAR, min({output_as_text(o[''], types[step])}), "
-                f"min({o['_stop_reason']}), min({o['_model']}) FROM {q(table)} AS t "
-                f"WHERE {o['_status']} = 'DONE' AND {o['_fingerprint']} IN (SELECT w.fp::UUID FROM {WANTED} AS w) "
-                f"AND {same_source_sql(o['_source'], source)} "
-                f"GROUP BY {o['_fingerprint']}"
-            ).fetchall()
-            for r in rows:
-                found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
-            if len(found) == wanted.height:
-                return found
-        reasons = ", ".join(f"'{r}'" for r in REUSABLE_REASONS)
-        rows = con.execute(
-            f"SELECT h.fingerprint, h.output, h.stop_reason, h.model FROM {HISTORY_TABLE} AS h "
-            f"WHERE h.fingerprint IN (SELECT w.fp FROM {WANTED} AS w) AND h.status = 'DONE' AND h.output IS NOT NULL "
-            f"AND h.raw IS NULL AND h.reason IN ({reasons}) AND {same_source_sql('h.source', source)} "
-            "ORDER BY h.finished_at DESC NULLS LAST, h.replaced_at DESC"
-        ).fetchall()
-        for r in rows:
-            found.setdefault(r[0], KnownAnswer(r[1], r[2], r[3]))
-    return found
-
-
 def fed_layout(layout: Layout, graph: StepGraph) -> Layout:
     """The layout of a step that reads other steps: claimable only when they are fresh; stale when they move."""
     if not graph.upstream.get(layout.step):
@@ -444,56 +364,3 @@ def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
         pl.col("status").alias(f"{step}_status"),
         pl.col("stale").fill_null(False).alias(f"{step}_stale"),
     )
-
-
-def status_counts(con: Con, table: str | None = None) -> pl.DataFrame:
-    """Rows per state for every (table, step), steps after the steps they read: one partition of the rows, the
-    one `progress()`, `show()`, `llmledger status` and a run's bar all draw (`COUNTED`), plus `flagged` (rows a
-    person flagged, whatever their state) and `total`.
-
-    DONE counts only current answers; `stale` is the DONE rows whose request (or an upstream answer) changed
-    since; `waiting` is the NOT_STARTED and FAILED rows whose upstream steps are not fresh yet.
-    """
-    schema = {
-        "table": pl.String,
-        "step": pl.String,
-        **{st: pl.Int64 for st in COUNTED},
-        "flagged": pl.Int64,
-        "total": pl.Int64,
-    }
-    frames = []
-    by_table: dict[str, list[str]] = {}
-    for tbl, step, _ in list_steps(con, table):
-        if table_exists(con, tbl):
-            by_table.setdefault(tbl, []).append(step)
-    for tbl, steps in by_table.items():
-        graph: StepGraph | None = None
-        try:
-            loaded = StepGraph.load(con, tbl)
-            ordered = [s for s in loaded.order(steps) if s in steps] + [s for s in steps if s not in loaded.templates]
-            graph = loaded
-        except (PromptError, *db_errors()):  # type: ignore[misc]  # an old store not upgraded yet, or a broken definition: no graph
-            graph, ordered = None, steps
-        for step in ordered:
-            layout = Layout(tbl, step, [], [])
-            if graph is not None and step in graph.templates:
-                layout = fed_layout(layout, graph)
-            flags = flag_sql(layout, None)
-            stale, waiting = f"coalesce({flags['stale']}, false)", f"coalesce({flags['waiting']}, false)"
-            status = flags["status"]
-            state = {st: f"{status} = '{st}'" for st in STATUSES}
-            state["DONE"] += f" AND NOT {stale}"
-            state["stale"] = stale
-            for st in ("NOT_STARTED", "FAILED"):
-                state[st] += f" AND NOT {waiting}"
-            state["waiting"] = waiting
-            counts = ", ".join(f"count(*) FILTER (WHERE {state[st]})::BIGINT AS {q(st)}" for st in COUNTED)
-            frames.append(
-                con.sql(
-                    f'SELECT ? AS "table", ? AS step, {counts}, count(*) FILTER (WHERE '
-                    f"{names(step)['_flag']} IS NOT NULL)::BIGINT AS flagged, count(*)::BIGINT AS "
-                    f"total FROM {q(tbl)} AS t",
-                    params=[tbl, step],
-                ).pl()
-            )
-    return pl.concat(frames).cast(schema) if frames else pl.DataFrame(schema=schema)

@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -194,17 +195,13 @@ class RequestSpec:
         head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
         return head, tail
 
-    def fingerprint_sql(self, prompt_sql: str, dialect: str = "duckdb") -> str:
-        """SQL computing the fingerprint of this request for the prompt expression `prompt_sql`."""
+    def fingerprint_sql(self, prompt_sql: str, json_string: Callable[[str], str] | None = None) -> str:
+        """SQL computing the fingerprint of this request for the prompt expression `prompt_sql`; `json_string`
+        writes a text expression as a JSON string in the store's SQL (the ledger's `Dialect.json_string_sql`;
+        DuckDB's by default)."""
         head, tail = self._around_prompt
-        if self.attach:  # the stored message is the content's canonical JSON already
-            text = prompt_sql
-        else:
-            text = (
-                json_string_sql(prompt_sql)
-                if dialect == "duckdb"
-                else f"CAST(to_json(CAST({prompt_sql} AS TEXT)) AS TEXT)"
-            )
+        # the stored message of an attachment step is the content's canonical JSON already
+        text = prompt_sql if self.attach else (json_string or json_string_sql)(prompt_sql)
         return f"md5({sql_literal(head)} || {text} || {sql_literal(tail)})::UUID"
 
 

@@ -14,15 +14,14 @@ import os
 import re
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 
 import duckdb
-import polars as pl
 
-from llmledger._ledger.engine import Con
+from llmledger._ledger.engine.dialect import DUCKDB
+from llmledger._ledger.engine.shared import Patience
 from llmledger.errors import StoreBusy, StoreError, StoreNotFound
 
 T = TypeVar("T")
@@ -109,38 +108,6 @@ def store_error(path: Path, exc: BaseException) -> StoreError | None:
     return None
 
 
-class Patience:
-    """Trying again to open a store that another process holds (DuckDB) or that cannot be reached (PostgreSQL):
-    backing off, saying so once after a second, giving up after `wait` seconds (None: when `should_stop` says)."""
-
-    def __init__(
-        self,
-        wait: float | None,
-        should_stop: Callable[[], bool] | None,
-        on_wait: Callable[[str], None] | None,
-        *,
-        longest: float,
-    ) -> None:
-        self.wait, self.should_stop, self.on_wait, self.longest = wait, should_stop, on_wait, longest
-        self.start, self.delay, self.told = time.monotonic(), 0.02, False
-
-    @property
-    def waited(self) -> float:
-        return time.monotonic() - self.start
-
-    def again(self, note: str) -> bool:
-        """Pause before the next try and return True; False when it is time to give up."""
-        waited = self.waited
-        if waited >= self.wait if self.wait is not None else bool(self.should_stop and self.should_stop()):
-            return False
-        if not self.told and waited > 1 and self.on_wait:
-            self.on_wait(note)
-            self.told = True
-        time.sleep(self.delay)
-        self.delay = min(self.delay * 1.5, self.longest)
-        return True
-
-
 def _is_lock_error(exc: Exception) -> bool:
     """Another process holds the file ("Could not set lock on file ..."); a word, not a substring: a damaged
     file's "checksum ... in block at location" (an IOException too on DuckDB 1.2) is no lock to wait for."""
@@ -169,14 +136,10 @@ def _is_other_configuration(exc: Exception) -> bool:
     return "different configuration" in str(exc).lower()
 
 
-def writes_refused(exc: Exception) -> bool:
-    """A statement that writes, run on a connection opened read-only."""
-    text = str(exc).lower()
-    return "read-only mode" in text or "read-only transaction" in text  # DuckDB, PostgreSQL
-
-
 class Connection:
     """One DuckDB file, opened briefly for each transaction."""
+
+    dialect = DUCKDB
 
     def __init__(
         self,
@@ -292,117 +255,3 @@ class Connection:
                         con.execute("ROLLBACK")
                     raise
         raise StoreError(f"store {str(self.path)!r}: gave up after 20 write conflicts")
-
-
-def dialect(con: Any) -> str:
-    """ "duckdb" or "postgres": which engine a connection handed to the ledger's SQL talks to."""
-    return getattr(con, "dialect", "duckdb")
-
-
-def db_errors() -> tuple[type[Exception], ...]:
-    """The errors a statement of either engine raises."""
-    try:
-        import psycopg
-    except ImportError:
-        return (duckdb.Error,)
-    return (duckdb.Error, psycopg.Error)
-
-
-def lock_step(con: Con, lock_class: int, table: str, step: str) -> None:
-    """PostgreSQL: take the transaction-scoped advisory lock `lock_class` on one step (the second key is the
-    step's crc32), so the transactions that take it run one at a time. On DuckDB, which has one writing
-    process per file, nothing."""
-    if dialect(con) == "postgres":
-        con.execute(
-            "SELECT pg_advisory_xact_lock(CAST(? AS INTEGER), CAST(? AS INTEGER))",
-            [lock_class, zlib.crc32(f"{table}\x00{step}".encode()) - 2**31],
-        )
-
-
-def one(con: Con, sql: str, params: Any = None) -> tuple[Any, ...]:
-    """The single row of a query, fetched to the end: a half-read result blocks the connection."""
-    return tuple(con.execute(sql, params).fetchall()[0])
-
-
-def table_exists(con: Con, table: str) -> bool:
-    return bool(
-        one(
-            con,
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = ? AND table_schema = current_schema()",
-            [table],
-        )[0]
-    )
-
-
-def column_types(con: Con, relation: str) -> dict[str, str]:
-    """Column name -> type (DuckDB's names on either engine: VARCHAR, BIGINT, ...)."""
-    from llmledger._step.sqltext import q
-
-    if dialect(con) == "postgres":
-        types: dict[str, str] = con.types(f"SELECT * FROM {q(relation)}")  # type: ignore[attr-defined]
-        return types
-    rows = con.execute(f"DESCRIBE SELECT * FROM {q(relation)}").fetchall()
-    return {r[0]: r[1] for r in rows}
-
-
-@contextlib.contextmanager
-def memory_limited(con: Con, limit: int) -> Iterator[None]:
-    """Run a full-table read under `limit` bytes (the pages it evicts are clean: reading them back is cheap).
-    A `limit` of 0 is none: for a transaction that has written rows, whose changes cannot be evicted (a limit
-    below them fails, which aborts the transaction, or leaves the read no room). PostgreSQL manages its own
-    memory."""
-    if dialect(con) == "postgres" or not limit:
-        yield
-        return
-    before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-    con.execute(f"SET memory_limit = '{limit // 1_000_000}MB'")
-    try:
-        yield
-    finally:  # after a failed statement the transaction is aborted; its rollback resets the setting anyway
-        with contextlib.suppress(duckdb.Error):
-            con.execute(f"SET memory_limit = '{before}'")
-
-
-def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:
-    """A query's result as Arrow record batches, without materialising it whole (DuckDB 1.x and 2.x)."""
-    if not isinstance(relation, duckdb.DuckDBPyRelation):  # PostgreSQL's rows are in memory already
-        yield from relation.pl().to_arrow().to_batches(rows)
-        return
-    # DuckDB 2 deprecates fetch_arrow_reader for to_arrow_reader, which 1.x lacks
-    read = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
-    yield from read(rows)
-
-
-def frames(con: Any, query: str, rows: int) -> Iterator[pl.DataFrame]:
-    """A query's rows as polars frames of at most `rows`, without holding the whole result (on PostgreSQL,
-    through a server-side cursor)."""
-    if dialect(con) == "postgres":
-        yield from con.chunks(query, rows)
-        return
-    for batch in arrow_batches(con.sql(query), rows):
-        frame = pl.from_arrow(batch)
-        assert isinstance(frame, pl.DataFrame)
-        yield frame
-
-
-@contextlib.contextmanager
-def registered(con: Con, name: str, frame: pl.DataFrame) -> Iterator[None]:
-    """`frame` queryable as `name` inside the block, without copying it.
-
-    Handing DuckDB the polars frame itself makes polars convert every text column to Arrow's
-    large strings first (a full copy); Arrow string views, which polars stores natively, DuckDB
-    scans in place.
-    """
-    if dialect(con) == "postgres":
-        con.register(name, frame)
-    else:
-        con.register(name, frame.to_arrow(compat_level=pl.CompatLevel.newest()) if _STRING_VIEWS else frame)
-    try:
-        yield
-    finally:  # never hide the error that ended the block behind "transaction aborted"
-        with contextlib.suppress(*db_errors()):
-            cast(duckdb.DuckDBPyConnection, con).unregister(name)
-
-
-# Before 1.5, DuckDB pushed filters on a registered Arrow table into pyarrow, which has no kernels for views.
-_STRING_VIEWS = tuple(int(p) for p in duckdb.__version__.split(".")[:2]) >= (1, 5)
