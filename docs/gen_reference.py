@@ -38,7 +38,7 @@ TABLES = {
 
 def cli_reference() -> str:
     """The CLI page: the intro, then each verb's `--help`, as argparse prints it 100 columns wide."""
-    from llmledger.cli import parser
+    from llmledger._cli_parser import parser
 
     before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal's width: the page must not depend on it

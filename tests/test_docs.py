@@ -58,7 +58,7 @@ def test_the_generated_reference_pages_are_current(page: str) -> None:
 
 
 def test_every_cli_verb_and_its_options_are_in_the_cli_reference() -> None:
-    from llmledger.cli import parser
+    from llmledger._cli_parser import parser
 
     text = (REFERENCE / "cli.md").read_text()
     for name, sub in _generator().verbs(parser()).items():

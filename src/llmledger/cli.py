@@ -1,30 +1,13 @@
-"""The command line: each verb is a thin twin of a Python function.
+"""The command line's verbs: `main` parses the arguments (`_cli_parser.parser`, where every verb and option is
+defined) and runs the verb, each a thin twin of a Python function; the errors a shell user can act on are printed,
+not raised (exit status 2).
 
-    llmledger status STORE [--table T]          llmledger.show(): every step as a bar of rows by status
-                  [--color auto|always|never] [--every N]
-    llmledger run STORE --table T --step S      llmledger.resume(): finish a step from the store alone
-                  [--mode batch [--no-wait]]    (and collect its Message Batches)
-    llmledger worker STORE --table T --step S   llmledger.work(): drain a step with any number of other workers
-                  [--concurrency N]             (on PostgreSQL, from many machines)
-    llmledger sql STORE "SELECT ..." [--write]  llmledger.sql() (reads unless --write)
-    llmledger flag STORE --table T --step S --where W --reason R      llmledger.flag(): mark answers for redo
-    llmledger reset STORE --table T --step S --where W                llmledger.reset(): rows back to NOT_STARTED
-    llmledger history STORE --table T --step S [--key K]              llmledger.history(): replaced answers
-    llmledger export STORE --table T PATH [--step S] [--overwrite]    llmledger.export(): the ledger as Parquet
-    llmledger restore PATH STORE                                      llmledger.restore(): a store from an export
-    llmledger copy SOURCE TARGET                                      llmledger.copy(): DuckDB <-> PostgreSQL
-    llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
-    llmledger simulator [--port P] [--FAULT X]  the offline Messages API, for your own tests
-
-`show`, `resume` and `work` are the same verbs as `status`, `run` and `worker`, named like their Python twins.
---table and --step may be left out when the store has only one.
-STORE is a DuckDB file, or a PostgreSQL URL (postgresql://user@host:5432/db; pip install 'llmledger[postgresql]').
+`llmledger --help` (`_cli_parser.USAGE`) lists the verbs.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from datetime import timedelta
@@ -32,11 +15,11 @@ from typing import Any, Literal
 
 import polars as pl
 
+from llmledger._cli_parser import _FAULTS, _FAULTS_AS_TOLD, parser
 from llmledger._draw import rows
 from llmledger._ledger import db_errors, shown
 from llmledger._view.overview import show, use_colour
 from llmledger.errors import InvalidInputError, LedgerError
-from llmledger.simulator.replies import Faults
 
 # --redo as resume() takes it
 _REDO: dict[str | None, bool | Literal["stale", "flagged"]] = {
@@ -72,154 +55,6 @@ def _watch(store: str, table: str | None, colour: bool, every: float) -> None:
             view.refresh()
     except KeyboardInterrupt:
         pass
-
-
-# Verbs also reachable by their Python twin's name: `llmledger show` is `llmledger status`, and so on.
-_ALIASES = {"status": "show", "run": "resume", "worker": "work"}
-
-
-def parser() -> argparse.ArgumentParser:
-    """The whole command line (docs/gen_reference.py writes the CLI reference from its `--help`)."""
-    top = argparse.ArgumentParser(
-        prog="llmledger", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = top.add_subparsers(dest="command", required=True)
-
-    def verb(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        aliases = [_ALIASES[name]] if name in _ALIASES else []
-        made = sub.add_parser(name, aliases=aliases, **kwargs)
-        made.set_defaults(verb=name)
-        return made
-
-    p_status = verb(
-        "status", help="llmledger.show(): every step as a bar of rows by status, its cost, claims and errors"
-    )
-    p_status.add_argument("store", help="the DuckDB file or postgresql:// URL")
-    p_status.add_argument("--table", default=None, help="only this table")
-    p_status.add_argument(
-        "--color",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="colour the bars (auto: when the terminal shows colour and NO_COLOR is unset)",
-    )
-    p_status.add_argument("--every", type=float, default=None, help="redraw every N seconds until Ctrl-C")
-
-    p_run = verb("run", help="llmledger.resume(): finish a step that apply_llm started, from the store alone")
-    p_run.add_argument("store", help="the DuckDB file or postgresql:// URL")
-    p_run.add_argument("--table", default=None, help=_INFERRED)
-    p_run.add_argument("--step", default=None, help=_INFERRED)
-    p_run.add_argument("--concurrency", type=int, default=16)
-    p_run.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
-    p_run.add_argument(
-        "--redo",
-        choices=["stale", "flagged", "all"],
-        default=None,
-        help="also re-send stale answers (stale), flagged rows (flagged) or every matching row (all)",
-    )
-    p_run.add_argument("--max-attempts", type=int, default=3)
-    p_run.add_argument("--quiet", action="store_true", help="no progress bar")
-    p_run.add_argument(
-        "--mode",
-        choices=["online", "batch", "auto"],
-        default="online",
-        help="send the rows online or as Message Batches (half price); batches the step sent "
-        "earlier are collected first either way",
-    )
-    p_run.add_argument(
-        "--no-wait", action="store_true", help="with --mode batch: return once the batches are submitted"
-    )
-
-    p_worker = verb(
-        "worker",
-        help="llmledger.work(): work on a step together with other workers until none of it "
-        "is left (a PostgreSQL store lets many machines share one step)",
-    )
-    p_worker.add_argument("store", help="the DuckDB file or postgresql:// URL")
-    p_worker.add_argument("--table", default=None, help=_INFERRED)
-    p_worker.add_argument("--step", default=None, help=_INFERRED)
-    p_worker.add_argument("--concurrency", type=int, default=16)
-    p_worker.add_argument(
-        "--chunk-size",
-        type=int,
-        default=200,
-        help="rows claimed ahead and committed together (smaller shares a small step more evenly)",
-    )
-    p_worker.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
-    p_worker.add_argument("--max-attempts", type=int, default=3)
-    p_worker.add_argument(
-        "--poll", type=float, default=5.0, help="seconds between looks while other workers hold rows (default 5)"
-    )
-    p_worker.add_argument(
-        "--stale-after",
-        type=float,
-        default=1800.0,
-        help="seconds after which a claim whose worker stopped renewing it is taken over "
-        "(default 1800; claims are renewed every min(60, stale-after/4) seconds)",
-    )
-    p_worker.add_argument("--quiet", action="store_true", help="no progress bar")
-
-    p_sql = verb("sql", help="run a SQL query on the store and print the result")
-    p_sql.add_argument("store")
-    p_sql.add_argument("query")
-    p_sql.add_argument("--write", action="store_true", help="allow a statement that writes (llmledger.sql(write=True))")
-
-    p_flag = verb("flag", help="flag a step's answers on matching rows for redo (redo='flagged')")
-    p_reset = verb("reset", help="put a step back to NOT_STARTED on matching rows (answers to history)")
-    p_history = verb("history", help="a step's replaced answers next to the current ones")
-    for p in (p_flag, p_reset, p_history):
-        p.add_argument("store", help="the DuckDB file or postgresql:// URL")
-        p.add_argument("--table", default=None, help=_INFERRED)
-        p.add_argument("--step", default=None, help=_INFERRED)
-    for p in (p_flag, p_reset):
-        p.add_argument("--where", required=True, help='SQL predicate over the fact table, e.g. "id IN (3, 7)"')
-    p_flag.add_argument("--reason", required=True, help="what is wrong with these answers")
-    p_flag.add_argument("--by", default=None, help="who flags them (default: the login name)")
-    p_reset.add_argument(
-        "--running",
-        action="store_true",
-        help="also take back RUNNING rows whose holder is gone (a dead process on this host, or a "
-        "holder elsewhere whose claims were not renewed for --stale-after seconds or whose "
-        "leases lapsed, in the database's clock)",
-    )
-    p_reset.add_argument("--stale-after", type=float, default=1800.0, help="seconds (with --running; default 1800)")
-    p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
-
-    p_export = verb(
-        "export", help="write a table (a folder of Parquet files, or one .parquet file) or one step (a file)"
-    )
-    p_export.add_argument("store", help="the DuckDB file or postgresql:// URL")
-    p_export.add_argument("--table", default=None, help=_INFERRED)
-    p_export.add_argument(
-        "path",
-        help="a new folder (the table and its bookkeeping, for restore), or a file "
-        "ending in .parquet (the table alone, or with --step one step's view)",
-    )
-    p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
-    p_export.add_argument(
-        "--overwrite", action="store_true", help="replace an existing file, or a folder an earlier export wrote"
-    )
-    p_restore = verb("restore", help="rebuild a table in a store from llmledger export's folder")
-    p_restore.add_argument("path", help="the folder export wrote")
-    p_restore.add_argument("store", help="the DuckDB file or postgresql:// URL (created if missing)")
-
-    p_copy = verb("copy", help="copy a whole ledger into a new DuckDB file or an empty PostgreSQL database")
-    p_copy.add_argument("source", help="the DuckDB file or postgresql:// URL to copy")
-    p_copy.add_argument("target", help="a new DuckDB file, or a postgresql:// URL of a database without a ledger")
-
-    p_demo = verb("demo", help="run a step over the bundled reviews dataset")
-    p_demo.add_argument("--store", default=None, help="ledger file (default: a fresh one in a temp folder)")
-    p_demo.add_argument(
-        "--rows", type=int, default=None, help="rows to use (default: all 3,000 on the simulator, 20 on the real API)"
-    )
-
-    p_sim = verb(
-        "simulator",
-        help="serve the offline Messages API simulator (every fault simulate() "
-        "takes is an option: --latency 0.1 --rate-limit 50 --error-rate 0.05 ...)",
-    )
-    p_sim.add_argument("--port", type=int, default=8765)
-    _fault_options(p_sim)
-    return top
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,53 +188,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmledger: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-def _status_or_text(value: str) -> int | str:
-    return int(value) if value.isdigit() else value
-
-
-_FAULTS = {f.name: f for f in dataclasses.fields(Faults) if f.name not in ("fail_next", "outage_until")}
-_FAULTS_AS_TOLD = ("outage_for", "fail_next")  # as simulate() takes them: seconds from now; a list of faults
-
-
-def _fault_options(parser: argparse.ArgumentParser) -> None:
-    """One option per fault of `Simulator` (`llmledger.simulate`'s keywords), so a shell user has them all."""
-    parser.add_argument(
-        "--outage-for",
-        type=float,
-        default=None,
-        help="seconds from the start during which every request gets --outage-status",
-    )
-    parser.add_argument(
-        "--fail-next",
-        type=lambda v: [_status_or_text(x.strip()) for x in v.split(",")],
-        default=None,
-        help="faults for the first requests, e.g. 529,529,429 or no_retry",
-    )
-    for name, spec in _FAULTS.items():
-        if name == "models":
-            parser.add_argument(
-                "--model",
-                dest="models",
-                action="append",
-                default=[],
-                help="a model id to answer besides those llmledger has prices for (repeatable)",
-            )
-            continue
-        kind = str(spec.type)
-        convert = (
-            _status_or_text if "int | str" in kind else float if "float" in kind else int if "int" in kind else str
-        )
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            type=convert,
-            default=None,
-            help=f"Simulator({name}=...); default {spec.default!r}",
-        )
-
-
-_INFERRED = "(default: the only one the store has)"
 
 
 def _infer_names(args: argparse.Namespace, *, step: bool) -> None:

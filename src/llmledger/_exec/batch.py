@@ -6,7 +6,7 @@ still processing from an earlier call), in batches within the API's limits.
 Each batch passes through the ledger's intent → confirm transactions
 (`_ledger/batches.py`), so a batch the API took is never lost: a custom id
 carries the intent and the fingerprint of the request it answers. What comes
-back is merged by `BatchCollector` (`collect.py`).
+back is merged by `BatchCollector` (`collect.py`, `merge.py`).
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class BatchSender:
         A failure that may have come after the API created the batch (a dropped connection, a gateway's
         5xx) is followed by looking for it. The batch is created again only when every look succeeded and
         found nothing that could be it; a batch found is checked against its custom ids when it ends
-        (`collect.py`). While a batch that could be it (or another intent's) is processing, the intent is
+        (`merge.py`). While a batch that could be it (or another intent's) is processing, the intent is
         left as it is, its rows RUNNING: the collector matches it once the custom ids show.
         """
         failure: CallFailed | None = None

@@ -11,12 +11,8 @@ intent's custom ids; otherwise it is rejected (and handed to the intent they
 name, if any), so neither another intent's batch nor another store's of the
 same size is ever mistaken for ours.
 
-A result becomes a result row exactly like an online answer (`Recorder`),
-priced at the batch rate: `errored` items the row caused (an invalid
-request) count as a failed attempt; the API's own errors, `expired` and
-`canceled` items give the row back to be sent again. A structured answer
-that does not match `output=` is not asked again (that would be another
-batch): the row goes to NEEDS_REVIEW with the answer in `{step}_raw`.
+Merging an ended batch (a result row per answer, priced at the batch rate)
+is `merge.py`'s, mixed into `BatchCollector`.
 Failures to reach the API here never fail a run: the batch is looked at
 again next time, and its results stay with the API meanwhile.
 """
@@ -29,26 +25,22 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import Any
 
 import anthropic
 import polars as pl
 
-from llmledger._draw import rows as rows_text
-from llmledger._exec.batch import fingerprint_of, result_frame
-from llmledger._exec.client import NEVER_IN_THIS_SIMULATOR, REFUSAL, Reply, reply_from
 from llmledger._exec.config import RunConfig
-from llmledger._exec.reconcile import Reading, Reconciler, Undecided, tag_of
-from llmledger._exec.recorder import Recorder
-from llmledger._ledger import Ledger, Selection
-from llmledger._ledger.batches import BatchChanged
+from llmledger._exec.merge import BatchMerger
+from llmledger._exec.reconcile import Reading, Reconciler, Undecided
+from llmledger._ledger import Ledger
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.liveness import is_abandoned, is_alive_here
 from llmledger._ledger.states import Outcome
-from llmledger._ledger.types import BatchRecord, BatchRows
+from llmledger._ledger.types import BatchRecord
 from llmledger._report import RunReport
-from llmledger._step.output import OutputError, OutputSpec
+from llmledger._step.output import OutputSpec
 from llmledger._time import utcnow
 
 log = logging.getLogger("llmledger")
@@ -57,10 +49,9 @@ POLL_FIRST, POLL_MAX = 2.0, 60.0  # seconds between looks at a processing batch:
 ABANDON_AFTER = timedelta(seconds=20)  # an intent not found is given up only this long after it was made: a
 # create the dead process had sent may still be being made
 GIVE_UP_AFTER = 5  # failed looks in a row after which waiting for a batch stops (it says why, and what to do)
-_PERMANENT_ITEM_ERRORS = {"invalid_request_error", "not_found_error", "request_too_large"}
 
 
-class BatchCollector:
+class BatchCollector(BatchMerger):
     def __init__(
         self,
         *,
@@ -263,189 +254,6 @@ class BatchCollector:
                     now=utcnow(),
                     adopted=True,
                 )
-
-    # -- merging ------------------------------------------------------------------------------------
-    async def _merge_if_ended(self, record: BatchRecord) -> bool:
-        """Merge the batch if it has ended; True when it is done with."""
-        assert record.batch_id is not None
-        rows = await asyncio.to_thread(self.ledger.batch_rows, record, inputs=self.cfg.validate is not None)
-        if not rows.rows.height:  # every row was taken out of it (llmledger.reset): nothing to merge
-            await asyncio.to_thread(
-                self.ledger.abandon_batch,
-                self.table,
-                self.step,
-                intent=record.intent,
-                note="its rows were reset",
-                now=utcnow(),
-                confirmed=True,
-            )
-            return True
-        if record.validated and self.cfg.validate is None:
-            self.stuck.add(record.intent)
-            self._note(
-                f"batch {record.batch_id} was sent with validate=; collect it with the same validate= "
-                "(apply_llm or llmledger.resume(..., validate=...)), so its answers are checked"
-            )
-            return False
-        try:
-            batch = await self.client.messages.batches.retrieve(record.batch_id)
-        except anthropic.NotFoundError as exc:  # deleted, or another workspace's key: keep the rows, say what to do
-            if record.source == SIMULATOR and NEVER_IN_THIS_SIMULATOR in str(exc):  # its simulator is gone
-                back = await asyncio.to_thread(
-                    self.ledger.abandon_batch,
-                    self.table,
-                    self.step,
-                    intent=record.intent,
-                    now=utcnow(),
-                    confirmed=True,
-                    note="sent to a simulator that is gone (it lives in its kernel or process)",
-                )
-                if back.height:
-                    self.returned.append(back)
-                    self._note(
-                        f"{rows_text(back.height)} were in simulated batch {record.batch_id}, which ended "
-                        "with the simulator that held it (a simulator lives in its kernel or process; "
-                        "nothing was paid): they are asked again of this one"
-                    )
-                return True
-            self.stuck.add(record.intent)
-            self._note(
-                f"the API has no batch {record.batch_id} for this API key (deleted, or another "
-                f"workspace's); its rows stay SUBMITTED. To send them again: llmledger.reset(store, "
-                f"{self.table!r}, {self.step!r}, where=\"{self.step}_batch_id = '{record.batch_id}'\")"
-            )
-            return False
-        except anthropic.APIError as exc:
-            self._failed([record], f"batch {record.batch_id}: {exc}")
-            return False
-        if batch.processing_status != "ended":
-            return False
-        counted = RunReport(table=self.table, step=self.step)  # into the run's report once merged
-        try:
-            results, counts, tags, unused = await self._results(record, rows, counted)
-        except Exception as exc:  # a download cut short: the results stay with the API, try next time
-            self._failed(
-                [record], f"batch {record.batch_id}: downloading its results failed ({type(exc).__name__}: {exc})"
-            )
-            return False
-        if record.adopted and record.intent not in tags and sum(counts.values()) > 0:  # a wrong guess: not ours
-            self.reconciler.tags[record.batch_id] = frozenset(tags)
-            await asyncio.to_thread(
-                self.ledger.reject_batch, record, note=f"{record.batch_id} holds no custom id of this intent"
-            )
-            unsettled = await asyncio.to_thread(self.ledger.unsettled_batches)
-            await self._hand_over(
-                {r.intent: record.batch_id for r in unsettled if r.batch_id is None and r.intent in tags}, unsettled
-            )
-            return False
-        ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
-        try:
-            merged = await asyncio.to_thread(
-                self.ledger.merge_batch,
-                record,
-                rows.layout,
-                result_frame(results, rows.key_types),
-                counts=counts,
-                processing_status=batch.processing_status,
-                ended_at=ended,
-                now=utcnow(),
-                expected_rows=rows.rows.height,
-                unused=unused,
-            )
-        except BatchChanged:  # rows joined it meanwhile: merge it again at the next look, with them
-            return False
-        self.failures.pop(record.intent, None)
-        if merged is None:  # another run merged it meanwhile
-            return True
-        self.report.absorb(counted)
-        self.report.collected += len(results)
-        self.report.returned += merged.height
-        if record.intent in self.mine or record.batch_id in self.mine:
-            self.report.batch_pending = max(0, self.report.batch_pending - len(results) - merged.height)
-        if merged.height:
-            self.returned.append(merged)
-        if self.on_progress:
-            self.on_progress(self.report, len(results))
-        return True
-
-    async def _results(
-        self, record: BatchRecord, rows: BatchRows, report: RunReport
-    ) -> tuple[list[dict[str, Any]], Counter[str], set[str], tuple[int, float]]:
-        """Result rows for the rows the batch answered or refused for their own reasons; its counts; the intents
-        its custom ids name (`reconcile.tag_of`); and the answers no row holds any more, with their cost."""
-        by_custom: dict[str, list[dict[str, Any]]] = {}
-        for row in rows.rows.iter_rows(named=True):
-            by_custom.setdefault(row["custom_id"], []).append(
-                {
-                    **row,
-                    "batch_id": record.batch_id,
-                    "version": record.version,
-                    "fingerprint": fingerprint_of(row["custom_id"]),
-                }
-            )  # what was sent, whatever the row asks now
-        request = rows.requests.get(record.version)
-        output = self.output_for(record.version, request.output_spec() if request is not None else None)
-        selection = Selection(
-            layout=rows.layout,
-            version=record.version,
-            requests=rows.requests,
-            work=pl.DataFrame(),
-            params={},
-            key_types=rows.key_types,
-            inputs=rows.inputs,
-        )
-        cfg = dataclasses.replace(self.cfg, source=record.source) if record.source else self.cfg  # where it was sent
-        recorder = Recorder(selection=selection, cfg=cfg, report=report, output=output)
-        results: list[dict[str, Any]] = []
-        counts: Counter[str] = Counter()
-        tags: set[str] = set()
-        unused, unused_usd = 0, 0.0
-        async for item in await self.client.messages.batches.results(record.batch_id):  # type: ignore[arg-type]
-            counts[item.result.type] += 1
-            tags.add(tag_of(item.custom_id))
-            mine = by_custom.pop(item.custom_id, None)
-            if not mine:  # no row holds this request any more (reset meanwhile): paid all the same
-                if item.result.type == "succeeded" and item.custom_id.startswith(record.intent + "-"):
-                    unused += 1
-                    unused_usd += (
-                        recorder.bill(reply_from(item.result.message, request.model if request else "", batch=True))
-                        or 0.0
-                    )
-                continue
-            reply, error = self._answer(item.result, request.model if request else "", output, recorder)
-            if reply is None and error is None:
-                continue  # expired, canceled, or the API's error: the row goes back to be sent again
-            for n, row in enumerate(mine):
-                results.append(recorder.result(row, reply, error, reused=n > 0))
-        return results, counts, tags, (unused, unused_usd)
-
-    @staticmethod
-    def _answer(
-        result: Any, model: str, output: OutputSpec | None, recorder: Recorder
-    ) -> tuple[Reply | None, str | None]:
-        """(reply, None) an answer; (None, error) refused for the row's reasons; (reply, error) paid, needs a look;
-        (None, None) not answered for the API's reasons."""
-        if result.type == "succeeded":
-            reply = reply_from(result.message, model, batch=True)
-            if reply.stop_reason == "refusal":
-                recorder.bill(reply)
-                return None, REFUSAL
-            if output is None:
-                return reply, None
-            try:
-                return dataclasses.replace(reply, text=output.check(reply.text)), None
-            except OutputError as exc:
-                return reply, (
-                    f"the answer does not match the output schema: {exc} (a batch answer is not asked "
-                    "again; flag the row and rerun online with redo='flagged')"
-                )
-        if result.type == "errored":
-            error = result.error.error
-            kind, message = str(getattr(error, "type", "api_error")), str(getattr(error, "message", ""))
-            if kind in _PERMANENT_ITEM_ERRORS:
-                return None, f"errored in the batch: {kind}: {message}"
-            recorder.note_error(f"batch item {kind}: {message} (will be sent again)")
-        return None, None
 
     def _failed(self, records: list[BatchRecord], message: str) -> None:
         """A look at these batches failed; after GIVE_UP_AFTER in a row, waiting for them stops."""

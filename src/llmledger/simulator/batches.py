@@ -28,7 +28,8 @@ from typing import Any
 
 from llmledger._exec.client import NEVER_IN_THIS_SIMULATOR
 from llmledger.simulator.core import SimulatorCore
-from llmledger.simulator.replies import ERRORS, ErrorSpec, error_spec, unknown_model, user_text, validate
+from llmledger.simulator.faults import ERRORS, ErrorSpec, error_spec
+from llmledger.simulator.request import unknown_model, user_text, validate
 
 _CUSTOM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _OUTCOMES = ("succeeded", "errored", "canceled", "expired")

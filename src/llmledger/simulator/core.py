@@ -2,7 +2,8 @@
 
 `server.Simulator` holds the state (faults, counters, the token buckets, the prompt cache) and is the only
 implementation; `http.py` and `batches.py` are typed against this protocol instead of importing it, so the
-package's modules import one way only: server → http → batches → core → replies, limits, media.
+package's modules import one way only: server → http → batches → core → limits, request, replies → faults,
+media → formats.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import random
 import threading
 from typing import Any, Protocol
 
+from llmledger.simulator.faults import ErrorSpec, Faults
 from llmledger.simulator.limits import TokenLimits
-from llmledger.simulator.replies import ErrorSpec, Faults
 
 
 class SimulatorCore(Protocol):

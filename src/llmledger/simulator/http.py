@@ -19,7 +19,8 @@ from typing import Any
 from llmledger._exec.client import SIMULATOR_PATH
 from llmledger.simulator.batches import _Refused
 from llmledger.simulator.core import SimulatorCore
-from llmledger.simulator.replies import ERRORS, ErrorSpec, request_tokens, unknown_model, user_text, validate
+from llmledger.simulator.faults import ERRORS, ErrorSpec
+from llmledger.simulator.request import request_tokens, unknown_model, user_text, validate
 
 
 class QuietServer(ThreadingHTTPServer):

@@ -8,8 +8,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+from llmledger.simulator.faults import ErrorSpec
 from llmledger.simulator.media import block_cost, block_key, count_tokens
-from llmledger.simulator.replies import ErrorSpec
 
 
 class PromptCache:

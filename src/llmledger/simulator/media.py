@@ -1,8 +1,9 @@
 """Images and documents in a request, as the simulator sees them: what the API refuses, what it bills, what a
-reply can depend on, and small generators of PNG and PDF files for tests and notebooks.
+reply can depend on.
 
-Everything is parsed by hand with the standard library (image headers, PDF objects), so the simulator stays free
-of imaging and PDF packages: it reads what it needs to bill and refuse as the API does, no more.
+Files are read by hand with the standard library (`formats.py`: image headers, PDF objects), so the simulator stays
+free of imaging and PDF packages: it reads what it needs to bill and refuse as the API does, no more. The files a
+test sends are made by `samples.py`.
 Limits and formulas are the API's documented ones (vision and PDF-support pages):
 - images: jpeg/png/gif/webp, at most 5 MB decoded and 8000 px a side (2000 px when a request has more than 20);
   billed `ceil(w * h / 750)` after scaling so the long edge is at most 1568 px and the image about 1,600 tokens;
@@ -17,18 +18,13 @@ import binascii
 import hashlib
 import json
 import math
-import random
 import re
-import struct
 import threading
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import polars as pl
+from llmledger.simulator.formats import image_size, pdf_pages
 
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 MAX_IMAGE_BYTES = 5 * 1024 * 1024
@@ -67,95 +63,6 @@ class Attachment:
     size: tuple[int, int] = (0, 0)  # images: width, height
     pages: int = 0  # PDFs
     text: str = ""
-
-
-def image_size(raw: bytes) -> tuple[str, int, int] | None:
-    """(media type, width, height) read from an image's header, or None when it is none of the four formats."""
-    if raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR" and len(raw) >= 24:
-        return ("image/png", *struct.unpack(">II", raw[16:24]))
-    if raw[:6] in (b"GIF87a", b"GIF89a") and len(raw) >= 10:
-        return ("image/gif", *struct.unpack("<HH", raw[6:10]))
-    if raw[:4] == b"RIFF" and raw[8:12] == b"WEBP" and len(raw) >= 30:
-        chunk = raw[12:16]
-        if chunk == b"VP8 " and raw[23:26] == b"\x9d\x01\x2a":
-            width, height = struct.unpack("<HH", raw[26:30])
-            return "image/webp", width & 0x3FFF, height & 0x3FFF
-        if chunk == b"VP8L" and raw[20] == 0x2F:
-            bits = int.from_bytes(raw[21:25], "little")
-            return "image/webp", (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
-        if chunk == b"VP8X":
-            return "image/webp", int.from_bytes(raw[24:27], "little") + 1, int.from_bytes(raw[27:30], "little") + 1
-        return None
-    at = 2 if raw[:2] == b"\xff\xd8" else len(raw)
-    while at + 9 <= len(raw) and raw[at] == 0xFF:  # JPEG: walk the segments to the frame header (SOFn)
-        marker = raw[at + 1]
-        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD8:
-            at += 1 if marker == 0xFF else 2
-            continue
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            height, width = struct.unpack(">HH", raw[at + 5 : at + 9])
-            return "image/jpeg", width, height
-        at += 2 + struct.unpack(">H", raw[at + 2 : at + 4])[0]
-    return None
-
-
-_OBJECT = re.compile(rb"(?<![0-9])(\d+)\s+\d+\s+obj\b")
-_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
-_STRING = rb"\((?:\\.|[^\\)])*\)"
-_SHOWN = re.compile(rb"(" + _STRING + rb")\s*(?:Tj|'|\")|\[((?:" + _STRING + rb"|[^\]()])*)\]\s*TJ", re.S)
-_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"b": b"\b", b"f": b"\f"}
-
-
-def pdf_pages(raw: bytes) -> list[str] | None:
-    """The text of each page of a PDF, or None when it is not a PDF the API would read (no header or end, no
-    page, encrypted). Pages are the `/Type /Page` objects (not `/Pages`), also inside object streams, else the
-    largest `/Count`; text is what `Tj`/`TJ` show in the pages' content streams (uncompressed or Flate)."""
-    if b"%PDF-" not in raw[:1024] or b"%%EOF" not in raw[-4096:] or b"/Encrypt" in raw:
-        return None
-    objects: dict[int, tuple[bytes, bytes]] = {}
-    for found in _OBJECT.finditer(raw):
-        start, end = found.end(), raw.find(b"endobj", found.end())
-        stream = raw.find(b"stream", start, end if end >= 0 else len(raw))
-        if end < 0:
-            continue
-        head, data = raw[start:end], b""
-        if stream >= 0:
-            head, begin = raw[start:stream], stream + 6 + (2 if raw[stream + 6 : stream + 8] == b"\r\n" else 1)
-            length = re.search(rb"/Length\s+(\d+)(?!\s+\d+\s+R)", head)
-            data = raw[begin : begin + int(length.group(1))] if length else raw[begin : raw.find(b"endstream", begin)]
-            if b"/FlateDecode" in head:
-                try:
-                    data = zlib.decompress(data)
-                except zlib.error:
-                    data = b""
-        objects[int(found.group(1))] = (head, data)
-    dicts = b"\n".join(
-        [head for head, _ in objects.values()] + [data for head, data in objects.values() if b"/ObjStm" in head]
-    )
-    pages = [head for _, (head, _) in sorted(objects.items()) if _PAGE.search(head)]
-    count = len(_PAGE.findall(dicts)) or max((int(n) for n in re.findall(rb"/Count\s+(\d+)", dicts)), default=0)
-    if count < 1:
-        return None
-    texts = [_page_text(head, objects) for head in pages]
-    return (texts + [""] * count)[:count]
-
-
-def _page_text(page: bytes, objects: dict[int, tuple[bytes, bytes]]) -> str:
-    contents = re.search(rb"/Contents\s*(\[[^\]]*\]|\d+\s+\d+\s+R)", page)
-    refs = [int(n) for n in re.findall(rb"(\d+)\s+\d+\s+R", contents.group(1))] if contents else []
-    lines = []
-    for shown in _SHOWN.finditer(b"\n".join(objects.get(ref, (b"", b""))[1] for ref in refs)):
-        parts = re.findall(_STRING, shown.group(1) or shown.group(2) or b"")
-        lines.append("".join(_unescape(part[1:-1]).decode("latin-1") for part in parts))
-    return "\n".join(lines)
-
-
-def _unescape(text: bytes) -> bytes:
-    def one(match: re.Match[bytes]) -> bytes:
-        code = match.group(1)
-        return bytes([int(code, 8) & 0xFF]) if code[:1].isdigit() else _ESCAPES.get(code, code)
-
-    return re.sub(rb"\\([0-7]{1,3}|.)", one, text, flags=re.S)
 
 
 def _extract(text: str, limit: int = 200) -> str:
@@ -370,105 +277,3 @@ def block_key(block: Any) -> Any:
     if found is None:
         return {k: v for k, v in block.items() if k != "cache_control"} if isinstance(block, dict) else block
     return {"type": block["type"], "file": found.marker}
-
-
-# -- generators ------------------------------------------------------------------------------------------------
-def png(width: int, height: int, *, seed: int = 0) -> bytes:
-    """A valid RGB PNG of diagonal colour stripes that depend on `seed` (each seed gives other bytes)."""
-    if width < 1 or height < 1:
-        raise ValueError("a PNG needs a width and a height of at least 1")
-    rng = random.Random(seed)
-    base = bytes(rng.randrange(256) for _ in range(3 * 256))  # one period of 256 pixels
-    tiled, step = base * (width // 256 + 2), rng.randrange(1, 256)
-    rows = b"".join(b"\x00" + tiled[3 * (y * step % 256) : 3 * (y * step % 256 + width)] for y in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-        + chunk(b"IDAT", zlib.compress(rows, 6))
-        + chunk(b"IEND", b"")
-    )
-
-
-def pdf(pages: list[str]) -> bytes:
-    """A minimal valid PDF 1.4, one page per string (lines split on newlines), in Helvetica 12 pt via `Tj` in
-    uncompressed content streams, with a correct xref table so PDF readers open it."""
-    if not pages:
-        raise ValueError("a PDF needs at least one page")
-    kids = " ".join(f"{4 + 2 * i} 0 R" for i in range(len(pages)))
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>".encode(),
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>",
-    ]
-    for i, text in enumerate(pages):
-        shown = " T* ".join(f"({_escape(line)}) Tj" for line in text.split("\n"))
-        stream = f"BT /F1 12 Tf 14 TL 72 720 Td {shown} ET".encode("latin-1", "replace")
-        objects.append(
-            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> "
-            f">> /Contents {5 + 2 * i} 0 R >>".encode()
-        )
-        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
-    out, offsets = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n"), []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
-
-
-def _escape(line: str) -> str:
-    return line.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)").replace("\r", "")
-
-
-VENDORS = (
-    "Acme Corp",
-    "Globex Ltd",
-    "Initech",
-    "Umbrella Supplies",
-    "Stark Industries",
-    "Wayne Hardware",
-    "Hooli Cloud",
-    "Vandelay Imports",
-)
-
-
-def sample_documents(folder: str | Path, n: int = 12, *, seed: int = 0) -> pl.DataFrame:
-    """Write `n` small files into `folder` and list them: PDF invoices (a vendor, line items and a
-    "Total: $123.45" in their text; one or two pages) and PNG receipts (two in five), for trying out documents.
-
-    Returns a frame of `id` (1..n), `path` and `kind` ("invoice" or "receipt"); the same seed writes the same files.
-    """
-    import polars as pl
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    rng, rows = random.Random(seed), []
-    for i in range(1, n + 1):
-        if i % 5 in (2, 4):
-            path = folder / f"receipt_{i:03d}.png"
-            path.write_bytes(png(rng.randrange(200, 480), rng.randrange(300, 800), seed=seed * 1000 + i))
-            rows.append((i, str(path), "receipt"))
-            continue
-        vendor = rng.choice(VENDORS)
-        items = [
-            (f"Item {chr(65 + k)}", rng.randrange(1, 5), rng.randrange(500, 20000) / 100)
-            for k in range(rng.randrange(1, 6))
-        ]
-        total = round(sum(q * p for _, q, p in items), 2)
-        lines = [f"{name} x{q} @ ${p:.2f} = ${q * p:.2f}" for name, q, p in items]
-        first = (
-            f"INVOICE {seed:02d}-{i:04d}\nVendor: {vendor}\nDate: 2025-{i % 12 + 1:02d}-{i % 28 + 1:02d}\n"
-            f"Total: ${total:.2f}\n\n" + "\n".join(lines)
-        )
-        pages = [first] + (["Terms: payment due within 30 days.\nThank you for your business."] if i % 3 == 0 else [])
-        path = folder / f"invoice_{i:03d}.pdf"
-        path.write_bytes(pdf(pages))
-        rows.append((i, str(path), "invoice"))
-    return pl.DataFrame(rows, schema={"id": pl.Int64, "path": pl.String, "kind": pl.String}, orient="row")

@@ -17,7 +17,7 @@ was sent.
         assert sim.stats()["paid"] == 10
 
 Image and document (PDF, text) content blocks are refused, billed and answered as
-the API does (`media.py`); `png`, `pdf` and `sample_documents` make files to
+the API does (`media.py`); `png`, `pdf` and `sample_documents` (`samples.py`) make files to
 send it.
 
 Faults can also be changed while it runs: `sim.configure(fail_next=[529] * 5)`,
@@ -38,20 +38,12 @@ from typing import Any
 
 from llmledger._exec.client import SIMULATOR_PATH, use_session_simulator
 from llmledger.simulator.batches import SimBatches
+from llmledger.simulator.faults import ERRORS, ErrorSpec, Faults, error_spec
 from llmledger.simulator.http import QuietServer, make_handler
 from llmledger.simulator.limits import Bucket, PromptCache, TokenLimits
-from llmledger.simulator.replies import (
-    ERRORS,
-    ErrorSpec,
-    Faults,
-    count_tokens,
-    default_reply,
-    error_spec,
-    fake_json,
-    output_schema,
-    request_tokens,
-    user_text,
-)
+from llmledger.simulator.media import count_tokens
+from llmledger.simulator.replies import default_reply, fake_json
+from llmledger.simulator.request import output_schema, request_tokens, user_text
 
 Responder = Callable[[str, str | None], str]
 

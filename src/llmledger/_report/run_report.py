@@ -1,56 +1,21 @@
-"""What a run did, in numbers a person reads at the end of a cell: as a frame, as text and as HTML; and the
-`Watcher` a run reports to while it goes (`_view.live` makes them; the run never imports a view)."""
+"""A run's numbers (`RunReport`): what it found, sent, paid and avoided, counted as it goes, and said in words at
+the end (`str()`, `hints()`, `progress_frame()`).
+
+Its own module because it is the record every layer above the ledger writes to or reads; how it is drawn as HTML
+is `panel.py`'s job, and a pipeline's sum of them `pipeline_report.py`'s.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import polars as pl
 
-from llmledger._draw import (
-    FAILURE_COLOUR,
-    SEGMENTS,
-    ErrorLine,
-    Parts,
-    Timeline,
-    badge,
-    bar_html,
-    error_kind,
-    errors_html,
-    esc,
-    figures_html,
-    legend_html,
-    panel_html,
-    parts,
-    rows,
-    sparkline_svg,
-)
+from llmledger._draw import ErrorLine, Parts, error_kind, parts, rows
 from llmledger._ledger.states import Outcome
-
-
-class Watcher(Protocol):
-    """What a run reports to: a live widget, a tqdm bar, or nothing. `start` once the rows to send are known,
-    `update` as answers land, `note` for a passing word ("waiting for the store"), `close` when it ends, then
-    `summary` for the end in words (a live view that became the summary says nothing more); `show` draws a
-    background run's handle."""
-
-    widget: Any  # the view's widget, where it has one (a run handle in a notebook shows it)
-
-    def start(self) -> None: ...
-
-    def update(self, report: RunReport, n: int) -> None: ...
-
-    def note(self, message: str) -> None: ...
-
-    def close(self, report: RunReport) -> None: ...
-
-    def summary(self, report: RunReport) -> None: ...
-
-    def show(self, report: RunReport, *, running: bool) -> None:
-        """A run's handle shown in a notebook: its live view while it runs, else its summary."""
-        ...
+from llmledger._report.panel import run_html
 
 
 @dataclass(repr=False)
@@ -407,160 +372,3 @@ class RunReport:
                 f"columns, then llmledger.flag(...) them and rerun with redo='flagged'."
             )
         return out
-
-
-@dataclass(repr=False)
-class PipelineReport:
-    """What one `pipeline()` call did: each step's report and their totals (`llmledger.last_report()` after it,
-    so `.calls` and `.cost_usd` are the whole pipeline's)."""
-
-    steps: dict[str, RunReport]
-
-    def _sum(self, name: str) -> int:
-        return sum(getattr(r, name) for r in self.steps.values())
-
-    @property
-    def calls(self) -> int:
-        return self._sum("calls")
-
-    @property
-    def done(self) -> int:
-        return self._sum("done")
-
-    @property
-    def failed(self) -> int:
-        return self._sum("failed")
-
-    @property
-    def stale(self) -> int:
-        return self._sum("stale")
-
-    @property
-    def waiting(self) -> int:
-        return self._sum("waiting")
-
-    @property
-    def cost_usd(self) -> float | None:
-        costs = [r.cost_usd for r in self.steps.values()]
-        return None if any(c is None for c in costs) else sum(c for c in costs if c is not None)
-
-    def frame(self) -> pl.DataFrame:
-        """One row per step, then a `total` row: calls, cost, rows done / failed / for review, stale, waiting."""
-        names = ("calls", "done", "failed", "needs_review", "stale", "waiting")
-        rows_ = [
-            {"step": step, **{n: getattr(r, n) for n in names}, "cost_usd": r.cost_usd, "seconds": round(r.seconds, 2)}
-            for step, r in self.steps.items()
-        ]
-        rows_.append(
-            {
-                "step": "total",
-                **{n: self._sum(n) for n in names},
-                "cost_usd": self.cost_usd,
-                "seconds": round(sum(r.seconds for r in self.steps.values()), 2),
-            }
-        )
-        return pl.DataFrame(rows_, schema_overrides={"cost_usd": pl.Float64})
-
-    def __str__(self) -> str:
-        cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
-        extra = "".join(
-            f" · {n:,} {what}"
-            for n, what in ((self.stale, "stale"), (self.waiting, "waiting"), (self.failed, "failed"))
-            if n
-        )
-        return (
-            f"pipeline of {len(self.steps)} steps: {self.calls:,} calls paid ({cost}) · {self.done:,} done"
-            f"{extra}\n" + "\n".join(f"  {r}" for r in self.steps.values())
-        )
-
-    def __repr__(self) -> str:
-        return str(self)
-
-    def _repr_html_(self) -> str:
-        return self.frame()._repr_html_()
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m {secs:02d}s" if minutes < 60 else f"{minutes // 60}h {minutes % 60:02d}m"
-
-
-OUTCOME_COLOURS = {
-    "preparing": "#757575",
-    "running": SEGMENTS["RUNNING"].colour,
-    "completed": SEGMENTS["DONE"].colour,
-    "interrupted": "#757575",
-    "cancelled": "#757575",
-    "budget": SEGMENTS["NEEDS_REVIEW"].colour,
-}
-
-
-def run_html(
-    report: RunReport, *, timeline: Timeline | None = None, notes: list[str] | None = None, live: bool = False
-) -> str:
-    """One run at a glance: its step's rows as a bar, its pace, cost and errors; live, or as the summary."""
-    r = report
-    outcome = str(r.outcome)
-    head = (
-        f"<b>llmledger · {esc(r.table)}.{esc(r.step)}</b>"
-        + badge(outcome, OUTCOME_COLOURS.get(outcome, FAILURE_COLOUR), field="outcome")
-        + (badge(r.mode, "#607d8b") if r.mode == "batch" else "")
-        + (badge("simulated answers", "#6d4c41", field="simulated") if r.simulated else "")
-    )
-    figures = [("sent", f"{r.sent:,} of {r.selected:,}")]
-    if live:
-        figures += [
-            ("rows/s", f"{r.rate:,.1f}"),
-            ("ETA", "—" if r.eta is None else _duration(r.eta)),
-            ("elapsed", _duration(r.elapsed)),
-        ]
-        if r.in_batches or r.batch_pending:
-            figures.append(("in batches", f"{max(r.in_batches, r.batch_pending):,}"))
-    else:
-        figures.append(("time", _duration(r.seconds)))
-    figures += [("calls paid", f"{r.calls:,}"), ("reused", f"{r.reused:,}")]
-    if r.retries:
-        figures.append(("retries", f"{r.retries:,}" + (f" ({r.rate_limited:,} × 429)" if r.rate_limited else "")))
-    cached = f" (cache: {r.cache_read_tokens:,} read)" if r.cache_read_tokens else ""
-    figures.append(("tokens in / out", f"{r.input_tokens:,} / {r.output_tokens:,}{cached}"))
-    figures.append(("cost", "n/a (no known price)" if r.cost_usd is None else f"${r.cost_usd:,.4f}"))
-    if r.max_cost_usd is not None:
-        spent = r.spent_before_usd + (r.cost_usd or 0.0)
-        figures.append(
-            (
-                "budget",
-                f"${r.max_cost_usd:,.4f}"
-                + (
-                    f" ({spent / r.max_cost_usd:.0%} used"
-                    + (", with earlier runs of the step" if r.spent_before_usd else "")
-                    + ")"
-                    if r.max_cost_usd
-                    else ""
-                ),
-            )
-        )
-    projected = r.projected_usd
-    if live and projected is not None:
-        figures.append(("estimated total", f"${projected:,.4f}"))
-    if live and r.binding_limit:
-        figures.append(("rate limit", r.binding_limit))
-    avoided = r.avoided_usd
-    if not live and avoided:
-        figures.append(("avoided", f"${avoided:,.4f} ({r.avoided_reasons()})"))
-    bar = r.bar()
-    body = bar_html(bar) + legend_html(bar) + figures_html(figures)
-    if timeline is not None:
-        rates, retries, seconds = timeline.series()
-        body += f"<div>{sparkline_svg(rates, retries, seconds=seconds)}</div>"
-    body += "".join(f"<div style='color:#757575'>{esc(n)}</div>" for n in notes or [])
-    if r.message and not live:
-        body += f"<div style='color:{FAILURE_COLOUR}'>{esc(r.message)}</div>"
-    body += errors_html(r.error_lines())
-    if not live:
-        body += "".join(
-            f"<div class='llmledger-hint' style='color:#555'>{esc(h)}</div>" for h in r.hints() if h != r.message
-        )
-    return panel_html("llmledger-status" if live else "llmledger-summary", head, body)

@@ -1,0 +1,159 @@
+"""What the simulator does wrong when told to (`Faults`: latency, rate limits, errors, outages, dropped
+connections, batch troubles), and the error responses of the real Messages API (`ErrorSpec`, `ERRORS`,
+`error_spec`): status, body, headers.
+
+Error bodies follow the API: `{"type": "error", "error": {"type", "message", ["details": {"error_code"}]},
+"request_id"}` with a `request-id` header, `x-should-retry`, and `retry-after` (or `retry-after-ms`)
+where the API sends them.
+
+Its own module because it is configuration and error data, read by every other part of the simulator (the
+server, its routes, its batches, its rate limits) and by the command line's `simulator` options.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ErrorSpec:
+    """One error response. `should_retry=None` sends what the API sends for the status."""
+
+    status: int
+    type: str
+    message: str
+    error_code: str | None = None
+    should_retry: bool | None = None
+    retry_after: float | str | None = None  # seconds, sent as `retry-after`; a string is sent as it is (a proxy's)
+    retry_after_ms: float | str | None = None  # sent as `retry-after-ms`; a string is sent as it is
+
+    def headers(self) -> dict[str, str]:
+        retry = self.should_retry if self.should_retry is not None else self.status in RETRYABLE
+        headers = {"x-should-retry": "true" if retry else "false"}
+        if isinstance(self.retry_after, str):
+            headers["retry-after"] = self.retry_after
+        elif self.retry_after is not None:
+            headers["retry-after"] = str(max(1, math.ceil(self.retry_after)))
+        if isinstance(self.retry_after_ms, str):
+            headers["retry-after-ms"] = self.retry_after_ms
+        elif self.retry_after_ms is not None:
+            headers["retry-after-ms"] = str(int(self.retry_after_ms))
+        return headers
+
+    def body(self, request_id: str) -> dict[str, Any]:
+        error: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.error_code:
+            error["details"] = {"error_code": self.error_code}
+        return {"type": "error", "error": error, "request_id": request_id}
+
+
+RETRYABLE = {408, 409, 429, 500, 502, 503, 504, 529}
+_USAGE_LIMIT_RESET = "2026-12-01 at 00:00 UTC"
+
+ERRORS: dict[int | str, ErrorSpec] = {
+    400: ErrorSpec(400, "invalid_request_error", "Invalid request"),
+    401: ErrorSpec(401, "authentication_error", "invalid x-api-key"),
+    402: ErrorSpec(402, "billing_error", "There is an issue with your billing or payment information."),
+    403: ErrorSpec(403, "permission_error", "Your API key does not have permission to use the specified resource."),
+    404: ErrorSpec(404, "not_found_error", "The requested resource was not found."),
+    409: ErrorSpec(409, "conflict_error", "Conflict: the request conflicts with another in progress.", retry_after=1),
+    413: ErrorSpec(413, "request_too_large", "Request exceeds the maximum allowed number of bytes."),
+    429: ErrorSpec(429, "rate_limit_error", "Number of requests has exceeded your rate limit", retry_after=1),
+    500: ErrorSpec(500, "api_error", "Internal server error", retry_after=1),
+    502: ErrorSpec(502, "api_error", "Bad gateway", retry_after=1),
+    503: ErrorSpec(503, "api_error", "Service unavailable", retry_after=1),
+    504: ErrorSpec(504, "timeout_error", "Request timed out while processing", retry_after=1),
+    529: ErrorSpec(529, "overloaded_error", "Overloaded", retry_after=1),
+    "enforced_spend_limit_reached": ErrorSpec(
+        429,
+        "rate_limit_error",
+        "Your organization has reached the monthly usage limit of its API tier.",
+        error_code="enforced_spend_limit_reached",
+        should_retry=False,
+    ),
+    "contract_spend_limit_reached": ErrorSpec(
+        429,
+        "rate_limit_error",
+        "Your organization has reached the spend limit of its contract.",
+        error_code="contract_spend_limit_reached",
+        should_retry=False,
+    ),
+    "usage_limit": ErrorSpec(
+        400,
+        "invalid_request_error",
+        f"You have reached your specified API usage limits. You will regain access on {_USAGE_LIMIT_RESET}.",
+    ),
+    "credit_balance": ErrorSpec(
+        400,
+        "invalid_request_error",
+        "Your credit balance is too low to access the Anthropic API. Please go to "
+        "Plans & Billing to upgrade or purchase credits.",
+    ),
+    "no_retry": ErrorSpec(529, "overloaded_error", "Overloaded", should_retry=False),
+    "retry_after_ms": ErrorSpec(
+        429, "rate_limit_error", "Number of requests has exceeded your rate limit", retry_after_ms=1500
+    ),
+}
+
+
+def error_spec(fault: int | str | dict[str, Any]) -> ErrorSpec:
+    """An error to inject: a status (529), a named preset ("enforced_spend_limit_reached") or a dict of
+    ErrorSpec fields, optionally over a preset ({"status": 529, "should_retry": False})."""
+    if isinstance(fault, dict):
+        base = ERRORS.get(fault.get("preset") or fault.get("status", 500)) or ErrorSpec(
+            int(fault.get("status", 500)), "api_error", "Internal server error"
+        )
+        return replace(base, **{k: v for k, v in fault.items() if k != "preset"})
+    if fault in ERRORS:
+        return ERRORS[fault]
+    if isinstance(fault, int):
+        return ErrorSpec(
+            fault,
+            "api_error" if fault >= 500 else "invalid_request_error",
+            f"error {fault}",
+            retry_after=1 if fault in RETRYABLE else None,
+        )
+    raise ValueError(f"unknown simulator fault {fault!r}; known: {sorted(map(str, ERRORS))} or a status code")
+
+
+@dataclass
+class Faults:
+    """What the simulator does wrong. Every field can be changed while it runs."""
+
+    latency: float = 0.0  # seconds before each answer
+    jitter: float = 0.0  # plus a uniform random 0..jitter seconds
+    rate_limit: float | None = None  # requests per second (token bucket); None = unlimited
+    burst: float | None = None  # bucket size; default one second's worth
+    input_tokens_per_minute: float | None = None  # input-token bucket; None = unlimited
+    output_tokens_per_minute: float | None = None  # output-token bucket (max_tokens reserved, the rest refunded)
+    token_burst: float = 60.0  # token buckets hold this many seconds' worth (the API: a minute)
+    fail_next: list[int | str | dict[str, Any]] = field(default_factory=list)  # errors for the next requests
+    error_rate: float = 0.0  # share of requests answered with `error_status`
+    error_status: int | str = 529
+    drop_next: int = 0  # close the next N connections without an answer
+    drop_rate: float = 0.0
+    outage_until: float = 0.0  # unix time; until then every request gets `outage_status`
+    outage_status: int | str = 529
+    poison: str | None = None  # prompts containing this get a 400
+    refuse: str | None = None  # prompts containing this get stop_reason "refusal"
+    # structured outputs: prompts (the first user message) containing these get JSON that is not valid JSON,
+    # always / only on their first request (a follow-up with the error gets valid JSON), or cut at max_tokens
+    bad_json: str | None = None
+    bad_json_once: str | None = None
+    truncate: str | None = None
+    api_key: str | None = None  # when set, any other key gets a 401
+    # model ids it answers besides those llmledger knows a price for (prices.json, set_price); any other gets the
+    # API's 404 (not_found_error), as a typo or a retired model does
+    models: tuple[str, ...] = ()
+    # Message Batches (batches.py): seconds until a batch ends, its lifetime, per-request expiry and the
+    # API's own errors by prompt substring, and the size limits of one batch
+    batch_delay: float = 0.0
+    batch_expire_after: float = 24 * 3600.0
+    batch_expire: str | None = None
+    batch_error: str | None = None
+    batch_max_requests: int = 100_000
+    batch_max_bytes: int = 256_000_000
+    batch_lose_response: int = 0  # the next N creates make the batch, then drop the connection unanswered
+    seed: int = 0
