@@ -336,7 +336,7 @@ def _kinds_frame() -> pl.DataFrame:
 def test_small_ints_and_float32_keep_their_types_and_a_rerun_rewrites_nothing(
     engine: str, request: pytest.FixtureRequest, client, sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmledger._ledger import ledger as ledger_store
+    from llmledger._ledger import selection as ledger_store
 
     store: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else tmp_path / "ledger.duckdb"
     df = _kinds_frame()
