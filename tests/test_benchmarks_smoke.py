@@ -52,3 +52,11 @@ def test_show_benchmark_runs(tmp_path: Path) -> None:
     result = bench_show.show_overhead(3_000, tmp_path)
     assert result["failed_per_step"] == 30 and result["show_s"] > 0
     assert bench_show.live_view_ms()["live_view_ms"] > 0
+
+
+def test_adaptive_concurrency_benchmark_runs(tmp_path: Path) -> None:
+    from .benchmarks import bench_servers
+
+    result = bench_servers.compare(60, tmp_path, server={"capacity": 4, "latency": 0.02}, ceiling=8)
+    assert [r["concurrency"] for r in result["fixed"]] == [2, 4, 8]
+    assert result["adaptive"]["adaptive"] and result["adaptive"]["max_at_once"] <= 8, result

@@ -120,6 +120,8 @@ def parser() -> argparse.ArgumentParser:
         "(default 1800; claims are renewed every min(60, stale-after/4) seconds)",
     )
     p_worker.add_argument("--quiet", action="store_true", help="no progress bar")
+    for p in (p_run, p_worker):
+        _server_options(p)
 
     p_sql = verb("sql", help="run a SQL query on the store and print the result")
     p_sql.add_argument("store")
@@ -183,6 +185,23 @@ def parser() -> argparse.ArgumentParser:
     p_sim.add_argument("--port", type=int, default=8765)
     _fault_options(p_sim)
     return top
+
+
+def _server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--base-url",
+        default=None,
+        metavar="URL",
+        help="send to this server that answers the Messages API (vLLM, Ollama, llama.cpp, a LiteLLM proxy) "
+        "instead of Anthropic's: the one the step's requests name (apply_llm(..., base_url=...))",
+    )
+    parser.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="VAR",
+        help="the environment variable holding --base-url's key, if it needs one (a key on the command line "
+        "would show in the process list and the shell's history)",
+    )
 
 
 def _status_or_text(value: str) -> int | str:

@@ -8,6 +8,7 @@ not raised (exit status 2).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from datetime import timedelta
@@ -57,6 +58,19 @@ def _watch(store: str, table: str | None, colour: bool, every: float) -> None:
         pass
 
 
+def _server(args: Any) -> dict[str, Any]:
+    """--base-url and the key --api-key-env names, as resume() and work() take them."""
+    if args.api_key_env is None:
+        return {"base_url": args.base_url}
+    key = os.environ.get(args.api_key_env)
+    if not key:
+        raise InvalidInputError(
+            f"--api-key-env {args.api_key_env}: no such environment variable is set (or it is empty); "
+            f"export {args.api_key_env}=... first"
+        )
+    return {"base_url": args.base_url, "api_key": key}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.command = getattr(args, "verb", args.command)  # an alias runs its verb
@@ -85,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                     progress=not args.quiet,
                     mode=args.mode,
                     wait=not args.no_wait,
+                    **_server(args),
                 )
             except KeyboardInterrupt:
                 return 130
@@ -103,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     poll=args.poll,
                     stale_after=args.stale_after,
                     progress=not args.quiet,
+                    **_server(args),
                 )
             except KeyboardInterrupt:
                 return 130

@@ -37,6 +37,7 @@ SPEND_LIMIT_CODES = {
 # A 400 whose message says the account's usage limit or credit is exhausted (older accounts get no error_code).
 _USAGE_LIMIT = re.compile(r"usage limit|credit balance is too low|spend limit", re.IGNORECASE)
 _TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
+_FULL = {429, 503, 529}  # statuses by which a server says it has more than it can take
 
 
 class Kind(Enum):
@@ -149,25 +150,29 @@ async def send(
     its requests waited for their turn (a retry-after pause) starts none of them.
     """
     await pacer.wait()
-    if go is not None and not go():
-        raise NotSent
     required = {name: body[name] for name in ("model", "max_tokens", "messages")}
     extra = {name: value for name, value in body.items() if name not in required}
-    try:
-        raw = await client.messages.with_raw_response.create(**required, extra_body=extra or None)
-        message = raw.parse()
-        if inspect.isawaitable(message):  # anthropic >= 0.4x made parse() a coroutine on async clients
-            message = await message
-    except anthropic.APIStatusError as exc:
-        failure = classify(exc)
-        pacer.observe(exc.response.headers)
-        if failure.kind is Kind.TRANSIENT and failure.retry_after:
-            pacer.pause(failure.retry_after)
-        raise failure from exc
-    except anthropic.AnthropicError as exc:
-        raise classify(exc) from exc
-    finally:
-        pacer.answered()
+    async with pacer.in_flight() as flight:
+        if go is not None and not go():
+            flight.unsent = True
+            raise NotSent
+        try:
+            raw = await client.messages.with_raw_response.create(**required, extra_body=extra or None)
+            message = raw.parse()
+            if inspect.isawaitable(message):  # anthropic >= 0.4x made parse() a coroutine on async clients
+                message = await message
+        except anthropic.APIStatusError as exc:
+            failure = classify(exc)
+            flight.congested = exc.status_code in _FULL
+            pacer.observe(exc.response.headers)
+            if failure.kind is Kind.TRANSIENT and failure.retry_after:
+                pacer.pause(failure.retry_after)
+            raise failure from exc
+        except anthropic.AnthropicError as exc:
+            flight.congested = isinstance(exc, anthropic.APITimeoutError)
+            raise classify(exc) from exc
+        finally:
+            pacer.answered()
     reply = reply_from(message, body["model"])
     pacer.observe(raw.headers, reply.input_tokens, reply.output_tokens)
     if message.stop_reason == "refusal":
@@ -269,6 +274,14 @@ def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
     if parts.port is not None:
         netloc += f":{parts.port}"
     return urlunsplit((parts.scheme, netloc, path, "", "")) or url
+
+
+def compatible_endpoint(client: anthropic.AsyncAnthropic) -> str | None:
+    """The base URL a `base_url=` client sends to, as its requests name it (`RequestSpec.endpoint`), or None when
+    that is Anthropic's API or a simulator, which answer as Anthropic's API does (its batches, token counting,
+    rate-limit headers and prices), so their requests name no endpoint."""
+    source = answer_source(client)
+    return None if source in (SIMULATOR, ANTHROPIC_API) else source
 
 
 def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:

@@ -47,6 +47,7 @@ class RunConfig:
     output_model: Any = field(default=None, compare=False)  # the pydantic model of output= (apply_llm only)
     stale_after: float = 1800.0  # seconds after which another run may take back a claim that stopped beating
     source: str | None = None  # where the run's answers come from (`answer_source`), stored with each answer
+    adaptive: bool = False  # a server that announces no limits (base_url=): requests at once follow its answers
     attachments: Attachments | None = field(default=None, compare=False)  # attach=: where this process has the
     # bytes of the files its rows' requests name
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import anthropic
 
+from llmledger._exec.adaptive import AdaptiveLimit
 from llmledger._exec.client import CallFailed, Kind, NotSent, Reply, known_reply, send
 from llmledger._exec.config import RetryPolicy
 from llmledger._exec.pacing import Pacer, backoff
@@ -81,6 +82,7 @@ class OnlineSender:
         sink: Sink,
         output: OutputSpec | None = None,
         concurrency: int = 1,
+        adaptive: bool = False,
         attachments: Attachments | None = None,
     ) -> None:
         self.client, self.requests, self.retry, self.dedupe, self.sink = client, requests, retry, dedupe, sink
@@ -89,7 +91,7 @@ class OnlineSender:
         # reason at the head of a frame are outweighed by the rest of that wave's answers
         self.refused_alike = max(REFUSED_ALIKE, concurrency + 1)
         self.output = output  # answers are checked against it; one that fails gets one retry with the reason
-        self.pacer = Pacer()
+        self.pacer = Pacer(AdaptiveLimit(concurrency) if adaptive else None)
         self.answers: dict[str, Answer] = {fp: (known_reply(a), None) for fp, a in known.items()}
         self.twins: dict[str, asyncio.Future[Answer | None]] = {}
         self.doing: dict[str, str] = {}

@@ -16,8 +16,12 @@ import email.utils
 import math
 import random
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from llmledger._exec.adaptive import AdaptiveLimit
 
 MAX_RETRY_AFTER = 600.0  # seconds: the longest wait a retry-after header can ask of one request
 
@@ -61,7 +65,8 @@ class Pacer:
     SAFETY = 0.98  # share of the request limit used: requests are counted exactly
     TOKENS = 0.97  # share of a token limit: a request's tokens are estimated from the step's average
 
-    def __init__(self) -> None:
+    def __init__(self, limit: AdaptiveLimit | None = None) -> None:
+        self.limit = limit  # requests in flight, for a server that announces no limits (`adaptive.py`)
         self.interval = 0.0  # seconds between request starts; 0 = not known yet
         self._next = 0.0
         self._paused_until = 0.0
@@ -85,6 +90,20 @@ class Pacer:
         self._next = start + self.interval
         if start > now:
             await asyncio.sleep(start - now)
+
+    @contextlib.asynccontextmanager
+    async def in_flight(self) -> AsyncIterator[Flight]:
+        """One request, from its start to its end: under the adaptive limit when there is one, which learns from
+        how long it took and whether the server said it is full (`Flight.congested`)."""
+        if self.limit is None:
+            yield Flight()
+            return
+        await self.limit.acquire()
+        flight = Flight(time.monotonic())
+        try:
+            yield flight
+        finally:
+            self.limit.release(None if flight.unsent else time.monotonic() - flight.started, congested=flight.congested)
 
     def pause(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
@@ -129,6 +148,13 @@ class Pacer:
 
     def state(self) -> tuple[float, float, float]:
         return self.interval, self._next, self._paused_until
+
+
+@dataclass
+class Flight:
+    started: float = 0.0
+    congested: bool = False  # the server said it is full (429, 503, 529)
+    unsent: bool = False  # the request never reached it
 
 
 def _number(value: str | None) -> float | None:

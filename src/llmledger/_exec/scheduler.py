@@ -89,6 +89,7 @@ class Scheduler(BudgetGuard):
             sink=self,
             output=output,
             concurrency=cfg.concurrency,
+            adaptive=cfg.adaptive,
             attachments=cfg.attachments,
         )
         layout = selection.layout

@@ -35,6 +35,7 @@ from llmledger._ledger.open import (
     short_name,
     shown,
     stored_outputs,
+    stored_requests,
 )
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import (
@@ -67,4 +68,5 @@ __all__ = [
     "short_name",
     "shown",
     "stored_outputs",
+    "stored_requests",
 ]

@@ -102,8 +102,15 @@ def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
 def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
     """Each step of a store's `table` and the structured output (`OutputSpec`) its current definition asks for,
     None for text answers; read without writing (a pipeline checks the fields its templates read against it)."""
+    return {step: None if r is None else r.output_spec() for step, r in stored_requests(store, table).items()}
+
+
+def stored_requests(store: str | Path, table: str) -> dict[str, Any]:
+    """Each step of a store's `table` and the request (`RequestSpec`, without a row's message) its current
+    definition sends, None for a step apply_llm has not prepared; read without writing."""
     from llmledger._ledger.engine.shared import table_exists
-    from llmledger._ledger.schema import STEPS_TABLE, current_output_spec, list_steps
+    from llmledger._ledger.schema import STEPS_TABLE, current_version, list_steps
+    from llmledger._step.request import RequestSpec
 
     location = locate(store)
     if isinstance(location, Path) and not location.exists():
@@ -112,7 +119,8 @@ def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
     with ledger.conn.open(wait=60.0, read_only=True) as con:
         if not table_exists(con, STEPS_TABLE):
             return {}
-        return {step: current_output_spec(con, table, step) for _, step, _ in list_steps(con, table)}
+        found = {step: current_version(con, table, step) for _, step, _ in list_steps(con, table)}
+    return {step: None if f is None else RequestSpec.from_json(f[1]) for step, f in found.items()}
 
 
 def open_ledger(

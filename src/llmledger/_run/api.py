@@ -18,7 +18,7 @@ import polars as pl
 
 from llmledger._exec.client import DEFAULT_MODEL
 from llmledger._exec.config import RetryPolicy
-from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE, StepDefinition, known_table, locate
+from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE, StepDefinition, known_table, locate, stored_requests
 from llmledger._ledger.columns import MAX_STEP_NAME, check_step_name
 from llmledger._ledger.parquet import is_parquet_path, read_parquet_input
 from llmledger._report import RunReport
@@ -38,6 +38,7 @@ from llmledger._run.plan import (
     check_credentials,
     check_no_nul,
     check_validator,
+    endpoint_refusal,
     plan_options,
     with_null_fields,
 )
@@ -73,6 +74,8 @@ def apply_llm(
     max_attempts: int = 3,
     stale_after: timedelta | float = timedelta(minutes=30),
     client: anthropic.AsyncAnthropic | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
     progress: bool = True,
     retry: RetryPolicy | None = None,
     commit_every: float = 0.5,
@@ -123,6 +126,13 @@ def apply_llm(
     `wait=False` returns once they are submitted, and any later call of the step (this one
     again, `resume`, `llmledger run`) collects them. `mode="auto"` sends in batches when there
     are AUTO_BATCH_ROWS (10,000) rows or more to send, online otherwise.
+
+    `base_url=` sends to another server that answers the Messages API (vLLM, Ollama, llama.cpp's server, a
+    LiteLLM proxy, a gateway), with `api_key=` if it needs one (never the environment's ANTHROPIC_API_KEY). Its
+    URL becomes part of each request, so its answers are never taken for Anthropic's (nor another server's),
+    and moving a step to another server makes its answers stale. Such servers have no Message Batches
+    (`mode="auto"` stays online, `mode="batch"` is refused) and usually no prices (cost is NULL unless
+    `llmledger.set_price` names one for the model).
     """
     plan = checked_plan(dict(locals()))
     check_credentials(plan.client)
@@ -219,7 +229,11 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         mode=o.get("mode", "online"),
         wait=o.get("wait", True),
         batch_size=o.get("batch_size"),
+        base_url=o.get("base_url"),
+        api_key=o.get("api_key"),
     )
+    if plan.endpoint is not None:  # the server answering is part of the request (its fingerprint)
+        definition = dataclasses.replace(definition, request=dataclasses.replace(request, endpoint=plan.endpoint))
     plan = dataclasses.replace(
         plan,
         df=df,
@@ -264,6 +278,8 @@ def resume(
     max_attempts: int = 3,
     stale_after: timedelta | float = timedelta(minutes=30),
     client: anthropic.AsyncAnthropic | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
     progress: bool = True,
     retry: RetryPolicy | None = None,
     commit_every: float = 0.5,
@@ -310,8 +326,11 @@ def resume(
         mode=mode,
         wait=wait,
         batch_size=batch_size,
+        base_url=base_url,
+        api_key=api_key,
     )
     locate(plan.store, must_exist=True)
+    check_endpoint(plan)
     check_credentials(plan.client)
     run = Run(plan, watch=make_display)
     if background:
@@ -319,6 +338,15 @@ def resume(
     result = run.execute(foreground=True)
     assert isinstance(result, RunReport)
     return result
+
+
+def check_endpoint(plan: Plan) -> None:
+    """resume and work send each row the request apply_llm recorded for it, which names the server that answers it
+    (`base_url=`; none for Anthropic's API): a call that would send it elsewhere is refused before it sends."""
+    request = stored_requests(plan.store, plan.table).get(plan.step)
+    problem = None if request is None else endpoint_refusal(plan.table, plan.step, request.endpoint, plan.endpoint)
+    if problem is not None:
+        raise InvalidInputError(problem)
 
 
 # -- input checks ---------------------------------------------------------------------------------

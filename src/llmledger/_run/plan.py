@@ -17,7 +17,7 @@ import anthropic
 import polars as pl
 
 from llmledger._exec.batch import MAX_REQUESTS
-from llmledger._exec.client import simulated
+from llmledger._exec.client import compatible_endpoint, simulated
 from llmledger._exec.config import RetryPolicy, RunConfig
 from llmledger._ledger import StepDefinition, Store, locate
 from llmledger._ledger.states import Redo
@@ -45,6 +45,7 @@ class Plan:
     where: str | None
     client: anthropic.AsyncAnthropic | None
     progress: bool
+    endpoint: str | None = None  # base_url= of a server other than Anthropic's API (`compatible_endpoint`)
     mode: str = "online"  # "online", "batch" or "auto" (batch from AUTO_BATCH_ROWS rows to send)
     wait: bool = True  # batch mode: wait for the batches to end (else return once they are submitted)
     batch_size: int = MAX_REQUESTS
@@ -93,7 +94,15 @@ def plan_options(
     mode: Any = "online",
     wait: Any = True,
     batch_size: Any = None,
+    base_url: Any = None,
+    api_key: Any = None,
 ) -> Plan:
+    client, endpoint = client_for(client, base_url, api_key)
+    if endpoint is not None and mode == "batch":
+        raise InvalidInputError(
+            f"mode='batch' sends Message Batches, which only Anthropic's API has; base_url={base_url!r} is another "
+            "server (it answers the Messages API, not its batches): pass mode='online'"
+        )
     for name, value in (
         ("chunk_size", chunk_size),
         ("concurrency", concurrency),
@@ -166,6 +175,7 @@ def plan_options(
         max_cost_usd=None if max_cost_usd is None else float(max_cost_usd),
         budget_scope=budget_scope,
         stale_after=stale.total_seconds(),
+        adaptive=endpoint is not None,
     )
     return Plan(
         store=path,
@@ -177,10 +187,63 @@ def plan_options(
         where=where,
         client=client,
         progress=progress,
-        mode="online" if mode == "auto" and max_cost_usd is not None else mode,
+        endpoint=endpoint,
+        mode="online" if mode == "auto" and (max_cost_usd is not None or endpoint is not None) else mode,
         wait=wait,
         batch_size=MAX_REQUESTS if batch_size is None else batch_size,
     )
+
+
+def endpoint_refusal(table: str, step: str, recorded: str | None, sending: str | None) -> str | None:
+    """Why a call that sends to `sending` may not finish a step whose requests name `recorded` (None: Anthropic's
+    API), or None when they agree. A row's answer must come from the server its request names."""
+    if recorded == sending:
+        return None
+    if recorded is not None:
+        return (
+            f"step {table}.{step} sends its requests to {recorded} (apply_llm(..., base_url=...)), and this call "
+            f"would send them to {sending or 'Anthropic' + chr(39) + 's API'}: pass base_url={recorded!r} (and "
+            "api_key= if it needs one) to finish it there, or move the step with apply_llm(..., base_url=...) "
+            "(its answers then turn stale). Nothing was sent."
+        )
+    return (
+        f"step {table}.{step} sends its requests to Anthropic's API, and this call would send them to {sending} "
+        "(base_url=): drop base_url= to finish it there, or move the step with apply_llm(..., base_url=...) "
+        "(its answers then turn stale). Nothing was sent."
+    )
+
+
+NO_KEY = "llmledger-no-key"  # what a base_url= server gets as its key when none is passed (most ignore it)
+
+
+def client_for(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str | None]:
+    """The client a call sends with, and the endpoint its requests name (`compatible_endpoint`).
+
+    `base_url=` is a server other than Anthropic's API that answers the Messages API (vLLM, Ollama, llama.cpp's
+    server, a LiteLLM proxy, a gateway). It gets `api_key=`, or a placeholder: never the environment's
+    ANTHROPIC_API_KEY, which is for Anthropic. `api_key=` alone is a key for Anthropic's API.
+    """
+    for name, value in (("base_url", base_url), ("api_key", api_key)):
+        if value is not None and client is not None:
+            raise InvalidInputError(
+                f"pass either client= or {name}=, not both (a client already says where it sends, and with "
+                f"what key): e.g. anthropic.AsyncAnthropic(base_url=..., api_key=...) as client=, or {name}= alone"
+            )
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise InvalidInputError(f"{name} must be a non-empty string, got {value!r}")
+    if base_url is None and api_key is None:
+        return client, None
+    if base_url is not None:
+        scheme, _, rest = base_url.partition("://")
+        if scheme not in ("http", "https") or not rest.strip("/"):
+            raise InvalidInputError(
+                f"base_url must be an http(s) URL of a server that answers the Messages API, such as "
+                f"'http://localhost:8000' (vLLM) or 'http://localhost:11434' (Ollama), got {base_url!r}"
+            )
+    made = anthropic.AsyncAnthropic(
+        base_url=base_url, api_key=api_key if api_key is not None else NO_KEY if base_url else None, max_retries=0
+    )
+    return made, compatible_endpoint(made) if base_url is not None else None
 
 
 def credentials_missing(client: anthropic.AsyncAnthropic | None = None) -> bool:

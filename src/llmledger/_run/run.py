@@ -31,10 +31,11 @@ from llmledger._report import PipelineReport, RunReport, Watcher
 from llmledger._run.drive import run_batches, send_all
 from llmledger._run.frames import with_answers
 from llmledger._run.loop import background_loop, run_blocking
-from llmledger._run.plan import Plan
+from llmledger._run.plan import Plan, endpoint_refusal
 from llmledger._time import utcnow
 from llmledger.errors import (
     AuthenticationFailed,
+    InvalidInputError,
     ModelNotFound,
     OutageError,
     RequestRefused,
@@ -200,7 +201,8 @@ class Run:
                 lease=plan.stale,
                 guard_inputs=plan.default_table,
             )
-            if ledger.open_batches(plan.table, plan.step):  # batches sent earlier: merge what has ended first
+            # batches sent earlier (to Anthropic's API: no other server has them): merge what has ended first
+            if plan.endpoint is None and ledger.open_batches(plan.table, plan.step):
                 interrupted = self._run_async(
                     lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
                     foreground=foreground,
@@ -218,6 +220,10 @@ class Run:
                 selection = ledger.resume(
                     plan.table, plan.step, params, dedupe=plan.cfg.dedupe, inputs=plan.cfg.validate is not None
                 )
+            sent = selection.requests.get(selection.version)
+            problem = None if sent is None else endpoint_refusal(plan.table, plan.step, sent.endpoint, plan.endpoint)
+            if problem is not None:  # apply_llm moved the step to another server since this call looked
+                raise InvalidInputError(problem)
             self._take_counts(selection)
             done_before = selection.done_skipped - report.done  # not the rows just merged from batches
             average = (

@@ -8,7 +8,13 @@ fingerprint is
     canonical JSON = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 so anything that changes what is sent changes the fingerprint, and two rows
-share one answer only when their requests are identical byte for byte. A file
+share one answer only when their requests are identical byte for byte. A
+request sent anywhere but Anthropic's API (a vLLM or Ollama server, a gateway:
+`base_url=`) names that endpoint too, under `"llmledger_endpoint"`, so an
+answer from one server never stands in for another's and moving a step to
+another server makes its answers stale. Requests to Anthropic's API (or the
+simulator standing in for it) name none: their fingerprints are those of the
+body alone, as they always were. A file
 attached to a row (`attach=`) is in that body as the hash of its bytes
 (`"data": "sha256:<hex>"`, see attach.py): the body recorded and fingerprinted
 names the file's content, and its bytes are put in only as it is sent. The
@@ -40,10 +46,12 @@ _OWN_FIELDS = {
     "system": "system=",
     "messages": "prompt= (or messages=)",
     "llmledger_attach": "attach=",
+    "llmledger_endpoint": "base_url=",
 }
 _NOT_BODY = {"stream", "extra_headers", "extra_query", "extra_body", "timeout", "betas"}
 _SENTINEL = "\x00llmledger-prompt\x00"
 ATTACH_KEY = "llmledger_attach"  # in a stored request: the columns whose files go in the row's message
+ENDPOINT_KEY = "llmledger_endpoint"  # in a stored and fingerprinted request: the server it is sent to, if not Anthropic
 
 
 def canonical_json(value: Any) -> str:
@@ -122,6 +130,7 @@ class RequestSpec:
     cache_ttl: str | None = None  # "5m" or "1h": the system prompt is sent as a cached prefix
     prefix: tuple[dict[str, Any], ...] = ()
     attach: tuple[str, ...] = ()
+    endpoint: str | None = None  # the base URL of a server other than Anthropic's API that answers it
 
     def _static(self) -> dict[str, Any]:
         """The body without the row's message."""
@@ -156,14 +165,22 @@ class RequestSpec:
         content = json.loads(prompt) if self.attach else prompt
         return {**self._static(), "messages": [*self.prefix, {"role": "user", "content": content}]}
 
+    def recorded(self, prompt: str) -> dict[str, Any]:
+        """What the fingerprint covers: the body, and the endpoint it goes to when that is not Anthropic's API."""
+        body = self.body(prompt)
+        return body if self.endpoint is None else {**body, ENDPOINT_KEY: self.endpoint}
+
     def to_json(self) -> str:
-        """The body without the row's message, as stored in `llmledger_steps.request` (a `messages=` prefix and
-        attached columns included, under `messages` and `llmledger_attach`, only when the step has them)."""
+        """The body without the row's message, as stored in `llmledger_steps.request` (a `messages=` prefix,
+        attached columns and the endpoint included, under `messages`, `llmledger_attach` and
+        `llmledger_endpoint`, only when the step has them)."""
         body = self._static()
         if self.prefix:
             body["messages"] = list(self.prefix)
         if self.attach:
             body[ATTACH_KEY] = list(self.attach)
+        if self.endpoint is not None:
+            body[ENDPOINT_KEY] = self.endpoint
         return canonical_json(body)
 
     @classmethod
@@ -171,16 +188,24 @@ class RequestSpec:
         body = json.loads(text)
         model, max_tokens, system = body.pop("model"), body.pop("max_tokens"), body.pop("system", None)
         prefix, attach = tuple(body.pop("messages", ())), tuple(body.pop(ATTACH_KEY, ()))
+        endpoint = body.pop(ENDPOINT_KEY, None)
         ttl = None
         if isinstance(system, list):  # [{"type": "text", "text": ..., "cache_control": {...}}], as body() makes it
             ttl = system[0]["cache_control"]["ttl"]
             system = system[0]["text"]
         return cls(
-            model=model, max_tokens=max_tokens, system=system, options=body, cache_ttl=ttl, prefix=prefix, attach=attach
+            model=model,
+            max_tokens=max_tokens,
+            system=system,
+            options=body,
+            cache_ttl=ttl,
+            prefix=prefix,
+            attach=attach,
+            endpoint=endpoint,
         )
 
     def fingerprint(self, prompt: str) -> str:
-        return fingerprint(self.body(prompt))
+        return fingerprint(self.recorded(prompt))
 
     def output_spec(self) -> OutputSpec | None:
         """The structured output this request asks for (`output_config`), if any."""
@@ -191,7 +216,10 @@ class RequestSpec:
     @cached_property
     def _around_prompt(self) -> tuple[str, str]:
         """The canonical JSON before and after the prompt's JSON string: the prompt is its only varying part."""
-        text = canonical_json({**self._static(), "messages": [*self.prefix, {"role": "user", "content": _SENTINEL}]})
+        document = {**self._static(), "messages": [*self.prefix, {"role": "user", "content": _SENTINEL}]}
+        if self.endpoint is not None:
+            document[ENDPOINT_KEY] = self.endpoint
+        text = canonical_json(document)
         head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
         return head, tail
 

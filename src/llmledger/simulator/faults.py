@@ -156,4 +156,12 @@ class Faults:
     batch_max_requests: int = 100_000
     batch_max_bytes: int = 256_000_000
     batch_lose_response: int = 0  # the next N creates make the batch, then drop the connection unanswered
+    # Another server that speaks the Messages API (vLLM, Ollama, llama.cpp's server, a LiteLLM proxy), as
+    # `base_url=` reaches one: no rate-limit headers, no Message Batches (404), no prompt caching (a breakpoint
+    # is accepted and ignored, and usage has no cache fields)
+    compatible: bool = False
+    # requests worked on at once (a GPU's batch): the others wait their turn, so latency grows with the load;
+    # with `queue_limit`, a request that finds that many already waiting gets a 429 (a proxy's limit)
+    capacity: int | None = None
+    queue_limit: int | None = None
     seed: int = 0

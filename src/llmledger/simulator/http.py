@@ -84,6 +84,9 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             """The Message Batches endpoints; False when the path is not one of them."""
             if not self.path.startswith("/v1/messages/batches"):
                 return False
+            if sim.faults.compatible:  # only Anthropic's API has them
+                self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
+                return True
             if sim.faults.api_key is not None and self._api_key() != sim.faults.api_key:
                 self._error(ERRORS[401])
                 return True
@@ -174,14 +177,21 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             if spec is None and problem:
                 spec = ErrorSpec(400, "invalid_request_error", problem)
             if spec is None:
-                spec = unknown_model(body, f.models)
+                spec = unknown_model(body, f.models, only=f.compatible)
             if spec is not None:
                 sim._note(body, spec.status)
                 self._error(spec, headers)
                 return
-            if delay:
-                time.sleep(delay)
-            answer = sim._answer(body)
+            if not sim.enter_slot():
+                sim._note(body, 429)
+                self._error(ErrorSpec(429, "rate_limit_error", "server busy: too many requests waiting"), headers)
+                return
+            try:
+                if delay:
+                    time.sleep(delay)
+                answer = sim._answer(body)
+            finally:
+                sim.leave_slot()
             sim._tokens.settle(max_out, answer["usage"]["output_tokens"])
             headers = sim._ratelimit_headers()
             sim._note(body, 200)

@@ -91,12 +91,13 @@ def user_text(body: dict[str, Any]) -> str:
     return ""
 
 
-def unknown_model(body: Any, models: Sequence[str]) -> ErrorSpec | None:
-    """The API's 404 for a model it does not have (checked once the body is well formed)."""
+def unknown_model(body: Any, models: Sequence[str], *, only: bool = False) -> ErrorSpec | None:
+    """The API's 404 for a model it does not have (checked once the body is well formed); `only`: it has `models`
+    and no other (a local server serves the models it was started with, not Anthropic's)."""
     from llmledger._step.prices import listed
 
     model = body.get("model") if isinstance(body, dict) else None
-    if not isinstance(model, str) or model in models or listed(model):
+    if not isinstance(model, str) or model in models or (listed(model) and not only):
         return None
     return ErrorSpec(404, "not_found_error", f"model: {model}")
 

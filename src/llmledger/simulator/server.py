@@ -69,6 +69,8 @@ class Simulator:
         self._stats = self._empty_stats()
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._cache = PromptCache()
+        self._room = threading.Condition()  # `capacity`: requests at work and waiting for a slot
+        self._working = self._waiting = 0
         self.batches = SimBatches(self)
         self._server = QuietServer(("127.0.0.1", port), make_handler(self))
         self._thread: threading.Thread | None = None
@@ -83,6 +85,12 @@ class Simulator:
         """Where to point a client. Its path marks the answers as the simulator's wherever the client runs
         (`{step}_source` = "simulator"); `http://127.0.0.1:{port}` serves the same routes."""
         return f"http://127.0.0.1:{self.port}{SIMULATOR_PATH}"
+
+    @property
+    def server_url(self) -> str:
+        """The same routes without the simulator's mark: a client pointed here (`base_url=`) takes it for another
+        server, its answers for that server's, as with `compatible=True` it answers like one (vLLM, Ollama)."""
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Simulator:
         if self._thread is not None:  # started already (e.g. `with llmledger.simulate() as sim:`)
@@ -256,7 +264,28 @@ class Simulator:
                 )
             return "ok", None
 
+    def enter_slot(self) -> bool:
+        """Wait for a slot among `capacity` (none: at once); False when `queue_limit` requests already wait."""
+        with self._room:
+            f = self.faults
+            if f.capacity is not None and self._working >= f.capacity:
+                if f.queue_limit is not None and self._waiting >= f.queue_limit:
+                    return False
+                self._waiting += 1
+                while self.faults.capacity is not None and self._working >= self.faults.capacity:
+                    self._room.wait(0.05)
+                self._waiting -= 1
+            self._working += 1
+            return True
+
+    def leave_slot(self) -> None:
+        with self._room:
+            self._working -= 1
+            self._room.notify()
+
     def _ratelimit_headers(self) -> dict[str, str]:
+        if self.faults.compatible:  # such servers announce no limits
+            return {}
         headers = self._bucket.headers("requests") if self._bucket is not None else {}
         return {**headers, **self._tokens.headers()}
 
@@ -293,7 +322,7 @@ class Simulator:
             text, stop_reason = text[: max_tokens * 4], "max_tokens"
         usage_in = request_tokens(body)
         usage_out = count_tokens(text) if text else 0
-        write_5m, write_1h, read = self._cache.account(body)
+        write_5m, write_1h, read = self._cache.account(body) if not f.compatible else (0, 0, 0)
         usage_in -= write_5m + write_1h + read
         with self._lock:
             self._stats["paid"] += 1
@@ -302,6 +331,13 @@ class Simulator:
             self._stats["input_tokens"] += usage_in
             self._stats["output_tokens"] += usage_out
             self._stats["prompts"][prompt] += 1
+        usage: dict[str, Any] = {"input_tokens": usage_in, "output_tokens": usage_out}
+        if not f.compatible:
+            usage.update(
+                cache_creation_input_tokens=write_5m + write_1h,
+                cache_read_input_tokens=read,
+                cache_creation={"ephemeral_5m_input_tokens": write_5m, "ephemeral_1h_input_tokens": write_1h},
+            )
         return {
             "id": f"msg_sim_{uuid.uuid4().hex[:20]}",
             "type": "message",
@@ -310,13 +346,7 @@ class Simulator:
             "content": [{"type": "text", "text": text}] if text else [],
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": {
-                "input_tokens": usage_in,
-                "output_tokens": usage_out,
-                "cache_creation_input_tokens": write_5m + write_1h,
-                "cache_read_input_tokens": read,
-                "cache_creation": {"ephemeral_5m_input_tokens": write_5m, "ephemeral_1h_input_tokens": write_1h},
-            },
+            "usage": usage,
         }
 
 

@@ -1,0 +1,197 @@
+"""Servers that speak the Messages API but are not Anthropic's (vLLM, Ollama, llama.cpp, a LiteLLM proxy), reached
+with `base_url=`: the real SDK against the simulator answering as one (`compatible=True`: no rate-limit headers,
+no Message Batches, no prompt caching), on its unmarked URL, so its answers are taken for that server's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import polars as pl
+import pytest
+
+import llmledger
+from llmledger import InvalidInputError, Simulator, apply_llm, last_report, resume
+from llmledger.cli import main as cli
+
+from .conftest import frame, sql
+
+LOCAL = "qwen3:8b"  # the model a local server was started with (it knows no other)
+PROMPT = "Summarise: {text}"
+
+
+@pytest.fixture
+def local() -> Any:
+    with Simulator(compatible=True, models=(LOCAL,), api_key="llmledger-no-key") as server:
+        yield server
+
+
+@pytest.fixture
+def other() -> Any:
+    with Simulator(compatible=True, models=(LOCAL,)) as server:
+        yield server
+
+
+# the local model has no price: said once per process (the first test checks it), ignored elsewhere
+pytestmark = pytest.mark.filterwarnings("ignore::llmledger.UnknownPriceWarning")
+
+
+def ask(store: Path, server: Simulator, rows: int = 12, **options: Any) -> pl.DataFrame:
+    return apply_llm(
+        frame(rows),
+        "s",
+        prompt=PROMPT,
+        model=LOCAL,
+        store=store,
+        table="t",
+        base_url=options.pop("base_url", server.server_url),
+        progress=False,
+        **options,
+    )
+
+
+def test_a_local_server_answers_and_each_answer_names_it(
+    store: Path, local: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-not-for-other-servers")  # the server 401s any key but its own
+    monkeypatch.setattr("llmledger._step.prices._warned", set())  # as in a fresh process
+    with pytest.warns(llmledger.UnknownPriceWarning, match=LOCAL):
+        out = ask(store, local)
+    assert out["s_status"].to_list() == ["DONE"] * 12
+    assert local.stats()["paid"] == 12
+    rows = sql(store, "SELECT s_source, s_cost_usd, s_prompt, s_fingerprint::VARCHAR FROM t")
+    assert {r[0] for r in rows} == {local.server_url}
+    assert {r[1] for r in rows} == {None}  # no price for the model: cost unknown, not 0
+    (stored,) = sql(store, "SELECT request FROM llmledger_steps WHERE step = 's'")[0]
+    request = json.loads(stored)
+    assert request["llmledger_endpoint"] == local.server_url
+    for _, _, prompt, fp in rows:  # the fingerprint covers the body and the server it went to
+        body = {k: v for k, v in request.items() if k != "llmledger_endpoint"}
+        body["messages"] = [{"role": "user", "content": prompt}]
+        assert fp == llmledger.fingerprint({**body, "llmledger_endpoint": local.server_url})
+        assert fp != llmledger.fingerprint(body)
+    sent = local.log()[0]["body"]
+    assert "llmledger_endpoint" not in sent  # bookkeeping, never sent
+    assert last_report().mode == "online"
+
+
+def test_a_rerun_pays_nothing_and_another_server_makes_rows_stale_not_paid(
+    store: Path, local: Simulator, other: Simulator
+) -> None:
+    ask(store, local)
+    ask(store, local)
+    assert local.stats()["paid"] == 12  # the rerun paid nothing
+    with pytest.warns(llmledger.StaleAnswersWarning, match="12 DONE rows are stale"):
+        out = ask(store, other, base_url=other.server_url)
+    assert other.stats()["paid"] == 0
+    assert out["s_stale"].to_list() == [True] * 12
+    out = ask(store, other, base_url=other.server_url, redo="stale")
+    assert other.stats()["paid"] == 12 and out["s_stale"].to_list() == [False] * 12
+    assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {other.server_url}
+    with pytest.warns(llmledger.StaleAnswersWarning):  # going back is a change too, reported
+        ask(store, local)
+    back = ask(store, local, redo="stale")  # and the first server's answers come back from the history, unpaid
+    assert local.stats()["paid"] == 12 and back["s_stale"].to_list() == [False] * 12
+    assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {local.server_url}
+
+
+def test_an_answer_from_anthropics_api_never_stands_in_for_another_servers(store: Path, local: Simulator) -> None:
+    # client= is Anthropic's API as the SDK is configured (here: the same simulator, unmarked, so a real source)
+    anthropic_like = anthropic.AsyncAnthropic(base_url=local.server_url, api_key="llmledger-no-key")
+    apply_llm(frame(6), "s", prompt=PROMPT, model=LOCAL, store=store, table="t", client=anthropic_like, progress=False)
+    assert local.stats()["paid"] == 6
+    apply_llm(frame(6), "s2", prompt=PROMPT, model=LOCAL, store=store, table="t", base_url=local.server_url,
+              progress=False)  # fmt: skip
+    assert local.stats()["paid"] == 12  # same body, other endpoint: asked, not reused
+
+
+def test_batches_are_refused_with_the_reason_and_auto_stays_online(
+    store: Path, local: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(InvalidInputError, match="only Anthropic's API has"):
+        ask(store, local, mode="batch")
+    assert not store.exists()  # refused before anything is written
+    monkeypatch.setattr("llmledger._run.run.AUTO_BATCH_ROWS", 1)  # auto would batch these rows on Anthropic's API
+    ask(store, local, mode="auto")
+    assert last_report().mode == "online" and local.stats()["requests"] == local.stats()["paid"] == 12
+
+
+def test_resume_sends_only_to_the_server_the_requests_name(store: Path, local: Simulator, other: Simulator) -> None:
+    ask(store, local, where="id < 4")
+    assert local.stats()["paid"] == 4
+    with pytest.raises(InvalidInputError, match=f"sends its requests to {local.server_url}"):
+        resume(store, "t", "s", progress=False, client=anthropic.AsyncAnthropic(api_key="x"))
+    with pytest.raises(InvalidInputError, match=f"pass base_url='{local.server_url}'"):
+        resume(store, "t", "s", progress=False, base_url=other.server_url)
+    assert other.stats()["requests"] == 0
+    resume(store, "t", "s", progress=False, base_url=local.server_url)
+    assert local.stats()["paid"] == 12
+    assert cli(["run", str(store), "--table", "t", "--step", "s", "--base-url", local.server_url, "--quiet"]) == 0
+    assert local.stats()["paid"] == 12  # nothing left
+
+
+def test_the_cli_reads_a_servers_key_from_the_variable_it_is_told(
+    store: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Simulator(compatible=True, models=(LOCAL,), api_key="secret-of-the-proxy") as proxy:
+        ask(store, proxy, where="id < 2", api_key="secret-of-the-proxy")
+        monkeypatch.setenv("PROXY_KEY", "secret-of-the-proxy")
+        base = ["run", str(store), "--table", "t", "--step", "s", "--base-url", proxy.server_url, "--quiet"]
+        assert cli([*base, "--api-key-env", "NOT_SET_ANYWHERE"]) != 0
+        assert "NOT_SET_ANYWHERE" in capsys.readouterr().err
+        assert cli([*base, "--api-key-env", "PROXY_KEY"]) == 0
+        assert proxy.stats()["paid"] == 12
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"base_url": "localhost:8000"}, "must be an http"),
+        ({"base_url": ""}, "non-empty string"),
+        ({"api_key": 42}, "non-empty string"),
+        ({"client": anthropic.AsyncAnthropic(api_key="x"), "base_url": "http://localhost:8000"}, "not both"),
+        ({"client": anthropic.AsyncAnthropic(api_key="x"), "api_key": "k"}, "not both"),
+    ],
+)
+def test_bad_server_options_are_refused_before_anything_is_written(
+    store: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        apply_llm(frame(3), "s", prompt=PROMPT, store=store, progress=False, **options)
+    assert not store.exists()
+
+
+def test_requests_at_once_follow_a_server_that_announces_no_limits(store: Path) -> None:
+    """A server working on 4 requests at once, refusing beyond 4 more waiting: 32 at once would be refused over and
+    over; the run finds the server's limit instead, and its 429s stay rare."""
+    with Simulator(compatible=True, models=(LOCAL,), capacity=4, queue_limit=4, latency=0.03) as server:
+        ask(store, server, rows=240, concurrency=32)
+        adaptive = server.stats()
+    with Simulator(compatible=True, models=(LOCAL,), capacity=4, queue_limit=4, latency=0.03) as server:
+        fixed = anthropic.AsyncAnthropic(base_url=server.server_url, api_key="x")  # client=: no adaptation
+        apply_llm(frame(240), "s", prompt=PROMPT, model=LOCAL, store=store.with_name("fixed.duckdb"), table="t",
+                  client=fixed, concurrency=32, progress=False)  # fmt: skip
+        blunt = server.stats()
+    assert adaptive["paid"] == blunt["paid"] == 240
+    refused, blunt_refused = adaptive["by_status"].get(429, 0), blunt["by_status"].get(429, 0)
+    assert refused <= 0.05 * adaptive["requests"], adaptive["by_status"]
+    assert blunt_refused >= 5 * max(refused, 1), (refused, blunt_refused)
+
+
+def test_the_simulator_answers_as_such_a_server_does(local: Simulator) -> None:
+    client = anthropic.Anthropic(base_url=local.server_url, api_key="llmledger-no-key")
+    raw = client.messages.with_raw_response.create(
+        model=LOCAL,
+        max_tokens=20,
+        system=[{"type": "text", "text": "long " * 2000, "cache_control": {"type": "ephemeral"}}],
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    assert not [h for h in raw.headers if h.startswith("anthropic-ratelimit")]
+    usage = raw.parse().usage
+    assert not usage.cache_creation_input_tokens and not usage.cache_read_input_tokens
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.batches.list()
+    with pytest.raises(anthropic.NotFoundError):  # it serves the model it was started with, no other
+        client.messages.create(model="claude-haiku-4-5", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
