@@ -75,6 +75,8 @@ def test_a_local_server_answers_and_each_answer_names_it(
     sent = local.log()[0]["body"]
     assert "llmledger_endpoint" not in sent  # bookkeeping, never sent
     assert last_report().mode == "online"
+    said = [h for h in last_report().hints() if "is not Anthropic's API" in h]
+    assert len(said) == 1 and "no rate limits" in said[0] and "cost NULL" in said[0]
 
 
 def test_a_rerun_pays_nothing_and_another_server_makes_rows_stale_not_paid(
@@ -148,7 +150,14 @@ def test_the_cli_reads_a_servers_key_from_the_variable_it_is_told(
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"base_url": "localhost:8000"}, "must be an http"),
+        ({"base_url": "localhost:8000"}, "must be the http"),
+        ({"base_url": "http://localhost:99999"}, "out of range"),
+        ({"base_url": "http://localhost:abc"}, "must be the http"),
+        ({"base_url": "http://localhost:8000\n"}, "control characters"),
+        ({"base_url": "https://api.anthropic.com "}, "spaces"),
+        ({"base_url": "http://:8000"}, "with a host"),
+        ({"base_url": "http://localhost:8000/?key=x"}, "query"),
+        ({"base_url": "http://localhost:8000", "mode": "auto", "wait": False}, "background=True"),
         ({"base_url": ""}, "non-empty string"),
         ({"api_key": 42}, "non-empty string"),
         ({"client": anthropic.AsyncAnthropic(api_key="x"), "base_url": "http://localhost:8000"}, "not both"),
@@ -161,6 +170,33 @@ def test_bad_server_options_are_refused_before_anything_is_written(
     with pytest.raises(InvalidInputError, match=message):
         apply_llm(frame(3), "s", prompt=PROMPT, store=store, progress=False, **options)
     assert not store.exists()
+
+
+def test_secrets_in_a_url_are_refused_without_being_repeated(store: Path) -> None:
+    for mode in ("batch", "online"):
+        with pytest.raises(InvalidInputError) as refused:
+            apply_llm(frame(3), "s", prompt=PROMPT, store=store, progress=False, mode=mode,
+                      base_url="http://alice:hunter2@localhost:8000/v?token=SECRET")  # fmt: skip
+        assert "api_key=" in str(refused.value)
+        assert "hunter2" not in str(refused.value) and "SECRET" not in str(refused.value)
+    assert not store.exists()
+
+
+def test_the_environments_key_goes_only_to_anthropics_own_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmledger._run.plan import NO_KEY, client_for
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env")
+    mimic, endpoint = client_for(None, "http://evil.example.com/llmledger-simulator", None)  # not this machine's
+    assert mimic.api_key == NO_KEY and endpoint == "http://evil.example.com/llmledger-simulator"
+    own, endpoint = client_for(None, "https://api.anthropic.com/", None)
+    assert own.api_key == "sk-ant-env" and endpoint is None
+
+
+def test_an_estimate_on_another_server_offers_no_batch_price(store: Path) -> None:
+    llmledger.set_price("local-priced", input=1.0, output=2.0)
+    got = llmledger.estimate(frame(4), "s", prompt=PROMPT, model="local-priced", store=store,
+                             base_url="http://localhost:8000")  # fmt: skip
+    assert got["cost_usd"][0] > 0 and got["cost_usd_batch"][0] is None
 
 
 def test_requests_at_once_follow_a_server_that_announces_no_limits(store: Path) -> None:

@@ -23,8 +23,7 @@ from typing import Any
 import anthropic
 import polars as pl
 
-from llmledger import Simulator, apply_llm
-from llmledger.errors import UnknownPriceWarning
+from llmledger import Simulator, UnknownPriceWarning, apply_llm
 
 MODEL = "local-model"
 FIXED = (2, 4, 8, 16, 32, 64)

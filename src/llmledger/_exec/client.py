@@ -276,6 +276,18 @@ def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
     return urlunsplit((parts.scheme, netloc, path, "", "")) or url
 
 
+def shown_url(url: str) -> str:
+    """A URL as messages and the ledger show it: without credentials, query or fragment (they may hold keys)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return "<a URL that cannot be read>"
+    netloc = (f"[{host}]" if ":" in host else host) + port
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def compatible_endpoint(client: anthropic.AsyncAnthropic) -> str | None:
     """The base URL a `base_url=` client sends to, as its requests name it (`RequestSpec.endpoint`), or None when
     that is Anthropic's API or a simulator, which answer as Anthropic's API does (its batches, token counting,

@@ -41,13 +41,14 @@ FEEDBACK = (
 
 _STOP_ADVICE = {
     Outcome.AUTH: "the API refused the credentials or the account ({}); no row was marked failed. Check "
-    "ANTHROPIC_API_KEY (or the client you passed) and run again.",
+    "ANTHROPIC_API_KEY (or the client you passed; for a base_url= server, its api_key=) and run again.",
     Outcome.SPEND_LIMIT: "the account cannot spend more now ({}); no row was marked failed. Raise the limit "
     "or wait for it to reset (see the Claude Console), then run the same call again.",
     Outcome.RETRY_REFUSED: "the API said not to retry ({}); no row was marked failed. Run the same call again "
     "later to resume.",
     Outcome.NO_MODEL: "the API has no such model ({}); no row was marked failed. Check model= (see "
-    "llmledger.prices() for current model ids) and run again.",
+    "llmledger.prices() for Claude's current model ids; a base_url= server has the models it was started with, "
+    "and answers 404 too when base_url= has a wrong path) and run again.",
 }
 
 

@@ -127,7 +127,7 @@ class Selection:
 
 class Ledger(Protocol):
     path: Path
-    conn: Any  # the engine's connection: `engine.duckdb.Connection` or `engine.postgres.PgConnection`
+    conn: Any  # the store: an `engine.Database` (`engine.duckdb.Connection` or `engine.postgres.PgConnection`)
     on_wait: Callable[[str], None] | None
 
     def prepare(

@@ -56,7 +56,7 @@ class RunReport:
     returned: int = 0  # rows batches gave back unanswered (expired, canceled, the API's own errors)
     batch_pending: int = 0  # rows this run sent in batches that have not come back yet
     early_finished: int = 0  # rows finished by merging earlier batches before this run selected its rows
-    notes: list[str] = field(default_factory=list)  # what the user should know about the step's batches
+    notes: list[str] = field(default_factory=list)  # what the user should know: the step's batches, the server
     cost_usd: float | None = 0.0
     seconds: float = 0.0
     outcome: Outcome = Outcome.COMPLETED

@@ -261,5 +261,6 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> di
         "input_tokens": plain + write + read,
         "output_tokens": output,
         "cost_usd": None if price is None else price.cost(**usage),
-        "cost_usd_batch": None if price is None else price.cost(**usage, batch=True),
+        # a base_url= server has no Message Batches: no batch price to offer
+        "cost_usd_batch": None if price is None or request.endpoint is not None else price.cost(**usage, batch=True),
     }

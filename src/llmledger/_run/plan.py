@@ -12,14 +12,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anthropic
 import polars as pl
 
 from llmledger._exec.batch import MAX_REQUESTS
-from llmledger._exec.client import compatible_endpoint, simulated
+from llmledger._exec.client import answer_source, compatible_endpoint, shown_url, simulated
 from llmledger._exec.config import RetryPolicy, RunConfig
 from llmledger._ledger import StepDefinition, Store, locate
+from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.states import Redo
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.messages import message_text
@@ -98,9 +100,15 @@ def plan_options(
     api_key: Any = None,
 ) -> Plan:
     client, endpoint = client_for(client, base_url, api_key)
+    if endpoint is not None and mode == "auto" and (wait is False or batch_size is not None):
+        raise InvalidInputError(
+            f"{'wait=False' if wait is False else 'batch_size'} applies to Message Batches, which {endpoint} "
+            "(base_url=) does not have: there mode='auto' sends online; for a call that returns at once, "
+            "pass background=True"
+        )
     if endpoint is not None and mode == "batch":
         raise InvalidInputError(
-            f"mode='batch' sends Message Batches, which only Anthropic's API has; base_url={base_url!r} is another "
+            f"mode='batch' sends Message Batches, which only Anthropic's API has; {endpoint} (base_url=) is another "
             "server (it answers the Messages API, not its batches): pass mode='online'"
         )
     for name, value in (
@@ -200,9 +208,10 @@ def endpoint_refusal(table: str, step: str, recorded: str | None, sending: str |
     if recorded == sending:
         return None
     if recorded is not None:
+        elsewhere = sending or "Anthropic's API"
         return (
             f"step {table}.{step} sends its requests to {recorded} (apply_llm(..., base_url=...)), and this call "
-            f"would send them to {sending or 'Anthropic' + chr(39) + 's API'}: pass base_url={recorded!r} (and "
+            f"would send them to {elsewhere}: pass base_url={recorded!r} (and "
             "api_key= if it needs one) to finish it there, or move the step with apply_llm(..., base_url=...) "
             "(its answers then turn stale). Nothing was sent."
         )
@@ -210,6 +219,15 @@ def endpoint_refusal(table: str, step: str, recorded: str | None, sending: str |
         f"step {table}.{step} sends its requests to Anthropic's API, and this call would send them to {sending} "
         "(base_url=): drop base_url= to finish it there, or move the step with apply_llm(..., base_url=...) "
         "(its answers then turn stale). Nothing was sent."
+    )
+
+
+def compatible_note(endpoint: str, concurrency: int, *, priced: bool) -> str:
+    """What a run on another server does differently, said once in its report."""
+    price = "" if priced else ", and its answers cost NULL unless llmledger.set_price names a price for the model"
+    return (
+        f"{endpoint} is not Anthropic's API: it announces no rate limits, so the requests in flight followed its "
+        f"answers (at most concurrency={concurrency}); it has no Message Batches (mode='auto' stays online){price}."
     )
 
 
@@ -221,7 +239,7 @@ def client_for(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str | Non
 
     `base_url=` is a server other than Anthropic's API that answers the Messages API (vLLM, Ollama, llama.cpp's
     server, a LiteLLM proxy, a gateway). It gets `api_key=`, or a placeholder: never the environment's
-    ANTHROPIC_API_KEY, which is for Anthropic. `api_key=` alone is a key for Anthropic's API.
+    ANTHROPIC_API_KEY, which goes only to Anthropic's own URL. `api_key=` alone is a key for Anthropic's API.
     """
     for name, value in (("base_url", base_url), ("api_key", api_key)):
         if value is not None and client is not None:
@@ -230,20 +248,52 @@ def client_for(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str | Non
                 f"what key): e.g. anthropic.AsyncAnthropic(base_url=..., api_key=...) as client=, or {name}= alone"
             )
         if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise InvalidInputError(f"{name} must be a non-empty string, got {value!r}")
+            got = "a blank string" if isinstance(value, str) else type(value).__name__  # a key is never echoed
+            raise InvalidInputError(f"{name} must be a non-empty string, got {got}")
     if base_url is None and api_key is None:
         return client, None
-    if base_url is not None:
-        scheme, _, rest = base_url.partition("://")
-        if scheme not in ("http", "https") or not rest.strip("/"):
-            raise InvalidInputError(
-                f"base_url must be an http(s) URL of a server that answers the Messages API, such as "
-                f"'http://localhost:8000' (vLLM) or 'http://localhost:11434' (Ollama), got {base_url!r}"
-            )
-    made = anthropic.AsyncAnthropic(
-        base_url=base_url, api_key=api_key if api_key is not None else NO_KEY if base_url else None, max_retries=0
-    )
-    return made, compatible_endpoint(made) if base_url is not None else None
+    if base_url is None:
+        return anthropic.AsyncAnthropic(api_key=api_key, max_retries=0), None
+    check_base_url(base_url)
+    made = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key or NO_KEY, max_retries=0)
+    endpoint = compatible_endpoint(made)
+    if endpoint is None and answer_source(made) == SIMULATOR and not _loopback(base_url):
+        endpoint = shown_url(base_url)  # a simulator's path on another host: a server like any other
+    if endpoint is None and api_key is None and answer_source(made) != SIMULATOR:
+        made = anthropic.AsyncAnthropic(base_url=base_url, max_retries=0)  # Anthropic's own URL: the usual key
+    return made, endpoint
+
+
+def check_base_url(base_url: str) -> None:
+    """Refuse a base_url= the SDK could not send to, or that would carry a secret into messages and the ledger."""
+    example = "such as 'http://localhost:8000' (vLLM) or 'http://localhost:11434' (Ollama)"
+    problem = None
+    try:
+        parts = urlsplit(base_url)
+        port = parts.port  # raises for a port out of range or not a number
+    except ValueError as exc:
+        parts, port, problem = None, None, str(exc)
+    if problem is None and parts is not None:
+        if base_url != base_url.strip() or any(c.isspace() or ord(c) < 32 for c in base_url):
+            problem = "it holds spaces or control characters"
+        elif parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            problem = "it is not an http(s) URL with a host"
+        elif parts.username is not None or parts.password is not None:
+            problem = "it holds credentials (user:password@): pass the key as api_key= instead"
+        elif parts.query or parts.fragment:
+            problem = "it has a query or fragment, which the SDK would put before /v1/messages"
+        elif port == 0:
+            problem = "port 0 is no server's port"
+    if problem is not None:
+        raise InvalidInputError(
+            f"base_url must be the http(s) URL of a server that answers the Messages API, {example}; "
+            f"{shown_url(base_url)!r} is not: {problem}"
+        )
+
+
+def _loopback(base_url: str) -> bool:
+    host = (urlsplit(base_url).hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def credentials_missing(client: anthropic.AsyncAnthropic | None = None) -> bool:

@@ -31,7 +31,8 @@ from llmledger._report import PipelineReport, RunReport, Watcher
 from llmledger._run.drive import run_batches, send_all
 from llmledger._run.frames import with_answers
 from llmledger._run.loop import background_loop, run_blocking
-from llmledger._run.plan import Plan, endpoint_refusal
+from llmledger._run.plan import Plan, compatible_note, endpoint_refusal
+from llmledger._step.prices import price_of
 from llmledger._time import utcnow
 from llmledger.errors import (
     AuthenticationFailed,
@@ -225,6 +226,9 @@ class Run:
             if problem is not None:  # apply_llm moved the step to another server since this call looked
                 raise InvalidInputError(problem)
             self._take_counts(selection)
+            if plan.endpoint is not None and selection.to_send:
+                priced = sent is not None and price_of(sent.model) is not None
+                report.notes.append(compatible_note(plan.endpoint, plan.cfg.concurrency, priced=priced))
             done_before = selection.done_skipped - report.done  # not the rows just merged from batches
             average = (
                 ledger.average_paid(plan.table, plan.step)
