@@ -20,6 +20,7 @@ from llmledger._run.worker import work
 from llmledger._step.prices import UnknownPriceWarning, prices, set_price
 from llmledger._step.request import fingerprint
 from llmledger._version import __version__
+from llmledger._view.comparison import Comparison, compare
 from llmledger._view.overview import StoreView, show
 from llmledger.errors import (
     AuthenticationFailed,
@@ -47,6 +48,7 @@ __all__ = [
     "DEFAULT_STORE",
     "DEFAULT_TABLE",
     "AuthenticationFailed",
+    "Comparison",
     "InvalidInputError",
     "KeyColumnError",
     "LedgerError",
@@ -76,6 +78,7 @@ __all__ = [
     "__version__",
     "apply_llm",
     "apply_llm_async",
+    "compare",
     "copy",
     "estimate",
     "export",

@@ -123,6 +123,18 @@ def parser() -> argparse.ArgumentParser:
     for p in (p_run, p_worker):
         _server_options(p)
 
+    p_compare = verb(
+        "compare",
+        help="llmledger.compare(): several steps' answers to the same rows, side by side (one step per model)",
+    )
+    p_compare.add_argument("store", help="the DuckDB file or postgresql:// URL")
+    p_compare.add_argument("--table", default=None, help=_INFERRED)
+    p_compare.add_argument("--steps", nargs="+", required=True, help="two or more steps of the table")
+    p_compare.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
+    p_compare.add_argument(
+        "--show", type=int, default=10, metavar="N", help="print the first N rows where they differ (default 10)"
+    )
+
     p_sql = verb("sql", help="run a SQL query on the store and print the result")
     p_sql.add_argument("store")
     p_sql.add_argument("query")

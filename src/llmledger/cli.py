@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.command = getattr(args, "verb", args.command)  # an alias runs its verb
     try:
-        if args.command in ("run", "worker", "flag", "reset", "history", "export"):
-            _infer_names(args, step=args.command != "export")
+        if args.command in ("run", "worker", "flag", "reset", "history", "export", "compare"):
+            _infer_names(args, step=args.command not in ("export", "compare"))
         if args.command == "status":
             colour = {"always": True, "never": False}.get(args.color, use_colour())
             if args.every is not None:
@@ -127,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{report.calls:,} paid calls, {report.failed:,} FAILED, {report.needs_review:,} NEEDS_REVIEW",
                 flush=True,
             )
+        elif args.command == "compare":
+            from llmledger._view.comparison import compare
+
+            comparison = compare(args.store, args.table, args.steps, where=args.where)
+            print(comparison)
+            if args.show > 0 and comparison.differences.height:
+                with pl.Config(tbl_rows=args.show, fmt_str_lengths=60, tbl_width_chars=160):
+                    print(comparison.differences.head(args.show))
         elif args.command == "copy":
             from llmledger._ledger.copy import copy
 

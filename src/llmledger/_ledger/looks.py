@@ -9,6 +9,7 @@ from typing import Any
 import polars as pl
 
 from llmledger._ledger.columns import names, output_as_text
+from llmledger._ledger.compare import ComparisonData, read_comparison
 from llmledger._ledger.counts import status_counts
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import column_types, table_exists, writes_refused
@@ -39,6 +40,11 @@ class LookVerbs:
     def counts(self, table: str | None = None) -> pl.DataFrame:
         with self.conn.open(wait=60.0, read_only=True) as con:
             return status_counts(con, table)
+
+    def compare(self, table: str, steps: list[str], where: str | None = None) -> ComparisonData:
+        """Several steps' answers to the same rows, compared (`compare.py`)."""
+        with self.conn.open(wait=60.0, read_only=True) as con:
+            return read_comparison(con, table, steps, where)
 
     def downstream_stale(self, table: str, step: str) -> dict[str, int]:
         """Stale rows, now, in every step that reads `step` (directly or through other steps)."""

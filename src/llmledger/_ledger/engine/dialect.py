@@ -94,6 +94,14 @@ class Dialect:
         """The column type that keeps a step's answers of type `wanted` (VARCHAR or a STRUCT)."""
         return JSONB if self.structured_as_jsonb and wanted != "VARCHAR" else wanted
 
+    def field_text_sql(self, column_sql: str, field: str) -> str:
+        """SQL for one top-level field of a structured answer, as text (a STRUCT field on DuckDB, a JSONB key on
+        PostgreSQL)."""
+        name = "'" + field.replace("'", "''") + "'"
+        if self.structured_as_jsonb:
+            return f"({column_sql} ->> {name})"
+        return f"CAST(struct_extract({column_sql}, {name}) AS VARCHAR)"
+
     def portable_type(self, sql_type: str) -> str:
         """An input column's type (DuckDB's spelling) as this engine can hold it: nested values as JSONB on
         PostgreSQL, as JSON text on DuckDB; DuckDB-only types as the PostgreSQL type that holds their values."""
