@@ -109,7 +109,7 @@ def stored_requests(store: str | Path, table: str) -> dict[str, Any]:
     """Each step of a store's `table` and the request (`RequestSpec`, without a row's message) its current
     definition sends, None for a step apply_llm has not prepared; read without writing."""
     from llmledger._ledger.engine.shared import table_exists
-    from llmledger._ledger.schema import STEPS_TABLE, current_version, list_steps
+    from llmledger._ledger.schema import STEPS_TABLE, current_version, list_steps, schema_version
     from llmledger._step.request import RequestSpec
 
     location = locate(store)
@@ -117,7 +117,7 @@ def stored_requests(store: str | Path, table: str) -> dict[str, Any]:
         return {}
     ledger = open_ledger(location)
     with ledger.conn.open(wait=60.0, read_only=True) as con:
-        if not table_exists(con, STEPS_TABLE):
+        if not table_exists(con, STEPS_TABLE) or schema_version(con) < 2:  # 0.1.0 stored no requests
             return {}
         found = {step: current_version(con, table, step) for _, step, _ in list_steps(con, table)}
     return {step: None if f is None else RequestSpec.from_json(f[1]) for step, f in found.items()}
