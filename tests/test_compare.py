@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import polars as pl
 import pytest
 
 import llmledger
@@ -116,3 +117,67 @@ def test_compare_refuses_what_it_cannot_compare_and_the_cli_prints_it(
     assert cli(["compare", str(store), "--steps", "s1", "s2"]) == 0
     out = capsys.readouterr().out
     assert "s1 ~ s2: 100.0% agree (20 of 20)" in out and "0 rows differ" in out
+
+
+def test_what_counts_as_agreeing_is_the_same_on_both_engines(target: Any) -> None:
+    answers = {0: ("positive", "\n\tPositive!"), 1: ("ok", "ok！"), 2: ("yes", "yes..."), 3: ("a", "b")}
+
+    def side(n: int) -> Any:
+        return lambda prompt, system=None: answers[_id(prompt)][n]
+
+    with (
+        Simulator(compatible=True, models=("model-a",), responder=side(0)) as a,
+        Simulator(compatible=True, models=("model-b",), responder=side(1)) as b,
+    ):
+        for server, step, model in ((a, "x", "model-a"), (b, "y", "model-b")):
+            apply_llm(frame(4), step, prompt="{text}", model=model, store=target, table="t", base_url=server.server_url,
+                      progress=False)  # fmt: skip
+    cmp = compare(target, "t", ["x", "y"])
+    assert cmp.differences["id"].to_list() == [1, 3]  # full-width "！" is not ASCII punctuation on either engine
+
+
+def test_numbers_agree_whatever_their_json_type_and_flag_names_only_the_step_that_differs(target: Any) -> None:
+    def numbers(value: str) -> Any:
+        return lambda prompt, system=None: f'{{"n": {value if _id(prompt) else 7}}}'
+
+    with (
+        Simulator(compatible=True, models=("model-a",), responder=numbers("1")) as a,
+        Simulator(compatible=True, models=("model-b",), responder=numbers("1.0")) as b,
+        Simulator(compatible=True, models=("model-c",), responder=numbers("2")) as c,
+    ):
+        for server, step, model, kind in (
+            (a, "i", "model-a", int),
+            (b, "f", "model-b", float),
+            (c, "k", "model-c", int),
+        ):
+            apply_llm(frame(3), step, prompt="{text}", model=model, store=target, table="t", output={"n": kind},
+                      base_url=server.server_url, progress=False)  # fmt: skip
+    cmp = compare(target, "t", ["i", "f", "k"])
+    shares = {(r["step_a"], r["step_b"]): r["share"] for r in cmp.agreement.to_dicts()}
+    assert shares[("i", "f")] == 1.0 and shares[("i", "k")] == shares[("f", "k")] == pytest.approx(1 / 3)
+    assert cmp.flag("i", reason="check") == 2  # rows 1 and 2, where i differs from k
+    assert cmp.flag("k", reason="check") == 2
+    flagged = llmledger.sql(target, "SELECT id FROM t WHERE f_flag IS NOT NULL")
+    assert flagged is not None and flagged.height == 0  # f was never named
+
+
+def test_a_step_without_a_price_costs_unknown_even_with_free_reused_rows(store: Any) -> None:
+    with Simulator(compatible=True, models=("model-a",), responder=careful) as a:
+        twins = frame(3).with_columns(text=pl.Series(["same number 0", "same number 0", "other number 1"]))
+        for step in ("x", "y"):
+            apply_llm(twins, step, prompt="{text}", model="model-a", store=store, table="t", base_url=a.server_url,
+                      progress=False)  # fmt: skip
+    cmp = compare(store, "t", ["x", "y"])
+    assert cmp.per_step["cost_usd_per_row"].to_list() == [None, None]
+    assert "no step has a known cost" in cmp._repr_html_()
+
+
+def test_compare_writes_nothing_whatever_its_where_calls(target: Any) -> None:
+    with Simulator(compatible=True, models=("model-a",), responder=careful) as a:
+        for step in ("x", "y"):
+            run(target, a, step, "model-a")
+    llmledger.sql(target, "CREATE SEQUENCE side_effect", write=True)
+    with pytest.raises(llmledger.WhereClauseError):
+        compare(target, "reviews", ["x", "y"], where="nextval('side_effect') > 0")
+    after = llmledger.sql(target, "SELECT nextval('side_effect') AS n", write=True)
+    assert after is not None and after["n"].to_list() == [1]

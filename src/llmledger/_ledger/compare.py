@@ -10,8 +10,10 @@ fact table, which `llmledger.flag(..., where=...)` takes as it is, so those rows
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from itertools import combinations
+from typing import Any
 
 import polars as pl
 
@@ -35,11 +37,25 @@ class ComparisonData:
     per_step: pl.DataFrame  # step, model, rows, done, cost_usd_per_row, input_tokens_per_row, output_tokens_per_row
     differences: pl.DataFrame  # the key, the inputs, each step's answer (as text), for rows where a pair differs
     differ: str  # SQL predicate over the fact table: the rows in `differences`
+    differ_by_step: dict[str, str]  # per step: the rows where it differs from another step
+
+
+_SPACE = "chr(32) || chr(9) || chr(10) || chr(11) || chr(12) || chr(13)"
+# ASCII's punctuation, spelled out: the engines' [[:punct:]] differ beyond ASCII
+_PUNCTUATION = "'" + string.punctuation.replace("'", "''") + "'"
 
 
 def normalized_sql(expr: str) -> str:
-    """An answer as compared: lower case, without surrounding spaces or trailing punctuation."""
-    return f"regexp_replace(lower(trim({expr})), '[[:space:][:punct:]]+$', '')"
+    """An answer as compared: lower case, without surrounding whitespace or trailing (ASCII) punctuation. rtrim and
+    ltrim with a set of characters mean the same on both engines."""
+    return f"rtrim(ltrim(lower({expr}), {_SPACE}), {_SPACE} || {_PUNCTUATION})"
+
+
+def _numeric(spec: Any, field: str) -> bool:
+    prop = (spec.schema.get("properties") or {}).get(field) or {}
+    kinds = prop.get("type") if "type" in prop else [a.get("type") for a in prop.get("anyOf", [])]
+    kinds = [kinds] if isinstance(kinds, str) else [k for k in kinds or [] if k != "null"]
+    return bool(kinds) and all(k in ("integer", "number") for k in kinds)
 
 
 def read_comparison(con: Con, table: str, steps: list[str], where: str | None) -> ComparisonData:
@@ -64,15 +80,20 @@ def read_comparison(con: Con, table: str, steps: list[str], where: str | None) -
         if not fields:
             raise InvalidInputError(f"steps {steps} share no field of their output schemas: nothing to compare")
         value = {(s, f): dialect.field_text_sql(q(s), f) for s in steps for f in fields}
+        numeric = {f for f in fields if all(_numeric(specs[s], f) for s in steps)}  # 1 and 1.0 agree
     else:
         fields = [ANSWER]
         value = {(s, ANSWER): q(s) for s in steps}
+        numeric = set()
     done = {s: f"{q(s + '_status')} = 'DONE'" for s in steps}
     within = f"coalesce(({where}), false)" if where else "true"
     pairs = list(combinations(steps, 2))
+
+    def compared(s: str, f: str) -> str:
+        return f"CAST({value[(s, f)]} AS DOUBLE)" if f in numeric else normalized_sql(value[(s, f)])
+
     differs = {
-        (a, b, f): f"({done[a]} AND {done[b]} AND {normalized_sql(value[(a, f)])} IS DISTINCT FROM "
-        f"{normalized_sql(value[(b, f)])})"
+        (a, b, f): f"({done[a]} AND {done[b]} AND {compared(a, f)} IS DISTINCT FROM {compared(b, f)})"
         for a, b in pairs
         for f in fields
     }
@@ -95,15 +116,19 @@ def read_comparison(con: Con, table: str, steps: list[str], where: str | None) -
     inputs = [c for c in column_types(con, table) if c not in owned]
     types = column_types(con, table)
     shown = ", ".join([*(q(c) for c in inputs), *(f"{output_as_text(q(s), types[s])} AS {q(s)}" for s in steps)])
-    differences = con.sql(f"SELECT {shown} FROM {q(table)} WHERE {within} AND ({differ})").pl()
+    key = next(k for t, s, k in list_steps(con, table) if s == steps[0])
+    order = ", ".join(q(k) for k in key)
+    differences = con.sql(f"SELECT {shown} FROM {q(table)} WHERE {within} AND ({differ}) ORDER BY {order}").pl()
+    paid = {s: f"{done[s]} AND {q(s + '_input_tokens')} > 0" for s in steps}  # not answers reused for free
     per_step = pl.concat(
         [
             con.sql(
                 f"SELECT ? AS step, min({q(s + '_model')}) AS model, count(*)::BIGINT AS rows, "
                 f"count(*) FILTER (WHERE {done[s]})::BIGINT AS done, "
-                f"avg({q(s + '_cost_usd')}) FILTER (WHERE {done[s]}) AS cost_usd_per_row, "
-                f"avg({q(s + '_input_tokens')}) FILTER (WHERE {done[s]}) AS input_tokens_per_row, "
-                f"avg({q(s + '_output_tokens')}) FILTER (WHERE {done[s]}) AS output_tokens_per_row "
+                f"CASE WHEN count(*) FILTER (WHERE {paid[s]} AND {q(s + '_cost_usd')} IS NULL) > 0 THEN NULL "
+                f"ELSE avg({q(s + '_cost_usd')}) FILTER (WHERE {paid[s]}) END AS cost_usd_per_row, "
+                f"avg({q(s + '_input_tokens')}) FILTER (WHERE {paid[s]}) AS input_tokens_per_row, "
+                f"avg({q(s + '_output_tokens')}) FILTER (WHERE {paid[s]}) AS output_tokens_per_row "
                 f"FROM {q(table)} WHERE {within}",
                 params=[s],
             )
@@ -118,4 +143,7 @@ def read_comparison(con: Con, table: str, steps: list[str], where: str | None) -
             for s in steps
         ]
     )
-    return ComparisonData(steps, fields, agreement, per_step, differences, f"({within} AND ({differ}))")
+    by_step = {
+        s: f"({within} AND ({' OR '.join(v for (a, b, _), v in differs.items() if s in (a, b))}))" for s in steps
+    }
+    return ComparisonData(steps, fields, agreement, per_step, differences, f"({within} AND ({differ}))", by_step)

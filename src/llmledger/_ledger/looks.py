@@ -27,7 +27,7 @@ from llmledger._ledger.verbs import gone_holders, start_over
 from llmledger._step.request import sql_literal
 from llmledger._step.sqltext import q
 from llmledger._time import utcnow
-from llmledger.errors import InvalidInputError
+from llmledger.errors import InvalidInputError, WhereClauseError
 
 
 class LookVerbs:
@@ -43,8 +43,21 @@ class LookVerbs:
 
     def compare(self, table: str, steps: list[str], where: str | None = None) -> ComparisonData:
         """Several steps' answers to the same rows, compared (`compare.py`)."""
-        with self.conn.open(wait=60.0, read_only=True) as con:
+        dialect = self.conn.dialect
+
+        def work(con: Con) -> ComparisonData:  # one snapshot, that writes nothing whatever `where` calls
+            if dialect.read_only_transactions:
+                con.execute("SET TRANSACTION READ ONLY")
             return read_comparison(con, table, steps, where)
+
+        try:
+            return self.conn.transaction(work, wait=60.0, read_only=True, commit=False)
+        except Exception as exc:
+            if where and writes_refused(exc):
+                raise WhereClauseError(
+                    f"where={where!r} would write to the store (compare only reads): pass a condition that reads"
+                ) from None
+            raise
 
     def downstream_stale(self, table: str, step: str) -> dict[str, int]:
         """Stale rows, now, in every step that reads `step` (directly or through other steps)."""

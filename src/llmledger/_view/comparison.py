@@ -59,6 +59,7 @@ class Comparison:
         self.per_step: pl.DataFrame = data.per_step
         self.differences: pl.DataFrame = data.differences
         self.differ: str = data.differ  # SQL over the fact table: the rows in `differences`
+        self._differ_by_step = data.differ_by_step
 
     def matrix(self) -> pl.DataFrame:
         """Step × step: the share of their common DONE rows on which they agree (every field, averaged)."""
@@ -67,7 +68,8 @@ class Comparison:
         rows = []
         for a in self.steps:
             found = {r["step_b"]: r["share"] for r in both.filter(pl.col("step_a") == a).iter_rows(named=True)}
-            rows.append({"step": a, **{b: 1.0 if a == b else found.get(b) for b in self.steps}})
+            answered = bool(self.per_step.filter(pl.col("step") == a)["done"].sum())
+            rows.append({"step": a, **{b: (1.0 if answered else None) if a == b else found.get(b) for b in self.steps}})
         return pl.DataFrame(rows, schema={"step": pl.String, **dict.fromkeys(self.steps, pl.Float64)})
 
     def agreement_with_others(self) -> dict[str, float | None]:
@@ -79,10 +81,12 @@ class Comparison:
         return out
 
     def flag(self, step: str, *, reason: str, by: str | None = None) -> int:
-        """Flag `step`'s answers on the rows where the steps differ (then `apply_llm(..., redo="flagged")`)."""
+        """Flag `step`'s answers on the rows where it differs from another compared step (then `apply_llm(...,
+        redo="flagged")`). The rows are found again now, so after a redo only what still differs is flagged; as
+        `llmledger.flag` does, rows showing the same answer to the same request are flagged with them."""
         if step not in self.steps:
             raise InvalidInputError(f"step {step!r} is not one of the compared steps {self.steps}")
-        return flag(self.store, self.table, step, where=self.differ, reason=reason, by=by)
+        return flag(self.store, self.table, step, where=self._differ_by_step[step], reason=reason, by=by)
 
     def __str__(self) -> str:
         lines = [f"{self.table}: {', '.join(self.steps)} compared on {', '.join(self.fields)}"]
