@@ -162,11 +162,12 @@ def test_numbers_agree_whatever_their_json_type_and_flag_names_only_the_step_tha
 
 
 def test_a_step_without_a_price_costs_unknown_even_with_free_reused_rows(store: Any) -> None:
-    with Simulator(compatible=True, models=("model-a",), responder=careful) as a:
+    # a model no test prices (set_price holds for the whole process)
+    with Simulator(compatible=True, models=("model-unpriced",), responder=careful) as a:
         twins = frame(3).with_columns(text=pl.Series(["same number 0", "same number 0", "other number 1"]))
         for step in ("x", "y"):
-            apply_llm(twins, step, prompt="{text}", model="model-a", store=store, table="t", base_url=a.server_url,
-                      progress=False)  # fmt: skip
+            apply_llm(twins, step, prompt="{text}", model="model-unpriced", store=store, table="t",
+                      base_url=a.server_url, progress=False)  # fmt: skip
     cmp = compare(store, "t", ["x", "y"])
     assert cmp.per_step["cost_usd_per_row"].to_list() == [None, None]
     assert "no step has a known cost" in cmp._repr_html_()
