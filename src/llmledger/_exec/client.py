@@ -265,35 +265,28 @@ def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
         url = os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_API  # what the SDK itself reads
     else:
         url = str(getattr(client, "base_url", "") or ANTHROPIC_API)
-    parts = urlsplit(url)
-    path = parts.path.rstrip("/")
-    if path.endswith(SIMULATOR_PATH):
+    if urlsplit(url).path.rstrip("/").endswith(SIMULATOR_PATH):
         return SIMULATOR
+    return endpoint_url(url) or url
+
+
+def endpoint_url(url: str) -> str:
+    """A base URL as the ledger names an endpoint: without credentials, query, fragment or trailing slash, the host
+    lower-cased and a default port as given. Raises ValueError for a port that is not one."""
+    parts = urlsplit(url)
     host = parts.hostname or ""
     netloc = f"[{host}]" if ":" in host else host
     if parts.port is not None:
         netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, path, "", "")) or url
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
 def shown_url(url: str) -> str:
-    """A URL as messages and the ledger show it: without credentials, query or fragment (they may hold keys)."""
+    """A URL as messages show it: without credentials, query or fragment (they may hold keys)."""
     try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port is not None else ""
+        return endpoint_url(url)
     except ValueError:
         return "<a URL that cannot be read>"
-    netloc = (f"[{host}]" if ":" in host else host) + port
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def compatible_endpoint(client: anthropic.AsyncAnthropic) -> str | None:
-    """The base URL a `base_url=` client sends to, as its requests name it (`RequestSpec.endpoint`), or None when
-    that is Anthropic's API or a simulator, which answer as Anthropic's API does (its batches, token counting,
-    rate-limit headers and prices), so their requests name no endpoint."""
-    source = answer_source(client)
-    return None if source in (SIMULATOR, ANTHROPIC_API) else source
 
 
 def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:

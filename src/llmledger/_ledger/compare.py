@@ -59,7 +59,8 @@ def _numeric(spec: Any, field: str) -> bool:
 
 
 def read_comparison(con: Con, table: str, steps: list[str], where: str | None) -> ComparisonData:
-    known = [s for t, s, _ in list_steps(con, table)]
+    keys = {s: key for _, s, key in list_steps(con, table)}
+    known = list(keys)
     if not table_exists(con, table) or not known:
         raise InvalidInputError(f"the store has no table {table!r} with steps; compare reads steps apply_llm made")
     missing = [s for s in steps if s not in known]
@@ -116,8 +117,7 @@ def read_comparison(con: Con, table: str, steps: list[str], where: str | None) -
     inputs = [c for c in column_types(con, table) if c not in owned]
     types = column_types(con, table)
     shown = ", ".join([*(q(c) for c in inputs), *(f"{output_as_text(q(s), types[s])} AS {q(s)}" for s in steps)])
-    key = next(k for t, s, k in list_steps(con, table) if s == steps[0])
-    order = ", ".join(q(k) for k in key)
+    order = ", ".join(q(k) for k in keys[steps[0]])
     differences = con.sql(f"SELECT {shown} FROM {q(table)} WHERE {within} AND ({differ}) ORDER BY {order}").pl()
     paid = {s: f"{done[s]} AND {q(s + '_input_tokens')} > 0" for s in steps}  # not answers reused for free
     per_step = pl.concat(

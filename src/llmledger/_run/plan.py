@@ -18,7 +18,7 @@ import anthropic
 import polars as pl
 
 from llmledger._exec.batch import MAX_REQUESTS
-from llmledger._exec.client import answer_source, compatible_endpoint, shown_url, simulated
+from llmledger._exec.client import ANTHROPIC_API, answer_source, endpoint_url, shown_url, simulated
 from llmledger._exec.config import RetryPolicy, RunConfig
 from llmledger._ledger import StepDefinition, Store, locate
 from llmledger._ledger.columns import SIMULATOR
@@ -47,7 +47,7 @@ class Plan:
     where: str | None
     client: anthropic.AsyncAnthropic | None
     progress: bool
-    endpoint: str | None = None  # base_url= of a server other than Anthropic's API (`compatible_endpoint`)
+    endpoint: str | None = None  # base_url= of a server other than Anthropic's API (`client_for`)
     mode: str = "online"  # "online", "batch" or "auto" (batch from AUTO_BATCH_ROWS rows to send)
     wait: bool = True  # batch mode: wait for the batches to end (else return once they are submitted)
     batch_size: int = MAX_REQUESTS
@@ -235,7 +235,8 @@ NO_KEY = "llmledger-no-key"  # what a base_url= server gets as its key when none
 
 
 def client_for(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str | None]:
-    """The client a call sends with, and the endpoint its requests name (`compatible_endpoint`).
+    """The client a call sends with, and the endpoint its requests name: None for Anthropic's API or a simulator,
+    which answer as Anthropic's API does (batches, rate-limit headers, prices), so requests to them name none.
 
     `base_url=` is a server other than Anthropic's API that answers the Messages API (vLLM, Ollama, llama.cpp's
     server, a LiteLLM proxy, a gateway). It gets `api_key=`, or a placeholder: never the environment's
@@ -256,10 +257,11 @@ def client_for(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str | Non
         return anthropic.AsyncAnthropic(api_key=api_key, max_retries=0), None
     check_base_url(base_url)
     made = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key or NO_KEY, max_retries=0)
-    endpoint = compatible_endpoint(made)
-    if endpoint is None and answer_source(made) == SIMULATOR and not _loopback(base_url):
-        endpoint = shown_url(base_url)  # a simulator's path on another host: a server like any other
-    if endpoint is None and api_key is None and answer_source(made) != SIMULATOR:
+    source = answer_source(made)
+    endpoint = None if source in (SIMULATOR, ANTHROPIC_API) else source
+    if source == SIMULATOR and not _loopback(base_url):  # a simulator's path on another host: a server like any other
+        endpoint = endpoint_url(base_url)
+    if endpoint is None and api_key is None and source != SIMULATOR:
         made = anthropic.AsyncAnthropic(base_url=base_url, max_retries=0)  # Anthropic's own URL: the usual key
     return made, endpoint
 
