@@ -70,7 +70,9 @@ def test_background_run_while_other_cells_query(tmp_path: Path, monkeypatch) -> 
     assert "finished before wait(): False" in text, "the other cells ran while the run went on"
     cell = next(c for c in book.cells if "run.progress()" in c.source)
     assert [o["output_type"] for o in cell["outputs"]] == ["execute_result"], "nothing spilled into this cell"
-    assert "running" in cell["outputs"][0]["data"]["text/plain"]
+    shown = cell["outputs"][0]["data"]["text/plain"]
+    # On a loaded machine the run may still be recording the frame a second in: either state is "going".
+    assert re.search(r"\b(preparing|running)\b", shown), shown
     assert "llmledger-summary" in text and "completed" in text
     assert os.path.exists(tmp_path / "background.duckdb")
 
