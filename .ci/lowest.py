@@ -1,6 +1,6 @@
 """Print the lowest versions pyproject.toml allows, as pip constraints (`name==floor`), so CI can prove them.
 
-Runtime dependencies and the `pandas` and `postgresql` extras; every `>=` floor becomes `==`.
+Runtime dependencies and the `pandas`, `postgresql` and `openai` extras; every `>=` floor becomes `==`.
 """
 
 import re
@@ -10,7 +10,12 @@ from pathlib import Path
 
 project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
 extras = project["optional-dependencies"]
-requirements = [*project["dependencies"], *extras.get("pandas", []), *extras.get("postgresql", [])]
+requirements = [
+    *project["dependencies"],
+    *extras.get("pandas", []),
+    *extras.get("postgresql", []),
+    *extras.get("openai", []),
+]
 for requirement in requirements:
     match = re.fullmatch(r"\s*([A-Za-z0-9_.\-\[\]]+)\s*>=\s*([^,;\s]+)\s*", requirement)
     if not match:

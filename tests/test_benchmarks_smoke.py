@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .benchmarks import bench
 
 
@@ -35,6 +37,16 @@ def test_kill_9_repays_only_what_was_in_flight(tmp_path: Path) -> None:
         result["journaled_not_committed"] + result["committed"] + result["in_flight_at_kill"]
         == result["paid_before_kill"]
     )
+
+
+def test_an_openai_model_is_paced_by_its_headers_and_a_kill_9_repays_only_what_was_in_flight(tmp_path: Path) -> None:
+    pytest.importorskip("openai")
+    paced = bench.token_throughput(
+        80, output_tpm=30_000, rpm=None, latency=0.05, folder=tmp_path, burst=2.0, model=bench.OPENAI_MODEL
+    )
+    assert paced["share_429"] < 0.05 and paced["requests"] >= 80, paced
+    killed = bench.kill9(240, tmp_path, concurrency=8, latency=0.05, model=bench.OPENAI_MODEL)
+    assert killed["repaid"] <= killed["in_flight_at_kill"] <= 8, killed
 
 
 def test_postgres_workers_and_claims_benchmark_runs(pg_server: Any) -> None:

@@ -88,3 +88,17 @@ def test_documents_are_paid_once_whatever_their_path_and_a_changed_file_is_stale
     assert paid(text, "the conversation step") == 12 and "it agrees with the file names on 12 of 12" in text
     assert "sha256:" in text, "the ledger shows the recorded hash, not the bytes"
     assert "llmledger-store" in text
+
+
+@pytest.mark.slow
+def test_models_are_compared_and_the_cheapest_that_agrees_answers_the_rest(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("openai", reason="the notebook runs an OpenAI model: pip install -e '.[dev]'")
+    text = text_of(execute("06_models.ipynb", tmp_path / "models.duckdb", monkeypatch))
+    for step, model in [("sonnet", "claude-sonnet-5-5"), ("haiku", "claude-haiku-5-5"), ("nano", "gpt-5-nano")]:
+        assert f"sentiment_{step} ({model}): 300 DONE" in text, "each model answered the 300 rows"
+    assert "sentiment_local (qwen3:8b): 300 DONE, $0.000000/row" in text, "the local server, priced at 0"
+    agree = {s: float(p) for s, p in re.findall(r"(sentiment_\w+) +agrees +([\d.]+)%", text)}
+    assert agree["sentiment_sonnet"] == 100.0 and agree["sentiment_local"] < 95 <= agree["sentiment_haiku"], agree
+    assert "chosen: sentiment_haiku" in text, "the cheapest model agreeing on 95 % or more"
+    assert "2,700 done" in text and "300 skipped" in text, "the rows answered in the comparison are not paid again"
+    assert "│ claude-haiku-5-5 ┆ 3000" in text

@@ -220,7 +220,7 @@ def _status_or_text(value: str) -> int | str:
     return int(value) if value.isdigit() else value
 
 
-_FAULTS = {f.name: f for f in dataclasses.fields(Faults) if f.name not in ("fail_next", "outage_until")}
+_FAULTS = {f.name: f for f in dataclasses.fields(Faults) if f.name not in ("fail_next", "outage_until", "accuracy")}
 _FAULTS_AS_TOLD = ("outage_for", "fail_next")  # as simulate() takes them: seconds from now; a list of faults
 
 

@@ -10,6 +10,7 @@
     tokens per minute against an output-token limit that binds before the request limit, and rows per minute
     against a request limit, over the whole run, as a share of the limit (target >= 95 %, < 2 % 429s);
     bespokelabs-curator reports 0.85-0.87 of the limit on the request-limit workload
+(f) (b), (c) and (e) for an OpenAI model (`--only-openai` runs just these)
 (d) the no-op rerun of a structured step (output= with two fields, a STRUCT column) against the same of a text
     step, at 1,000,000 rows: extra time per row (target <= 20 %)
 """
@@ -27,12 +28,13 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import duckdb
 import polars as pl
 
-from llmledger import Simulator, apply_llm, last_report
+from llmledger import DEFAULT_MODEL, Simulator, apply_llm, last_report
 
 HELPER = Path(__file__).resolve().parents[1] / "helpers" / "run_step.py"
 # (a) before this release, for comparison: llmledger 0.1.0 on the same 10,000,000-row frame, measured here on
@@ -179,18 +181,29 @@ def _noop_child(store: Path, rows: int, mode: str, structured: bool) -> None:
         )
 
 
-def throughput(rows: int, rate: float, latency: float, folder: Path, concurrency: int = 16) -> dict[str, float]:
+def client_for(sim: Simulator, model: str) -> Any:
+    """A real SDK client pointed at the simulator: OpenAI's for a model named "openai:...", else Anthropic's."""
+    if model.startswith("openai:"):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="bench")
+    return anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
+
+
+def throughput(
+    rows: int, rate: float, latency: float, folder: Path, concurrency: int = 16, model: str = DEFAULT_MODEL
+) -> dict[str, float]:
     """(b) Rows per second against a rate-limited simulator, as a share of its limit."""
     with Simulator(latency=latency, rate_limit=rate) as sim:
-        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
         t0 = time.perf_counter()
         apply_llm(
             _frame(rows),
             "summary",
             prompt=PROMPT,
-            store=folder / "tp.duckdb",
+            store=folder / f"tp-{model.replace(':', '-')}.duckdb",
             table="t",
-            client=client,
+            client=client_for(sim, model),
+            model=model,
             concurrency=concurrency,
             progress=False,
         )
@@ -224,32 +237,38 @@ def token_throughput(
     concurrency: int = 16,
     max_tokens: int = 400,
     burst: float = 5.0,
+    model: str = DEFAULT_MODEL,
 ) -> dict[str, float]:
     """(e) Output tokens per minute against an output-token limit (or rows per minute against a request
-    limit), answers of varied length, measured over the whole run, as a share of the binding limit."""
+    limit), answers of varied length, measured over the whole run, as a share of the binding limit. For an OpenAI
+    model `output_tpm` is OpenAI's one token limit (input and output tokens), and the share is of that."""
+    openai_model = model.startswith("openai:")
     with Simulator(
         latency=latency,
         responder=_varied_reply,
-        output_tokens_per_minute=output_tpm,
+        output_tokens_per_minute=None if openai_model else output_tpm,
+        tokens_per_minute=output_tpm if openai_model else None,
         rate_limit=rpm / 60 if rpm else None,
         burst=rpm / 60 * burst if rpm else None,
         token_burst=burst,
     ) as sim:
-        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
         t0 = time.perf_counter()
         apply_llm(
             _frame(rows),
             "summary",
             prompt=PROMPT,
-            store=folder / f"tokens-{output_tpm}-{rpm}.duckdb",
+            store=folder / f"tokens-{output_tpm}-{rpm}-{model.replace(':', '-')}.duckdb",
             table="t",
-            client=client,
+            client=client_for(sim, model),
+            model=model,
             concurrency=concurrency,
             max_tokens=max_tokens,
             progress=False,
         )
         minutes = (time.perf_counter() - t0) / 60
         stats = sim.stats()
+    if openai_model:  # OpenAI's limit counts every token, input (cached or not) and output
+        stats["output_tokens"] += stats["input_tokens"] + stats["cache_read_tokens"]
     result = {
         "rows": rows,
         "latency_s": latency,
@@ -275,7 +294,13 @@ def token_throughput(
 
 
 def kill9(
-    rows: int, folder: Path, *, concurrency: int = 16, latency: float = 0.1, commit_every: float = 0.5
+    rows: int,
+    folder: Path,
+    *,
+    concurrency: int = 16,
+    latency: float = 0.1,
+    commit_every: float = 0.5,
+    model: str = DEFAULT_MODEL,
 ) -> dict[str, float]:
     """(c) kill -9 a run mid-way, rerun it, count the calls paid twice."""
     store = folder / "kill.duckdb"
@@ -291,6 +316,8 @@ def kill9(
                 str(concurrency),
                 "--commit-every",
                 str(commit_every),
+                "--model",
+                model,
             ],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -308,14 +335,14 @@ def kill9(
             committed = con.execute("SELECT count(*) FROM messages WHERE summary_status = 'DONE'").fetchall()[0][0]
         journaled = sum(len(p.read_text().splitlines()) for p in folder.glob("kill.duckdb.journal/*.jsonl"))
         in_flight = paid_before - committed - journaled
-        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
         apply_llm(
             _frame(rows),
             "summary",
             prompt=PROMPT,
             store=store,
             table="messages",
-            client=client,
+            client=client_for(sim, model),
+            model=model,
             concurrency=concurrency,
             progress=False,
         )
@@ -332,6 +359,24 @@ def kill9(
     }
 
 
+OPENAI_MODEL = "openai:gpt-5-mini"
+
+
+def openai_results(folder: Path, *, quick: bool) -> dict[str, Any]:
+    """(f) (b), (c) and (e) again for an OpenAI model: the openai SDK against the simulator's chat completions,
+    paced by its `x-ratelimit-*` headers (one token limit, input and output)."""
+    return {
+        "f_openai_throughput": throughput(100 if quick else 1_000, 50.0, 0.1, folder, model=OPENAI_MODEL),
+        "f_openai_kill9": kill9(300 if quick else 2_000, folder, model=OPENAI_MODEL),
+        "f_openai_token_limit": token_throughput(
+            200 if quick else 400, output_tpm=40_000, rpm=None, latency=0.3, folder=folder, model=OPENAI_MODEL
+        ),
+        "f_openai_request_limit": token_throughput(
+            200 if quick else 600, output_tpm=None, rpm=600, latency=0.3, folder=folder, model=OPENAI_MODEL
+        ),
+    }
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_noop":
         _noop_child(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1")
@@ -339,10 +384,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--noop-rows", type=int, default=None, help="rows for (a) (default 10,000,000)")
+    parser.add_argument("--only-openai", action="store_true", help="only (f), the OpenAI model's measurements")
     args = parser.parse_args()
     noop_rows = args.noop_rows or (50_000 if args.quick else 10_000_000)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        if args.only_openai:
+            print(json.dumps(openai_results(folder, quick=args.quick), indent=2))
+            return
         results = {
             "a_noop_rerun_same_order": noop_rerun(noop_rows, folder, repeat=1 if args.quick else 3),
             "a_noop_rerun_shuffled": noop_rerun(noop_rows, folder, shuffle=True),
@@ -359,6 +408,7 @@ def main() -> None:
             "d_structured_noop": structured_overhead(
                 20_000 if args.quick else 1_000_000, folder, repeat=1 if args.quick else 3
             ),
+            **openai_results(folder, quick=args.quick),
         }
     print(json.dumps(results, indent=2))
 

@@ -2,7 +2,7 @@
 
 usage: run_step.py STORE ROWS [--concurrency N] [--chunk-size N] [--commit-every S] [--step NAME]
                    [--mode online|batch] [--no-wait] [--die-before create|confirm] [--distinct N]
-                   [--clock-skew SECONDS] [--max-cost USD]
+                   [--clock-skew SECONDS] [--max-cost USD] [--model MODEL]
 Talks to ANTHROPIC_BASE_URL with the key in LLMLEDGER_TEST_KEY. `--die-before` kills the process (no cleanup,
 as a crash or a lost kernel would) just before a batch is sent to the API, or just after the API took it and
 before the ledger records its id. `--distinct N`: row i's text is that of row i % N (duplicate texts).
@@ -35,6 +35,7 @@ p.add_argument("--die-before", choices=["create", "confirm"])
 p.add_argument("--distinct", type=int, default=0)
 p.add_argument("--clock-skew", type=float, default=0.0)
 p.add_argument("--max-cost", type=float, default=None)
+p.add_argument("--model", default=None)  # "openai:...": the openai SDK, at ANTHROPIC_BASE_URL + "/v1"
 a = p.parse_args()
 
 if a.clock_skew:
@@ -77,7 +78,14 @@ df = pl.DataFrame(
         "text": [f"hello message number {i % a.distinct if a.distinct else i}" for i in range(a.rows)],
     }
 )
-client = anthropic.AsyncAnthropic(api_key=os.environ["LLMLEDGER_TEST_KEY"])
+client: object = anthropic.AsyncAnthropic(api_key=os.environ["LLMLEDGER_TEST_KEY"])
+chosen = {} if a.model is None else {"model": a.model}
+if a.model is not None and a.model.startswith("openai:"):
+    import openai
+
+    client = openai.AsyncOpenAI(
+        base_url=os.environ["ANTHROPIC_BASE_URL"] + "/v1", api_key=os.environ["LLMLEDGER_TEST_KEY"]
+    )
 print("started", flush=True)
 try:
     out = apply_llm(
@@ -94,6 +102,7 @@ try:
         mode=a.mode,
         wait=not a.no_wait,
         **budget,
+        **chosen,
     )
 except KeyboardInterrupt:
     print("interrupted", flush=True)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from llmledger._step.attach import image_size, media_type
 from llmledger._step.prices import Price
 from llmledger._step.prompt import check_prompt, template_fields
-from llmledger._step.request import RequestSpec, canonical_json, fingerprint, sql_literal
+from llmledger._step.request import RequestSpec, canonical_json, fingerprint, split_model, sql_literal
 from llmledger._step.sqltext import q
 from llmledger.errors import PromptError
 from llmledger.simulator import pdf, png
@@ -46,13 +46,65 @@ def test_different_prompts_have_different_fingerprints(a: str, b: str) -> None:
 @given(
     st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60),
     st.sampled_from([None, "terse", "quote ' and \" and \\"]),
+    st.sampled_from(["anthropic", "openai"]),
 )
-def test_the_sql_fingerprint_is_the_python_fingerprint(prompt: str, system: str | None) -> None:
-    """The ledger fingerprints rows in SQL and answers in Python: both must agree on every text."""
-    spec = RequestSpec(model="claude-x", max_tokens=7, system=system, options={"metadata": {"a": [1, "é"]}})
+def test_the_sql_fingerprint_is_the_python_fingerprint(prompt: str, system: str | None, provider: str) -> None:
+    """The ledger fingerprints rows in SQL and answers in Python: both must agree on every text, for either API's
+    body."""
+    spec = RequestSpec(
+        model="claude-x", max_tokens=7, system=system, options={"metadata": {"a": [1, "é"]}}, provider=provider
+    )
     with duckdb.connect() as con:
         found = con.execute(f"SELECT ({spec.fingerprint_sql(sql_literal(prompt))})::VARCHAR").fetchone()
     assert found is not None and found[0] == spec.fingerprint(prompt)
+
+
+OPTIONS = st.dictionaries(
+    st.sampled_from(["temperature", "seed", "max_completion_tokens", "max_tokens_x", "metadata"]), JSON, max_size=3
+)
+
+
+@settings(UNIT, max_examples=80)
+@given(
+    st.sampled_from(["anthropic", "openai"]),
+    st.one_of(st.none(), st.text(min_size=1, max_size=12)),
+    OPTIONS,
+    st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": st.text(max_size=8)}),
+        max_size=2,
+    ),
+    st.sampled_from([None, "http://localhost:8000"]),
+)
+def test_a_stored_request_reads_back_as_the_request_it_was(
+    provider: str, system: str | None, options: dict, prefix: list, endpoint: str | None
+) -> None:
+    """What `resume` sends is the request read back from the store: it must be the one apply_llm recorded, body
+    and fingerprint, whichever API it is written for (an Anthropic option named like OpenAI's bound included)."""
+    if provider == "openai":
+        options.pop("max_completion_tokens", None)  # apply_llm refuses it there: max_tokens= sets it
+    spec = RequestSpec(
+        model="m", max_tokens=9, system=system, options=options, prefix=tuple(prefix), endpoint=endpoint,
+        provider=provider,
+    )  # fmt: skip
+    again = RequestSpec.from_json(spec.to_json())
+    assert again.to_json() == spec.to_json() and again.max_tokens == 9 and again.provider == provider
+    assert again.fingerprint("row") == spec.fingerprint("row")
+    assert again.body("row") == spec.body("row")
+
+
+@pytest.mark.parametrize(
+    ("named", "split"),
+    [
+        ("openai:gpt-5-mini", ("openai", "gpt-5-mini")),
+        ("anthropic:claude-haiku-5-5", ("anthropic", "claude-haiku-5-5")),
+        ("claude-haiku-5-5", ("anthropic", "claude-haiku-5-5")),
+        ("llama3.2:3b", ("anthropic", "llama3.2:3b")),
+        ("openai:qwen3:8b", ("openai", "qwen3:8b")),
+        ("openai:", ("anthropic", "openai:")),
+    ],
+)
+def test_only_the_two_provider_prefixes_choose_a_provider(named: str, split: tuple[str, str]) -> None:
+    assert split_model(named) == split
 
 
 @settings(UNIT, max_examples=60)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -36,7 +36,7 @@ SPEND_LIMIT_CODES = {
 }
 # A 400 whose message says the account's usage limit or credit is exhausted (older accounts get no error_code).
 _USAGE_LIMIT = re.compile(r"usage limit|credit balance is too low|spend limit", re.IGNORECASE)
-_TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
+TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
 _FULL = {429, 503, 529}  # statuses by which a server says it has more than it can take
 
 
@@ -124,7 +124,7 @@ def classify(exc: BaseException) -> CallFailed:
             return CallFailed(Kind.FATAL, detail, stop=Outcome.NO_MODEL)
         if code in SPEND_LIMIT_CODES or status == 402 or (status == 400 and _USAGE_LIMIT.search(message)):
             return CallFailed(Kind.FATAL, detail, stop=Outcome.SPEND_LIMIT)
-        transient = status in _TRANSIENT_STATUS or status >= 500
+        transient = status in TRANSIENT_STATUS or status >= 500
         if transient and should_retry == "false":
             return CallFailed(Kind.FATAL, detail + " (x-should-retry: false)", stop=Outcome.RETRY_REFUSED)
         if transient or should_retry == "true":
@@ -141,46 +141,90 @@ class NotSent(Exception):
     """The run stopped while the request waited for its turn: it was never sent."""
 
 
-async def send(
-    client: anthropic.AsyncAnthropic, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None
-) -> Reply:
+@dataclass(frozen=True)
+class Api:
+    """How one SDK is called and read: what `send` needs to know of a provider."""
+
+    call: Callable[[Any, dict[str, Any]], Awaitable[tuple[Any, Any]]]  # (parsed answer, response headers)
+    reply_from: Callable[..., Reply]
+    refused: Callable[[Any], bool]  # the answer is a refusal (paid for, no use)
+    classify: Callable[[BaseException], CallFailed]
+    status_error: type[BaseException]  # an HTTP error answer, with `.status_code` and `.response`
+    sdk_error: type[BaseException]  # any other error the SDK raises
+    timeout_error: type[BaseException]
+    counts_cached: bool = False  # its token limit counts cached input (OpenAI's does; Anthropic's mostly not)
+
+
+async def _messages_call(client: anthropic.AsyncAnthropic, body: dict[str, Any]) -> tuple[Any, Any]:
+    required = {name: body[name] for name in ("model", "max_tokens", "messages")}
+    extra = {name: value for name, value in body.items() if name not in required}
+    raw = await client.messages.with_raw_response.create(**required, extra_body=extra or None)
+    message = raw.parse()
+    if inspect.isawaitable(message):  # anthropic >= 0.4x made parse() a coroutine on async clients
+        message = await message
+    return message, raw.headers
+
+
+def api_for(client: Any) -> Api:
+    """The Api of a client: Anthropic's SDK, or OpenAI's (`chat.py`)."""
+    if isinstance(client, anthropic.AsyncAnthropic):
+        return MESSAGES
+    from llmledger._exec import chat
+
+    sdk = chat.openai_sdk()
+    return Api(
+        chat.call,
+        chat.reply_from,
+        chat.refused,
+        chat.classify,
+        sdk.APIStatusError,
+        sdk.OpenAIError,
+        sdk.APITimeoutError,
+        counts_cached=True,
+    )
+
+
+async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None) -> Reply:
     """One request with exactly `body`. Raises CallFailed with its kind on any failure.
 
     `go`, asked once the pacer lets the request start: False raises NotSent, so a run that stopped while
     its requests waited for their turn (a retry-after pause) starts none of them.
     """
+    api = api_for(client)
     await pacer.wait()
-    required = {name: body[name] for name in ("model", "max_tokens", "messages")}
-    extra = {name: value for name, value in body.items() if name not in required}
     async with pacer.in_flight() as flight:
         if go is not None and not go():
             flight.unsent = True
             raise NotSent
         try:
-            raw = await client.messages.with_raw_response.create(**required, extra_body=extra or None)
-            message = raw.parse()
-            if inspect.isawaitable(message):  # anthropic >= 0.4x made parse() a coroutine on async clients
-                message = await message
-        except anthropic.APIStatusError as exc:
-            failure = classify(exc)
-            flight.congested = exc.status_code in _FULL
-            pacer.observe(exc.response.headers)
+            message, headers = await api.call(client, body)
+        except api.status_error as exc:
+            failure = api.classify(exc)
+            status, answered = getattr(exc, "status_code", 0), getattr(exc, "response", None)
+            flight.congested = status in _FULL
+            if answered is not None:
+                pacer.observe(answered.headers)
             if failure.kind is Kind.TRANSIENT and failure.retry_after:
                 pacer.pause(failure.retry_after)
             raise failure from exc
-        except anthropic.AnthropicError as exc:
-            flight.congested = isinstance(exc, anthropic.APITimeoutError)
-            raise classify(exc) from exc
+        except api.sdk_error as exc:
+            flight.congested = isinstance(exc, api.timeout_error)
+            raise api.classify(exc) from exc
         finally:
             pacer.answered()
-    reply = reply_from(message, body["model"])
-    pacer.observe(raw.headers, reply.input_tokens, reply.output_tokens)
-    if message.stop_reason == "refusal":
+    reply = api.reply_from(message, body["model"])
+    paced_input = reply.input_tokens + (reply.cache_read_tokens if api.counts_cached else 0)
+    pacer.observe(headers, paced_input, reply.output_tokens)
+    if api.refused(message):
         raise CallFailed(Kind.PERMANENT, REFUSAL, reply=reply)
     return reply
 
 
 REFUSAL = "refusal: the model declined to answer this prompt"
+
+
+def _message_refused(message: Any) -> bool:
+    return bool(message.stop_reason == "refusal")
 
 
 def known_reply(answer: KnownAnswer) -> Reply:
@@ -193,10 +237,8 @@ def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
     usage = message.usage
     cache = getattr(usage, "cache_creation", None)
     text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
-    text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate would break the journal and the store
-    text = text.replace("\x00", "\ufffd")  # PostgreSQL text cannot hold NUL: the paid answer keeps the rest
     return Reply(
-        text=text,
+        text=clean_text(text),
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         stop_reason=message.stop_reason,
@@ -213,8 +255,15 @@ def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
     )
 
 
-def bounded_timeout(timeout: Any, *, max_tokens: int) -> anthropic.Timeout:
-    """The client's timeout, bounded so that no request can stall a run for long.
+def clean_text(text: str) -> str:
+    """An answer as the ledger can keep it: a lone surrogate would break the journal and the store, and PostgreSQL
+    text cannot hold NUL (the paid answer keeps the rest)."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
+
+
+def bounded_timeout(timeout: Any, *, max_tokens: int, sdk: Any = anthropic) -> Any:
+    """The client's timeout, bounded so that no request can stall a run for long (a `Timeout` of `sdk`, the
+    client's own SDK module).
 
     Waiting for a pooled connection, a connect or a write ends before the API
     has the request, so those are short. The read (the model's answer) is
@@ -222,10 +271,10 @@ def bounded_timeout(timeout: Any, *, max_tokens: int) -> anthropic.Timeout:
     longer than any healthy answer, and a retry after it is a retry the SDK
     would make after its own 600 s anyway.
     """
-    read = timeout.read if isinstance(timeout, anthropic.Timeout) else timeout
+    read = timeout.read if isinstance(timeout, sdk.Timeout) else timeout
     ceiling = max(60.0, max_tokens / 10.0)
     read = ceiling if read is None else min(float(read), ceiling)
-    return anthropic.Timeout(read, connect=10.0, write=30.0, pool=10.0)
+    return sdk.Timeout(read, connect=10.0, write=30.0, pool=10.0)
 
 
 # The base URL of the simulator `llmledger.simulate()` started for this session (None: the environment's API).
@@ -236,6 +285,12 @@ def use_session_simulator(base_url: str | None) -> None:
     """Send this session's default requests to `base_url` (a simulator), or back to the environment's API."""
     global _session_base_url
     _session_base_url = base_url
+
+
+def session_base_url() -> str:
+    """The base URL of the session's simulator (`llmledger.simulate()`); only when `simulated()`."""
+    assert _session_base_url is not None
+    return _session_base_url
 
 
 def simulated() -> bool:
@@ -265,7 +320,8 @@ def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
         url = os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_API  # what the SDK itself reads
     else:
         url = str(getattr(client, "base_url", "") or ANTHROPIC_API)
-    if urlsplit(url).path.rstrip("/").endswith(SIMULATOR_PATH):
+    path = urlsplit(url).path.rstrip("/")
+    if path.endswith(SIMULATOR_PATH) or path.endswith(SIMULATOR_PATH + "/v1"):  # "/v1": OpenAI's SDK's base URLs
         return SIMULATOR
     return endpoint_url(url) or url
 
@@ -298,3 +354,14 @@ def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
     if _session_base_url is not None:
         kwargs.update(base_url=_session_base_url, api_key="simulated")
     return anthropic.AsyncAnthropic(**kwargs)
+
+
+MESSAGES = Api(
+    _messages_call,
+    reply_from,
+    _message_refused,
+    classify,
+    anthropic.APIStatusError,
+    anthropic.AnthropicError,
+    anthropic.APITimeoutError,
+)

@@ -16,8 +16,6 @@ import logging
 import time
 from typing import Any, Protocol
 
-import anthropic
-
 from llmledger._exec.adaptive import AdaptiveLimit
 from llmledger._exec.client import CallFailed, Kind, NotSent, Reply, known_reply, send
 from llmledger._exec.config import RetryPolicy
@@ -41,9 +39,11 @@ FEEDBACK = (
 
 _STOP_ADVICE = {
     Outcome.AUTH: "the API refused the credentials or the account ({}); no row was marked failed. Check "
-    "ANTHROPIC_API_KEY (or the client you passed; for a base_url= server, its api_key=) and run again.",
-    Outcome.SPEND_LIMIT: "the account cannot spend more now ({}); no row was marked failed. Raise the limit "
-    "or wait for it to reset (see the Claude Console), then run the same call again.",
+    "ANTHROPIC_API_KEY (OPENAI_API_KEY for an 'openai:' model; or the client you passed; for a base_url= server, "
+    "its api_key=) and run again.",
+    Outcome.SPEND_LIMIT: "the account cannot spend more now ({}); no row was marked failed. Raise the limit, add "
+    "credit or wait for it to reset (the Claude Console; OpenAI's billing page for an 'openai:' model), then run "
+    "the same call again.",
     Outcome.RETRY_REFUSED: "the API said not to retry ({}); no row was marked failed. Run the same call again "
     "later to resume.",
     Outcome.NO_MODEL: "the API has no such model ({}); no row was marked failed. Check model= (see "
@@ -74,7 +74,7 @@ class Sink(Protocol):
 class OnlineSender:
     def __init__(
         self,
-        client: anthropic.AsyncAnthropic,
+        client: Any,  # an anthropic.AsyncAnthropic, or an openai.AsyncOpenAI
         *,
         requests: dict[str, RequestSpec],
         known: dict[str, KnownAnswer],

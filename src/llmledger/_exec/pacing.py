@@ -15,6 +15,7 @@ import contextlib
 import email.utils
 import math
 import random
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -123,16 +124,12 @@ class Pacer:
             self._avg_in += weight * (input_tokens - self._avg_in)
             self._avg_out += weight * (output_tokens - self._avg_out)
         rates = []
-        for family, per_request, safety in (
-            ("requests", 1.0, self.SAFETY),
-            ("input-tokens", self._avg_in, self.TOKENS),
-            ("output-tokens", self._avg_out, self.TOKENS),
-        ):
-            limit = _number(headers.get(f"anthropic-ratelimit-{family}-limit"))
+        for family, per_request, safety, (limit_header, remaining_header, reset_header) in self._families(headers):
+            limit = _number(headers.get(limit_header))
             if limit and per_request:
                 rates.append((limit / 60.0 / per_request * safety, f"{family.replace('-', ' ')}: {limit:,.0f}/min"))
-            remaining = _number(headers.get(f"anthropic-ratelimit-{family}-remaining"))
-            reset = headers.get(f"anthropic-ratelimit-{family}-reset")
+            remaining = _number(headers.get(remaining_header))
+            reset = headers.get(reset_header)
             need = max(per_request, 1.0)
             if remaining is not None and remaining < need and reset:
                 # The bucket refills continuously: wait until one more request's worth is back, not until
@@ -145,6 +142,27 @@ class Pacer:
         if rates:
             rate, self.binding = min(rates)
             self.interval = 1.0 / rate
+
+    def _families(self, headers: Any) -> list[tuple[str, float, float, tuple[str, str, str]]]:
+        """(limit family, its amount per request, share used, its three headers) in the scheme the API sends:
+        Anthropic's `anthropic-ratelimit-{family}-{limit,remaining,reset}` (input and output tokens apart), or
+        OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (one token limit, input and output)."""
+        if headers.get("x-ratelimit-limit-requests") is not None or headers.get("x-ratelimit-limit-tokens") is not None:
+            return [
+                (family, per_request, safety, tuple(f"x-ratelimit-{part}-{family}" for part in _PARTS))  # type: ignore[misc]
+                for family, per_request, safety in (
+                    ("requests", 1.0, self.SAFETY),
+                    ("tokens", self._avg_in + self._avg_out, self.TOKENS),
+                )
+            ]
+        return [
+            (family, per_request, safety, tuple(f"anthropic-ratelimit-{family}-{part}" for part in _PARTS))  # type: ignore[misc]
+            for family, per_request, safety in (
+                ("requests", 1.0, self.SAFETY),
+                ("input-tokens", self._avg_in, self.TOKENS),
+                ("output-tokens", self._avg_out, self.TOKENS),
+            )
+        ]
 
     def state(self) -> tuple[float, float, float]:
         return self.interval, self._next, self._paused_until
@@ -164,7 +182,16 @@ def _number(value: str | None) -> float | None:
         return None
 
 
+_PARTS = ("limit", "remaining", "reset")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_DURATIONS = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|h|m|s))+")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
 def _seconds_until(stamp: str) -> float | None:
+    """Seconds until a reset: Anthropic's RFC 3339 time, or OpenAI's duration ("6m0s", "1s", "20ms", "1h2m3.5s")."""
+    if _DURATIONS.fullmatch(stamp.strip()):
+        return sum(float(n) * _UNIT[unit] for n, unit in _DURATION.findall(stamp))
     try:
         when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except ValueError:

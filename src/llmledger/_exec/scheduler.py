@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import polars as pl
 
 from llmledger._exec.client import Reply
@@ -67,7 +66,7 @@ class Scheduler(BudgetGuard):
         ledger: Ledger,
         selection: Selection,
         cfg: RunConfig,
-        client: anthropic.AsyncAnthropic,
+        client: Any,  # an anthropic.AsyncAnthropic, or an openai.AsyncOpenAI
         claimant: Claimant,
         report: RunReport,
         stop_flag: threading.Event,

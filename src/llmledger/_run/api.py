@@ -38,8 +38,8 @@ from llmledger._run.plan import (
     check_credentials,
     check_no_nul,
     check_validator,
-    endpoint_refusal,
     plan_options,
+    step_refusal,
     with_null_fields,
 )
 from llmledger._run.run import Run, set_last_report
@@ -48,7 +48,14 @@ from llmledger._step.messages import cached, check_prefix, prompt_and_prefix
 from llmledger._step.output import output_spec
 from llmledger._step.prices import warn_unpriced
 from llmledger._step.prompt import Prompt, check_prompt, plan_prompt
-from llmledger._step.request import RequestSpec, check_max_tokens, check_request_options
+from llmledger._step.request import (
+    ANTHROPIC,
+    OPENAI,
+    RequestSpec,
+    check_max_tokens,
+    check_request_options,
+    split_model,
+)
 from llmledger._view.live import make_display
 from llmledger.errors import InvalidInputError, StepNameError
 
@@ -176,23 +183,28 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     )
     check_prompt(prompt, frame.columns, steps)
     check_prefix(prefix, frame.columns)
-    frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys)
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
+    provider, model = split_model(model)
+    if provider == OPENAI:
+        check_openai_call(o["cache"], o.get("attach") is not None)
+    frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys)
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
-    options = check_request_options(o["request_options"])
+    options = check_request_options(o["request_options"], provider)
     check_no_nul(prompt, system, options, prefix)
     spec = output_spec(o["output"])
-    if spec is not None:
+    if spec is not None and provider == OPENAI:  # response_format is refused in request_options: only output= sets it
+        options["response_format"] = spec.response_format()
+    elif spec is not None:
         if "output_config" in options:
             raise InvalidInputError(
                 "pass the output schema either as output= or as request_options['output_config'], not both"
             )
         options["output_config"] = spec.request_option()
     check_validator(validate)
-    ttl = cache_ttl(o["cache"], model, system, prefix)
+    ttl = cache_ttl(o["cache"], model, system, prefix) if provider == ANTHROPIC else None
     request = RequestSpec(
         model=model,
         max_tokens=max_tokens,
@@ -201,6 +213,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         cache_ttl=None if prefix else ttl,
         prefix=cached(prefix, ttl),
         attach=() if attachments is None else attachments.columns,
+        provider=provider,
     )
     stored = storable(exact_keys(frame, keys))
     if attachments is not None:  # the ledger keeps a file's hash, not its bytes
@@ -231,6 +244,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         batch_size=o.get("batch_size"),
         base_url=o.get("base_url"),
         api_key=o.get("api_key"),
+        provider=provider,
     )
     if plan.endpoint is not None:  # the server answering is part of the request (its fingerprint)
         definition = dataclasses.replace(definition, request=dataclasses.replace(request, endpoint=plan.endpoint))
@@ -305,6 +319,7 @@ def resume(
     check_identifier(step, "step", StepNameError, 'e.g. "summary"')
     check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
     check_validator(validate)
+    recorded = stored_requests(store, table).get(step)
     plan = plan_options(
         store=store,
         table=table,
@@ -328,9 +343,12 @@ def resume(
         batch_size=batch_size,
         base_url=base_url,
         api_key=api_key,
+        provider=ANTHROPIC if recorded is None else recorded.provider,  # the client speaks the step's API
     )
     locate(plan.store, must_exist=True)
-    check_endpoint(plan)
+    problem = None if recorded is None else step_refusal(plan, recorded)
+    if problem is not None:
+        raise InvalidInputError(problem)
     check_credentials(plan.client)
     run = Run(plan, watch=make_display)
     if background:
@@ -340,13 +358,18 @@ def resume(
     return result
 
 
-def check_endpoint(plan: Plan) -> None:
-    """resume and work send each row the request apply_llm recorded for it, which names the server that answers it
-    (`base_url=`; none for Anthropic's API): a call that would send it elsewhere is refused before it sends."""
-    request = stored_requests(plan.store, plan.table).get(plan.step)
-    problem = None if request is None else endpoint_refusal(plan.table, plan.step, request.endpoint, plan.endpoint)
-    if problem is not None:
-        raise InvalidInputError(problem)
+def check_openai_call(cache: Any, attaches: bool) -> None:
+    """What a model named "openai:..." does not take (yet)."""
+    if cache in ("5m", "1h"):
+        raise InvalidInputError(
+            f"cache={cache!r} chooses how long Anthropic's prompt cache keeps a prefix; OpenAI caches long prefixes "
+            "by itself, with no ttl to choose: pass cache=True (the default) or leave it out"
+        )
+    if attaches:
+        raise InvalidInputError(
+            "attach= sends files to Claude; for an OpenAI model it is not built yet: use a Claude model, or put "
+            "the text in a column the prompt reads"
+        )
 
 
 # -- input checks ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import anthropic
 import polars as pl
 
 from llmledger._exec.batch import BatchSender
+from llmledger._exec.chat import is_openai_client, openai_sdk
 from llmledger._exec.client import bounded_timeout, default_client
 from llmledger._exec.collect import BatchCollector
 from llmledger._exec.scheduler import Scheduler
@@ -33,7 +34,8 @@ async def send_all(
 ) -> RunReport:
     api, own = run_client(plan.client)
     max_tokens = max((r.max_tokens for r in selection.requests.values()), default=1024)
-    api = api.with_options(max_retries=0, timeout=bounded_timeout(api.timeout, max_tokens=max_tokens))
+    timeout = bounded_timeout(api.timeout, max_tokens=max_tokens, sdk=sdk_of(api))
+    api = api.with_options(max_retries=0, timeout=timeout)
     try:
         scheduler = Scheduler(
             ledger=ledger,
@@ -137,7 +139,12 @@ async def run_batches(
             await api.close()
 
 
-def run_client(client: anthropic.AsyncAnthropic | None) -> tuple[anthropic.AsyncAnthropic, bool]:
+def sdk_of(client: Any) -> Any:
+    """The SDK module a client comes from: `anthropic`, or `openai` (an optional extra)."""
+    return openai_sdk() if is_openai_client(client) else anthropic
+
+
+def run_client(client: Any) -> tuple[Any, bool]:
     """The client a run sends with, and whether the run must close it.
 
     A run gets a connection pool of its own, opened and closed on llmledger's event loop. Sharing
@@ -152,4 +159,4 @@ def run_client(client: anthropic.AsyncAnthropic | None) -> tuple[anthropic.Async
     http = getattr(client, "_client", None)
     if http is not None and type(http).__name__ != "AsyncHttpxClientWrapper":
         return client, False
-    return client.with_options(http_client=anthropic.DefaultAsyncHttpxClient()), True
+    return client.with_options(http_client=sdk_of(client).DefaultAsyncHttpxClient()), True

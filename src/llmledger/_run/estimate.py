@@ -237,7 +237,8 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
 def _schema_tokens(request: RequestSpec) -> int:
     """The tokens an `output=` schema adds to each request (0 without one)."""
     options = request.options
-    return estimate_tokens(json.dumps(options["output_config"])) if "output_config" in options else 0
+    asked = options.get("output_config") or options.get("response_format")  # Messages, or Chat Completions
+    return estimate_tokens(json.dumps(asked)) if asked else 0
 
 
 def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> dict[str, Any]:
@@ -262,5 +263,7 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> di
         "output_tokens": output,
         "cost_usd": None if price is None else price.cost(**usage),
         # a base_url= server has no Message Batches: no batch price to offer
-        "cost_usd_batch": None if price is None or request.endpoint is not None else price.cost(**usage, batch=True),
+        "cost_usd_batch": None
+        if price is None or request.endpoint is not None or request.provider != "anthropic"  # no batches there yet
+        else price.cost(**usage, batch=True),
     }

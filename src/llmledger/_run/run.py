@@ -31,8 +31,9 @@ from llmledger._report import PipelineReport, RunReport, Watcher
 from llmledger._run.drive import run_batches, send_all
 from llmledger._run.frames import with_answers
 from llmledger._run.loop import background_loop, run_blocking
-from llmledger._run.plan import Plan, compatible_note, endpoint_refusal
+from llmledger._run.plan import Plan, compatible_note, step_refusal
 from llmledger._step.prices import price_of
+from llmledger._step.request import ANTHROPIC
 from llmledger._time import utcnow
 from llmledger.errors import (
     AuthenticationFailed,
@@ -203,7 +204,7 @@ class Run:
                 guard_inputs=plan.default_table,
             )
             # batches sent earlier (to Anthropic's API: no other server has them): merge what has ended first
-            if plan.endpoint is None and ledger.open_batches(plan.table, plan.step):
+            if plan.endpoint is None and plan.provider == ANTHROPIC and ledger.open_batches(plan.table, plan.step):
                 interrupted = self._run_async(
                     lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
                     foreground=foreground,
@@ -222,13 +223,15 @@ class Run:
                     plan.table, plan.step, params, dedupe=plan.cfg.dedupe, inputs=plan.cfg.validate is not None
                 )
             sent = selection.requests.get(selection.version)
-            problem = None if sent is None else endpoint_refusal(plan.table, plan.step, sent.endpoint, plan.endpoint)
+            problem = None if sent is None else step_refusal(plan, sent)
             if problem is not None:  # apply_llm moved the step to another server since this call looked
                 raise InvalidInputError(problem)
             self._take_counts(selection)
             if plan.endpoint is not None and selection.to_send:
                 priced = sent is not None and price_of(sent.model) is not None
-                report.notes.append(compatible_note(plan.endpoint, plan.cfg.concurrency, priced=priced))
+                report.notes.append(
+                    compatible_note(plan.endpoint, plan.cfg.concurrency, priced=priced, provider=plan.provider)
+                )
             done_before = selection.done_skipped - report.done  # not the rows just merged from batches
             average = (
                 ledger.average_paid(plan.table, plan.step)

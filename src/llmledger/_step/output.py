@@ -49,7 +49,13 @@ class OutputSpec:
         return sql_type(self.schema, self.schema.get("$defs", {}))
 
     def request_option(self) -> dict[str, Any]:
+        """The Messages API's `output_config`."""
         return {"format": {"type": "json_schema", "schema": self.schema}}
+
+    def response_format(self) -> dict[str, Any]:
+        """Chat Completions' `response_format`: the same schema, strict (every object closed, every field required,
+        as `api_schema` writes it), so the answer matches it or is a refusal."""
+        return {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": self.schema}}
 
     def check(self, text: str) -> str:
         """The answer as normalised JSON (every property present), or OutputError saying what is wrong."""
@@ -203,9 +209,13 @@ def _check_typed(schema: dict[str, Any], defs: dict[str, Any], path: str) -> Non
 
 
 def spec_from_request(options: Mapping[str, Any]) -> OutputSpec | None:
-    """The output spec recorded in a stored request's `output_config`, if it asks for JSON."""
+    """The output spec recorded in a stored request's `output_config` (or Chat Completions' `response_format`), if it
+    asks for JSON."""
     config = options.get("output_config")
     fmt = config.get("format") if isinstance(config, Mapping) else None
+    chat = options.get("response_format")
+    if isinstance(chat, Mapping) and chat.get("type") == "json_schema" and isinstance(chat.get("json_schema"), Mapping):
+        fmt = {"type": "json_schema", "schema": chat["json_schema"].get("schema")}
     if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
         return OutputSpec(_in_field_order(fmt["schema"]))
     return None

@@ -1,4 +1,4 @@
-"""List prices of Claude models, kept as data in `prices.json` with the date they were checked.
+"""List prices of Claude models (and OpenAI's), kept as data in `prices.json` with the date they were checked.
 
 Each model has rates in USD per million tokens for input, output, cache writes
 (5 minute and 1 hour), cache reads, and a batch multiplier; a model may have a
@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import polars as pl
 
+from llmledger._step.request import split_model
 from llmledger.errors import InvalidInputError, warn
 
 _SNAPSHOT = re.compile(r"^(.*)-\d{8}$")
@@ -227,6 +228,7 @@ def set_price(
     """
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model id such as 'claude-haiku-4-5', got {model!r}")
+    model = split_model(model)[1]  # "openai:gpt-5-mini" is priced as gpt-5-mini, the id the API answers with
     rates = {"input": input, "output": output, "batch": batch}
     for name, value in rates.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -261,7 +263,9 @@ def prices() -> pl.DataFrame:
                 "model": model,
                 "aliases": sorted(by_model.get(model, [])),
                 **flat,
-                "source": "set_price" if model in overridden else f"built in (checked {checked})",
+                "source": "set_price"
+                if model in overridden
+                else f"built in (checked {_data()['models'].get(model, {}).get('checked', checked)})",
             }
         )
     return pl.DataFrame(rows)

@@ -1,8 +1,10 @@
-"""The Messages request of a step, and its fingerprint.
+"""The request of a step, and its fingerprint.
 
 A row's request is the step's request body (model, max_tokens, system, every
-option) with the row's rendered prompt as the single user message. Its
-fingerprint is
+option) with the row's rendered prompt as the last user message: a Messages API
+body for Anthropic's models, a Chat Completions body for a model named
+"openai:..." (`split_model`), whose stored request also names its provider under
+`"llmledger_provider"`, fingerprinted with it. Its fingerprint is
 
     fingerprint = md5(canonical JSON of the whole request body), written as a UUID
     canonical JSON = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -52,6 +54,33 @@ _NOT_BODY = {"stream", "extra_headers", "extra_query", "extra_body", "timeout", 
 _SENTINEL = "\x00llmledger-prompt\x00"
 ATTACH_KEY = "llmledger_attach"  # in a stored request: the columns whose files go in the row's message
 ENDPOINT_KEY = "llmledger_endpoint"  # in a stored and fingerprinted request: the server it is sent to, if not Anthropic
+PROVIDER_KEY = "llmledger_provider"  # in a stored and fingerprinted request: the API it speaks, if not Anthropic's
+
+ANTHROPIC, OPENAI = "anthropic", "openai"
+PROVIDERS = (ANTHROPIC, OPENAI)
+# Body fields of a Chat Completions request that llmledger sets itself, or that would give a row several answers.
+_OPENAI_OWN = {
+    "model": "model=",
+    "messages": "prompt= (or messages=)",
+    "max_tokens": "max_tokens=",
+    "max_completion_tokens": "max_tokens=",
+    "response_format": "output=",
+    "n": "nothing: llmledger keeps one answer per row",
+    "stream_options": "nothing: llmledger does not stream",
+    "llmledger_attach": "attach=",
+    "llmledger_endpoint": "base_url=",
+    "llmledger_provider": "model='openai:...'",
+}
+
+
+def split_model(model: str) -> tuple[str, str]:
+    """(provider, model id) of a `model=` argument: "openai:gpt-5-mini" is OpenAI's Chat Completions API (or a
+    server that speaks it, with base_url=), "anthropic:claude-haiku-5-5" or a bare id is Anthropic's Messages API.
+    Only these two prefixes are read: any other colon is part of the id (Ollama's "llama3.2:3b")."""
+    head, sep, rest = model.partition(":")
+    if sep and head in PROVIDERS and rest:
+        return head, rest
+    return ANTHROPIC, model
 
 
 def canonical_json(value: Any) -> str:
@@ -67,21 +96,28 @@ def fingerprint(body: dict[str, Any]) -> str:
     return md5_uuid(canonical_json(body))
 
 
-def check_request_options(options: Any) -> dict[str, Any]:
-    """Extra Messages API body fields, checked before anything is written."""
+def check_request_options(options: Any, provider: str = ANTHROPIC) -> dict[str, Any]:
+    """Extra body fields of the provider's request (Messages, or Chat Completions), checked before anything is
+    written."""
+    api = "Chat Completions" if provider == OPENAI else "Messages API"
     if options is None:
         return {}
     if not isinstance(options, dict):
-        raise InvalidInputError(
-            f"request_options must be a dict of Messages API fields such as "
-            f"{{'temperature': 0.0, 'stop_sequences': ['END']}}, got {type(options).__name__}"
+        example = (
+            "{'temperature': 0.0, 'seed': 7}"
+            if provider == OPENAI
+            else "{'temperature': 0.0, 'stop_sequences': ['END']}"
         )
+        raise InvalidInputError(
+            f"request_options must be a dict of {api} fields such as {example}, got {type(options).__name__}"
+        )
+    own = _OPENAI_OWN if provider == OPENAI else _OWN_FIELDS
     for name in options:
         if not isinstance(name, str):
             raise InvalidInputError(f"request_options keys must be strings, got {name!r}")
-        if name in _OWN_FIELDS:
+        if name in own:
             raise InvalidInputError(
-                f"request_options sets {name!r}, which apply_llm sets itself; pass {_OWN_FIELDS[name]} instead"
+                f"request_options sets {name!r}, which apply_llm sets itself; pass {own[name]} instead"
             )
         if name in _NOT_BODY:
             hint = (
@@ -89,14 +125,14 @@ def check_request_options(options: Any) -> dict[str, Any]:
                 if name == "stream"
                 else "set SDK options on the client, e.g. client.with_options(...)"
             )
-            raise InvalidInputError(f"request_options[{name!r}] is not a Messages API body field ({hint})")
+            raise InvalidInputError(f"request_options[{name!r}] is not a {api} body field ({hint})")
     try:
         canonical_json(options)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(
             f"request_options must be JSON values (str, number, bool, None, list, dict): {exc}"
         ) from None
-    for name, (low, high) in _RANGES.items():
+    for name, (low, high) in (_OPENAI_RANGES if provider == OPENAI else _RANGES).items():
         value = options.get(name)
         if name in options and (
             isinstance(value, bool)
@@ -112,6 +148,7 @@ def check_request_options(options: Any) -> dict[str, Any]:
 
 # Sampling fields the Messages API bounds; a value outside makes it refuse every request with a 400.
 _RANGES: dict[str, tuple[float, float | None]] = {"temperature": (0.0, 1.0), "top_p": (0.0, 1.0), "top_k": (0, None)}
+_OPENAI_RANGES: dict[str, tuple[float, float | None]] = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
 
 
 @dataclass(frozen=True)
@@ -130,11 +167,20 @@ class RequestSpec:
     cache_ttl: str | None = None  # "5m" or "1h": the system prompt is sent as a cached prefix
     prefix: tuple[dict[str, Any], ...] = ()
     attach: tuple[str, ...] = ()
-    endpoint: str | None = None  # the base URL of a server other than Anthropic's API that answers it
+    endpoint: str | None = None  # the base URL of a server other than the provider's own API that answers it
+    provider: str = ANTHROPIC  # the API the request is written for: Anthropic's Messages, or OpenAI's Chat Completions
+
+    @property
+    def tokens_field(self) -> str:
+        """The body field bounding the answer: OpenAI's own API takes `max_completion_tokens` (its reasoning models
+        refuse `max_tokens`); a server speaking its API takes `max_tokens`, which every such server reads."""
+        return "max_completion_tokens" if self.provider == OPENAI and self.endpoint is None else "max_tokens"
 
     def _static(self) -> dict[str, Any]:
-        """The body without the row's message."""
-        body: dict[str, Any] = {**self.options, "model": self.model, "max_tokens": self.max_tokens}
+        """The body without the messages (the system prompt included, for the Messages API)."""
+        body: dict[str, Any] = {**self.options, "model": self.model, self.tokens_field: self.max_tokens}
+        if self.provider == OPENAI:
+            return body
         if self.system is not None and self.cache_ttl is not None:
             body["system"] = [
                 {"type": "text", "text": self.system, "cache_control": {"type": "ephemeral", "ttl": self.cache_ttl}}
@@ -142,6 +188,20 @@ class RequestSpec:
         elif self.system is not None:
             body["system"] = self.system
         return body
+
+    def _lead(self) -> list[dict[str, Any]]:
+        """The messages before the row's: Chat Completions carries the system prompt as the first of them."""
+        system = [{"role": "system", "content": self.system}] if self.provider == OPENAI and self.system else []
+        return [*system, *self.prefix]
+
+    def _marks(self) -> dict[str, Any]:
+        """What the fingerprint covers besides the body: the provider and endpoint when not Anthropic's API."""
+        marks: dict[str, Any] = {}
+        if self.endpoint is not None:
+            marks[ENDPOINT_KEY] = self.endpoint
+        if self.provider != ANTHROPIC:
+            marks[PROVIDER_KEY] = self.provider
+        return marks
 
     @property
     def cached_ttl(self) -> str | None:
@@ -163,33 +223,34 @@ class RequestSpec:
     def body(self, prompt: str) -> dict[str, Any]:
         """The body for a row's stored message (`{step}_prompt`): its text, or its content blocks as JSON."""
         content = json.loads(prompt) if self.attach else prompt
-        return {**self._static(), "messages": [*self.prefix, {"role": "user", "content": content}]}
+        return {**self._static(), "messages": [*self._lead(), {"role": "user", "content": content}]}
 
     def recorded(self, prompt: str) -> dict[str, Any]:
-        """What the fingerprint covers: the body, and the endpoint it goes to when that is not Anthropic's API."""
-        body = self.body(prompt)
-        return body if self.endpoint is None else {**body, ENDPOINT_KEY: self.endpoint}
+        """What the fingerprint covers: the body, and the provider and endpoint when they are not Anthropic's API."""
+        return {**self.body(prompt), **self._marks()}
 
     def to_json(self) -> str:
-        """The body without the row's message, as stored in `llmledger_steps.request` (a `messages=` prefix,
-        attached columns and the endpoint included, under `messages`, `llmledger_attach` and
-        `llmledger_endpoint`, only when the step has them)."""
+        """The body without the row's message, as stored in `llmledger_steps.request` (the messages before the
+        row's, attached columns, the endpoint and the provider included, under `messages`, `llmledger_attach`,
+        `llmledger_endpoint` and `llmledger_provider`, only when the step has them)."""
         body = self._static()
-        if self.prefix:
-            body["messages"] = list(self.prefix)
+        if self._lead():
+            body["messages"] = self._lead()
         if self.attach:
             body[ATTACH_KEY] = list(self.attach)
-        if self.endpoint is not None:
-            body[ENDPOINT_KEY] = self.endpoint
-        return canonical_json(body)
+        return canonical_json({**body, **self._marks()})
 
     @classmethod
     def from_json(cls, text: str) -> RequestSpec:
         body = json.loads(text)
-        model, max_tokens, system = body.pop("model"), body.pop("max_tokens"), body.pop("system", None)
-        prefix, attach = tuple(body.pop("messages", ())), tuple(body.pop(ATTACH_KEY, ()))
-        endpoint = body.pop(ENDPOINT_KEY, None)
-        ttl = None
+        provider, endpoint = body.pop(PROVIDER_KEY, ANTHROPIC), body.pop(ENDPOINT_KEY, None)
+        model = body.pop("model")
+        bound = "max_completion_tokens" if provider == OPENAI and "max_completion_tokens" in body else "max_tokens"
+        max_tokens = body.pop(bound)
+        prefix, attach = list(body.pop("messages", ())), tuple(body.pop(ATTACH_KEY, ()))
+        system, ttl = body.pop("system", None), None
+        if provider == OPENAI and prefix and prefix[0]["role"] == "system":  # `_lead`: a prefix has no system role
+            system = prefix.pop(0)["content"]
         if isinstance(system, list):  # [{"type": "text", "text": ..., "cache_control": {...}}], as body() makes it
             ttl = system[0]["cache_control"]["ttl"]
             system = system[0]["text"]
@@ -199,16 +260,17 @@ class RequestSpec:
             system=system,
             options=body,
             cache_ttl=ttl,
-            prefix=prefix,
+            prefix=tuple(prefix),
             attach=attach,
             endpoint=endpoint,
+            provider=provider,
         )
 
     def fingerprint(self, prompt: str) -> str:
         return fingerprint(self.recorded(prompt))
 
     def output_spec(self) -> OutputSpec | None:
-        """The structured output this request asks for (`output_config`), if any."""
+        """The structured output this request asks for (`output_config`, or `response_format`), if any."""
         from llmledger._step.output import spec_from_request
 
         return spec_from_request(self.options)
@@ -216,10 +278,8 @@ class RequestSpec:
     @cached_property
     def _around_prompt(self) -> tuple[str, str]:
         """The canonical JSON before and after the prompt's JSON string: the prompt is its only varying part."""
-        document = {**self._static(), "messages": [*self.prefix, {"role": "user", "content": _SENTINEL}]}
-        if self.endpoint is not None:
-            document[ENDPOINT_KEY] = self.endpoint
-        text = canonical_json(document)
+        document = {**self._static(), "messages": [*self._lead(), {"role": "user", "content": _SENTINEL}]}
+        text = canonical_json({**document, **self._marks()})
         head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
         return head, tail
 

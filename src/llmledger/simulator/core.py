@@ -12,6 +12,7 @@ import random
 import threading
 from typing import Any, Protocol
 
+from llmledger.simulator.chat import AutomaticCache
 from llmledger.simulator.faults import ErrorSpec, Faults
 from llmledger.simulator.limits import TokenLimits
 
@@ -23,6 +24,7 @@ class SimulatorCore(Protocol):
     _rng: random.Random
     _tokens: TokenLimits
     _stats: dict[str, Any]
+    chat_cache: AutomaticCache  # OpenAI's automatic prompt cache
 
     def configure(self, **changes: Any) -> None: ...
 
@@ -43,6 +45,8 @@ class SimulatorCore(Protocol):
     ) -> tuple[str, ErrorSpec | None]: ...
 
     def _ratelimit_headers(self) -> dict[str, str]: ...
+
+    def _openai_headers(self) -> dict[str, str]: ...
 
     def enter_slot(self) -> bool: ...
 

@@ -92,6 +92,13 @@ ERRORS: dict[int | str, ErrorSpec] = {
         "Plans & Billing to upgrade or purchase credits.",
     ),
     "no_retry": ErrorSpec(529, "overloaded_error", "Overloaded", should_retry=False),
+    # OpenAI's account stop: a 429 no wait clears (the chat completions route sends it in OpenAI's words)
+    "insufficient_quota": ErrorSpec(
+        429,
+        "insufficient_quota",
+        "You exceeded your current quota, please check your plan and billing details.",
+        error_code="insufficient_quota",
+    ),
     "retry_after_ms": ErrorSpec(
         429, "rate_limit_error", "Number of requests has exceeded your rate limit", retry_after_ms=1500
     ),
@@ -128,6 +135,8 @@ class Faults:
     burst: float | None = None  # bucket size; default one second's worth
     input_tokens_per_minute: float | None = None  # input-token bucket; None = unlimited
     output_tokens_per_minute: float | None = None  # output-token bucket (max_tokens reserved, the rest refunded)
+    # OpenAI's one token limit (chat completions): input and max output tokens reserved, the unused output refunded
+    tokens_per_minute: float | None = None
     token_burst: float = 60.0  # token buckets hold this many seconds' worth (the API: a minute)
     fail_next: list[int | str | dict[str, Any]] = field(default_factory=list)  # errors for the next requests
     error_rate: float = 0.0  # share of requests answered with `error_status`
@@ -156,6 +165,10 @@ class Faults:
     batch_max_requests: int = 100_000
     batch_max_bytes: int = 256_000_000
     batch_lose_response: int = 0  # the next N creates make the batch, then drop the connection unanswered
+    # model id -> the share of its answers given as the default responder gives them; the rest (chosen by a hash of
+    # model and prompt, so the same row is always the one) get another sentiment label, or an unsure text: models
+    # that disagree on some rows, for comparing them (`llmledger.compare`)
+    accuracy: dict[str, float] = field(default_factory=dict)
     # Another server that speaks the Messages API (vLLM, Ollama, llama.cpp's server, a LiteLLM proxy), as
     # `base_url=` reaches one: no rate-limit headers, no Message Batches (404), no prompt caching (a breakpoint
     # is accepted and ignored, and usage has no cache fields)

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from llmledger._exec.client import SIMULATOR_PATH
+from llmledger.simulator import chat
 from llmledger.simulator.batches import _Refused
 from llmledger.simulator.core import SimulatorCore
 from llmledger.simulator.faults import ERRORS, ErrorSpec
@@ -48,13 +49,18 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             return ok
 
         def _send(
-            self, status: int, payload: Any, headers: dict[str, str] | None = None, request_id: str | None = None
+            self,
+            status: int,
+            payload: Any,
+            headers: dict[str, str] | None = None,
+            request_id: str | None = None,
+            id_header: str = "request-id",  # OpenAI's: x-request-id
         ) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(data)))
-            self.send_header("request-id", request_id or _request_id())
+            self.send_header(id_header, request_id or _request_id())
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
             self.end_headers()
@@ -147,16 +153,38 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 sim.reset_stats()
                 self._send(200, sim.stats())
             elif self.path.split("?")[0] == "/v1/messages":
-                with sim._lock:
-                    sim._stats["_concurrent"] += 1
-                    sim._stats["max_concurrent"] = max(sim._stats["max_concurrent"], sim._stats["_concurrent"])
-                try:
-                    self._messages(body)
-                finally:
-                    with sim._lock:
-                        sim._stats["_concurrent"] -= 1
+                self._counted(self._messages, body)
+            elif self.path.split("?")[0] == "/v1/chat/completions":
+                self._counted(self._chat, body)
             else:
                 self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
+
+        def _counted(self, route: Any, body: Any) -> None:
+            """Serve one model request, counted among those at work at once (`max_concurrent`)."""
+            with sim._lock:
+                sim._stats["_concurrent"] += 1
+                sim._stats["max_concurrent"] = max(sim._stats["max_concurrent"], sim._stats["_concurrent"])
+            try:
+                route(body)
+            finally:
+                with sim._lock:
+                    sim._stats["_concurrent"] -= 1
+
+        def _dropped(self, action: str, body: Any, delay: float) -> bool:
+            """Hang up on a request the faults say to drop (after its latency); True when it was."""
+            if action != "drop":
+                return False
+            sim._note(body, 0)
+            with sim._lock:
+                sim._stats["dropped"] += 1
+            if delay:
+                time.sleep(delay)
+            self._drop()
+            return True
+
+        def _delay(self) -> float:
+            f = sim.faults
+            return f.latency + (sim._rng.random() * f.jitter if f.jitter else 0.0)
 
         def _messages(self, body: Any) -> None:
             problem = validate(body)
@@ -164,14 +192,8 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             tokens_in, max_out = (request_tokens(body), int(body["max_tokens"])) if problem is None else (0, 0)
             action, spec = sim._decide(prompt, self._api_key(), tokens_in, max_out)
             f = sim.faults
-            delay = f.latency + (sim._rng.random() * f.jitter if f.jitter else 0.0)
-            if action == "drop":
-                sim._note(body, 0)
-                with sim._lock:
-                    sim._stats["dropped"] += 1
-                if delay:
-                    time.sleep(delay)
-                self._drop()
+            delay = self._delay()
+            if self._dropped(action, body, delay):
                 return
             headers = sim._ratelimit_headers()
             if spec is None and problem:
@@ -196,6 +218,50 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             headers = sim._ratelimit_headers()
             sim._note(body, 200)
             self._send(200, answer, headers)
+
+        def _chat(self, body: Any) -> None:
+            """OpenAI's chat completions (`chat.py`): the same faults and answers, in OpenAI's words."""
+            problem = chat.validate(body)
+            shaped = chat.as_messages(body) if problem is None else None
+            prompt = user_text(body) if isinstance(body, dict) else ""
+            tokens_in, max_out = (request_tokens(shaped), int(shaped["max_tokens"])) if shaped else (0, 0)
+            action, spec = sim._decide(prompt, self._api_key(), tokens_in, max_out)
+            f, delay = sim.faults, self._delay()
+            if self._dropped(action, body, delay):
+                return
+            headers = sim._openai_headers()
+            if spec is None and problem:
+                spec = ErrorSpec(400, "invalid_request_error", problem)
+            if spec is None and unknown_model(body, f.models, only=f.compatible) is not None:
+                message = f"The model `{body['model']}` does not exist or you do not have access to it."
+                spec = ErrorSpec(404, "invalid_request_error", message)
+            answer: dict[str, Any] | None = None
+            if spec is None and not sim.enter_slot():
+                spec = ErrorSpec(429, "rate_limit_error", "server busy: too many requests waiting")
+            elif spec is None:
+                try:
+                    if delay:
+                        time.sleep(delay)
+                    assert shaped is not None
+                    answer = sim._answer(shaped)
+                finally:
+                    sim.leave_slot()
+            if spec is not None or answer is None:
+                spec = spec or ErrorSpec(500, "api_error", "no answer")
+                sim._note(body, spec.status)
+                payload, more = chat.error(spec)
+                self._send(spec.status, payload, {**headers, **more}, f"req_{uuid.uuid4().hex}", "x-request-id")
+                return
+            cached = 0 if f.compatible else min(sim.chat_cache.cached_tokens(body), answer["usage"]["input_tokens"])
+            answer["usage"]["input_tokens"] -= cached
+            with sim._lock:
+                sim._stats["input_tokens"] -= cached
+                sim._stats["cache_read_tokens"] += cached
+            sim._tokens.settle(max_out, answer["usage"]["output_tokens"])
+            refusal = chat.REFUSAL if answer["stop_reason"] == "refusal" else None
+            sim._note(body, 200)
+            reply = chat.completion(answer, cached, refusal)
+            self._send(200, reply, sim._openai_headers(), f"req_{uuid.uuid4().hex}", "x-request-id")
 
     return Handler
 

@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+from llmledger.simulator.chat import duration
 from llmledger.simulator.faults import ErrorSpec
 from llmledger.simulator.media import block_cost, block_key, count_tokens
 
@@ -115,6 +116,16 @@ class Bucket:
             f"anthropic-ratelimit-{family}-reset": reset.isoformat(timespec="seconds").replace("+00:00", "Z"),
         }
 
+    def openai_headers(self, family: str) -> dict[str, str]:
+        """`x-ratelimit-{limit,remaining,reset}-{family}` as OpenAI sends them: the reset is the time until the
+        bucket is full again, as a duration."""
+        self._refill()
+        return {
+            f"x-ratelimit-limit-{family}": str(int(self.rate * 60)),
+            f"x-ratelimit-remaining-{family}": str(max(0, int(self.tokens))),
+            f"x-ratelimit-reset-{family}": duration((self.size - self.tokens) / self.rate),
+        }
+
 
 class TokenLimits:
     """Input- and output-token buckets per minute, refilled continuously, as the API enforces them.
@@ -124,23 +135,37 @@ class TokenLimits:
     adjusts to the actual usage).
     """
 
-    def __init__(self, input_per_minute: float | None, output_per_minute: float | None, burst_seconds: float):
-        self.input = Bucket(input_per_minute / 60, input_per_minute / 60 * burst_seconds) if input_per_minute else None
-        self.output = (
-            Bucket(output_per_minute / 60, output_per_minute / 60 * burst_seconds) if output_per_minute else None
-        )
+    def __init__(
+        self,
+        input_per_minute: float | None,
+        output_per_minute: float | None,
+        burst_seconds: float,
+        per_minute: float | None = None,
+    ):
+        def bucket(rate: float | None) -> Bucket | None:
+            return Bucket(rate / 60, rate / 60 * burst_seconds) if rate else None
+
+        self.input, self.output = bucket(input_per_minute), bucket(output_per_minute)
+        self.both = bucket(per_minute)  # OpenAI's one token limit: input and max output, the unused output refunded
         self.lock = threading.Lock()
 
     def admit(self, tokens_in: int, max_out: int) -> ErrorSpec | None:
         """None when the request may start (its tokens taken), else the 429 the API would send."""
         with self.lock:
-            for bucket, amount, family in ((self.input, tokens_in, "input"), (self.output, max_out, "output")):
+            taken: list[tuple[Bucket, int]] = []
+            for bucket, amount, family in (
+                (self.input, tokens_in, "input"),
+                (self.output, max_out, "output"),
+                (self.both, tokens_in + max_out, "total"),
+            ):
                 if bucket is None:
                     continue
                 granted, wait = bucket.take(amount)
-                if not granted:
-                    if family == "output" and self.input is not None:
-                        self.input.give_back(tokens_in)
+                if granted:
+                    taken.append((bucket, amount))
+                else:
+                    for earlier, amount_taken in taken:
+                        earlier.give_back(amount_taken)
                     return ErrorSpec(
                         429,
                         "rate_limit_error",
@@ -151,9 +176,16 @@ class TokenLimits:
         return None
 
     def settle(self, max_out: int, used_out: int) -> None:
-        if self.output is not None:
-            with self.lock:
-                self.output.give_back(max(0, max_out - used_out))
+        with self.lock:
+            for bucket in (self.output, self.both):
+                if bucket is not None:
+                    bucket.give_back(max(0, max_out - used_out))
+
+    def openai_headers(self) -> dict[str, str]:
+        """OpenAI's token headers: its one limit (`tokens_per_minute`), or the input limit when only that is set."""
+        with self.lock:
+            bucket = self.both or self.input
+            return bucket.openai_headers("tokens") if bucket is not None else {}
 
     def headers(self) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -31,6 +31,7 @@ import random
 import threading
 import time
 import uuid
+import zlib
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import fields
@@ -38,6 +39,7 @@ from typing import Any
 
 from llmledger._exec.client import SIMULATOR_PATH, use_session_simulator
 from llmledger.simulator.batches import SimBatches
+from llmledger.simulator.chat import AutomaticCache
 from llmledger.simulator.faults import ERRORS, ErrorSpec, Faults, error_spec
 from llmledger.simulator.http import QuietServer, make_handler
 from llmledger.simulator.limits import Bucket, PromptCache, TokenLimits
@@ -69,6 +71,7 @@ class Simulator:
         self._stats = self._empty_stats()
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._cache = PromptCache()
+        self.chat_cache = AutomaticCache()  # OpenAI's automatic prompt cache (chat completions)
         self._room = threading.Condition()  # `capacity`: requests at work and waiting for a slot
         self._working = self._waiting = 0
         self.batches = SimBatches(self)
@@ -137,9 +140,14 @@ class Simulator:
                 error_spec(fault)  # refuse an unknown fault now, not at the next request
             for name, value in changes.items():
                 setattr(self.faults, name, list(value) if name == "fail_next" else value)
-            if {"rate_limit", "burst", "input_tokens_per_minute", "output_tokens_per_minute", "token_burst"} & set(
-                changes
-            ):
+            if {
+                "rate_limit",
+                "burst",
+                "input_tokens_per_minute",
+                "output_tokens_per_minute",
+                "tokens_per_minute",
+                "token_burst",
+            } & set(changes):
                 self._reset_bucket()
             if "seed" in changes:
                 self._rng = random.Random(self.faults.seed)
@@ -156,15 +164,18 @@ class Simulator:
 
     def _note(self, body: Any, status: int) -> None:
         body = body if isinstance(body, dict) else {}
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        # a chat completions body carries its system prompt as a message, its bound as max_completion_tokens
+        said = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") in ("system", "developer")]
         with self._lock:
             self._log.append(
                 {
                     "time": time.time(),
                     "status": status,
                     "prompt": user_text(body),
-                    "system": body.get("system"),
+                    "system": body.get("system", said[0] if said else None),
                     "model": body.get("model"),
-                    "max_tokens": body.get("max_tokens"),
+                    "max_tokens": body.get("max_tokens", body.get("max_completion_tokens")),
                     "body": body,
                 }
             )
@@ -225,7 +236,9 @@ class Simulator:
         f = self.faults
         rate = f.rate_limit
         self._bucket = Bucket(rate, f.burst or max(1.0, rate)) if rate else None
-        self._tokens = TokenLimits(f.input_tokens_per_minute, f.output_tokens_per_minute, f.token_burst)
+        self._tokens = TokenLimits(
+            f.input_tokens_per_minute, f.output_tokens_per_minute, f.token_burst, f.tokens_per_minute
+        )
 
     # -- the API -----------------------------------------------------------------------------
     def _decide(
@@ -289,6 +302,13 @@ class Simulator:
         headers = self._bucket.headers("requests") if self._bucket is not None else {}
         return {**headers, **self._tokens.headers()}
 
+    def _openai_headers(self) -> dict[str, str]:
+        """OpenAI's `x-ratelimit-*` headers (none in compatible mode)."""
+        if self.faults.compatible:
+            return {}
+        headers = self._bucket.openai_headers("requests") if self._bucket is not None else {}
+        return {**headers, **self._tokens.openai_headers()}
+
     def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = user_text(body)
         system = body.get("system")
@@ -302,7 +322,7 @@ class Simulator:
                 asked_before = self._stats["prompts"][first] if len(body.get("messages") or []) == 1 else 0
             text = fake_json(schema, first, asked_before)
         else:
-            text = self.responder(prompt, system)
+            text = misread(self.responder(prompt, system), str(body.get("model")), prompt, f.accuracy)
         if schema is not None and (
             (f.bad_json and f.bad_json in first)
             or (f.bad_json_once and f.bad_json_once in first and len(body["messages"]) == 1)
@@ -348,6 +368,20 @@ class Simulator:
             "stop_sequence": stop_sequence,
             "usage": usage,
         }
+
+
+_LABELS = ("positive", "negative", "neutral")
+
+
+def misread(text: str, model: str, prompt: str, accuracy: dict[str, float]) -> str:
+    """`text`, or for the share of prompts beyond `model`'s accuracy another answer: the next sentiment label, or
+    the text marked unsure. Which prompts is fixed by a hash of model and prompt, as a model's mistakes are."""
+    share = accuracy.get(model)
+    if share is None or zlib.crc32(f"{model}\x00{prompt}".encode()) % 1000 < share * 1000:
+        return text
+    if text in _LABELS:
+        return _LABELS[(_LABELS.index(text) + 1) % len(_LABELS)]
+    return f"{text} (unsure)"
 
 
 _session: list[Simulator | None] = [None]  # the simulator simulate() started for this session

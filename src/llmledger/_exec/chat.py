@@ -1,0 +1,141 @@
+"""One Chat Completions call (OpenAI, or a server speaking its API), and what its errors mean for the run.
+
+The twin of `client.py` for the `openai` SDK, an optional extra (`pip install 'llmledger[openai]'`): the same
+`Reply` and the same `CallFailed` kinds, so the sender, the scheduler and the ledger do not know which API
+answered. Why Chat Completions rather than the Responses API: every server that speaks OpenAI's API (vLLM,
+Ollama, llama.cpp's server, OpenRouter, Together, Groq, Gemini's endpoint) speaks Chat Completions, and OpenAI's
+Batch API takes it too; the Responses API is OpenAI's alone.
+
+How OpenAI says things, and what llmledger makes of them:
+
+- usage: `prompt_tokens` includes the cached part (`prompt_tokens_details.cached_tokens`), so a Reply's
+  `input_tokens` is the rest and `cache_read_tokens` the cached part, priced as OpenAI bills them;
+- `finish_reason` in Anthropic's words, as the ledger stores `{step}_stop_reason`: "stop" is "end_turn",
+  "length" is "max_tokens", "content_filter" is "refusal";
+- a refusal (`message.refusal`, or `finish_reason: "content_filter"`) is paid for and recorded as Anthropic's is;
+- a 429 `insufficient_quota` (and a 402) is the account's stop, not a rate limit: the run stops at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from llmledger._ledger.states import Outcome
+from llmledger.errors import InvalidInputError
+
+OPENAI_API = "https://api.openai.com/v1"  # the SDK's default base URL
+# 429 codes that mean the account cannot spend (more) now: no wait clears them
+QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active"}
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "refusal", "tool_calls": "tool_use"}
+
+
+def openai_sdk() -> ModuleType:
+    """The `openai` package, or a clear error saying how to install it."""
+    try:
+        return importlib.import_module("openai")
+    except ImportError:
+        raise InvalidInputError(
+            "model='openai:...' sends with the official openai SDK, which is not installed: "
+            "pip install 'llmledger[openai]'"
+        ) from None
+
+
+def is_openai_client(client: Any) -> bool:
+    return type(client).__module__.split(".")[0] == "openai"
+
+
+def make_client(*, base_url: str | None, api_key: str | None, timeout: Any = None) -> Any:
+    """An `openai.AsyncOpenAI` with the SDK's retries off (the sender retries, so the pacer sees every 429)."""
+    kwargs: dict[str, Any] = {"max_retries": 0, "base_url": base_url, "api_key": api_key}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    return openai_sdk().AsyncOpenAI(**kwargs)
+
+
+async def call(client: Any, body: dict[str, Any]) -> tuple[Any, Any]:
+    """(the parsed ChatCompletion, the response headers) for exactly `body` (every field but the two the SDK
+    requires goes through `extra_body`, so the body sent is the one fingerprinted)."""
+    extra = {name: value for name, value in body.items() if name not in ("model", "messages")}
+    raw = await client.chat.completions.with_raw_response.create(
+        model=body["model"], messages=body["messages"], extra_body=extra or None
+    )
+    return raw.parse(), raw.headers
+
+
+def refused(completion: Any) -> bool:
+    choice = completion.choices[0] if completion.choices else None
+    return choice is not None and (
+        bool(getattr(choice.message, "refusal", None)) or choice.finish_reason == "content_filter"
+    )
+
+
+def reply_from(completion: Any, model: str, *, batch: bool = False) -> Any:
+    """The text and usage of a ChatCompletion (an online answer, or a batch output line's body)."""
+    from llmledger._exec.client import Reply, clean_text
+
+    choice = completion.choices[0] if completion.choices else None
+    text = (choice.message.content or "") if choice is not None else ""
+    usage = completion.usage
+    prompt = getattr(usage, "prompt_tokens", 0) or 0
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = (getattr(details, "cached_tokens", None) or 0) if details is not None else 0
+    reason = choice.finish_reason if choice is not None else None
+    return Reply(
+        text=clean_text(text),
+        input_tokens=prompt - cached,
+        output_tokens=getattr(usage, "completion_tokens", 0) or 0,
+        stop_reason="refusal" if refused(completion) else _STOP_REASONS.get(reason or "", reason),
+        model=completion.model or model,
+        cache_read_tokens=cached,
+        batch=batch,
+    )
+
+
+def error_fields(exc: Any) -> tuple[str, str, str | None]:
+    """(type, message, code) of an OpenAI error body (`{"error": {"message", "type", "param", "code"}}`)."""
+    body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
+    nested = body.get("error")
+    error: dict[str, Any] = nested if isinstance(nested, dict) else body
+    code = error.get("code")
+    return (
+        str(error.get("type") or type(exc).__name__),
+        str(error.get("message") or exc.message),
+        str(code) if code is not None else None,
+    )
+
+
+def classify(exc: BaseException) -> Any:
+    """Map an openai SDK exception to what the run should do about it (as `client.classify` does Anthropic's)."""
+    from llmledger._exec.client import TRANSIENT_STATUS, CallFailed, Kind
+    from llmledger._exec.pacing import retry_after
+
+    sdk = openai_sdk()
+    if isinstance(exc, sdk.APIStatusError):
+        status, headers = exc.status_code, exc.response.headers
+        kind, message, code = error_fields(exc)
+        request_id = headers.get("x-request-id")
+        detail = (
+            f"{status} {type(exc).__name__} ({kind}): {message}"
+            + (f" [{code}]" if code else "")
+            + (f" (request {request_id})" if request_id else "")
+        )
+        should_retry = (headers.get("x-should-retry") or "").lower()
+        if status in (401, 403):
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.AUTH)
+        if status == 404:  # the endpoint exists, so it is the model: every row would fail alike
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.NO_MODEL)
+        if code in QUOTA_CODES or kind in QUOTA_CODES or status == 402:
+            return CallFailed(Kind.FATAL, detail, stop=Outcome.SPEND_LIMIT)
+        transient = status in TRANSIENT_STATUS or status >= 500
+        if transient and should_retry == "false":
+            return CallFailed(Kind.FATAL, detail + " (x-should-retry: false)", stop=Outcome.RETRY_REFUSED)
+        if transient or should_retry == "true":
+            return CallFailed(Kind.TRANSIENT, detail, retry_after(headers))
+        return CallFailed(Kind.PERMANENT, detail)
+    if isinstance(exc, sdk.APIConnectionError):  # includes APITimeoutError
+        return CallFailed(Kind.TRANSIENT, f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, sdk.APIResponseValidationError):
+        return CallFailed(Kind.PERMANENT, f"invalid response: {exc}")
+    return CallFailed(Kind.PERMANENT, f"{type(exc).__name__}: {exc}")

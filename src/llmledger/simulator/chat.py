@@ -1,0 +1,204 @@
+"""The simulator's OpenAI side: `POST /v1/chat/completions` as OpenAI's API answers it.
+
+OpenAI's bodies, errors and headers: a `chat.completion` with `usage.prompt_tokens_details.cached_tokens`,
+`{"error": {"message", "type", "param", "code"}}` with an `x-request-id` header, and rate limits announced as
+`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, the resets as durations ("1s", "6m0s", "20ms"). It refuses
+what OpenAI refuses: a missing model or messages, an unknown field, both token bounds, `max_tokens` or a
+non-default `temperature` for a reasoning model (gpt-5*, o*), a `response_format` schema strict mode cannot hold.
+The answer itself is the simulator's (`Simulator._answer`), read from the same request put in the Messages API's
+shape, so the same faults, answers and structured outputs serve both APIs.
+
+Prompt caching is OpenAI's automatic kind: a request whose messages before the last are 1,024 tokens or more, and
+were sent before (same model) in the last ten minutes, has them counted as cached, in steps of 128 tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+from llmledger.simulator.faults import ErrorSpec
+from llmledger.simulator.media import count_tokens
+from llmledger.simulator.request import schema_problem
+
+# Chat Completions body fields OpenAI reads; any other gets "Unrecognized request argument supplied".
+FIELDS = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed",
+    "response_format", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "user",
+    "reasoning_effort", "verbosity", "service_tier", "store", "metadata", "prediction", "stream", "stream_options",
+    "tools", "tool_choice", "parallel_tool_calls", "modalities", "audio", "prompt_cache_key", "safety_identifier",
+    "web_search_options",
+}  # fmt: skip
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+CACHE_MIN, CACHE_STEP, CACHE_TTL = 1024, 128, 600.0
+_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "refusal": "stop"}
+# OpenAI's (type, code) for what the simulator injects by status
+_KINDS = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "unsupported_country_region_territory"),
+    404: ("invalid_request_error", "model_not_found"),
+    429: ("requests", "rate_limit_exceeded"),
+    500: ("server_error", None),
+    503: ("server_error", "service_unavailable"),
+}
+
+
+def reasoning(model: str) -> bool:
+    """OpenAI's reasoning models, which refuse `max_tokens` and any temperature but 1."""
+    return model.startswith("gpt-5") or (len(model) > 1 and model[0] == "o" and model[1].isdigit())
+
+
+def validate(body: Any) -> str | None:
+    """What OpenAI would say is wrong with a Chat Completions body, or None."""
+    if not isinstance(body, dict):
+        return "We could not parse the JSON body of your request."
+    for name in ("model", "messages"):
+        if name not in body:
+            return f"Missing required parameter: '{name}'."
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        return f"Unrecognized request argument supplied: {unknown[0]}"
+    model, messages = body["model"], body["messages"]
+    if not isinstance(model, str) or not isinstance(messages, list) or not messages:
+        return "Invalid 'messages': empty array. Expected an array with minimum length 1."
+    for n, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            return f"Invalid value for 'messages[{n}].role'."
+        content = message.get("content")
+        if not (isinstance(content, str) or (isinstance(content, list) and content)):
+            return f"Invalid type for 'messages[{n}].content': expected a string or an array of content parts."
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        return "max_tokens and max_completion_tokens cannot both be set; use max_completion_tokens."
+    if "max_tokens" in body and reasoning(model):
+        return (
+            "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."
+        )
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if name in body and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            return f"Invalid '{name}': integer below minimum value. Expected a value >= 1."
+    temperature = body.get("temperature")
+    if "temperature" in body and not (isinstance(temperature, int | float) and 0 <= temperature <= 2):
+        return "Invalid 'temperature': decimal above maximum value. Expected a value <= 2."
+    if "temperature" in body and reasoning(model) and temperature != 1:
+        return (
+            f"Unsupported value: 'temperature' does not support {temperature} with this model. "
+            "Only the default (1) value is supported."
+        )
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            return "Invalid value for 'response_format.type'."
+        if fmt["type"] == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not spec.get("name"):
+                return "Missing required parameter: 'response_format.json_schema.name'."
+            problem = schema_problem(spec.get("schema"), "response_format.json_schema.schema")
+            if problem and spec.get("strict"):
+                return f"Invalid schema for response_format '{spec['name']}': {problem}"
+    return None
+
+
+def as_messages(body: dict[str, Any]) -> dict[str, Any]:
+    """The request in the Messages API's shape, for the simulator's answerer: system prompt apart, the schema as
+    `output_config`, the stop strings as `stop_sequences`."""
+    system = [m["content"] for m in body["messages"] if m["role"] in ("system", "developer")]
+    messages = [
+        {"role": m["role"], "content": m["content"]} for m in body["messages"] if m["role"] in ("user", "assistant")
+    ]
+    shaped: dict[str, Any] = {
+        "model": body["model"],
+        "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or 4096,
+        "messages": messages,
+    }
+    if system:
+        shaped["system"] = "\n".join(s if isinstance(s, str) else json.dumps(s) for s in system)
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        shaped["output_config"] = {"format": {"type": "json_schema", "schema": fmt["json_schema"]["schema"]}}
+    stop = body.get("stop")
+    if stop:
+        shaped["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    return shaped
+
+
+class AutomaticCache:
+    """OpenAI's automatic prompt cache: the messages before the last, when long enough, as billing sees them."""
+
+    def __init__(self) -> None:
+        self.expiry: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def cached_tokens(self, body: dict[str, Any]) -> int:
+        prefix = json.dumps([body["model"], body["messages"][:-1]], sort_keys=True)
+        tokens = count_tokens(prefix) if len(body["messages"]) > 1 else 0
+        if tokens < CACHE_MIN:
+            return 0
+        key, now = hashlib.sha256(prefix.encode()).hexdigest(), time.time()
+        with self.lock:
+            hit = self.expiry.get(key, 0.0) > now
+            self.expiry[key] = now + CACHE_TTL
+        return tokens // CACHE_STEP * CACHE_STEP if hit else 0
+
+
+def completion(answer: dict[str, Any], cached: int, refusal: str | None) -> dict[str, Any]:
+    """A `chat.completion` from the simulator's Messages-shaped answer."""
+    text = "".join(block.get("text", "") for block in answer["content"])
+    usage = answer["usage"]
+    prompt = usage["input_tokens"] + cached
+    return {
+        "id": f"chatcmpl-sim{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": answer["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": None if refusal else text, "refusal": refusal},
+                "finish_reason": _REASONS.get(answer["stop_reason"], "stop"),
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": usage["output_tokens"],
+            "total_tokens": prompt + usage["output_tokens"],
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
+        "service_tier": "default",
+    }
+
+
+REFUSAL = "I'm sorry, but I can't help with that request."
+
+
+def error(spec: ErrorSpec) -> tuple[dict[str, Any], dict[str, str]]:
+    """OpenAI's body and headers for an error the simulator sends (a status, or a named preset)."""
+    kind, code = _KINDS.get(spec.status, ("server_error" if spec.status >= 500 else "invalid_request_error", None))
+    if spec.error_code is not None:
+        kind, code = spec.type, spec.error_code
+    elif spec.status == 429 and "tokens" in spec.message:
+        kind = "tokens"
+    message = spec.message
+    if code == "rate_limit_exceeded":
+        message = f"Rate limit reached on {kind} per min: {spec.message}."
+    headers: dict[str, str] = {}
+    if spec.should_retry is not None:
+        headers["x-should-retry"] = "true" if spec.should_retry else "false"
+    headers.update({k: v for k, v in spec.headers().items() if k.startswith("retry-after")})
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}, headers
+
+
+def duration(seconds: float) -> str:
+    """A reset as OpenAI writes it: "20ms", "1.5s", "6m0s"."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{rest:.0f}s"

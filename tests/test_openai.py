@@ -1,0 +1,224 @@
+"""OpenAI models (`model="openai:..."`) behind the same ledger: the real `openai` SDK against the simulator's chat
+completions route, which answers with OpenAI's bodies, errors and `x-ratelimit-*` headers. What every provider
+promises alike (reruns, structured answers, refusals, the account's stop, retries) is in test_providers.py; this
+file holds what is OpenAI's own: its body, provenance across providers, caching, its refusals of bad calls."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import anthropic
+import polars as pl
+import pytest
+
+import llmledger
+from llmledger import (
+    InvalidInputError,
+    RequestRefused,
+    RetryPolicy,
+    Simulator,
+    apply_llm,
+    last_report,
+    resume,
+)
+from llmledger._step.request import fingerprint
+
+from .conftest import TEST_MODELS, frame, sql
+
+openai = pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
+
+GPT = "openai:gpt-5-mini"
+PROMPT = "Summarize: {text}"
+FAST = RetryPolicy(base_delay=0.01, max_delay=0.05, outage_after=0.5, outage_failures=5)
+
+
+@pytest.fixture
+def oa(sim: Simulator) -> Any:
+    return openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="test-key")
+
+
+@pytest.fixture
+def ask(oa: Any, store: Path) -> Any:
+    """apply_llm on an OpenAI model, with the test client, store and table filled in."""
+    return functools.partial(apply_llm, client=oa, store=store, table="t", progress=False, model=GPT)
+
+
+def stored_bodies(sim: Simulator) -> list[dict[str, Any]]:
+    return [entry["body"] for entry in sim.log() if entry["status"] == 200]
+
+
+def test_rows_are_answered_by_chat_completions_and_a_rerun_pays_nothing(
+    ask: Any, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = ask(frame(12), "s", prompt=PROMPT, system="Be brief.", max_tokens=40)
+    assert out["s_status"].to_list() == ["DONE"] * 12
+    assert sim.stats()["paid"] == 12
+    body = stored_bodies(sim)[0]
+    assert body["max_completion_tokens"] == 40 and "max_tokens" not in body, "OpenAI's own API gets its own field"
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    # each row's fingerprint is that of the body sent, with the provider it went to
+    sent = {
+        b["messages"][-1]["content"]: fingerprint({**b, "llmledger_provider": "openai"}) for b in stored_bodies(sim)
+    }
+    rows = sql(store, "SELECT s_prompt, s_fingerprint::VARCHAR, s_model, s_cost_usd, s_stop_reason FROM t")
+    assert {prompt: fp for prompt, fp, *_ in rows} == sent
+    assert {r[2] for r in rows} == {"gpt-5-mini"} and all(r[3] > 0 for r in rows), "priced from prices.json"
+    assert {r[4] for r in rows} == {"end_turn"}, "finish_reason 'stop' in the ledger's words"
+
+    again = ask(frame(12), "s", prompt=PROMPT, system="Be brief.", max_tokens=40)
+    assert sim.stats()["paid"] == 12 and again["s"].to_list() == out["s"].to_list()
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.base_url + "/v1")  # what the SDK itself reads
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    report = resume(store, "t", "s", progress=False)  # makes its own OpenAI client from the environment
+    assert report.calls == 0
+
+
+def test_a_step_moved_between_providers_is_stale_not_paid_and_moving_back_pays_nothing(
+    ask: Any, sim: Simulator, store: Path, client: anthropic.AsyncAnthropic
+) -> None:
+    claude = functools.partial(apply_llm, client=client, store=store, table="t", progress=False, model="m")
+    claude(frame(6), "s", prompt=PROMPT)
+    with pytest.warns(llmledger.StaleAnswersWarning, match="6 DONE rows are stale"):
+        out = ask(frame(6), "s", prompt=PROMPT)
+    assert sim.stats()["paid"] == 6 and out["s_stale"].all(), "Claude's answers are not taken for GPT's"
+    ask(frame(6), "s", prompt=PROMPT, redo="stale")
+    assert sim.stats()["paid"] == 12
+    assert sql(store, "SELECT DISTINCT s_model FROM t") == [("gpt-5-mini",)]
+    with pytest.warns(llmledger.StaleAnswersWarning):
+        claude(frame(6), "s", prompt=PROMPT)
+    back = claude(frame(6), "s", prompt=PROMPT, redo="stale")
+    assert sim.stats()["paid"] == 12 and not back["s_stale"].any(), "Claude's answers come back from the history"
+    assert sql(store, "SELECT DISTINCT s_model FROM t") == [("m",)]
+
+
+def test_resume_refuses_a_client_of_the_other_provider(ask: Any, store: Path, client: Any) -> None:
+    ask(frame(3), "s", prompt=PROMPT)
+    with pytest.raises(InvalidInputError, match=r"sends with an openai\.AsyncOpenAI client, got AsyncAnthropic"):
+        resume(store, "t", "s", client=client, progress=False)
+
+
+def test_structured_answers_fill_the_same_struct_columns_with_one_retry(ask: Any, sim: Simulator, store: Path) -> None:
+    sim.configure(bad_json_once="number 1", bad_json="number 2")
+    output = {"sentiment": Literal["positive", "negative", "neutral"], "score": int}
+    out = ask(frame(4), "v", prompt=PROMPT, output=output)
+    body = stored_bodies(sim)[0]
+    assert body["response_format"]["type"] == "json_schema" and body["response_format"]["json_schema"]["strict"]
+    assert out["v_status"].to_list() == ["DONE", "DONE", "NEEDS_REVIEW", "DONE"]
+    assert isinstance(out.schema["v"], pl.Struct) and {f.name for f in out.schema["v"].fields} == {"sentiment", "score"}
+    assert sql(store, "SELECT count(*) FROM t WHERE v.sentiment IN ('positive', 'negative', 'neutral')") == [(3,)]
+    asked = [b for b in stored_bodies(sim) if b["messages"][0]["content"] == "Summarize: hello message number 1"]
+    assert len(asked) == 2 and "does not match the required JSON schema" in asked[1]["messages"][-1]["content"]
+    assert "does not match the output schema" in sql(store, "SELECT v_error FROM t WHERE id = 2")[0][0]
+
+
+def test_an_option_the_model_refuses_stops_the_run_with_openais_reason(ask: Any, store: Path) -> None:
+    with pytest.raises(RequestRefused, match=r"first 8 distinct requests alike.*does not support 0 with this model"):
+        ask(frame(40), "s", prompt=PROMPT, request_options={"temperature": 0}, concurrency=1)
+    statuses = dict(sql(store, "SELECT s_status, count(*) FROM t GROUP BY ALL"))
+    assert statuses.get("FAILED", 0) <= 7 and statuses["NOT_STARTED"] >= 32, statuses
+    fixed = ask(frame(40), "s", prompt=PROMPT, request_options={"temperature": 1})
+    assert fixed["s_status"].to_list() == ["DONE"] * 40, "once the call is fixed, every row is sent"
+
+
+def test_a_long_shared_prefix_is_cached_automatically_and_priced_as_cached(
+    ask: Any, sim: Simulator, store: Path
+) -> None:
+    system = "You are a careful assistant. " * 400  # well over OpenAI's 1,024-token minimum
+    ask(frame(6), "s", prompt=PROMPT, system=system, concurrency=1)
+    rows = sql(store, "SELECT s_cache_read_tokens, s_input_tokens, s_output_tokens, s_cost_usd FROM t ORDER BY id")
+    assert rows[0][0] == 0 and all(r[0] > 1024 and r[0] % 128 == 0 for r in rows[1:]), rows
+    price = llmledger.prices().filter(model="gpt-5-mini").row(0, named=True)
+    for read, plain, out, cost in rows:
+        expected = (plain * price["input"] + read * price["cache_read"] + out * price["output"]) / 1e6
+        assert cost == pytest.approx(expected)
+    assert sim.stats()["cache_read_tokens"] == sum(r[0] for r in rows)
+
+
+def test_calls_an_openai_model_cannot_make_are_refused_before_anything_is_written(
+    ask: Any, store: Path, client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    picture = tmp_path / "a.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n")
+    for options, says in [
+        ({"mode": "batch"}, "not built yet"),
+        ({"cache": "1h"}, "OpenAI caches long prefixes by itself"),
+        ({"request_options": {"max_tokens": 5}}, "pass max_tokens= instead"),
+        ({"request_options": {"n": 2}}, "one answer per row"),
+        ({"request_options": {"temperature": 3}}, "between 0.0 and 2.0"),
+        ({"client": client}, "openai.AsyncOpenAI client"),
+    ]:
+        with pytest.raises(InvalidInputError, match=says):
+            ask(frame(2), "s", prompt=PROMPT, **options)
+    with pytest.raises(InvalidInputError, match="not built yet"):
+        ask(pl.DataFrame({"id": [1], "path": [str(picture)]}), "s", prompt="What is this?", attach="path")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(InvalidInputError, match="OPENAI_API_KEY"):
+        apply_llm(frame(2), "s", prompt=PROMPT, model=GPT, store=store, progress=False)
+    assert not store.exists(), "nothing written"
+
+
+def test_a_model_name_with_a_colon_is_a_model_name(client: Any, sim: Simulator, store: Path) -> None:
+    """Only "openai:" and "anthropic:" choose a provider: Ollama's "llama3.2:3b" is a model id as it is."""
+    sim.configure(models=(*TEST_MODELS, "llama3.2:3b"))
+    apply_llm(frame(2), "s", prompt=PROMPT, model="llama3.2:3b", client=client, store=store, progress=False)
+    apply_llm(frame(2), "c", prompt=PROMPT, model="anthropic:m", client=client, store=store, progress=False)
+    models = {b["model"] for b in stored_bodies(sim)}
+    assert models == {"llama3.2:3b", "m"}
+
+
+def test_an_openai_compatible_server_gets_max_tokens_and_names_itself(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("llmledger._step.prices._warned", set())  # as in a fresh process: it warns once per model
+    with Simulator(compatible=True, models=("qwen3:8b",)) as local:
+        with pytest.warns(llmledger.UnknownPriceWarning):
+            out = apply_llm(
+                frame(8),
+                "s",
+                prompt=PROMPT,
+                model="openai:qwen3:8b",
+                base_url=local.server_url + "/v1",
+                store=store,
+                table="t",
+                progress=False,
+                max_tokens=30,
+            )
+        assert out["s_status"].to_list() == ["DONE"] * 8
+        body = stored_bodies(local)[0]
+        assert body["model"] == "qwen3:8b" and body["max_tokens"] == 30 and "max_completion_tokens" not in body
+        request = json.loads(sql(store, "SELECT request FROM llmledger_steps")[0][0])
+        assert request["llmledger_endpoint"] == local.server_url + "/v1"
+        assert request["llmledger_provider"] == "openai"
+        assert sql(store, "SELECT DISTINCT s_source, s_cost_usd FROM t") == [(local.server_url + "/v1", None)]
+        assert "announces no rate limits" in " ".join(last_report().notes)  # type: ignore[union-attr]
+
+
+def test_the_simulator_speaks_openais_api_to_the_openai_sdk(sim: Simulator) -> None:
+    client = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="k", max_retries=0)
+    args: dict[str, Any] = {"model": "gpt-5-mini", "messages": [{"role": "user", "content": "hi"}]}
+    sim.configure(rate_limit=10, tokens_per_minute=60_000)
+    raw = client.chat.completions.with_raw_response.create(max_completion_tokens=10, **args)
+    assert raw.headers["x-ratelimit-limit-requests"] == "600" and raw.headers["x-ratelimit-limit-tokens"] == "60000"
+    assert raw.headers["x-ratelimit-reset-requests"].endswith("s") and raw.headers["x-request-id"].startswith("req_")
+    completion = raw.parse()
+    assert completion.choices[0].message.content and completion.usage.prompt_tokens > 0
+    for fault, error, code in [
+        (429, openai.RateLimitError, "rate_limit_exceeded"),
+        ("insufficient_quota", openai.RateLimitError, "insufficient_quota"),
+        (401, openai.AuthenticationError, "invalid_api_key"),
+        (500, openai.InternalServerError, None),
+    ]:
+        sim.configure(fail_next=[fault])
+        with pytest.raises(error) as info:
+            client.chat.completions.create(max_completion_tokens=10, **args)
+        assert info.value.code == code
+    with pytest.raises(openai.BadRequestError, match="max_tokens' is not supported with this model"):
+        client.chat.completions.create(max_tokens=10, **args)
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: top_k"):
+        client.chat.completions.create(max_completion_tokens=10, extra_body={"top_k": 3}, **args)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(max_completion_tokens=10, model="gpt-nope", messages=args["messages"])

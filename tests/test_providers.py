@@ -1,0 +1,127 @@
+"""The provider contract: what the ledger promises, held the same for each provider's API, with its real SDK
+against the simulator (Anthropic's Messages API; OpenAI's Chat Completions for a model named "openai:...").
+
+Each test runs once per provider; what only one provider does (OpenAI's body and caching, Anthropic's batches)
+is tested in that provider's own files."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import pytest
+
+from llmledger import ModelNotFound, RequestRefused, RetryPolicy, Simulator, SpendLimitReached, apply_llm, last_report
+from llmledger._step.request import fingerprint
+
+from .conftest import frame
+
+FAST = RetryPolicy(base_delay=0.01, max_delay=0.05, outage_after=0.5, outage_failures=5)
+PROMPT = "Summarize: {text}"
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    model: str  # as model= names it
+    client: Any
+    account_stop: str  # the simulator fault by which the provider says the account cannot spend
+    mark: dict[str, str]  # what the fingerprinted document adds to the body sent
+
+    def bodies(self, sim: Simulator) -> list[dict[str, Any]]:
+        return [entry["body"] for entry in sim.log() if entry["status"] == 200]
+
+
+@pytest.fixture(params=["anthropic", "openai"])
+def provider(request: pytest.FixtureRequest, sim: Simulator) -> Provider:
+    if request.param == "anthropic":
+        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+        return Provider("anthropic", "m", client, "enforced_spend_limit_reached", {})
+    openai = pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
+    client = openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="test-key")
+    return Provider("openai", "openai:gpt-5-mini", client, "insufficient_quota", {"llmledger_provider": "openai"})
+
+
+@pytest.fixture
+def ask(provider: Provider, target: Any) -> Any:
+    """apply_llm with the provider's model and client, on each store engine."""
+    return functools.partial(
+        apply_llm, client=provider.client, model=provider.model, store=target, table="t", progress=False
+    )
+
+
+def column(ask: Any, query: str) -> list[tuple[Any, ...]]:
+    import llmledger
+
+    return [tuple(r) for r in llmledger.sql(ask.keywords["store"], query).iter_rows()]
+
+
+def test_a_rerun_pays_nothing_and_each_row_is_fingerprinted_by_the_body_it_was_sent(
+    ask: Any, provider: Provider, sim: Simulator
+) -> None:
+    out = ask(frame(10, word="same").vstack(frame(2, start=10)), "s", prompt=PROMPT, system="Be brief.")
+    assert out["s_status"].to_list() == ["DONE"] * 12 and sim.stats()["paid"] == 12
+    sent = {b["messages"][-1]["content"]: fingerprint({**b, **provider.mark}) for b in provider.bodies(sim)}
+    stored = dict(column(ask, "SELECT s_prompt, s_fingerprint::VARCHAR FROM t"))
+    assert stored == sent, "the fingerprint is the body sent, with the provider's mark"
+    again = ask(frame(10, word="same").vstack(frame(2, start=10)), "s", prompt=PROMPT, system="Be brief.")
+    assert sim.stats()["paid"] == 12 and again["s"].to_list() == out["s"].to_list()
+    assert last_report().calls == 0  # type: ignore[union-attr]
+
+
+def test_a_structured_answer_gets_one_retry_then_needs_review(ask: Any, sim: Simulator) -> None:
+    sim.configure(bad_json_once="number 1", bad_json="number 2")
+    out = ask(frame(4), "v", prompt=PROMPT, output={"company": str, "year": int})
+    assert out["v_status"].to_list() == ["DONE", "DONE", "NEEDS_REVIEW", "DONE"]
+    assert sorted(f.name for f in out.schema["v"].fields) == ["company", "year"]
+    assert out["v"].struct.field("year").is_not_null().sum() == 3
+    assert sim.stats()["paid"] == 6, "rows 1 and 2 were asked twice, the others once"
+
+
+def test_a_refusal_is_paid_and_fails_the_row(ask: Any, sim: Simulator) -> None:
+    sim.configure(refuse="number 2")
+    out = ask(frame(4), "s", prompt=PROMPT)
+    assert out["s_status"].to_list() == ["DONE", "DONE", "FAILED", "DONE"]
+    assert "refusal" in column(ask, "SELECT s_error FROM t WHERE id = 2")[0][0]
+    assert last_report().calls == sim.stats()["paid"] == 4  # type: ignore[union-attr]
+
+
+def test_the_accounts_stop_stops_the_run_at_once_and_fails_no_row(ask: Any, provider: Provider, sim: Simulator) -> None:
+    ask(frame(4), "s", prompt=PROMPT)
+    sim.configure(fail_next=[provider.account_stop])
+    started = time.monotonic()
+    with pytest.raises(SpendLimitReached, match=provider.account_stop):
+        ask(frame(40), "s", prompt=PROMPT, concurrency=1, retry=FAST)
+    assert time.monotonic() - started < 5
+    assert column(ask, "SELECT s_status, count(*) FROM t GROUP BY s_status ORDER BY s_status") == [
+        ("DONE", 4),
+        ("NOT_STARTED", 36),
+    ]
+    assert ask(frame(40), "s", prompt=PROMPT)["s_status"].to_list() == ["DONE"] * 40
+
+
+@pytest.mark.parametrize("fault", [429, 500, 503])
+def test_rate_limits_and_server_errors_are_retried_without_counting_against_the_row(
+    ask: Any, sim: Simulator, fault: int
+) -> None:
+    sim.configure(fail_next=[fault, fault])
+    out = ask(frame(3), "s", prompt=PROMPT, concurrency=1, retry=FAST)
+    assert out["s_status"].to_list() == ["DONE"] * 3
+    assert column(ask, "SELECT max(s_attempts) FROM t") == [(1,)]
+    assert last_report().retries == 2  # type: ignore[union-attr]
+
+
+def test_a_model_the_api_does_not_have_stops_the_run(ask: Any, provider: Provider) -> None:
+    model = provider.model.replace("gpt-5-mini", "gpt-nope") if provider.name == "openai" else "claude-nope"
+    with pytest.raises(ModelNotFound, match="nope"):
+        ask(frame(3), "s", prompt=PROMPT, model=model)
+
+
+def test_a_request_refused_alike_stops_the_run_with_the_apis_reason(ask: Any, sim: Simulator) -> None:
+    sim.configure(poison="message")
+    with pytest.raises(RequestRefused, match="first 8 distinct requests alike"):
+        ask(frame(40), "s", prompt=PROMPT, concurrency=1)
+    assert sim.stats()["requests"] == 8
