@@ -131,6 +131,8 @@ def subprocess_env(base_url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("ANTHROPIC_API_KEY", None)
     env["ANTHROPIC_BASE_URL"] = base_url
+    env["OPENAI_BASE_URL"] = base_url + "/v1"  # the simulator's OpenAI routes, for a step on an OpenAI model
+    env["OPENAI_API_KEY"] = "test-key"
     env["LLMLEDGER_TEST_KEY"] = "test-key"
     env["PYTHONUNBUFFERED"] = "1"
     return env

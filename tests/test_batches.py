@@ -144,7 +144,8 @@ def test_a_killed_process_loses_no_batch_and_pays_each_row_once(
     cost, in_tokens, out_tokens = sql(
         store, "SELECT sum(summary_cost_usd), sum(summary_input_tokens), sum(summary_output_tokens) FROM messages"
     )[0]
-    assert cost == pytest.approx((in_tokens * 1.0 + out_tokens * 5.0) / 1e6 / 2)  # Haiku 4.5, at the batch rate
+    price = llmledger.prices().filter(model=llmledger.DEFAULT_MODEL).row(0, named=True)
+    assert cost == pytest.approx((in_tokens * price["input"] + out_tokens * price["output"]) / 1e6 / 2)  # batch rate
     states = dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL"))
     assert states == ({"abandoned": 1, "merged": 1} if die_before == "create" else {"merged": 1})
 

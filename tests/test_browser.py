@@ -256,8 +256,9 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
                 float, re.search(r"estimated for the batch: \$([\d.]+); billed: \$([\d.]+)", text).groups()
             )  # type: ignore[union-attr]
             assert billed > 0 and abs(estimated - billed) <= 0.25 * billed
-            assert re.search(r"batch prices \$0\.0[1-9]", text), "the batch discount is counted as avoided"
-            assert re.search(r"the rerun paid 0 calls and avoided \$0\.0[1-9]", text)
+            # a positive amount, at the default model's prices (a few tenths of a cent for these 1,000 rows)
+            assert re.search(r"batch prices \$0\.\d*[1-9]", text), "the batch discount is counted as avoided"
+            assert re.search(r"the rerun paid 0 calls and avoided \$0\.\d*[1-9]", text)
         if name.startswith("07"):
             assert paid(text, "this run") == 12 and paid(text, "after moving the files") == 0
             assert paid(text, "the redo of the stale rows") == 1 and "agrees with the file names on 12 of 12" in text

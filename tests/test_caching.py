@@ -11,7 +11,8 @@ from llmledger import InvalidInputError, Simulator, last_report
 
 from .conftest import frame, sql
 
-# claude-haiku-4-5 caches prefixes of 4,096 tokens and more; the simulator counts about four characters a token.
+# Long enough for every model's prompt cache (claude-haiku-4-5's minimum is 4,096 tokens; the default model's 1,024);
+# the simulator counts about four characters a token.
 LONG_SYSTEM = "You label support messages. " + "Example: 'my order is late' -> shipping. " * 420
 PROMPT = "Summarize: {text}"
 
@@ -39,13 +40,13 @@ def test_a_long_system_prompt_is_written_once_and_read_after(run, sim: Simulator
     report = last_report()
     assert report is not None and (report.cache_write_tokens, report.cache_read_tokens) == (prefix, 9 * prefix)
     assert sim.stats()["cache_read_tokens"] == 9 * prefix
-    price_row = llmledger.prices().filter(llmledger.prices()["model"] == "claude-haiku-4-5").row(0, named=True)
+    price_row = llmledger.prices().filter(llmledger.prices()["model"] == llmledger.DEFAULT_MODEL).row(0, named=True)
     assert report.avoided_usd == pytest.approx(9 * prefix * (price_row["input"] - price_row["cache_read"]) / 1e6)
     assert f"avoided: cache reads ${report.avoided_usd:.4f}" in str(report)
 
     written = sum(r[3] for r in rows)
     plain = llmledger.prices()  # the same tokens without a cache, at the plain input rate
-    price = plain.filter(plain["model"] == "claude-haiku-4-5").row(0, named=True)
+    price = plain.filter(plain["model"] == llmledger.DEFAULT_MODEL).row(0, named=True)
     uncached = sum((r[0] + r[1] + r[2]) * price["input"] / 1e6 for r in rows)
     assert written < uncached / 3
 
@@ -56,7 +57,7 @@ def test_cache_options_change_the_request_and_so_the_fingerprint(run, sim: Simul
     first = sql(
         store, "SELECT summary_cache_write_tokens, summary_cost_usd FROM messages ORDER BY summary_finished_at LIMIT 1"
     )[0]
-    price = llmledger.prices().filter(llmledger.prices()["model"] == "claude-haiku-4-5").row(0, named=True)
+    price = llmledger.prices().filter(llmledger.prices()["model"] == llmledger.DEFAULT_MODEL).row(0, named=True)
     assert first[1] > first[0] * price["cache_write_1h"] / 1e6 * 0.99, "1 h writes are priced at the 1 h rate"
 
     run(frame(3), "summary", prompt=PROMPT, system=LONG_SYSTEM, cache=False)

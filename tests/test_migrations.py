@@ -26,7 +26,16 @@ from .conftest import frame, sql
 
 OLD_STORE = Path(__file__).parent / "data" / "ledger-0.1.0.duckdb.gz"
 STORE_0_2_0 = Path(__file__).parent / "data" / "ledger-0.2.0.duckdb.gz"
-SUMMARY = {"prompt": "Summarize: {text}", "system": "Be brief.", "max_tokens": 50, "max_attempts": 2}
+# The default model when these stores were written (0.1 to 0.9): a call that wants their answers current names it,
+# as the upgrade guide says (the default is claude-haiku-5-5 since 0.10).
+OLD_DEFAULT = "claude-haiku-4-5"
+SUMMARY = {
+    "prompt": "Summarize: {text}",
+    "system": "Be brief.",
+    "max_tokens": 50,
+    "max_attempts": 2,
+    "model": OLD_DEFAULT,
+}
 
 
 def _unpack(packed: Path, path: Path) -> Path:
@@ -101,7 +110,14 @@ def test_old_answers_under_another_request_are_reported_stale(old_store: Path, c
 
 def test_the_second_step_of_an_old_store_upgrades_too(old_store: Path, client, sim: Simulator) -> None:
     out = apply_llm(
-        frame(12), "title", prompt="Title for: {text}", store=old_store, table="messages", client=client, progress=False
+        frame(12),
+        "title",
+        prompt="Title for: {text}",
+        model=OLD_DEFAULT,
+        store=old_store,
+        table="messages",
+        client=client,
+        progress=False,
     )
     assert last_report().stale == 0  # type: ignore[union-attr]
     assert sim.stats()["paid"] == 9, "rows 0-2 were answered by 0.1.0; row 3 (FAILED) and 4-11 are sent"

@@ -125,3 +125,19 @@ def test_a_request_refused_alike_stops_the_run_with_the_apis_reason(ask: Any, si
     with pytest.raises(RequestRefused, match="first 8 distinct requests alike"):
         ask(frame(40), "s", prompt=PROMPT, concurrency=1)
     assert sim.stats()["requests"] == 8
+
+
+def test_each_answer_records_how_long_its_request_took(ask: Any, sim: Simulator) -> None:
+    import polars as pl
+
+    import llmledger
+
+    sim.configure(latency=0.05)
+    df = pl.DataFrame({"id": [1, 2, 3], "text": ["same", "same", "other"]})
+    ask(df, "s", prompt=PROMPT)
+    ask(df, "c", prompt="Classify: {text}")
+    rows = column(ask, "SELECT id, s_latency_ms FROM t ORDER BY id")
+    paid = [latency for _, latency in rows if latency is not None]
+    assert len(paid) == 2 and all(50 <= ms < 5_000 for ms in paid), "the two requests sent; the twin reused one"
+    per_step = llmledger.compare(ask.keywords["store"], "t", ["s", "c"]).per_step
+    assert per_step["latency_ms_per_row"].min() >= 50

@@ -93,9 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--engine", choices=["duckdb", "postgresql", "both"], default="both")
     p.add_argument("--budget-seconds", type=float, default=None, help="stop starting scenarios after this long")
+    p.add_argument("--provider", choices=["anthropic", "openai"], help="only the seeds whose step runs on it")
     a = p.parse_args(argv)
     engines = ["duckdb", "postgresql"] if a.engine == "both" else [a.engine]
     seeds = [a.seed] if a.seed is not None else list(range(a.start, a.start + a.seeds))
+    if a.provider is not None and a.seed is None:
+        seeds = [s for s in seeds if make_plan(s, engines[0]).provider == a.provider]
     server = None
     if "postgresql" in engines:
         from ..helpers.postgres import Server, find_bindir

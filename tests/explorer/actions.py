@@ -31,6 +31,7 @@ CLEAR = {
     "latency": 0.02,
     "batch_lose_response": 0,
 }
+OPENAI_MODEL = "openai:gpt-5-mini"
 WORKER_STALE_AFTER = 3.0  # seconds: a killed worker's rows come back this soon (each worker is its own machine)
 
 
@@ -49,7 +50,13 @@ class Scenario:
     def __init__(self, plan: Plan, sim: Simulator, store: Any, pg_server: Any = None) -> None:
         self.plan, self.sim, self.store, self.pg_server = plan, sim, store, pg_server
         self.books = Books()
-        self.client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+        self.model: dict[str, str] = {}  # the default model, or an OpenAI one (model="openai:...")
+        self.client: Any = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+        if plan.provider == "openai":
+            import openai
+
+            self.model = {"model": OPENAI_MODEL}
+            self.client = openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="test-key")
 
     # -- helpers ---------------------------------------------------------------------------------------------------
     def _start(self, action: Action, *extra: str, each: list[list[str]] | None = None) -> list[subprocess.Popen[bytes]]:
@@ -65,6 +72,7 @@ class Scenario:
             "0.2",
             "--distinct",
             str(self.plan.distinct),
+            *(["--model", self.model["model"]] if self.model else []),
             *extra,
         )
         return [
@@ -155,6 +163,7 @@ class Scenario:
             table=TABLE,
             client=self.client,
             progress=False,
+            **self.model,
             **options,
         )
 
@@ -202,7 +211,10 @@ class Scenario:
         elif action.kind == "sigint":
             self._stop(action, signal.SIGINT)
         elif action.kind == "fault":
-            self.sim.configure(**FAULTS[action.fault])
+            fault = FAULTS[action.fault]
+            if action.fault == "spend_cap" and self.plan.provider == "openai":  # OpenAI says it its own way
+                fault = {**fault, "error_status": "insufficient_quota"}
+            self.sim.configure(**fault)
             try:
                 self._wait(self._start(action))
             finally:

@@ -81,13 +81,14 @@ class Plan:
     rows: int
     actions: list[Action] = field(default_factory=list)
     distinct: int = 0  # row i's text is row (i % distinct)'s: duplicate texts, each to be paid once; 0: all differ
+    provider: str = "anthropic"  # whose API the step's model speaks: "anthropic", or "openai" (model="openai:...")
 
     def text_of(self, row: int) -> str:
         return f"hello message number {row % self.distinct if self.distinct else row}"
 
     def describe(self) -> str:
         lines = [
-            f"seed {self.seed}: {self.engine}, {self.rows} rows"
+            f"seed {self.seed}: {self.engine}, {self.provider}, {self.rows} rows"
             + (f", {self.distinct} distinct texts" if self.distinct else "")
         ]
         lines += [f"  {i + 1}. {a.describe()}" for i, a in enumerate(self.actions)]
@@ -99,7 +100,12 @@ def make_plan(seed: int, engine: str) -> Plan:
     rows = rng.randrange(40, 220)
     distinct = rng.choice([0, 0, rows // 2, rows // 5])
     actions: list[Action] = []
+    # a third of the scenarios run an OpenAI model (drawn apart, so the other seeds' plans stay as they were),
+    # which has no Message Batches yet
+    provider = random.Random(f"provider {seed}").choice(["anthropic", "anthropic", "openai"])
     kinds = ["run", "kill", "kill", "sigint", "fault", "flag_redo", "reset", "skew", "batch", "budget"]
+    if provider == "openai":
+        kinds.remove("batch")
     if engine == "postgresql":
         kinds += ["restart_db", "crash_db", "workers", "workers"]
     for _ in range(rng.randrange(2, 7)):
@@ -128,4 +134,4 @@ def make_plan(seed: int, engine: str) -> Plan:
                 extra_usd=round(rng.uniform(0.05, 0.6), 2) if kind == "budget" else 0.0,
             )
         )
-    return Plan(seed=seed, engine=engine, rows=rows, actions=actions, distinct=distinct)
+    return Plan(seed=seed, engine=engine, rows=rows, actions=actions, distinct=distinct, provider=provider)

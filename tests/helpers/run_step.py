@@ -56,7 +56,7 @@ if a.max_cost is not None:
     import llmledger
     from llmledger._exec.client import DEFAULT_MODEL
 
-    llmledger.set_price(DEFAULT_MODEL, input=1000.0, output=1000.0)
+    llmledger.set_price(a.model or DEFAULT_MODEL, input=1000.0, output=1000.0)
     budget = {"max_cost_usd": a.max_cost, "budget_scope": "step"}
 
 if a.die_before:

@@ -124,3 +124,47 @@ def test_rows_are_counted_in_words_and_errors_grouped_by_their_kind() -> None:
     assert rows(1) == "1 row" and rows(2_500) == "2,500 rows"
     assert error_kind("429 RateLimitError (rate_limit_error): slow down") == "429 RateLimitError (rate_limit_error)"
     assert error_kind("refusal: the model declined") == "refusal"
+
+
+def test_openais_resets_are_durations_and_its_limits_pace_requests() -> None:
+    """OpenAI announces `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as durations."""
+    from llmledger._exec.pacing import Pacer, _seconds_until
+
+    assert [_seconds_until(d) for d in ("6m0s", "1s", "20ms", "1h2m3.5s")] == [360.0, 1.0, 0.02, 3723.5]
+    assert _seconds_until("soon") is None
+    pacer = Pacer()
+    pacer.observe({"x-ratelimit-limit-requests": "600", "x-ratelimit-limit-tokens": "6000000"}, 80, 20)
+    assert pacer.binding == "requests: 600/min" and pacer.interval == pytest.approx(1 / (600 / 60 * Pacer.SAFETY))
+    pacer.observe({"x-ratelimit-limit-requests": "6000", "x-ratelimit-limit-tokens": "60000"})
+    assert pacer.binding == "tokens: 60,000/min", "100 tokens a request (80 in, 20 out): 600 a minute binds"
+
+
+def _openai_error(kind: str, code: str | None) -> dict:
+    return {"error": {"type": kind, "code": code, "message": "what OpenAI said"}}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "stop"),
+    [
+        (429, _openai_error("insufficient_quota", "insufficient_quota"), "fatal", "spend_limit"),
+        (429, _openai_error("requests", "rate_limit_exceeded"), "transient", None),
+        (401, _openai_error("invalid_request_error", "invalid_api_key"), "fatal", "auth"),
+        (404, _openai_error("invalid_request_error", "model_not_found"), "fatal", "no_model"),
+        (400, _openai_error("invalid_request_error", None), "permanent", None),
+        (503, _openai_error("server_error", None), "transient", None),
+    ],
+)
+def test_openais_errors_are_classified_as_openai_documents_them(
+    status: int, body: dict, kind: str, stop: str | None
+) -> None:
+    openai = pytest.importorskip("openai")
+    from llmledger._exec import chat
+
+    base = openai._base_client
+    sdk_httpx = getattr(base, "httpx2", None) or base.httpx  # the HTTP library the installed SDK is built on
+    request = sdk_httpx.Request("POST", "https://api.openai.com/v1/chat/completions")
+    response = sdk_httpx.Response(status, json=body, headers={"x-request-id": "req_1"}, request=request)
+    error = openai.AsyncOpenAI(api_key="k")._make_status_error("error", body=body, response=response)
+    failed = chat.classify(error)
+    assert failed.kind.value == kind and (failed.stop.value if failed.stop else None) == stop
+    assert "(request req_1)" in str(failed)

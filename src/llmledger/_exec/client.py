@@ -9,9 +9,11 @@ installed SDK's signature, the body sent is exactly the one fingerprinted.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -25,7 +27,7 @@ from llmledger._ledger import KnownAnswer
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.states import Outcome
 
-DEFAULT_MODEL = "claude-haiku-4-5"
+DEFAULT_MODEL = "claude-haiku-5-5"  # the cheapest current Claude model (prices.json): row work is volume
 
 # error.details.error_code values that mean "this account cannot spend more now"
 SPEND_LIMIT_CODES = {
@@ -58,6 +60,7 @@ class Reply:
     cache_read_tokens: int = 0
     calls: int = 1  # requests this answer took (2 when a structured answer needed its one retry)
     batch: bool = False  # answered in a Message Batch (billed at the batch rate)
+    latency_ms: int | None = None  # how long its request(s) took, sent to answered; None: no request of its own
 
     def plus(self, later: Reply) -> Reply:
         """`later` (an answer to a follow-up request), carrying the usage of both."""
@@ -72,6 +75,7 @@ class Reply:
             self.cache_read_tokens + later.cache_read_tokens,
             self.calls + later.calls,
             later.batch,
+            None if self.latency_ms is None or later.latency_ms is None else self.latency_ms + later.latency_ms,
         )
 
 
@@ -197,7 +201,9 @@ async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[],
             flight.unsent = True
             raise NotSent
         try:
+            started = time.monotonic()
             message, headers = await api.call(client, body)
+            took = round((time.monotonic() - started) * 1000)
         except api.status_error as exc:
             failure = api.classify(exc)
             status, answered = getattr(exc, "status_code", 0), getattr(exc, "response", None)
@@ -212,7 +218,7 @@ async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[],
             raise api.classify(exc) from exc
         finally:
             pacer.answered()
-    reply = api.reply_from(message, body["model"])
+    reply = dataclasses.replace(api.reply_from(message, body["model"]), latency_ms=took)
     paced_input = reply.input_tokens + (reply.cache_read_tokens if api.counts_cached else 0)
     pacer.observe(headers, paced_input, reply.output_tokens)
     if api.refused(message):

@@ -148,21 +148,14 @@ class Pacer:
         Anthropic's `anthropic-ratelimit-{family}-{limit,remaining,reset}` (input and output tokens apart), or
         OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (one token limit, input and output)."""
         if headers.get("x-ratelimit-limit-requests") is not None or headers.get("x-ratelimit-limit-tokens") is not None:
-            return [
-                (family, per_request, safety, tuple(f"x-ratelimit-{part}-{family}" for part in _PARTS))  # type: ignore[misc]
-                for family, per_request, safety in (
-                    ("requests", 1.0, self.SAFETY),
-                    ("tokens", self._avg_in + self._avg_out, self.TOKENS),
-                )
-            ]
-        return [
-            (family, per_request, safety, tuple(f"anthropic-ratelimit-{family}-{part}" for part in _PARTS))  # type: ignore[misc]
-            for family, per_request, safety in (
-                ("requests", 1.0, self.SAFETY),
-                ("input-tokens", self._avg_in, self.TOKENS),
-                ("output-tokens", self._avg_out, self.TOKENS),
-            )
-        ]
+            openai = (("requests", 1.0, self.SAFETY), ("tokens", self._avg_in + self._avg_out, self.TOKENS))
+            return [(f, n, share, _names("x-ratelimit-{part}-" + f)) for f, n, share in openai]
+        anthropic = (
+            ("requests", 1.0, self.SAFETY),
+            ("input-tokens", self._avg_in, self.TOKENS),
+            ("output-tokens", self._avg_out, self.TOKENS),
+        )
+        return [(f, n, share, _names(f"anthropic-ratelimit-{f}-" + "{part}")) for f, n, share in anthropic]
 
     def state(self) -> tuple[float, float, float]:
         return self.interval, self._next, self._paused_until
@@ -182,7 +175,12 @@ def _number(value: str | None) -> float | None:
         return None
 
 
-_PARTS = ("limit", "remaining", "reset")
+def _names(pattern: str) -> tuple[str, str, str]:
+    """The limit, remaining and reset header names of one family, from a pattern with `{part}` in it."""
+    limit, remaining, reset = (pattern.format(part=part) for part in ("limit", "remaining", "reset"))
+    return limit, remaining, reset
+
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _DURATIONS = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|h|m|s))+")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

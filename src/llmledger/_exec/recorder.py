@@ -70,6 +70,7 @@ class Recorder:
                     cache_write_tokens=0,
                     cache_write_1h_tokens=0,
                     cache_read_tokens=0,
+                    latency_ms=None,
                 )
                 rep.reused += 1
                 cost: float | None = 0.0
@@ -93,6 +94,7 @@ class Recorder:
                 output_tokens=reply.output_tokens,
                 cache_write_tokens=reply.cache_write_tokens,
                 cache_read_tokens=reply.cache_read_tokens,
+                latency_ms=reply.latency_ms,
                 cost_usd=cost,
                 stop_reason=reply.stop_reason,
                 model=reply.model,
@@ -117,6 +119,7 @@ class Recorder:
                 output_tokens=None,
                 cache_write_tokens=None,
                 cache_read_tokens=None,
+                latency_ms=None,
                 cost_usd=None,
                 stop_reason=None,
                 model=self.selection.requests[row["version"]].model,

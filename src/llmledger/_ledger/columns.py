@@ -107,6 +107,16 @@ STEP_COLUMNS: tuple[Column, ...] = (
         doc="prompt tokens read from the prompt cache (billed at 0.1x)",
     ),
     Column(
+        "_latency_ms",
+        "BIGINT",
+        KEEP_UNLESS_ANSWERED,
+        "latency_ms",
+        pl.Int64(),
+        doc="milliseconds from sending the request to its answer (both requests' when a structured answer was "
+        "asked twice); NULL for answers reused from another row or the history, answered in a batch, or written "
+        "before llmledger recorded it",
+    ),
+    Column(
         "_cost_usd",
         "DOUBLE",
         KEEP_UNLESS_ANSWERED,

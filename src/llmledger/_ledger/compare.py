@@ -34,7 +34,8 @@ class ComparisonData:
     steps: list[str]
     fields: list[str]  # compared fields (["answer"] for text answers)
     agreement: pl.DataFrame  # step_a, step_b, field, both_done, agree, share
-    per_step: pl.DataFrame  # step, model, rows, done, cost_usd_per_row, input_tokens_per_row, output_tokens_per_row
+    # step, model, rows, done, cost_usd_per_row, input_tokens_per_row, output_tokens_per_row, latency_ms_per_row
+    per_step: pl.DataFrame
     differences: pl.DataFrame  # the key, the inputs, each step's answer (as text), for rows where a pair differs
     differ: str  # SQL predicate over the fact table: the rows in `differences`
     differ_by_step: dict[str, str]  # per step: the rows where it differs from another step
@@ -128,7 +129,8 @@ def read_comparison(con: Con, table: str, steps: list[str], where: str | None) -
                 f"CASE WHEN count(*) FILTER (WHERE {paid[s]} AND {q(s + '_cost_usd')} IS NULL) > 0 THEN NULL "
                 f"ELSE avg({q(s + '_cost_usd')}) FILTER (WHERE {paid[s]}) END AS cost_usd_per_row, "
                 f"avg({q(s + '_input_tokens')}) FILTER (WHERE {paid[s]}) AS input_tokens_per_row, "
-                f"avg({q(s + '_output_tokens')}) FILTER (WHERE {paid[s]}) AS output_tokens_per_row "
+                f"avg({q(s + '_output_tokens')}) FILTER (WHERE {paid[s]}) AS output_tokens_per_row, "
+                f"avg({q(s + '_latency_ms')}) FILTER (WHERE {paid[s]}) AS latency_ms_per_row "
                 f"FROM {q(table)} WHERE {within}",
                 params=[s],
             )
@@ -138,6 +140,7 @@ def read_comparison(con: Con, table: str, steps: list[str], where: str | None) -
                     "cost_usd_per_row": pl.Float64,
                     "input_tokens_per_row": pl.Float64,
                     "output_tokens_per_row": pl.Float64,
+                    "latency_ms_per_row": pl.Float64,
                 }
             )
             for s in steps

@@ -177,6 +177,13 @@ def _v10_request_shapes(con: Con) -> None:
     con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS skip_nulls VARCHAR[]")
 
 
+def _v11_providers(con: Con) -> None:
+    """A stored request may now be written for OpenAI's API (`llmledger_provider`), which an older llmledger
+    would send to Anthropic's, so the store is marked as one only this version reads; per step, how long each
+    answer's request took."""
+    _add_step_columns(con, {"_latency_ms": "BIGINT"})
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
@@ -190,6 +197,7 @@ MIGRATIONS = (
     Migration(8, "leases: each claim's own end, in the database's clock", _v8_leases),
     Migration(9, "batch sources: where each Message Batch was sent", _v9_batch_sources),
     Migration(10, "requests with messages= prefixes and attached files", _v10_request_shapes),
+    Migration(11, "providers and latency: requests for OpenAI's API, how long each answer took", _v11_providers),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -206,6 +206,7 @@ _ANSWER_SUFFIXES = (
     "_output_tokens",
     "_cache_write_tokens",
     "_cache_read_tokens",
+    "_latency_ms",
     "_cost_usd",
     "_stop_reason",
     "_model",

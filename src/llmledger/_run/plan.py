@@ -318,9 +318,11 @@ def _openai_client(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str |
     if base_url is None:
         if simulated():  # llmledger.simulate(): the session's simulator answers OpenAI's routes too
             return make_client(base_url=session_base_url() + "/v1", api_key="simulated"), None
-        base_url = os.environ.get("OPENAI_BASE_URL") or OPENAI_API  # what the SDK itself reads
-    else:
-        check_base_url(base_url)
+        # the SDK's own environment, URL and key set together (a server there is named, as base_url= would)
+        base_url = os.environ.get("OPENAI_BASE_URL") or OPENAI_API
+        made = make_client(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY)
+        return made, _endpoint(made, base_url, OPENAI_API)
+    check_base_url(base_url)
     made = make_client(base_url=base_url, api_key=api_key or NO_KEY)
     endpoint = _endpoint(made, base_url, OPENAI_API)
     if endpoint is None and api_key is None and answer_source(made) != SIMULATOR:

@@ -23,6 +23,7 @@ def compare(store: str | Path, table: str, steps: list[str], *, where: str | Non
         cmp = llmledger.compare("ledger.duckdb", "reviews", ["sentiment_haiku", "sentiment_local"])
         cmp                      # in a notebook: agreement matrix, cost against agreement
         cmp.agreement            # step_a, step_b, field, both_done, agree, share
+        cmp.per_step             # per step: model, rows, done, cost, tokens and latency per answered row
         cmp.differences          # the rows where some pair differs: inputs and every step's answer
         cmp.flag("sentiment_local", reason="disagrees with haiku")   # then apply_llm(..., redo="flagged")
 
@@ -98,10 +99,11 @@ class Comparison:
             )
         for row in self.per_step.iter_rows(named=True):
             cost = "cost unknown" if row["cost_usd_per_row"] is None else f"${row['cost_usd_per_row']:.6f}/row"
-            tokens = row["output_tokens_per_row"]
+            tokens, latency = row["output_tokens_per_row"], row["latency_ms_per_row"]
             lines.append(
                 f"  {row['step']} ({row['model'] or 'no answers'}): {row['done']:,} DONE, {cost}"
                 + ("" if tokens is None else f", {tokens:.0f} output tokens/row")
+                + ("" if latency is None else f", {latency:,.0f} ms/answer")
             )
         lines.append(f"  {self.differences.height:,} rows differ (.differences; .flag(step, reason=...) to redo)")
         return "\n".join(lines)
