@@ -201,11 +201,15 @@ def test_the_simulator_speaks_openais_api_to_the_openai_sdk(sim: Simulator) -> N
     client = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="k", max_retries=0)
     args: dict[str, Any] = {"model": "gpt-5-mini", "messages": [{"role": "user", "content": "hi"}]}
     sim.configure(rate_limit=10, tokens_per_minute=60_000)
-    raw = client.chat.completions.with_raw_response.create(max_completion_tokens=10, **args)
+    raw = client.chat.completions.with_raw_response.create(max_completion_tokens=100, **args)
     assert raw.headers["x-ratelimit-limit-requests"] == "600" and raw.headers["x-ratelimit-limit-tokens"] == "60000"
     assert raw.headers["x-ratelimit-reset-requests"].endswith("s") and raw.headers["x-request-id"].startswith("req_")
     completion = raw.parse()
     assert completion.choices[0].message.content and completion.usage.prompt_tokens > 0
+    thought = completion.usage.completion_tokens_details.reasoning_tokens
+    assert thought > 0 and completion.usage.completion_tokens > thought, "a reasoning model thinks, and that is billed"
+    cut = client.chat.completions.create(max_completion_tokens=thought, **args)
+    assert cut.choices[0].message.content == "" and cut.choices[0].finish_reason == "length"
     for fault, error, code in [
         (429, openai.RateLimitError, "rate_limit_exceeded"),
         ("insufficient_quota", openai.RateLimitError, "insufficient_quota"),
@@ -222,3 +226,19 @@ def test_the_simulator_speaks_openais_api_to_the_openai_sdk(sim: Simulator) -> N
         client.chat.completions.create(max_completion_tokens=10, extra_body={"top_k": 3}, **args)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(max_completion_tokens=10, model="gpt-nope", messages=args["messages"])
+
+
+def test_a_reasoning_model_that_thinks_away_its_max_tokens_stops_the_run_instead_of_showing_nothing(
+    ask: Any, sim: Simulator, store: Path
+) -> None:
+    """gpt-5 models think before they answer, and the thinking counts toward max_completion_tokens: a bound of 16
+    for a one-word answer leaves an empty answer, paid. No row shows that as DONE; the run stops once the first
+    answers all came back so, and says what to change."""
+    with pytest.raises(RequestRefused, match=r"spent all of max_tokens.*reasoning_effort"):
+        ask(frame(40), "s", prompt=PROMPT, max_tokens=16, concurrency=1)
+    assert sim.stats()["paid"] == 8, "it stopped after eight answers alike"
+    assert sql(store, "SELECT count(*) FROM t WHERE s_status = 'DONE'") == [(0,)]
+    out = ask(frame(40), "s", prompt=PROMPT, max_tokens=16, request_options={"reasoning_effort": "minimal"})
+    assert out["s_status"].to_list() == ["DONE"] * 40 and all(out["s"].str.len_chars() > 0)
+    used = sql(store, "SELECT max(s_output_tokens) FROM t")[0][0]
+    assert 0 < used <= 16

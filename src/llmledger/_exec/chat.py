@@ -64,6 +64,25 @@ async def call(client: Any, body: dict[str, Any]) -> tuple[Any, Any]:
     return raw.parse(), raw.headers
 
 
+# A reasoning model's thinking counts toward max_completion_tokens: a bound it spends thinking leaves an empty answer.
+NO_ROOM = (
+    "no answer: the model spent all of max_tokens before writing one (a reasoning model's thinking counts toward "
+    "it): raise max_tokens=, or pass request_options={'reasoning_effort': 'minimal'}"
+)
+
+
+def useless(completion: Any) -> str | None:
+    """Why a paid answer is of no use: a refusal, or an empty answer cut at max_tokens (see NO_ROOM)."""
+    from llmledger._exec.client import REFUSAL
+
+    if refused(completion):
+        return REFUSAL
+    choice = completion.choices[0] if completion.choices else None
+    if choice is not None and choice.finish_reason == "length" and not (choice.message.content or "").strip():
+        return NO_ROOM
+    return None
+
+
 def refused(completion: Any) -> bool:
     choice = completion.choices[0] if completion.choices else None
     return choice is not None and (

@@ -151,7 +151,7 @@ class Api:
 
     call: Callable[[Any, dict[str, Any]], Awaitable[tuple[Any, Any]]]  # (parsed answer, response headers)
     reply_from: Callable[..., Reply]
-    refused: Callable[[Any], bool]  # the answer is a refusal (paid for, no use)
+    useless: Callable[[Any], str | None]  # why an answer (paid for) is of no use: a refusal, no room to answer
     classify: Callable[[BaseException], CallFailed]
     status_error: type[BaseException]  # an HTTP error answer, with `.status_code` and `.response`
     sdk_error: type[BaseException]  # any other error the SDK raises
@@ -179,7 +179,7 @@ def api_for(client: Any) -> Api:
     return Api(
         chat.call,
         chat.reply_from,
-        chat.refused,
+        chat.useless,
         chat.classify,
         sdk.APIStatusError,
         sdk.OpenAIError,
@@ -221,16 +221,17 @@ async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[],
     reply = dataclasses.replace(api.reply_from(message, body["model"]), latency_ms=took)
     paced_input = reply.input_tokens + (reply.cache_read_tokens if api.counts_cached else 0)
     pacer.observe(headers, paced_input, reply.output_tokens)
-    if api.refused(message):
-        raise CallFailed(Kind.PERMANENT, REFUSAL, reply=reply)
+    problem = api.useless(message)
+    if problem is not None:
+        raise CallFailed(Kind.PERMANENT, problem, reply=reply)
     return reply
 
 
 REFUSAL = "refusal: the model declined to answer this prompt"
 
 
-def _message_refused(message: Any) -> bool:
-    return bool(message.stop_reason == "refusal")
+def _message_useless(message: Any) -> str | None:
+    return REFUSAL if message.stop_reason == "refusal" else None
 
 
 def known_reply(answer: KnownAnswer) -> Reply:
@@ -365,7 +366,7 @@ def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
 MESSAGES = Api(
     _messages_call,
     reply_from,
-    _message_refused,
+    _message_useless,
     classify,
     anthropic.APIStatusError,
     anthropic.AnthropicError,

@@ -17,6 +17,7 @@ import time
 from typing import Any, Protocol
 
 from llmledger._exec.adaptive import AdaptiveLimit
+from llmledger._exec.chat import NO_ROOM
 from llmledger._exec.client import CallFailed, Kind, NotSent, Reply, known_reply, send
 from llmledger._exec.config import RetryPolicy
 from llmledger._exec.pacing import Pacer, backoff
@@ -214,17 +215,19 @@ class OnlineSender:
         answered any is the call's fault (an option, a schema, a model it refuses), not the rows': stop the run
         with one clear error rather than fail every row with advice to run it again. True when it stopped."""
         text = str(failure)
-        if self.answered or not text.startswith("400 ") or "(invalid_request_error)" not in text:
+        empty = text == NO_ROOM  # answered, paid, and empty: every row would be alike
+        if self.answered or not (empty or (text.startswith("400 ") and "(invalid_request_error)" in text)):
             return False
         message = text.split(" (request ", 1)[0]  # the request id differs from request to request
         seen = self.refused.setdefault(message, set())
         seen.add(row["fingerprint"])
         if len(seen) < self.refused_alike:
             return False
+        said = "answered" if empty else "refused"
         self.sink.stop(
             Outcome.BAD_REQUEST,
-            f"the API refused the first {len(seen)} distinct requests alike, "
-            f"answering none: {message}. The call's options are at fault, not the "
+            f"the API {said} the first {len(seen)} distinct requests alike, "
+            f"answering none usefully: {message}. The call's options are at fault, not the "
             "rows (those refused stay retryable): fix the call and run it again.",
         )
         return True

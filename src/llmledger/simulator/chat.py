@@ -104,6 +104,16 @@ def validate(body: Any) -> str | None:
     return None
 
 
+# Tokens a reasoning model thinks before it answers, by `reasoning_effort` (billed as output, bounded by
+# max_completion_tokens with the answer: a bound too small leaves no room for the answer, as OpenAI's models do).
+THINKING = {"minimal": 0, "low": 8, "medium": 32, "high": 128}
+
+
+def thinking(body: dict[str, Any]) -> int:
+    """The reasoning tokens a request spends before its answer (0 for a model that does not reason)."""
+    return THINKING.get(str(body.get("reasoning_effort", "medium")), 32) if reasoning(body["model"]) else 0
+
+
 def as_messages(body: dict[str, Any]) -> dict[str, Any]:
     """The request in the Messages API's shape, for the simulator's answerer: system prompt apart, the schema as
     `output_config`, the stop strings as `stop_sequences`."""
@@ -146,11 +156,12 @@ class AutomaticCache:
         return tokens // CACHE_STEP * CACHE_STEP if hit else 0
 
 
-def completion(answer: dict[str, Any], cached: int, refusal: str | None) -> dict[str, Any]:
-    """A `chat.completion` from the simulator's Messages-shaped answer."""
+def completion(answer: dict[str, Any], cached: int, refusal: str | None, reasoned: int = 0) -> dict[str, Any]:
+    """A `chat.completion` from the simulator's Messages-shaped answer (`reasoned`: tokens thought before it)."""
     text = "".join(block.get("text", "") for block in answer["content"])
     usage = answer["usage"]
     prompt = usage["input_tokens"] + cached
+    written = usage["output_tokens"] + reasoned
     return {
         "id": f"chatcmpl-sim{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
@@ -166,9 +177,10 @@ def completion(answer: dict[str, Any], cached: int, refusal: str | None) -> dict
         ],
         "usage": {
             "prompt_tokens": prompt,
-            "completion_tokens": usage["output_tokens"],
-            "total_tokens": prompt + usage["output_tokens"],
+            "completion_tokens": written,
+            "total_tokens": prompt + written,
             "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoned},
         },
         "service_tier": "default",
     }

@@ -236,6 +236,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 message = f"The model `{body['model']}` does not exist or you do not have access to it."
                 spec = ErrorSpec(404, "invalid_request_error", message)
             answer: dict[str, Any] | None = None
+            thought = 0
             if spec is None and not sim.enter_slot():
                 spec = ErrorSpec(429, "rate_limit_error", "server busy: too many requests waiting")
             elif spec is None:
@@ -243,7 +244,15 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                     if delay:
                         time.sleep(delay)
                     assert shaped is not None
-                    answer = sim._answer(shaped)
+                    thought = 0 if f.compatible else min(chat.thinking(body), max_out)
+                    answer = sim._answer({**shaped, "max_tokens": max(1, max_out - thought)})
+                    if thought >= max_out:  # the bound was spent thinking: no room for an answer
+                        answer.update(content=[], stop_reason="max_tokens")
+                        with sim._lock:
+                            sim._stats["output_tokens"] -= answer["usage"]["output_tokens"]
+                        answer["usage"]["output_tokens"] = 0
+                    with sim._lock:
+                        sim._stats["output_tokens"] += thought
                 finally:
                     sim.leave_slot()
             if spec is not None or answer is None:
@@ -257,10 +266,10 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             with sim._lock:
                 sim._stats["input_tokens"] -= cached
                 sim._stats["cache_read_tokens"] += cached
-            sim._tokens.settle(max_out, answer["usage"]["output_tokens"])
+            sim._tokens.settle(max_out, answer["usage"]["output_tokens"] + thought)
             refusal = chat.REFUSAL if answer["stop_reason"] == "refusal" else None
             sim._note(body, 200)
-            reply = chat.completion(answer, cached, refusal)
+            reply = chat.completion(answer, cached, refusal, thought)
             self._send(200, reply, sim._openai_headers(), f"req_{uuid.uuid4().hex}", "x-request-id")
 
     return Handler
