@@ -10,7 +10,7 @@
     tokens per minute against an output-token limit that binds before the request limit, and rows per minute
     against a request limit, over the whole run, as a share of the limit (target >= 95 %, < 2 % 429s);
     bespokelabs-curator reports 0.85-0.87 of the limit on the request-limit workload
-(f) (b), (c) and (e) for an OpenAI model (`--only-openai` runs just these)
+(k) (b), (c) and (e) for an OpenAI model (`--only-openai` runs just these)
 (d) the no-op rerun of a structured step (output= with two fields, a STRUCT column) against the same of a text
     step, at 1,000,000 rows: extra time per row (target <= 20 %)
 """
@@ -363,15 +363,15 @@ OPENAI_MODEL = "openai:gpt-5-mini"
 
 
 def openai_results(folder: Path, *, quick: bool) -> dict[str, Any]:
-    """(f) (b), (c) and (e) again for an OpenAI model: the openai SDK against the simulator's chat completions,
+    """(k) (b), (c) and (e) again for an OpenAI model: the openai SDK against the simulator's chat completions,
     paced by its `x-ratelimit-*` headers (one token limit, input and output)."""
     return {
-        "f_openai_throughput": throughput(100 if quick else 1_000, 50.0, 0.1, folder, model=OPENAI_MODEL),
-        "f_openai_kill9": kill9(300 if quick else 2_000, folder, model=OPENAI_MODEL),
-        "f_openai_token_limit": token_throughput(
+        "k_openai_throughput": throughput(100 if quick else 1_000, 50.0, 0.1, folder, model=OPENAI_MODEL),
+        "k_openai_kill9": kill9(300 if quick else 2_000, folder, model=OPENAI_MODEL),
+        "k_openai_token_limit": token_throughput(
             200 if quick else 400, output_tpm=40_000, rpm=None, latency=0.3, folder=folder, model=OPENAI_MODEL
         ),
-        "f_openai_request_limit": token_throughput(
+        "k_openai_request_limit": token_throughput(
             200 if quick else 600, output_tpm=None, rpm=600, latency=0.3, folder=folder, model=OPENAI_MODEL
         ),
     }
@@ -384,7 +384,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--noop-rows", type=int, default=None, help="rows for (a) (default 10,000,000)")
-    parser.add_argument("--only-openai", action="store_true", help="only (f), the OpenAI model's measurements")
+    parser.add_argument("--only-openai", action="store_true", help="only (k), the OpenAI model's measurements")
     args = parser.parse_args()
     noop_rows = args.noop_rows or (50_000 if args.quick else 10_000_000)
     with tempfile.TemporaryDirectory() as tmp:

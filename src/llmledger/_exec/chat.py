@@ -127,34 +127,18 @@ def error_fields(exc: Any) -> tuple[str, str, str | None]:
 
 def classify(exc: BaseException) -> Any:
     """Map an openai SDK exception to what the run should do about it (as `client.classify` does Anthropic's)."""
-    from llmledger._exec.client import TRANSIENT_STATUS, CallFailed, Kind
-    from llmledger._exec.pacing import retry_after
+    from llmledger._exec.client import error_detail, sdk_failure, status_failure
 
     sdk = openai_sdk()
-    if isinstance(exc, sdk.APIStatusError):
-        status, headers = exc.status_code, exc.response.headers
-        kind, message, code = error_fields(exc)
-        request_id = headers.get("x-request-id")
-        detail = (
-            f"{status} {type(exc).__name__} ({kind}): {message}"
-            + (f" [{code}]" if code else "")
-            + (f" (request {request_id})" if request_id else "")
-        )
-        should_retry = (headers.get("x-should-retry") or "").lower()
-        if status in (401, 403):
-            return CallFailed(Kind.FATAL, detail, stop=Outcome.AUTH)
-        if status == 404:  # the endpoint exists, so it is the model: every row would fail alike
-            return CallFailed(Kind.FATAL, detail, stop=Outcome.NO_MODEL)
-        if code in QUOTA_CODES or kind in QUOTA_CODES or status == 402:
-            return CallFailed(Kind.FATAL, detail, stop=Outcome.SPEND_LIMIT)
-        transient = status in TRANSIENT_STATUS or status >= 500
-        if transient and should_retry == "false":
-            return CallFailed(Kind.FATAL, detail + " (x-should-retry: false)", stop=Outcome.RETRY_REFUSED)
-        if transient or should_retry == "true":
-            return CallFailed(Kind.TRANSIENT, detail, retry_after(headers))
-        return CallFailed(Kind.PERMANENT, detail)
-    if isinstance(exc, sdk.APIConnectionError):  # includes APITimeoutError
-        return CallFailed(Kind.TRANSIENT, f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, sdk.APIResponseValidationError):
-        return CallFailed(Kind.PERMANENT, f"invalid response: {exc}")
-    return CallFailed(Kind.PERMANENT, f"{type(exc).__name__}: {exc}")
+    if not isinstance(exc, sdk.APIStatusError):
+        return sdk_failure(exc, sdk)
+    status, headers = exc.status_code, exc.response.headers
+    kind, message, code = error_fields(exc)
+    stop = None
+    if status in (401, 403):
+        stop = Outcome.AUTH
+    elif status == 404:  # the endpoint exists, so it is the model: every row would fail alike
+        stop = Outcome.NO_MODEL
+    elif code in QUOTA_CODES or kind in QUOTA_CODES or status == 402:  # the account's stop, not a rate limit
+        stop = Outcome.SPEND_LIMIT
+    return status_failure(exc, headers, error_detail(exc, kind, message, code, headers.get("x-request-id")), stop)

@@ -112,31 +112,50 @@ def _error_fields(exc: anthropic.APIStatusError) -> tuple[str, str, str | None]:
 
 def classify(exc: BaseException) -> CallFailed:
     """Map an SDK exception to what the run should do about it."""
-    if isinstance(exc, anthropic.APIStatusError):
-        status, headers = exc.status_code, exc.response.headers
-        kind, message, code = _error_fields(exc)
-        request_id = headers.get("request-id") or (exc.body.get("request_id") if isinstance(exc.body, dict) else None)
-        detail = (
-            f"{status} {type(exc).__name__} ({kind}): {message}"
-            + (f" [{code}]" if code else "")
-            + (f" (request {request_id})" if request_id else "")
-        )
-        should_retry = (headers.get("x-should-retry") or "").lower()
-        if code == "organization_on_hold" or status in (401, 403):
-            return CallFailed(Kind.FATAL, detail, stop=Outcome.AUTH)
-        if status == 404:  # the Messages endpoint exists, so it is the model: every row would fail alike
-            return CallFailed(Kind.FATAL, detail, stop=Outcome.NO_MODEL)
-        if code in SPEND_LIMIT_CODES or status == 402 or (status == 400 and _USAGE_LIMIT.search(message)):
-            return CallFailed(Kind.FATAL, detail, stop=Outcome.SPEND_LIMIT)
-        transient = status in TRANSIENT_STATUS or status >= 500
-        if transient and should_retry == "false":
-            return CallFailed(Kind.FATAL, detail + " (x-should-retry: false)", stop=Outcome.RETRY_REFUSED)
-        if transient or should_retry == "true":
-            return CallFailed(Kind.TRANSIENT, detail, retry_after(headers))
-        return CallFailed(Kind.PERMANENT, detail)
-    if isinstance(exc, anthropic.APIConnectionError):  # includes APITimeoutError
+    if not isinstance(exc, anthropic.APIStatusError):
+        return sdk_failure(exc, anthropic)
+    status, headers = exc.status_code, exc.response.headers
+    kind, message, code = _error_fields(exc)
+    request_id = headers.get("request-id") or (exc.body.get("request_id") if isinstance(exc.body, dict) else None)
+    stop = None
+    if code == "organization_on_hold" or status in (401, 403):
+        stop = Outcome.AUTH
+    elif status == 404:  # the Messages endpoint exists, so it is the model: every row would fail alike
+        stop = Outcome.NO_MODEL
+    elif code in SPEND_LIMIT_CODES or status == 402 or (status == 400 and _USAGE_LIMIT.search(message)):
+        stop = Outcome.SPEND_LIMIT
+    return status_failure(exc, headers, error_detail(exc, kind, message, code, request_id), stop)
+
+
+def error_detail(exc: Any, kind: str, message: str, code: str | None, request_id: str | None) -> str:
+    """An HTTP error as the run reports it: status, class, type, message, code and the request id (for support)."""
+    return (
+        f"{exc.status_code} {type(exc).__name__} ({kind}): {message}"
+        + (f" [{code}]" if code else "")
+        + (f" (request {request_id})" if request_id else "")
+    )
+
+
+def status_failure(exc: Any, headers: Any, detail: str, stop: Outcome | None) -> CallFailed:
+    """What an HTTP error means for the run once the provider's own rules chose a stop for it (or none): a retry
+    status is transient unless the API says not to retry, anything else is the row's."""
+    if stop is not None:
+        return CallFailed(Kind.FATAL, detail, stop=stop)
+    should_retry = (headers.get("x-should-retry") or "").lower()
+    transient = exc.status_code in TRANSIENT_STATUS or exc.status_code >= 500
+    if transient and should_retry == "false":
+        return CallFailed(Kind.FATAL, detail + " (x-should-retry: false)", stop=Outcome.RETRY_REFUSED)
+    if transient or should_retry == "true":
+        return CallFailed(Kind.TRANSIENT, detail, retry_after(headers))
+    return CallFailed(Kind.PERMANENT, detail)
+
+
+def sdk_failure(exc: BaseException, sdk: Any) -> CallFailed:
+    """An SDK error that is no HTTP answer: a lost connection or a timeout (retried), or an answer it could not
+    read."""
+    if isinstance(exc, sdk.APIConnectionError):  # includes APITimeoutError
         return CallFailed(Kind.TRANSIENT, f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, anthropic.APIResponseValidationError):
+    if isinstance(exc, sdk.APIResponseValidationError):
         return CallFailed(Kind.PERMANENT, f"invalid response: {exc}")
     return CallFailed(Kind.PERMANENT, f"{type(exc).__name__}: {exc}")
 

@@ -204,7 +204,9 @@ def checked_plan(o: dict[str, Any]) -> Plan:
             )
         options["output_config"] = spec.request_option()
     check_validator(validate)
-    ttl = cache_ttl(o["cache"], model, system, prefix) if provider == ANTHROPIC else None
+    ttl = cache_ttl(o["cache"], model, system, prefix)  # checks cache= for either provider
+    if provider != ANTHROPIC:  # OpenAI caches long prefixes by itself: no breakpoint is sent
+        ttl = None
     request = RequestSpec(
         model=model,
         max_tokens=max_tokens,
