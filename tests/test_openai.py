@@ -149,6 +149,13 @@ def test_calls_an_openai_model_cannot_make_are_refused_before_anything_is_writte
         ({"request_options": {"n": 2}}, "one answer per row"),
         ({"request_options": {"temperature": 3}}, "between 0.0 and 2.0"),
         ({"client": client}, "openai.AsyncOpenAI client"),
+        ({"request_options": {"system": "Be brief."}}, "pass system= instead"),
+        ({"request_options": {"llmledger_provider": "anthropic"}}, "pass model='openai:...' instead"),
+        ({"model": "m", "request_options": {"llmledger_provider": "openai"}}, "llmledger's own"),
+        ({"model": "OPENAI:gpt-5-mini"}, "lower case"),
+        ({"model": "openai:"}, "no model id"),
+        ({"model": "openai: gpt-5-mini"}, "no model id, or one with spaces"),
+        ({"model": "gpt-5-mini "}, "spaces around it"),
     ]:
         with pytest.raises(InvalidInputError, match=says):
             ask(frame(2), "s", prompt=PROMPT, **options)
@@ -236,9 +243,28 @@ def test_a_reasoning_model_that_thinks_away_its_max_tokens_stops_the_run_instead
     answers all came back so, and says what to change."""
     with pytest.raises(RequestRefused, match=r"spent all of max_tokens.*reasoning_effort"):
         ask(frame(40), "s", prompt=PROMPT, max_tokens=16, concurrency=1)
-    assert sim.stats()["paid"] == 8, "it stopped after eight answers alike"
+    assert sim.stats()["paid"] == 3, "it stopped after three answers alike (each was paid for)"
     assert sql(store, "SELECT count(*) FROM t WHERE s_status = 'DONE'") == [(0,)]
     out = ask(frame(40), "s", prompt=PROMPT, max_tokens=16, request_options={"reasoning_effort": "minimal"})
     assert out["s_status"].to_list() == ["DONE"] * 40 and all(out["s"].str.len_chars() > 0)
     used = sql(store, "SELECT max(s_output_tokens) FROM t")[0][0]
     assert 0 < used <= 16
+
+
+def test_an_empty_answer_from_a_server_is_never_done(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers 200 with an empty message (a gateway, a model that called a tool instead): the row is
+    failed with the reason, never DONE with nothing in it."""
+    monkeypatch.setattr("llmledger._step.prices._warned", set())
+    server = Simulator(compatible=True, models=("qwen3:8b",), responder=lambda prompt, system=None: "")
+    with server, pytest.warns(llmledger.UnknownPriceWarning):
+        out = apply_llm(
+            frame(3),
+            "s",
+            prompt=PROMPT,
+            model="openai:qwen3:8b",
+            base_url=server.server_url + "/v1",
+            store=store,
+            progress=False,
+        )
+    assert out["s_status"].to_list() == ["FAILED"] * 3
+    assert "returned an empty message" in sql(store, "SELECT s_error FROM ledger LIMIT 1")[0][0]

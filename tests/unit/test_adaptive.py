@@ -99,3 +99,18 @@ def test_requests_wait_for_a_slot_and_a_cancelled_one_gives_its_back() -> None:
 
     peak, active = asyncio.run(scenario())
     assert peak <= 8 and active == 0
+
+
+def test_a_quick_servers_answers_delayed_by_the_client_alone_are_no_queue() -> None:
+    """Next to a server answering in 20 ms, the client's own delays (a commit on its event loop) double latencies;
+    that is no queue (it held such runs at two requests at once), while 20 ms growing to 200 ms is one."""
+    limit = AdaptiveLimit(64)
+    for n in range(RECENT):
+        limit.adjust(0.02, congested=False, now=n * 0.02)
+    grown = limit.limit
+    for n in range(RECENT):
+        limit.adjust(0.06, congested=False, now=1 + n * 0.06)
+    assert limit.limit > grown and limit.cuts == 0
+    for n in range(RECENT):
+        limit.adjust(0.2, congested=False, now=2 + n * 0.2)
+    assert limit.cuts >= 1

@@ -8,7 +8,8 @@ beyond which it answers 429. So the run finds that limit from what it sees, as T
 - it starts with a couple of requests and adds one per answer (doubling each round trip) until the first sign
   of a queue, then one per round trip;
 - a queue shows as latency: when the median of the last few answers takes more than `QUEUED` times the
-  server's time without a queue, the limit is cut by a fifth, at most once per round trip;
+  server's time without a queue (and `SLACK` more, so that the client's own delays next to a very quick server
+  are not taken for one), the limit is cut by a fifth, at most once per round trip;
 - a 429, 503 or 529 (the server says it is full) halves it, at most once per round trip.
 
 `concurrency=` stays the ceiling. The server's time without a queue is the lowest median of a few answers seen
@@ -25,6 +26,9 @@ from collections import deque
 QUEUED = 2.0  # recent latency over the quickest's beyond which the server is queueing: fewer at once
 CLEAR = 1.4  # below this, it is not: one more at once
 RECENT = 8  # answers whose median is "recent"
+# seconds of extra latency too few to call a queue: the client's own delays (its event loop committing a chunk, a
+# garbage collection) are that long, and next to a server that answers in 20 ms they would double every latency
+SLACK = 0.05
 DRIFT = 0.002  # per answer: how fast the server's time without a queue may grow
 START = 2  # requests in flight before any answer
 
@@ -78,9 +82,9 @@ class AdaptiveLimit:
             self._grow()
             return
         self.unqueued = recent if self.unqueued is None else min(self.unqueued * (1 + DRIFT), recent)
-        if recent > QUEUED * self.unqueued:
+        if recent > QUEUED * self.unqueued and recent - self.unqueued > SLACK:
             self._cut(0.8, now, recent)
-        elif recent < CLEAR * self.unqueued:
+        elif recent < CLEAR * self.unqueued or recent - self.unqueued <= SLACK:
             self._grow()
 
     def _grow(self) -> None:

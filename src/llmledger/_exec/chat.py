@@ -61,7 +61,13 @@ async def call(client: Any, body: dict[str, Any]) -> tuple[Any, Any]:
     raw = await client.chat.completions.with_raw_response.create(
         model=body["model"], messages=body["messages"], extra_body=extra or None
     )
-    return raw.parse(), raw.headers
+    completion = raw.parse()
+    if not isinstance(getattr(completion, "choices", None), list):  # a proxy's HTML page, a gateway's error body
+        from llmledger._exec.client import CallFailed, Kind
+
+        said = str(completion)[:120] if completion is not None else "nothing"
+        raise CallFailed(Kind.PERMANENT, f"invalid response: a 200 with no chat completion in it ({said!r})")
+    return completion, raw.headers
 
 
 # A reasoning model's thinking counts toward max_completion_tokens: a bound it spends thinking leaves an empty answer.
@@ -78,8 +84,12 @@ def useless(completion: Any) -> str | None:
     if refused(completion):
         return REFUSAL
     choice = completion.choices[0] if completion.choices else None
-    if choice is not None and choice.finish_reason == "length" and not (choice.message.content or "").strip():
-        return NO_ROOM
+    if choice is None:
+        return "no answer: the server returned no choice"
+    if not (choice.message.content or "").strip():
+        if choice.finish_reason == "length":
+            return NO_ROOM
+        return f"no answer: the server returned an empty message (finish_reason {choice.finish_reason!r})"
     return None
 
 
@@ -99,7 +109,7 @@ def reply_from(completion: Any, model: str, *, batch: bool = False) -> Any:
     usage = completion.usage
     prompt = getattr(usage, "prompt_tokens", 0) or 0
     details = getattr(usage, "prompt_tokens_details", None)
-    cached = (getattr(details, "cached_tokens", None) or 0) if details is not None else 0
+    cached = min((getattr(details, "cached_tokens", None) or 0) if details is not None else 0, prompt)
     reason = choice.finish_reason if choice is not None else None
     return Reply(
         text=clean_text(text),

@@ -56,6 +56,7 @@ _STOP_ADVICE = {
 # Distinct requests refused alike, none answered, that stop a run (`OnlineSender._refused_alike`): enough that a
 # few bad rows at the head of a frame, refused faster than the rest are answered, do not pass for a bad call.
 REFUSED_ALIKE = 8
+EMPTY_ALIKE = 3  # answers cut empty at max_tokens, none useful, that stop a run (each was paid for)
 
 
 class Sink(Protocol):
@@ -221,7 +222,8 @@ class OnlineSender:
         message = text.split(" (request ", 1)[0]  # the request id differs from request to request
         seen = self.refused.setdefault(message, set())
         seen.add(row["fingerprint"])
-        if len(seen) < self.refused_alike:
+        # an empty answer cut at max_tokens is the call's (its bound): a few alike say so, and each was paid for
+        if len(seen) < (EMPTY_ALIKE if empty else self.refused_alike):
             return False
         said = "answered" if empty else "refused"
         self.sink.stop(

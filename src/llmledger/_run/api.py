@@ -53,6 +53,7 @@ from llmledger._step.request import (
     OPENAI,
     RequestSpec,
     check_max_tokens,
+    check_model,
     check_request_options,
     split_model,
 )
@@ -185,6 +186,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     check_prefix(prefix, frame.columns)
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
+    check_model(model)
     provider, model = split_model(model)
     if provider == OPENAI:
         check_openai_call(o["cache"], o.get("attach") is not None)

@@ -64,6 +64,7 @@ _OPENAI_OWN = {
     "messages": "prompt= (or messages=)",
     "max_tokens": "max_tokens=",
     "max_completion_tokens": "max_tokens=",
+    "system": "system=",
     "response_format": "output=",
     "n": "nothing: llmledger keeps one answer per row",
     "stream_options": "nothing: llmledger does not stream",
@@ -81,6 +82,23 @@ def split_model(model: str) -> tuple[str, str]:
     if sep and head in PROVIDERS and rest:
         return head, rest
     return ANTHROPIC, model
+
+
+def check_model(model: str) -> None:
+    """Refuse a `model=` no API has: blank, padded with spaces, a provider prefix with no id or in capitals."""
+    head, sep, rest = model.partition(":")
+    problem = None
+    if not model.strip() or model != model.strip():
+        problem = "it is blank or has spaces around it"
+    elif sep and head.lower() in PROVIDERS and head not in PROVIDERS:
+        problem = f"the provider prefix is written {head!r}; write it in lower case, {head.lower()!r}"
+    elif sep and head in PROVIDERS and (not rest or rest != rest.strip()):
+        problem = f"after {head + ':'!r} comes no model id, or one with spaces around it"
+    if problem is not None:
+        raise InvalidInputError(
+            f"model={model!r} is no model name: {problem} (e.g. 'claude-haiku-5-5' or 'openai:gpt-5-mini'). "
+            "Nothing was written."
+        )
 
 
 def canonical_json(value: Any) -> str:
@@ -119,6 +137,8 @@ def check_request_options(options: Any, provider: str = ANTHROPIC) -> dict[str, 
             raise InvalidInputError(
                 f"request_options sets {name!r}, which apply_llm sets itself; pass {own[name]} instead"
             )
+        if name.startswith("llmledger_"):  # the ledger's own marks in a stored request: never the caller's
+            raise InvalidInputError(f"request_options[{name!r}]: names starting with 'llmledger_' are llmledger's own")
         if name in _NOT_BODY:
             hint = (
                 "llmledger does not stream"

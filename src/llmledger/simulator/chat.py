@@ -53,8 +53,9 @@ def reasoning(model: str) -> bool:
     return model.startswith("gpt-5") or (len(model) > 1 and model[0] == "o" and model[1].isdigit())
 
 
-def validate(body: Any) -> str | None:
-    """What OpenAI would say is wrong with a Chat Completions body, or None."""
+def validate(body: Any, *, own_api: bool = True) -> str | None:
+    """What OpenAI would say is wrong with a Chat Completions body, or None (`own_api=False`: another server that
+    speaks its API, which has no reasoning models' rules)."""
     if not isinstance(body, dict):
         return "We could not parse the JSON body of your request."
     for name in ("model", "messages"):
@@ -74,7 +75,7 @@ def validate(body: Any) -> str | None:
             return f"Invalid type for 'messages[{n}].content': expected a string or an array of content parts."
     if "max_tokens" in body and "max_completion_tokens" in body:
         return "max_tokens and max_completion_tokens cannot both be set; use max_completion_tokens."
-    if "max_tokens" in body and reasoning(model):
+    if "max_tokens" in body and own_api and reasoning(model):
         return (
             "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."
         )
@@ -85,7 +86,7 @@ def validate(body: Any) -> str | None:
     temperature = body.get("temperature")
     if "temperature" in body and not (isinstance(temperature, int | float) and 0 <= temperature <= 2):
         return "Invalid 'temperature': decimal above maximum value. Expected a value <= 2."
-    if "temperature" in body and reasoning(model) and temperature != 1:
+    if "temperature" in body and own_api and reasoning(model) and temperature != 1:
         return (
             f"Unsupported value: 'temperature' does not support {temperature} with this model. "
             "Only the default (1) value is supported."

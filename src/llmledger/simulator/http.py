@@ -221,7 +221,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
 
         def _chat(self, body: Any) -> None:
             """OpenAI's chat completions (`chat.py`): the same faults and answers, in OpenAI's words."""
-            problem = chat.validate(body)
+            problem = chat.validate(body, own_api=not sim.faults.compatible)
             shaped = chat.as_messages(body) if problem is None else None
             prompt = user_text(body) if isinstance(body, dict) else ""
             tokens_in, max_out = (request_tokens(shaped), int(shaped["max_tokens"])) if shaped else (0, 0)
