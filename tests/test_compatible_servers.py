@@ -183,7 +183,7 @@ def test_secrets_in_a_url_are_refused_without_being_repeated(store: Path) -> Non
 
 
 def test_the_environments_key_goes_only_to_anthropics_own_url(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmledger._run.plan import NO_KEY, client_for
+    from llmledger._run.endpoints import NO_KEY, client_for
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env")
     mimic, endpoint = client_for(None, "http://evil.example.com/llmledger-simulator", None)  # not this machine's

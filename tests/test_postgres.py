@@ -227,9 +227,11 @@ def test_a_killed_workers_rows_are_finished_by_the_others_once_its_lease_lapses(
     assert _done(pg_url) == rows, "every row is DONE, the killed worker's included"
     assert _pg(pg_url, "SELECT count(*) FROM llmledger_history")[0][0] == 0, "no row was answered twice"
     lost = sim.stats()["paid"] - rows
-    assert 0 <= lost <= 4 + 8, (
+    # answered but not committed: the chunk of 8 it was committing when killed, and, on a loaded machine, answers
+    # that came in while that commit was under way (the next chunk filling): at most two chunks
+    assert 0 <= lost <= 4 + 2 * 8, (
         f"only what the killed worker had in flight (4) or answered but not committed yet "
-        f"(a chunk, 8) is paid again; {lost} were"
+        f"(a chunk being committed and the next filling, 16) is paid again; {lost} were"
     )
 
 

@@ -1,7 +1,8 @@
 """`apply_llm` and `resume`: check the call, then run what the ledger says still needs running.
 
-Every check happens before anything is written: the options in `plan.py`, the frame and its key in `frames.py`;
-a bad call raises an `InvalidInputError` naming the offending value and leaves no trace.
+Every check happens before anything is written: the options in `plan.py` (the client and its server in
+`endpoints.py`), the frame and its key in `frames.py`; a bad call raises an `InvalidInputError` naming the
+offending value and leaves no trace.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE, StepDefinition, know
 from llmledger._ledger.columns import MAX_STEP_NAME, check_step_name
 from llmledger._ledger.parquet import is_parquet_path, read_parquet_input
 from llmledger._report import RunReport
+from llmledger._run.endpoints import check_credentials
 from llmledger._run.frames import (
     as_polars,
     check_frame_columns,
@@ -35,7 +37,6 @@ from llmledger._run.plan import (
     Plan,
     Validator,
     cache_ttl,
-    check_credentials,
     check_no_nul,
     check_validator,
     plan_options,

@@ -29,9 +29,10 @@ from llmledger._ledger.states import Outcome, Redo
 from llmledger._ledger.verbs import named_outputs
 from llmledger._report import PipelineReport, RunReport, Watcher
 from llmledger._run.drive import run_batches, send_all
+from llmledger._run.endpoints import compatible_note
 from llmledger._run.frames import with_answers
 from llmledger._run.loop import background_loop, run_blocking
-from llmledger._run.plan import Plan, compatible_note, step_refusal
+from llmledger._run.plan import Plan, step_refusal
 from llmledger._step.prices import price_of
 from llmledger._step.request import ANTHROPIC
 from llmledger._time import utcnow
