@@ -144,6 +144,7 @@ def test_calls_an_openai_model_cannot_make_are_refused_before_anything_is_writte
     picture.write_bytes(b"\x89PNG\r\n\x1a\n")
     for options, says in [
         ({"mode": "batch"}, "not built yet"),
+        ({"mode": "auto", "wait": False}, "OpenAI models do not have yet"),
         ({"cache": "1h"}, "OpenAI caches long prefixes by itself"),
         ({"request_options": {"max_tokens": 5}}, "pass max_tokens= instead"),
         ({"request_options": {"n": 2}}, "one answer per row"),
@@ -177,23 +178,30 @@ def test_a_model_name_with_a_colon_is_a_model_name(client: Any, sim: Simulator, 
     assert models == {"llama3.2:3b", "m"}
 
 
+LOCAL = "qwen3:8b"  # a model of a server speaking OpenAI's API, unpriced
+
+
+def on_local(server: Simulator, rows: int, store: Path, **options: Any) -> pl.DataFrame:
+    """apply_llm on the local model at `server` (an OpenAI-compatible one), which warns once that it has no price."""
+    with pytest.warns(llmledger.UnknownPriceWarning):
+        return apply_llm(
+            frame(rows),
+            "s",
+            prompt=PROMPT,
+            model=f"openai:{LOCAL}",
+            base_url=server.server_url + "/v1",
+            store=store,
+            progress=False,
+            **options,
+        )
+
+
 def test_an_openai_compatible_server_gets_max_tokens_and_names_itself(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("llmledger._step.prices._warned", set())  # as in a fresh process: it warns once per model
-    with Simulator(compatible=True, models=("qwen3:8b",)) as local:
-        with pytest.warns(llmledger.UnknownPriceWarning):
-            out = apply_llm(
-                frame(8),
-                "s",
-                prompt=PROMPT,
-                model="openai:qwen3:8b",
-                base_url=local.server_url + "/v1",
-                store=store,
-                table="t",
-                progress=False,
-                max_tokens=30,
-            )
+    with Simulator(compatible=True, models=(LOCAL,)) as local:
+        out = on_local(local, 8, store, table="t", max_tokens=30)
         assert out["s_status"].to_list() == ["DONE"] * 8
         body = stored_bodies(local)[0]
         assert body["model"] == "qwen3:8b" and body["max_tokens"] == 30 and "max_completion_tokens" not in body
@@ -255,16 +263,7 @@ def test_an_empty_answer_from_a_server_is_never_done(store: Path, monkeypatch: p
     """A server that answers 200 with an empty message (a gateway, a model that called a tool instead): the row is
     failed with the reason, never DONE with nothing in it."""
     monkeypatch.setattr("llmledger._step.prices._warned", set())
-    server = Simulator(compatible=True, models=("qwen3:8b",), responder=lambda prompt, system=None: "")
-    with server, pytest.warns(llmledger.UnknownPriceWarning):
-        out = apply_llm(
-            frame(3),
-            "s",
-            prompt=PROMPT,
-            model="openai:qwen3:8b",
-            base_url=server.server_url + "/v1",
-            store=store,
-            progress=False,
-        )
+    with Simulator(compatible=True, models=(LOCAL,), responder=lambda prompt, system=None: "") as server:
+        out = on_local(server, 3, store)
     assert out["s_status"].to_list() == ["FAILED"] * 3
     assert "returned an empty message" in sql(store, "SELECT s_error FROM ledger LIMIT 1")[0][0]

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+import polars as pl
 import pytest
 
+import llmledger
 from llmledger import ModelNotFound, RequestRefused, RetryPolicy, Simulator, SpendLimitReached, apply_llm, last_report
 from llmledger._step.request import fingerprint
 
@@ -54,8 +56,6 @@ def ask(provider: Provider, target: Any) -> Any:
 
 
 def column(ask: Any, query: str) -> list[tuple[Any, ...]]:
-    import llmledger
-
     return [tuple(r) for r in llmledger.sql(ask.keywords["store"], query).iter_rows()]
 
 
@@ -128,10 +128,6 @@ def test_a_request_refused_alike_stops_the_run_with_the_apis_reason(ask: Any, si
 
 
 def test_each_answer_records_how_long_its_request_took(ask: Any, sim: Simulator) -> None:
-    import polars as pl
-
-    import llmledger
-
     sim.configure(latency=0.05)
     df = pl.DataFrame({"id": [1, 2, 3], "text": ["same", "same", "other"]})
     ask(df, "s", prompt=PROMPT)

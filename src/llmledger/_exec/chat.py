@@ -18,10 +18,23 @@ How OpenAI says things, and what llmledger makes of them:
 
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
 from typing import Any
 
+from llmledger._exec.client import (
+    REFUSAL,
+    Api,
+    CallFailed,
+    Kind,
+    Reply,
+    clean_text,
+    error_detail,
+    error_fields,
+    sdk_failure,
+    status_failure,
+)
 from llmledger._ledger.states import Outcome
 from llmledger.errors import InvalidInputError
 
@@ -63,8 +76,6 @@ async def call(client: Any, body: dict[str, Any]) -> tuple[Any, Any]:
     )
     completion = raw.parse()
     if not isinstance(getattr(completion, "choices", None), list):  # a proxy's HTML page, a gateway's error body
-        from llmledger._exec.client import CallFailed, Kind
-
         said = str(completion)[:120] if completion is not None else "nothing"
         raise CallFailed(Kind.PERMANENT, f"invalid response: a 200 with no chat completion in it ({said!r})")
     return completion, raw.headers
@@ -77,13 +88,16 @@ NO_ROOM = (
 )
 
 
-def useless(completion: Any) -> str | None:
-    """Why a paid answer is of no use: a refusal, or an empty answer cut at max_tokens (see NO_ROOM)."""
-    from llmledger._exec.client import REFUSAL
+def _choice(completion: Any) -> Any:
+    """The one answer asked for (llmledger never asks for several), or None."""
+    return completion.choices[0] if completion.choices else None
 
+
+def useless(completion: Any) -> str | None:
+    """Why a paid answer is of no use: a refusal, no answer, or an empty one (cut at max_tokens: see NO_ROOM)."""
     if refused(completion):
         return REFUSAL
-    choice = completion.choices[0] if completion.choices else None
+    choice = _choice(completion)
     if choice is None:
         return "no answer: the server returned no choice"
     if not (choice.message.content or "").strip():
@@ -94,17 +108,15 @@ def useless(completion: Any) -> str | None:
 
 
 def refused(completion: Any) -> bool:
-    choice = completion.choices[0] if completion.choices else None
+    choice = _choice(completion)
     return choice is not None and (
         bool(getattr(choice.message, "refusal", None)) or choice.finish_reason == "content_filter"
     )
 
 
-def reply_from(completion: Any, model: str, *, batch: bool = False) -> Any:
+def reply_from(completion: Any, model: str, *, batch: bool = False) -> Reply:
     """The text and usage of a ChatCompletion (an online answer, or a batch output line's body)."""
-    from llmledger._exec.client import Reply, clean_text
-
-    choice = completion.choices[0] if completion.choices else None
+    choice = _choice(completion)
     text = (choice.message.content or "") if choice is not None else ""
     usage = completion.usage
     prompt = getattr(usage, "prompt_tokens", 0) or 0
@@ -122,28 +134,13 @@ def reply_from(completion: Any, model: str, *, batch: bool = False) -> Any:
     )
 
 
-def error_fields(exc: Any) -> tuple[str, str, str | None]:
-    """(type, message, code) of an OpenAI error body (`{"error": {"message", "type", "param", "code"}}`)."""
-    body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
-    nested = body.get("error")
-    error: dict[str, Any] = nested if isinstance(nested, dict) else body
-    code = error.get("code")
-    return (
-        str(error.get("type") or type(exc).__name__),
-        str(error.get("message") or exc.message),
-        str(code) if code is not None else None,
-    )
-
-
-def classify(exc: BaseException) -> Any:
+def classify(exc: BaseException) -> CallFailed:
     """Map an openai SDK exception to what the run should do about it (as `client.classify` does Anthropic's)."""
-    from llmledger._exec.client import error_detail, sdk_failure, status_failure
-
     sdk = openai_sdk()
     if not isinstance(exc, sdk.APIStatusError):
         return sdk_failure(exc, sdk)
     status, headers = exc.status_code, exc.response.headers
-    kind, message, code = error_fields(exc)
+    kind, message, code = error_fields(exc, lambda error: error.get("code"))  # OpenAI's code is the error's own
     stop = None
     if status in (401, 403):
         stop = Outcome.AUTH
@@ -152,3 +149,19 @@ def classify(exc: BaseException) -> Any:
     elif code in QUOTA_CODES or kind in QUOTA_CODES or status == 402:  # the account's stop, not a rate limit
         stop = Outcome.SPEND_LIMIT
     return status_failure(exc, headers, error_detail(exc, kind, message, code, headers.get("x-request-id")), stop)
+
+
+@functools.cache
+def chat_completions_api() -> Api:
+    """How the openai SDK is called and read (`client.send`), made once the SDK is known to be installed."""
+    sdk = openai_sdk()
+    return Api(
+        call,
+        reply_from,
+        useless,
+        classify,
+        sdk.APIStatusError,
+        sdk.OpenAIError,
+        sdk.APITimeoutError,
+        counts_cached=True,
+    )

@@ -95,19 +95,25 @@ class CallFailed(Exception):
         self.reply = reply  # an answer that was billed although it is no use (a refusal)
 
 
-def _error_fields(exc: anthropic.APIStatusError) -> tuple[str, str, str | None]:
-    """(type, message, details.error_code) from the error body, whatever the SDK version parses itself."""
+def error_fields(exc: Any, code_of: Callable[[dict[str, Any]], Any]) -> tuple[str, str, str | None]:
+    """(type, message, code) from an API's error object (`{"error": {...}}`, or the object itself: the SDKs differ
+    in what they parse), `code_of` reading the code where the API puts it."""
     body: dict[str, Any] = exc.body if isinstance(exc.body, dict) else {}
     nested = body.get("error")
     error: dict[str, Any] = nested if isinstance(nested, dict) else body
-    found = error.get("details")
-    details: dict[str, Any] = found if isinstance(found, dict) else {}
-    code = details.get("error_code")
+    code = code_of(error)
     return (
         str(error.get("type") or type(exc).__name__),
         str(error.get("message") or exc.message),
-        code if isinstance(code, str) else None,
+        None if code is None else str(code),
     )
+
+
+def _details_code(error: dict[str, Any]) -> str | None:
+    """Anthropic's `details.error_code`."""
+    details = error.get("details")
+    code = details.get("error_code") if isinstance(details, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def classify(exc: BaseException) -> CallFailed:
@@ -115,7 +121,7 @@ def classify(exc: BaseException) -> CallFailed:
     if not isinstance(exc, anthropic.APIStatusError):
         return sdk_failure(exc, anthropic)
     status, headers = exc.status_code, exc.response.headers
-    kind, message, code = _error_fields(exc)
+    kind, message, code = error_fields(exc, _details_code)
     request_id = headers.get("request-id") or (exc.body.get("request_id") if isinstance(exc.body, dict) else None)
     stop = None
     if code == "organization_on_hold" or status in (401, 403):
@@ -192,19 +198,9 @@ def api_for(client: Any) -> Api:
     """The Api of a client: Anthropic's SDK, or OpenAI's (`chat.py`)."""
     if isinstance(client, anthropic.AsyncAnthropic):
         return MESSAGES
-    from llmledger._exec import chat
+    from llmledger._exec import chat  # imports the openai SDK, an optional extra
 
-    sdk = chat.openai_sdk()
-    return Api(
-        chat.call,
-        chat.reply_from,
-        chat.useless,
-        chat.classify,
-        sdk.APIStatusError,
-        sdk.OpenAIError,
-        sdk.APITimeoutError,
-        counts_cached=True,
-    )
+    return chat.chat_completions_api()
 
 
 async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None) -> Reply:

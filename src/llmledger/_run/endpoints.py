@@ -6,6 +6,7 @@ to; and why a call may not finish a step whose requests name another API or serv
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -99,12 +100,7 @@ def client_for(client: Any, base_url: Any, api_key: Any, provider: str = ANTHROP
         return client, None
     if base_url is None:
         return anthropic.AsyncAnthropic(api_key=api_key, max_retries=0), None
-    check_base_url(base_url)
-    made = anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key or NO_KEY, max_retries=0)
-    endpoint = _endpoint(made, base_url, ANTHROPIC_API)
-    if endpoint is None and api_key is None and answer_source(made) != SIMULATOR:
-        made = anthropic.AsyncAnthropic(base_url=base_url, max_retries=0)  # Anthropic's own URL: the usual key
-    return made, endpoint
+    return _at_server(base_url, api_key, _anthropic_client_at, ANTHROPIC_API)
 
 
 def _openai_client(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str | None]:
@@ -122,13 +118,34 @@ def _openai_client(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str |
             return make_client(base_url=session_base_url() + "/v1", api_key="simulated"), None
         # the SDK's own environment, URL and key set together (a server there is named, as base_url= would)
         base_url = os.environ.get("OPENAI_BASE_URL") or OPENAI_API
-        made = make_client(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY)
+        made = _openai_client_at(base_url, api_key)
         return made, _endpoint(made, base_url, OPENAI_API)
+    return _at_server(base_url, api_key, _openai_client_at, OPENAI_API)
+
+
+def _anthropic_client_at(base_url: str, api_key: str | None) -> Any:
+    """`api_key` None: the SDK's own environment (ANTHROPIC_API_KEY)."""
+    if api_key is None:
+        return anthropic.AsyncAnthropic(base_url=base_url, max_retries=0)
+    return anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
+
+
+def _openai_client_at(base_url: str, api_key: str | None) -> Any:
+    """`api_key` None: the SDK's own environment (OPENAI_API_KEY), or a placeholder."""
+    return make_client(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY)
+
+
+def _at_server(
+    base_url: str, api_key: str | None, make: Callable[[str, str | None], Any], own_api: str
+) -> tuple[Any, str | None]:
+    """A client `make`s for `base_url=`, and the endpoint its requests name. Another server gets `api_key=` or a
+    placeholder, never the environment's key; the provider's own URL (no endpoint named, not the simulator) gets
+    the environment's key when none was passed."""
     check_base_url(base_url)
-    made = make_client(base_url=base_url, api_key=api_key or NO_KEY)
-    endpoint = _endpoint(made, base_url, OPENAI_API)
+    made = make(base_url, api_key or NO_KEY)
+    endpoint = _endpoint(made, base_url, own_api)
     if endpoint is None and api_key is None and answer_source(made) != SIMULATOR:
-        made = make_client(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY") or NO_KEY)  # its own URL
+        made = make(base_url, None)
     return made, endpoint
 
 

@@ -29,7 +29,7 @@ from llmledger._run.plan import Plan
 from llmledger._step.attach import tokens_of
 from llmledger._step.prices import estimate_tokens, price_of
 from llmledger._step.prompt import render
-from llmledger._step.request import RequestSpec
+from llmledger._step.request import RequestSpec, batches_at
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
@@ -262,8 +262,8 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> di
         "input_tokens": plain + write + read,
         "output_tokens": output,
         "cost_usd": None if price is None else price.cost(**usage),
-        # a base_url= server has no Message Batches: no batch price to offer
+        # no batch price to offer where llmledger sends no batches (another server, an OpenAI model)
         "cost_usd_batch": None
-        if price is None or request.endpoint is not None or request.provider != "anthropic"  # no batches there yet
+        if price is None or not batches_at(request.provider, request.endpoint)
         else price.cost(**usage, batch=True),
     }

@@ -23,7 +23,7 @@ from llmledger._run.endpoints import client_for, endpoint_refusal, provider_refu
 from llmledger._step.messages import message_text
 from llmledger._step.prices import estimate_tokens, min_cacheable_tokens
 from llmledger._step.prompt import Prompt, template_fields
-from llmledger._step.request import ANTHROPIC, OPENAI
+from llmledger._step.request import ANTHROPIC, OPENAI, batches_at
 from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError
 
@@ -104,11 +104,12 @@ def plan_options(
             "mode='batch' for an OpenAI model is not built yet (OpenAI's Batch API comes in a later llmledger "
             "release): pass mode='online'; mode='auto' sends such a step online"
         )
-    if endpoint is not None and mode == "auto" and (wait is False or batch_size is not None):
+    batches = batches_at(provider, endpoint)
+    if not batches and mode == "auto" and (wait is False or batch_size is not None):
+        lacking = f"{endpoint} (base_url=) does not have" if endpoint is not None else "OpenAI models do not have yet"
         raise InvalidInputError(
-            f"{'wait=False' if wait is False else 'batch_size'} applies to Message Batches, which {endpoint} "
-            "(base_url=) does not have: there mode='auto' sends online; for a call that returns at once, "
-            "pass background=True"
+            f"{'wait=False' if wait is False else 'batch_size'} applies to Message Batches, which {lacking}: "
+            "there mode='auto' sends online; for a call that returns at once, pass background=True"
         )
     if endpoint is not None and mode == "batch":
         raise InvalidInputError(
@@ -196,9 +197,7 @@ def plan_options(
         progress=progress,
         endpoint=endpoint,
         provider=provider,
-        mode="online"
-        if mode == "auto" and (max_cost_usd is not None or endpoint is not None or provider == OPENAI)
-        else mode,
+        mode="online" if mode == "auto" and (max_cost_usd is not None or not batches) else mode,
         wait=wait,
         batch_size=MAX_REQUESTS if batch_size is None else batch_size,
     )

@@ -34,7 +34,7 @@ from llmledger._run.frames import with_answers
 from llmledger._run.loop import background_loop, run_blocking
 from llmledger._run.plan import Plan, step_refusal
 from llmledger._step.prices import price_of
-from llmledger._step.request import ANTHROPIC
+from llmledger._step.request import batches_at
 from llmledger._time import utcnow
 from llmledger.errors import (
     AuthenticationFailed,
@@ -205,7 +205,7 @@ class Run:
                 guard_inputs=plan.default_table,
             )
             # batches sent earlier (to Anthropic's API: no other server has them): merge what has ended first
-            if plan.endpoint is None and plan.provider == ANTHROPIC and ledger.open_batches(plan.table, plan.step):
+            if batches_at(plan.provider, plan.endpoint) and ledger.open_batches(plan.table, plan.step):
                 interrupted = self._run_async(
                     lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
                     foreground=foreground,

@@ -84,6 +84,12 @@ def split_model(model: str) -> tuple[str, str]:
     return ANTHROPIC, model
 
 
+def batches_at(provider: str, endpoint: str | None) -> bool:
+    """Whether llmledger can send a request for `provider`'s API, to `endpoint`, in batches: Anthropic's own API has
+    Message Batches; another server has none; OpenAI's Batch API is not built yet."""
+    return provider == ANTHROPIC and endpoint is None
+
+
 def check_model(model: str) -> None:
     """Refuse a `model=` no API has: blank, padded with spaces, a provider prefix with no id or in capitals."""
     head, sep, rest = model.partition(":")
