@@ -190,3 +190,31 @@ def test_old_answers_have_no_source_and_count_as_real(old_store: Path, sim: Simu
     )
     apply_llm(frame(12), "summary", store=old_store, table="copy", client=real, progress=False, **SUMMARY)
     assert last_report().reused == 11, "old answers (9) and the 2 new ones serve identical requests of a real run"  # type: ignore[union-attr]
+
+
+def test_an_upgrade_that_would_take_over_a_column_of_the_same_name_is_refused(
+    tmp_path: Path, client, sim: Simulator
+) -> None:
+    """A schema-10 store whose table already has `summary_latency_ms` (an input): migration 11 would take it for
+    step summary's latency column and write request times over the user's values. It is refused, and the store
+    stays as it was, byte for byte."""
+    store = tmp_path / "v10.duckdb"
+    apply_llm(
+        frame(3), "summary", prompt="Summarize: {text}", store=store, table="messages", client=client, progress=False
+    )
+    with duckdb.connect(str(store)) as con:  # back to schema 10, with an input named like the new column
+        con.execute('ALTER TABLE messages DROP COLUMN "summary_latency_ms"')
+        con.execute('ALTER TABLE messages ADD COLUMN "summary_latency_ms" BIGINT DEFAULT 333')
+        con.execute("DELETE FROM llmledger_migrations WHERE version = 11")
+    before = store.read_bytes()
+    with pytest.raises(StoreError, match=r"messages\.summary_latency_ms.*already has a column of that name"):
+        apply_llm(
+            frame(3),
+            "summary",
+            prompt="Summarize: {text}",
+            store=store,
+            table="messages",
+            client=client,
+            progress=False,
+        )
+    assert store.read_bytes() == before

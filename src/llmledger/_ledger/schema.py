@@ -180,7 +180,15 @@ def _v10_request_shapes(con: Con) -> None:
 def _v11_providers(con: Con) -> None:
     """A stored request may now be written for OpenAI's API (`llmledger_provider`), which an older llmledger
     would send to Anthropic's, so the store is marked as one only this version reads; per step, how long each
-    answer's request took."""
+    answer's request took. A column of that name already in the table (an input, another step's) is not taken
+    for it: the upgrade is refused, naming it, and nothing changes."""
+    for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
+        if table_exists(con, table) and step + "_latency_ms" in column_types(con, table):
+            raise StoreError(
+                f"upgrading this store would add {table}.{step}_latency_ms for step {step!r}, and {table} already "
+                f"has a column of that name (an input or another step's): rename it with an older llmledger or in "
+                "SQL, then open the store again. Nothing was changed."
+            )
     _add_step_columns(con, {"_latency_ms": "BIGINT"})
 
 
