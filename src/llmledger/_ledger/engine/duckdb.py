@@ -10,6 +10,7 @@ in the same kernel take turns instead of failing.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import re
 import threading
@@ -21,7 +22,7 @@ from typing import TypeVar
 import duckdb
 
 from llmledger._ledger.engine.dialect import DUCKDB
-from llmledger._ledger.engine.shared import Patience
+from llmledger._ledger.engine.shared import Patience, unlimited
 from llmledger.errors import StoreBusy, StoreError, StoreNotFound
 
 T = TypeVar("T")
@@ -235,8 +236,15 @@ class Connection:
         `read_only`: `work` only reads (the file is opened read-only, see `open`).
 
         DuckDB reports a conflict on the statement, and a COMMIT after it would
-        silently roll back, so the conflict is caught here and the work redone.
+        silently roll back, so the conflict is caught here and the work redone. A read that ran out of room
+        under a limit `memory_limited` lowered is redone too, once, with no lowered limit (the context copy keeps
+        that to this transaction).
         """
+        return contextvars.copy_context().run(self._transaction, work, wait, commit, read_only)
+
+    def _transaction(
+        self, work: Callable[[duckdb.DuckDBPyConnection], T], wait: float | None, commit: bool, read_only: bool
+    ) -> T:
         for attempt in range(20):
             with self.open(wait=wait, read_only=read_only) as con:
                 con.execute("BEGIN TRANSACTION")
@@ -250,6 +258,12 @@ class Connection:
                     if "conflict" not in str(exc).lower():
                         raise
                     time.sleep(0.01 * (attempt + 1))
+                except duckdb.OutOfMemoryException:
+                    with contextlib.suppress(duckdb.Error):
+                        con.execute("ROLLBACK")
+                    if unlimited.get():
+                        raise
+                    unlimited.set(True)  # the work again, its reads under DuckDB's own limit (see memory_limited)
                 except BaseException:
                     with contextlib.suppress(duckdb.Error):
                         con.execute("ROLLBACK")

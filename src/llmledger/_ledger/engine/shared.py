@@ -8,6 +8,7 @@ part; the engines' own modules (`duckdb.py`, `postgres.py`) open stores and run 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -104,13 +105,18 @@ def column_types(con: Con, relation: str) -> dict[str, str]:
     return {r[0]: r[1] for r in rows}
 
 
+# Set by a DuckDB transaction retried because a read under a lowered limit ran out of room (`transaction`).
+unlimited: contextvars.ContextVar[bool] = contextvars.ContextVar("llmledger_unlimited", default=False)
+
+
 @contextlib.contextmanager
 def memory_limited(con: Con, limit: int) -> Iterator[None]:
     """Run a full-table read under `limit` bytes (the pages it evicts are clean: reading them back is cheap).
     A `limit` of 0 is none: for a transaction that has written rows, whose changes cannot be evicted (a limit
     below them fails, which aborts the transaction, or leaves the read no room). PostgreSQL manages its own
-    memory."""
-    if dialect_of(con).name == "postgres" or not limit:
+    memory. What a read needs beside the pages varies by DuckDB version and by what the table's last writes
+    left in memory, so a read that runs out of room is run again, whole, with no limit (`unlimited`)."""
+    if dialect_of(con).name == "postgres" or not limit or unlimited.get():
         yield
         return
     before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
