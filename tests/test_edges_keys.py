@@ -132,6 +132,26 @@ def test_a_key_the_tables_integer_column_cannot_hold_is_refused_writing_nothing(
     assert llmledger.progress(target)["step"].to_list() == ["s"] and sim.stats()["paid"] == 2
 
 
+def test_a_table_keyed_by_one_column_refuses_another_key_writing_nothing(
+    target: Any, client: anthropic.AsyncAnthropic, sim: Simulator
+) -> None:
+    """A table's rows are its key's: a later call keying them by another column (unique in its frame, not in the
+    table) would match a paid answer to another row's inputs. Found by attack on 0.10: it overwrote DONE answers,
+    rewrote ids, or raised a raw polars error."""
+    common = {"store": target, "table": "t", "client": client, "progress": False}
+    df = pl.DataFrame({"id": [1, 2, 3], "group": ["a", "a", "b"], "text": ["one", "two", "three"]})
+    first = apply_llm(df, "s", prompt="Q: {text}", **common)
+    before = llmledger.sql(target, "SELECT * FROM t ORDER BY id")
+    other = pl.DataFrame({"group": ["a", "b"], "id": [7, 8], "text": ["changed", "changed too"]})
+    for step in ("s", "s2"):
+        with pytest.raises(KeyColumnError, match=r"table 't' is keyed by \['id'\].* key=\['group'\]"):
+            apply_llm(other, step, prompt="Q: {text}", key="group", **common)
+    assert llmledger.sql(target, "SELECT * FROM t ORDER BY id").equals(before)
+    assert llmledger.progress(target)["step"].to_list() == ["s"] and sim.stats()["paid"] == 3
+    again = apply_llm(df, "s", prompt="Q: {text}", key=["id"], **common)
+    assert again["s"].to_list() == first["s"].to_list() and sim.stats()["paid"] == 3
+
+
 def test_composite_keys_of_mixed_types_find_their_rows(
     target: Any, client: anthropic.AsyncAnthropic, sim: Simulator
 ) -> None:

@@ -80,6 +80,7 @@ def establish_table(con: Con, layout: Layout, frame: pl.DataFrame) -> None:
         incoming = column_types(con, INCOMING)
     if not table_exists(con, layout.table):
         create_fact_table(con, layout.table, {c: incoming[c] for c in [*layout.key, *layout.mirror]}, layout.key)
+    _check_recorded_key(con, layout)
     existing = column_types(con, layout.table)
     for k in layout.key:
         if k not in existing:
@@ -111,6 +112,20 @@ def establish_table(con: Con, layout: Layout, frame: pl.DataFrame) -> None:
             raise InvalidInputError(
                 f"column {c!r} is {existing[c]} in table {layout.table!r} but {incoming[c]} in "
                 f"the frame; cast it (e.g. pl.col({c!r}).cast(...)) or rename it."
+            )
+
+
+def _check_recorded_key(con: Con, layout: Layout) -> None:
+    """Refuse keying a table's rows by other columns than its steps were run with. Rows are matched to the frame
+    by key: under another key (unique in the frame, not in the table) one frame row would meet several stored
+    rows, and a paid answer would be shown beside, or overwritten by, another row's inputs."""
+    recorded = {tuple(key) for _, _, key in list_steps(con, layout.table)}
+    for key in recorded:
+        if set(key) != set(layout.key):
+            raise KeyColumnError(
+                f"table {layout.table!r} is keyed by {list(key)}, but this call passes key={list(layout.key)}: "
+                f"rows are found by their key, so a table keeps the one it was built with. Pass key={list(key)}, "
+                "or give rows keyed otherwise their own table=."
             )
 
 
