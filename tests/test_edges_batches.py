@@ -86,11 +86,11 @@ def dead_run(
     but before its answer came back (the simulator drops the connection after creating it). It settles no earlier
     run's intent first (a run does, since 0.7: these stand for runs that were under way together)."""
 
-    async def create(self: BatchSender, requests: list[dict[str, Any]], *args: Any) -> None:
+    async def create(self: BatchSender, requests: list[dict[str, Any]], intent: str, *args: Any) -> None:
         if reaches_api:
             sim.configure(batch_lose_response=1)
             with pytest.raises(anthropic.APIConnectionError):
-                await self.client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+                await self.api.create(requests, intent)
         raise Died
 
     with monkeypatch.context() as patch:

@@ -143,8 +143,7 @@ def test_calls_an_openai_model_cannot_make_are_refused_before_anything_is_writte
     picture = tmp_path / "a.png"
     picture.write_bytes(b"\x89PNG\r\n\x1a\n")
     for options, says in [
-        ({"mode": "batch"}, "not built yet"),
-        ({"mode": "auto", "wait": False}, "OpenAI models do not have yet"),
+        ({"mode": "batch", "batch_size": 60_000}, "at most 50,000 .the OpenAI API's limit"),
         ({"cache": "1h"}, "OpenAI caches long prefixes by itself"),
         ({"request_options": {"max_tokens": 5}}, "pass max_tokens= instead"),
         ({"request_options": {"n": 2}}, "one answer per row"),

@@ -100,12 +100,9 @@ def make_plan(seed: int, engine: str) -> Plan:
     rows = rng.randrange(40, 220)
     distinct = rng.choice([0, 0, rows // 2, rows // 5])
     actions: list[Action] = []
-    # a third of the scenarios run an OpenAI model (drawn apart, so the other seeds' plans stay as they were),
-    # which has no Message Batches yet
+    # a third of the scenarios run an OpenAI model (drawn apart, so the other seeds' plans stay as they were)
     provider = random.Random(f"provider {seed}").choice(["anthropic", "anthropic", "openai"])
     kinds = ["run", "kill", "kill", "sigint", "fault", "flag_redo", "reset", "skew", "batch", "budget"]
-    if provider == "openai":
-        kinds.remove("batch")
     if engine == "postgresql":
         kinds += ["restart_db", "crash_db", "workers", "workers"]
     for _ in range(rng.randrange(2, 7)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from typing import Any
 
 import anthropic
 import httpx
@@ -168,3 +169,37 @@ def test_openais_errors_are_classified_as_openai_documents_them(
     failed = chat.classify(error)
     assert failed.kind.value == kind and (failed.stop.value if failed.stop else None) == stop
     assert "(request req_1)" in str(failed)
+
+
+def _intent(name: str, requests: int, created: Any, rejected: tuple[str, ...] = ()) -> Any:
+    from llmledger._ledger.types import BatchRecord
+
+    return BatchRecord(name, None, "t", "s", "gone", requests, requests, created, "submitting", "v", False, False,
+                       list(rejected))  # fmt: skip
+
+
+def test_a_batch_that_names_its_intent_is_that_intents_before_it_counts_its_requests() -> None:
+    """OpenAI's batch carries its intent in metadata and counts no request while it validates: it is matched by the
+    name it carries, never by size (which would give the intent up, and its rows would be paid twice), and a batch
+    naming another intent, or one the intent rejected, is not taken."""
+    import asyncio
+    from datetime import datetime, timedelta
+
+    from llmledger._exec.batch_api import BatchInfo
+    from llmledger._exec.reconcile import Reconciler
+
+    now = datetime(2026, 11, 26, 12, 0)
+    seen = [
+        BatchInfo("batch_c", now, 0, False, "validating", intent="bother"),
+        BatchInfo("batch_b", now, 0, False, "validating", intent="bmine"),
+        BatchInfo("batch_a", now, 5, False, "in_progress", intent="brejected"),
+    ]
+
+    class Listed:
+        async def list(self) -> Any:
+            for batch in seen:
+                yield batch
+
+    mine, rejected = _intent("bmine", 5, now - timedelta(seconds=1)), _intent("brejected", 5, now, ("batch_a",))
+    reading = asyncio.run(Reconciler(Listed()).read([mine, rejected], [mine, rejected], set()))  # type: ignore[arg-type]
+    assert reading.own == {"bmine": "batch_b"} and not reading.guessed and not reading.held

@@ -1,4 +1,5 @@
-"""The batch sender: claimed rows go to the Message Batches API at half the online price.
+"""The batch sender: claimed rows go to the provider's batch API (Anthropic's Message Batches, OpenAI's Batch
+API: `batch_api.py`) at half the online price.
 
 `BatchSender.submit` claims the selected rows and sends one request per
 distinct request (rows with identical requests share it, also with a batch
@@ -19,10 +20,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import anthropic
 import polars as pl
 
-from llmledger._exec.client import CallFailed, Kind, classify, known_reply
+from llmledger._exec.batch_api import batch_api_for
+from llmledger._exec.client import CallFailed, Kind, known_reply
 from llmledger._exec.config import RunConfig
 from llmledger._exec.pacing import backoff
 from llmledger._exec.reconcile import Undecided
@@ -38,8 +39,7 @@ from llmledger._time import utcnow
 
 log = logging.getLogger("llmledger")
 
-MAX_REQUESTS = 100_000  # the API's limits on one batch
-MAX_BYTES = 256 * 1000 * 1000
+MAX_REQUESTS = 100_000  # the largest batch any API takes (Anthropic's; OpenAI's is half: `batch_api.py`)
 AUTO_BATCH_ROWS = 10_000  # mode="auto" sends this many rows or more as batches
 CREATE_TRIES = 6
 AMBIGUOUS_STATUS = {500, 502, 503, 504}  # the API may have created the batch before failing
@@ -72,7 +72,7 @@ class BatchSender:
         *,
         ledger: Ledger,
         cfg: RunConfig,
-        client: anthropic.AsyncAnthropic,
+        client: Any,  # an anthropic.AsyncAnthropic, or an openai.AsyncOpenAI
         claimant: Claimant,
         report: RunReport,
         stop_flag: threading.Event,
@@ -82,10 +82,11 @@ class BatchSender:
         batch_size: int = MAX_REQUESTS,
         on_progress: Callable[[RunReport, int], None] | None = None,
     ) -> None:
-        self.ledger, self.cfg, self.client, self.claimant = ledger, cfg, client, claimant
+        self.ledger, self.cfg, self.claimant = ledger, cfg, claimant
+        self.api = batch_api_for(client)
         self.report, self.stop_flag, self.output, self.find = report, stop_flag, output, find
         self.mine = mine  # the intents this run sent, shared with the collector
-        self.batch_size, self.on_progress = min(batch_size, MAX_REQUESTS), on_progress
+        self.batch_size, self.on_progress = min(batch_size, self.api.max_requests), on_progress
 
     @property
     def stopped(self) -> bool:
@@ -121,6 +122,7 @@ class BatchSender:
                 rest,
                 selection,
                 self.batch_size,
+                max_bytes=self.api.max_bytes,
                 dedupe=self.cfg.dedupe,
                 files=self.cfg.attachments,
                 unsendable=unsendable,
@@ -176,7 +178,7 @@ class BatchSender:
         keys: list[Any] = []
         for n, (fingerprint, body, rows) in enumerate(chunk):
             custom_id = custom_id_of(intent, fingerprint, None if self.cfg.dedupe else n)
-            requests.append({"custom_id": custom_id, "params": body})
+            requests.append(self.api.line(custom_id, body))
             keys.extend({**{k: r[k] for k in layout.key}, "custom_id": custom_id} for r in rows)
         assigned = pl.from_dicts(keys, schema={**selection.key_types, "custom_id": pl.String})
         size = sum(len(json.dumps(r)) for r in requests)
@@ -227,8 +229,8 @@ class BatchSender:
     async def _create(
         self, requests: list[dict[str, Any]], intent: str, table: str, step: str
     ) -> tuple[str, bool] | None:
-        """`batches.create`, retried on the API's transient errors: (batch id, whether it was found by looking),
-        or None when it did not happen (rows given back) or cannot be told (left to the next call).
+        """The batch's create call(s), retried on the API's transient errors: (batch id, whether it was found by
+        looking), or None when it did not happen (rows given back) or cannot be told (left to the next call).
 
         A failure that may have come after the API created the batch (a dropped connection, a gateway's
         5xx) is followed by looking for it. The batch is created again only when every look succeeded and
@@ -239,11 +241,12 @@ class BatchSender:
         failure: CallFailed | None = None
         for tries in range(CREATE_TRIES):
             try:
-                batch = await self.client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
-                return str(batch.id), False
-            except (anthropic.APIConnectionError, anthropic.APIStatusError) as exc:
-                failure = classify(exc)
-                ambiguous = isinstance(exc, anthropic.APIConnectionError) or exc.status_code in AMBIGUOUS_STATUS
+                return await self.api.create(requests, intent), False
+            except (self.api.connection_error, self.api.status_error) as exc:
+                failure = self.api.classify(exc)
+                ambiguous = isinstance(exc, self.api.connection_error) or (
+                    getattr(exc, "status_code", None) in AMBIGUOUS_STATUS
+                )
             if failure.kind is not Kind.TRANSIENT:
                 await self._refused(intent, failure, table, step)
                 return None
@@ -256,7 +259,7 @@ class BatchSender:
                     except Undecided as exc:  # a batch that may be this one is processing: never a second one
                         log.info("%s", exc)  # the intent stays; the collector matches it by its custom ids
                         return None
-                    except anthropic.APIError as exc:  # cannot tell: never risk a second batch
+                    except self.api.error as exc:  # cannot tell: never risk a second batch
                         self._stop(
                             Outcome.OUTAGE,
                             f"could not tell whether the API took batch {intent} "
@@ -301,6 +304,7 @@ def _chunks(
     selection: Selection,
     size: int,
     *,
+    max_bytes: int,
     dedupe: bool,
     files: Attachments | None = None,
     unsendable: list[tuple[dict[str, Any], str]] | None = None,
@@ -326,7 +330,7 @@ def _chunks(
                     unsendable.extend((r, f"{NOT_SENT}{exc}") for r in members)
                 continue
         cost = len(json.dumps(body)) + 100
-        if chunk and (len(chunk) >= size or weight + cost > MAX_BYTES * 0.95):
+        if chunk and (len(chunk) >= size or weight + cost > max_bytes * 0.95):
             yield chunk
             chunk, weight = [], 0
         chunk.append((first["fingerprint"], body, members))

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import anthropic
 import polars as pl
 
+from llmledger._exec.batch_api import batch_api_for
 from llmledger._exec.config import RunConfig
 from llmledger._exec.merge import BatchMerger
 from llmledger._exec.reconcile import Reading, Reconciler, Undecided
@@ -59,7 +59,7 @@ class BatchCollector(BatchMerger):
         table: str,
         step: str,
         cfg: RunConfig,
-        client: anthropic.AsyncAnthropic,
+        client: Any,  # an anthropic.AsyncAnthropic, or an openai.AsyncOpenAI
         report: RunReport,
         stop_flag: threading.Event,
         version: str | None = None,
@@ -67,7 +67,8 @@ class BatchCollector(BatchMerger):
         on_progress: Callable[[RunReport, int], None] | None = None,
         stale_after: timedelta = timedelta(minutes=30),
     ) -> None:
-        self.ledger, self.table, self.step, self.cfg, self.client = ledger, table, step, cfg, client
+        self.ledger, self.table, self.step, self.cfg = ledger, table, step, cfg
+        self.api = batch_api_for(client)
         self.report, self.stop_flag, self.on_progress, self.stale_after = report, stop_flag, on_progress, stale_after
         self.version, self.output_model = version, output_model  # apply_llm's definition: its pydantic model
         self.returned: list[pl.DataFrame] = []  # keys of rows batches gave back during this run
@@ -75,7 +76,7 @@ class BatchCollector(BatchMerger):
         self.stuck: set[str] = set()  # batches no amount of waiting will merge (the API lost them; held)
         self.failures: Counter[str] = Counter()  # failed looks in a row, per intent
         self.due: float | None = None  # seconds until the next unfound intent may be given up
-        self.reconciler = Reconciler(client)
+        self.reconciler = Reconciler(self.api)
 
     @property
     def stopped(self) -> bool:
@@ -167,7 +168,7 @@ class BatchCollector(BatchMerger):
             return
         try:
             reading, unsettled = await self._read(lost)
-        except anthropic.APIError as exc:  # try again next time; the rows wait
+        except self.api.error as exc:  # try again next time; the rows wait
             self._failed(lost, f"could not list batches to settle {len(lost)} unconfirmed one(s): {exc}")
             return
         await self._hand_over(reading.own, unsettled)

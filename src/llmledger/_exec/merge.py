@@ -1,5 +1,6 @@
-"""Merging an ended Message Batch into the ledger: its results downloaded, matched to the rows by custom id,
-checked and priced, and committed with the rows' statuses in one transaction (`ledger.merge_batch`).
+"""Merging an ended batch (Anthropic's or OpenAI's: `batch_api.py`) into the ledger: its results downloaded,
+matched to the rows by custom id, checked and priced, and committed with the rows' statuses in one transaction
+(`ledger.merge_batch`).
 
 A result becomes a result row exactly like an online answer (`Recorder`),
 priced at the batch rate: `errored` items the row caused (an invalid
@@ -19,21 +20,21 @@ import asyncio
 import dataclasses
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import UTC
 from typing import Any
 
-import anthropic
 import polars as pl
 
 from llmledger._draw import rows as rows_text
 from llmledger._exec.batch import fingerprint_of, result_frame
-from llmledger._exec.client import NEVER_IN_THIS_SIMULATOR, REFUSAL, Reply, reply_from
+from llmledger._exec.batch_api import BatchApi, Item
+from llmledger._exec.client import NEVER_IN_THIS_SIMULATOR, Reply
 from llmledger._exec.config import RunConfig
 from llmledger._exec.reconcile import Reconciler, tag_of
 from llmledger._exec.recorder import Recorder
 from llmledger._ledger import Ledger, Selection
 from llmledger._ledger.batches import BatchChanged
 from llmledger._ledger.columns import SIMULATOR
+from llmledger._ledger.states import Outcome
 from llmledger._ledger.types import BatchRecord, BatchRows
 from llmledger._report import RunReport
 from llmledger._step.output import OutputError, OutputSpec
@@ -50,7 +51,7 @@ class BatchMerger:
     table: str
     step: str
     cfg: RunConfig
-    client: anthropic.AsyncAnthropic
+    api: BatchApi
     report: RunReport
     on_progress: Callable[[RunReport, int], None] | None
     returned: list[pl.DataFrame]
@@ -86,8 +87,8 @@ class BatchMerger:
             )
             return False
         try:
-            batch = await self.client.messages.batches.retrieve(record.batch_id)
-        except anthropic.NotFoundError as exc:  # deleted, or another workspace's key: keep the rows, say what to do
+            batch = await self.api.retrieve(record.batch_id)
+        except self.api.not_found as exc:  # deleted, or another workspace's key: keep the rows, say what to do
             if record.source == SIMULATOR and NEVER_IN_THIS_SIMULATOR in str(exc):  # its simulator is gone
                 back = await asyncio.to_thread(
                     self.ledger.abandon_batch,
@@ -113,11 +114,30 @@ class BatchMerger:
                 f"{self.table!r}, {self.step!r}, where=\"{self.step}_batch_id = '{record.batch_id}'\")"
             )
             return False
-        except anthropic.APIError as exc:
+        except self.api.error as exc:
             self._failed([record], f"batch {record.batch_id}: {exc}")
             return False
-        if batch.processing_status != "ended":
+        if not batch.ended:
             return False
+        if batch.refused is not None:  # the API ran none of it: the rows go back as they were, unpaid
+            back = await asyncio.to_thread(
+                self.ledger.abandon_batch,
+                self.table,
+                self.step,
+                intent=record.intent,
+                now=utcnow(),
+                confirmed=True,
+                note=f"the API refused the batch: {batch.refused}",
+            )
+            if back.height:
+                self.returned.append(back)
+            if self.report.outcome in (Outcome.RUNNING, Outcome.PREPARING):  # sending them again would fail alike
+                self.report.outcome = Outcome.ERROR
+                self.report.message = (
+                    f"the API refused batch {record.batch_id} ({batch.refused}); its rows are as they were, nothing "
+                    "was paid. Run the same call again to retry, or pass mode='online'."
+                )
+            return True
         counted = RunReport(table=self.table, step=self.step)  # into the run's report once merged
         try:
             results, counts, tags, unused = await self._results(record, rows, counted)
@@ -136,7 +156,6 @@ class BatchMerger:
                 {r.intent: record.batch_id for r in unsettled if r.batch_id is None and r.intent in tags}, unsettled
             )
             return False
-        ended = batch.ended_at.astimezone(UTC).replace(tzinfo=None) if batch.ended_at else None
         try:
             merged = await asyncio.to_thread(
                 self.ledger.merge_batch,
@@ -144,8 +163,8 @@ class BatchMerger:
                 rows.layout,
                 result_frame(results, rows.key_types),
                 counts=counts,
-                processing_status=batch.processing_status,
-                ended_at=ended,
+                processing_status=batch.status,
+                ended_at=batch.ended_at,
                 now=utcnow(),
                 expected_rows=rows.rows.height,
                 unused=unused,
@@ -198,36 +217,35 @@ class BatchMerger:
         counts: Counter[str] = Counter()
         tags: set[str] = set()
         unused, unused_usd = 0, 0.0
-        async for item in await self.client.messages.batches.results(record.batch_id):  # type: ignore[arg-type]
-            counts[item.result.type] += 1
+        assert record.batch_id is not None
+        async for item in self.api.results(record.batch_id):
+            counts[item.type] += 1
             tags.add(tag_of(item.custom_id))
             mine = by_custom.pop(item.custom_id, None)
             if not mine:  # no row holds this request any more (reset meanwhile): paid all the same
-                if item.result.type == "succeeded" and item.custom_id.startswith(record.intent + "-"):
+                if item.type == "succeeded" and item.custom_id.startswith(record.intent + "-"):
                     unused += 1
-                    unused_usd += (
-                        recorder.bill(reply_from(item.result.message, request.model if request else "", batch=True))
-                        or 0.0
-                    )
+                    paid = self.api.api.reply_from(item.answer, request.model if request else "", batch=True)
+                    unused_usd += recorder.bill(paid) or 0.0
                 continue
-            reply, error = self._answer(item.result, request.model if request else "", output, recorder)
+            reply, error = self._answer(item, request.model if request else "", output, recorder)
             if reply is None and error is None:
                 continue  # expired, canceled, or the API's error: the row goes back to be sent again
             for n, row in enumerate(mine):
                 results.append(recorder.result(row, reply, error, reused=n > 0))
         return results, counts, tags, (unused, unused_usd)
 
-    @staticmethod
     def _answer(
-        result: Any, model: str, output: OutputSpec | None, recorder: Recorder
+        self, item: Item, model: str, output: OutputSpec | None, recorder: Recorder
     ) -> tuple[Reply | None, str | None]:
         """(reply, None) an answer; (None, error) refused for the row's reasons; (reply, error) paid, needs a look;
         (None, None) not answered for the API's reasons."""
-        if result.type == "succeeded":
-            reply = reply_from(result.message, model, batch=True)
-            if reply.stop_reason == "refusal":
+        if item.type == "succeeded":
+            reply = self.api.api.reply_from(item.answer, model, batch=True)
+            useless = self.api.api.useless(item.answer)  # a refusal; an empty answer (no room left to write one)
+            if useless is not None:
                 recorder.bill(reply)
-                return None, REFUSAL
+                return None, useless
             if output is None:
                 return reply, None
             try:
@@ -237,9 +255,8 @@ class BatchMerger:
                     f"the answer does not match the output schema: {exc} (a batch answer is not asked "
                     "again; flag the row and rerun online with redo='flagged')"
                 )
-        if result.type == "errored":
-            error = result.error.error
-            kind, message = str(getattr(error, "type", "api_error")), str(getattr(error, "message", ""))
+        if item.type == "errored":
+            kind, message = item.error_kind, item.error_message
             if kind in _PERMANENT_ITEM_ERRORS:
                 return None, f"errored in the batch: {kind}: {message}"
             recorder.note_error(f"batch item {kind}: {message} (will be sent again)")

@@ -1,9 +1,10 @@
 """Which API batch a lost intent became, told by what identifies a batch: the custom ids it holds.
 
 A run that dies around `batches.create` (or loses its answer) leaves an intent without a batch id.
-`batches.list` shows each batch's id, creation time, status and request counts, nothing of what it holds;
-its custom ids, each starting with the intent that sent it (`batch.custom_id_of`), show only in its
-results, once it has ended. Size and time alone once matched an intent to another intent's batch of the
+Anthropic's `batches.list` shows each batch's id, creation time, status and request counts, nothing of what it
+holds; its custom ids, each starting with the intent that sent it (`batch.custom_id_of`), show only in its
+results, once it has ended. (An OpenAI batch names its intent in its metadata: `BatchInfo.intent` says whose it
+is at once, ended or not.) Size and time alone once matched an intent to another intent's batch of the
 same size, the rightful intent was given up and its rows were paid twice. So here:
 
 - an ended batch is read: the intent its custom ids name owns it, even when another intent adopted it on a
@@ -19,11 +20,9 @@ same size, the rightful intent was given up and its rows were paid twice. So her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
-import anthropic
-
+from llmledger._exec.batch_api import BatchApi, BatchInfo
 from llmledger._ledger.types import BatchRecord
 
 CLOCK_SLACK = timedelta(minutes=10)  # how far this machine's clock may be from the API's
@@ -33,16 +32,6 @@ CREATE_WINDOW = timedelta(hours=3)  # an intent's create (retries, timeouts, loo
 
 class Undecided(Exception):
     """A batch that could be the intent's is still processing and could as well be another intent's."""
-
-
-@dataclass(frozen=True)
-class ApiBatch:
-    """One batch of `batches.list`, as far as matching needs it."""
-
-    id: str
-    created: datetime  # UTC, naive like the store's times
-    requests: int
-    ended: bool
 
 
 @dataclass
@@ -60,7 +49,7 @@ def tag_of(custom_id: str) -> str:
     return custom_id.partition("-")[0]
 
 
-def could_own(intent: BatchRecord, batch: ApiBatch) -> bool:
+def could_own(intent: BatchRecord, batch: BatchInfo) -> bool:
     """Whether `batch` may be the one `intent` meant to create, from what `batches.list` shows."""
     return (
         batch.requests == intent.requests
@@ -69,17 +58,11 @@ def could_own(intent: BatchRecord, batch: ApiBatch) -> bool:
     )
 
 
-def total_requests(counts: Any) -> int:
-    return sum(
-        int(getattr(counts, name, 0) or 0) for name in ("processing", "succeeded", "errored", "canceled", "expired")
-    )
-
-
 class Reconciler:
     """Reads the API's batches for a collector; remembers whose each ended batch is (that never changes)."""
 
-    def __init__(self, client: anthropic.AsyncAnthropic) -> None:
-        self.client = client
+    def __init__(self, api: BatchApi) -> None:
+        self.api = api
         self.tags: dict[str, frozenset[str]] = {}  # ended batch → the intents its custom ids name
 
     async def read(self, lost: list[BatchRecord], unsettled: list[BatchRecord], known: set[str]) -> Reading:
@@ -95,16 +78,17 @@ class Reconciler:
         waiting = {b.intent: b for b in unsettled if b.batch_id is None} | {b.intent: b for b in lost}
         guessed = {b.batch_id for b in unsettled if b.batch_id is not None}
         since = min(b.created_at for b in lost) - CLOCK_SLACK
-        in_doubt: list[ApiBatch] = []
-        async for found in self.client.messages.batches.list(limit=100):
-            created = found.created_at.astimezone(UTC).replace(tzinfo=None)
-            if created < since:
+        in_doubt: list[BatchInfo] = []
+        async for batch in self.api.list():
+            if batch.created < since:
                 break
-            batch = ApiBatch(
-                str(found.id), created, total_requests(found.request_counts), found.processing_status == "ended"
-            )
             if batch.id in known and batch.id not in guessed:
                 continue  # some intent's for sure
+            if batch.intent is not None:  # it says whose it is (OpenAI's metadata), even before it counts its requests
+                owner = waiting.get(batch.intent)
+                if owner is not None and batch.id not in owner.rejected:
+                    reading.own[owner.intent] = batch.id
+                continue
             if not any(could_own(i, batch) for i in waiting.values()):
                 continue
             tags = await self._tags(batch) if batch.ended else None
@@ -128,13 +112,11 @@ class Reconciler:
                 reading.held[intent.intent] = [b.id for b in mine]
         return reading
 
-    async def _tags(self, batch: ApiBatch) -> frozenset[str] | None:
+    async def _tags(self, batch: BatchInfo) -> frozenset[str] | None:
         """The intents an ended batch's custom ids name; None when its results cannot be read now."""
         if batch.id not in self.tags:
             try:
-                self.tags[batch.id] = frozenset(
-                    [tag_of(item.custom_id) async for item in await self.client.messages.batches.results(batch.id)]
-                )
+                self.tags[batch.id] = frozenset([tag_of(item.custom_id) async for item in self.api.results(batch.id)])
             except Exception:  # a download cut short, the API's error: the batch stays in doubt, read it next time
                 return None
         return self.tags[batch.id]

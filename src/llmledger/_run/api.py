@@ -129,8 +129,9 @@ def apply_llm(
     `max_cost_usd=` stops starting requests once the run (or, with `budget_scope="step"`, every run
     of this step so far) has spent that much; unsent rows stay as they were.
 
-    `mode="batch"` sends the rows as Message Batches (half the price; answers within 24 h, usually
-    minutes) of up to `batch_size` requests (default 100,000); the rows are SUBMITTED until their batch ends.
+    `mode="batch"` sends the rows as Message Batches, or OpenAI's Batch API for an OpenAI model (half the price;
+    answers within 24 h, usually minutes) of up to `batch_size` requests (default and most 100,000; 50,000 for
+    OpenAI); the rows are SUBMITTED until their batch ends.
     `wait=True` polls until every batch of the step has ended and returns the answers;
     `wait=False` returns once they are submitted, and any later call of the step (this one
     again, `resume`, `llmledger run`) collects them. `mode="auto"` sends in batches when there

@@ -262,7 +262,7 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> di
         "input_tokens": plain + write + read,
         "output_tokens": output,
         "cost_usd": None if price is None else price.cost(**usage),
-        # no batch price to offer where llmledger sends no batches (another server, an OpenAI model)
+        # no batch price to offer where llmledger sends no batches (another server, named with base_url=)
         "cost_usd_batch": None
         if price is None or not batches_at(request.provider, request.endpoint)
         else price.cost(**usage, batch=True),

@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from llmledger._exec.batch import MAX_REQUESTS
+from llmledger._exec.batch_api import BatchApi, OpenAIBatches
 from llmledger._exec.config import RetryPolicy, RunConfig
 from llmledger._ledger import StepDefinition, Store, locate
 from llmledger._ledger.states import Redo
@@ -99,22 +100,16 @@ def plan_options(
     provider: str = ANTHROPIC,
 ) -> Plan:
     client, endpoint = client_for(client, base_url, api_key, provider)
-    if provider == OPENAI and mode == "batch":
-        raise InvalidInputError(
-            "mode='batch' for an OpenAI model is not built yet (OpenAI's Batch API comes in a later llmledger "
-            "release): pass mode='online'; mode='auto' sends such a step online"
-        )
     batches = batches_at(provider, endpoint)
     if not batches and mode == "auto" and (wait is False or batch_size is not None):
-        lacking = f"{endpoint} (base_url=) does not have" if endpoint is not None else "OpenAI models do not have yet"
         raise InvalidInputError(
-            f"{'wait=False' if wait is False else 'batch_size'} applies to Message Batches, which {lacking}: "
-            "there mode='auto' sends online; for a call that returns at once, pass background=True"
+            f"{'wait=False' if wait is False else 'batch_size'} applies to batches, which {endpoint} (base_url=) "
+            "does not have: there mode='auto' sends online; for a call that returns at once, pass background=True"
         )
     if endpoint is not None and mode == "batch":
         raise InvalidInputError(
-            f"mode='batch' sends Message Batches, which only Anthropic's API has; {endpoint} (base_url=) is another "
-            "server (it answers the Messages API, not its batches): pass mode='online'"
+            f"mode='batch' sends batches, which only Anthropic's and OpenAI's own APIs have; {endpoint} (base_url=) "
+            "is another server (it answers requests one by one, not in batches): pass mode='online'"
         )
     for name, value in (
         ("chunk_size", chunk_size),
@@ -147,19 +142,20 @@ def plan_options(
             f"step so far), got {budget_scope!r}"
         )
     if mode not in ("online", "batch", "auto"):
-        raise InvalidInputError(f"mode must be 'online', 'batch' (Message Batches, half price) or 'auto', got {mode!r}")
+        raise InvalidInputError(f"mode must be 'online', 'batch' (batches, half price) or 'auto', got {mode!r}")
     if not isinstance(wait, bool):
         raise InvalidInputError(f"wait must be True or False, got {wait!r}")
     if mode == "online" and (wait is False or batch_size is not None):
         raise InvalidInputError(
             f"{'wait=False' if wait is False else 'batch_size'} applies to mode='batch' or "
-            "'auto' (Message Batches); an online run that returns at once is "
+            "'auto' (batches); an online run that returns at once is "
             "apply_llm(..., background=True)"
         )
-    if isinstance(batch_size, int) and batch_size > MAX_REQUESTS:
+    most = OpenAIBatches.max_requests if provider == OPENAI else BatchApi.max_requests
+    if isinstance(batch_size, int) and batch_size > most:
         raise InvalidInputError(
-            f"batch_size must be at most {MAX_REQUESTS:,} (the API's limit on requests in "
-            f"one batch), got {batch_size:,}"
+            f"batch_size must be at most {most:,} (the {'OpenAI' if provider == OPENAI else 'Anthropic'} API's limit "
+            f"on requests in one batch), got {batch_size:,}"
         )
     if mode == "batch" and max_cost_usd is not None:
         raise InvalidInputError(

@@ -86,8 +86,8 @@ def split_model(model: str) -> tuple[str, str]:
 
 def batches_at(provider: str, endpoint: str | None) -> bool:
     """Whether llmledger can send a request for `provider`'s API, to `endpoint`, in batches: Anthropic's own API has
-    Message Batches; another server has none; OpenAI's Batch API is not built yet."""
-    return provider == ANTHROPIC and endpoint is None
+    Message Batches, OpenAI's its Batch API; another server (`endpoint`) has none."""
+    return provider in PROVIDERS and endpoint is None
 
 
 def check_model(model: str) -> None:

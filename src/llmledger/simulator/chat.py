@@ -157,6 +157,27 @@ class AutomaticCache:
         return tokens // CACHE_STEP * CACHE_STEP if hit else 0
 
 
+def answer(sim: Any, body: dict[str, Any], shaped: dict[str, Any]) -> dict[str, Any]:
+    """The `chat.completion` the simulator `sim` answers a valid body with (`shaped`: it in the Messages API's
+    shape), its tokens counted in its stats: a reasoning model thinks first, within the bound; a bound spent
+    thinking leaves an empty answer cut at `length`. Online and in batches alike."""
+    max_out = int(shaped["max_tokens"])
+    thought = 0 if sim.faults.compatible else min(thinking(body), max_out)
+    reply = sim._answer({**shaped, "max_tokens": max(1, max_out - thought)})
+    with sim._lock:
+        if thought >= max_out:  # the bound was spent thinking: no room for an answer
+            reply.update(content=[], stop_reason="max_tokens")
+            sim._stats["output_tokens"] -= reply["usage"]["output_tokens"]
+            reply["usage"]["output_tokens"] = 0
+        sim._stats["output_tokens"] += thought
+    cached = 0 if sim.faults.compatible else min(sim.chat_cache.cached_tokens(body), reply["usage"]["input_tokens"])
+    reply["usage"]["input_tokens"] -= cached
+    with sim._lock:
+        sim._stats["input_tokens"] -= cached
+        sim._stats["cache_read_tokens"] += cached
+    return completion(reply, cached, REFUSAL if reply["stop_reason"] == "refusal" else None, thought)
+
+
 def completion(answer: dict[str, Any], cached: int, refusal: str | None, reasoned: int = 0) -> dict[str, Any]:
     """A `chat.completion` from the simulator's Messages-shaped answer (`reasoned`: tokens thought before it)."""
     text = "".join(block.get("text", "") for block in answer["content"])

@@ -20,6 +20,7 @@ from llmledger.simulator.limits import TokenLimits
 class SimulatorCore(Protocol):
     faults: Faults
     batches: Any  # the SimBatches serving /v1/messages/batches
+    openai_batches: Any  # the SimOpenAIBatches serving OpenAI's /v1/files and /v1/batches
     _lock: threading.Lock
     _rng: random.Random
     _tokens: TokenLimits

@@ -110,6 +110,47 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 self._send(200, answer)
             return True
 
+        def _openai_batches(self, method: str) -> bool:
+            """OpenAI's `/v1/files` and `/v1/batches` (`openai_batches.py`); False when the path is neither."""
+            path = self.path.split("?")[0]
+            if not (path.startswith("/v1/files") or path.startswith("/v1/batches")):
+                return False
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""  # always read it all: the connection is reused
+            spec: ErrorSpec | None = None
+            if sim.faults.compatible:  # only OpenAI's API has them
+                spec = ErrorSpec(404, "invalid_request_error", f"no route {path}")
+            elif sim.faults.api_key is not None and self._api_key() != sim.faults.api_key:
+                spec = ERRORS[401]
+            answer: Any = None
+            if spec is None:
+                batches = sim.openai_batches
+                parts = path.rstrip("/").split("/")[3:]
+                try:
+                    if path.startswith("/v1/batches"):
+                        body = json.loads(raw or b"null") if method == "POST" else None
+                        answer = batches.route(method, self.path, body, length, "")
+                    elif method == "POST" and not parts:
+                        answer = batches.upload(self.headers.get("content-type") or "", raw)
+                    elif method == "GET" and len(parts) in (1, 2) and parts[1:] in ([], ["content"]):
+                        answer = batches.file(parts[0], content=len(parts) == 2)
+                    else:
+                        spec = ErrorSpec(404, "invalid_request_error", f"Invalid URL ({method} {path})")
+                except _Refused as refused:
+                    spec = refused.spec
+                except json.JSONDecodeError as exc:
+                    spec = ErrorSpec(400, "invalid_request_error", f"request body is not valid JSON: {exc}")
+            if spec is not None:
+                payload, more = chat.error(spec)
+                self._send(spec.status, payload, more, f"req_{uuid.uuid4().hex}", "x-request-id")
+            elif method == "POST" and path.rstrip("/") == "/v1/batches" and sim.take("batch_lose_response"):
+                self._drop()  # the batch exists; the client never hears of it
+            elif isinstance(answer, bytes):
+                self._send_bytes(answer, "application/octet-stream")
+            else:
+                self._send(200, answer, None, f"req_{uuid.uuid4().hex}", "x-request-id")
+            return True
+
         def _send_bytes(self, data: bytes, content_type: str) -> None:
             self.send_response(200)
             self.send_header("content-type", content_type)
@@ -124,7 +165,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
 
         def do_GET(self) -> None:
-            if self._batches("GET"):
+            if self._batches("GET") or self._openai_batches("GET"):
                 return
             if self.path == "/_sim/stats":
                 self._send(200, sim.stats())
@@ -134,6 +175,8 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
 
         def do_POST(self) -> None:
+            if self._openai_batches("POST"):
+                return
             size = int(self.headers.get("content-length") or 0)
             try:
                 body = self._body()
@@ -235,8 +278,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             if spec is None and unknown_model(body, f.models, only=f.compatible) is not None:
                 message = f"The model `{body['model']}` does not exist or you do not have access to it."
                 spec = ErrorSpec(404, "invalid_request_error", message)
-            answer: dict[str, Any] | None = None
-            thought = 0
+            reply: dict[str, Any] | None = None
             if spec is None and not sim.enter_slot():
                 spec = ErrorSpec(429, "rate_limit_error", "server busy: too many requests waiting")
             elif spec is None:
@@ -244,32 +286,17 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                     if delay:
                         time.sleep(delay)
                     assert shaped is not None
-                    thought = 0 if f.compatible else min(chat.thinking(body), max_out)
-                    answer = sim._answer({**shaped, "max_tokens": max(1, max_out - thought)})
-                    if thought >= max_out:  # the bound was spent thinking: no room for an answer
-                        answer.update(content=[], stop_reason="max_tokens")
-                        with sim._lock:
-                            sim._stats["output_tokens"] -= answer["usage"]["output_tokens"]
-                        answer["usage"]["output_tokens"] = 0
-                    with sim._lock:
-                        sim._stats["output_tokens"] += thought
+                    reply = chat.answer(sim, body, shaped)
                 finally:
                     sim.leave_slot()
-            if spec is not None or answer is None:
+            if spec is not None or reply is None:
                 spec = spec or ErrorSpec(500, "api_error", "no answer")
                 sim._note(body, spec.status)
                 payload, more = chat.error(spec)
                 self._send(spec.status, payload, {**headers, **more}, f"req_{uuid.uuid4().hex}", "x-request-id")
                 return
-            cached = 0 if f.compatible else min(sim.chat_cache.cached_tokens(body), answer["usage"]["input_tokens"])
-            answer["usage"]["input_tokens"] -= cached
-            with sim._lock:
-                sim._stats["input_tokens"] -= cached
-                sim._stats["cache_read_tokens"] += cached
-            sim._tokens.settle(max_out, answer["usage"]["output_tokens"] + thought)
-            refusal = chat.REFUSAL if answer["stop_reason"] == "refusal" else None
+            sim._tokens.settle(max_out, reply["usage"]["completion_tokens"])
             sim._note(body, 200)
-            reply = chat.completion(answer, cached, refusal, thought)
             self._send(200, reply, sim._openai_headers(), f"req_{uuid.uuid4().hex}", "x-request-id")
 
     return Handler

@@ -1,7 +1,8 @@
 """An offline stand-in for the Anthropic Messages API, for tests, demos and benchmarks.
 
 It speaks `POST /v1/messages` and the Message Batches endpoints
-(`/v1/messages/batches`: `batches.py`) with the real API's JSON shapes, error bodies
+(`/v1/messages/batches`: `batches.py`), and OpenAI's `POST /v1/chat/completions` (`chat.py`) with its files
+and batches (`openai_batches.py`), with the real APIs' JSON shapes, error bodies
 (`request_id`, `details.error_code`) and headers (`request-id`,
 `anthropic-ratelimit-*`, `retry-after`, `retry-after-ms`, `x-should-retry`),
 keeps connections alive as the API does, answers deterministically, and can
@@ -44,6 +45,7 @@ from llmledger.simulator.faults import ERRORS, ErrorSpec, Faults, error_spec
 from llmledger.simulator.http import QuietServer, make_handler
 from llmledger.simulator.limits import Bucket, PromptCache, TokenLimits
 from llmledger.simulator.media import count_tokens
+from llmledger.simulator.openai_batches import SimOpenAIBatches
 from llmledger.simulator.replies import default_reply, fake_json
 from llmledger.simulator.request import output_schema, request_tokens, user_text
 
@@ -75,6 +77,7 @@ class Simulator:
         self._room = threading.Condition()  # `capacity`: requests at work and waiting for a slot
         self._working = self._waiting = 0
         self.batches = SimBatches(self)
+        self.openai_batches = SimOpenAIBatches(self)  # OpenAI's files and /v1/batches
         self._server = QuietServer(("127.0.0.1", port), make_handler(self))
         self._thread: threading.Thread | None = None
 
@@ -186,6 +189,7 @@ class Simulator:
         """Counts so far: `requests`, `paid` (answers, online and in batches), `by_status`, `dropped`, tokens,
         `prompts`, and for Message Batches `batches` (created), `batch_requests`, `batch_paid`."""
         self.batches.advance_all()
+        self.openai_batches.advance_all()
         with self._lock:
             s = dict(self._stats)
             s["by_status"] = dict(s["by_status"])
