@@ -64,6 +64,21 @@ def test_a_flagged_answer_is_not_handed_back_by_an_identical_request(run, sim: S
     assert out["summary"].to_list() == ["a fresh answer", "a fresh answer"]
 
 
+def test_a_redo_flagged_run_reuses_answers_for_its_other_rows(run, sim: Simulator, store: Path) -> None:
+    """A redo="flagged" run also sends the rows not answered yet; one asking what an answered row asked reuses
+    that answer (found by the explorer: a run stopped at its budget left twins NOT_STARTED, and the flagged run
+    paid for them again). The flagged request itself is asked afresh."""
+    df = pl.DataFrame({"id": [1, 2, 3, 4], "text": ["same words", "other words", "same words", "more words"]})
+    run(df.head(2), "summary", prompt=PROMPT)
+    assert sim.stats()["paid"] == 2
+    llmledger.flag(store, "messages", "summary", where="id = 2", reason="wrong")
+    out = run(df, "summary", prompt=PROMPT, redo="flagged")
+    assert out["summary_status"].to_list() == ["DONE"] * 4
+    assert sim.paid_prompts() == {"Summarize: same words": 1, "Summarize: other words": 2, "Summarize: more words": 1}
+    report = last_report()
+    assert report is not None and report.reused == 1
+
+
 def test_reset_starts_rows_over_and_keeps_their_answers_in_the_history(run, sim: Simulator, store: Path) -> None:
     run(frame(6), "summary", prompt=PROMPT)
     assert llmledger.reset(store, "messages", "summary", where="id >= 4") == 2

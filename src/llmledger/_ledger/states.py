@@ -51,8 +51,10 @@ class Redo(StrEnum):
 
     @property
     def reuses_answers(self) -> bool:
-        """Whether DONE answers to identical requests may stand in (not when redoing answers on purpose)."""
-        return self in (Redo.NONE, Redo.STALE)
+        """Whether DONE answers to identical requests may stand in: not with `redo=True`, which asks every row
+        afresh. A `redo="flagged"` run reuses them for its other rows (NOT_STARTED ones, twins of answered ones:
+        found by the explorer paying such a row twice); a flagged answer never stands in (`reuse.answers_to`)."""
+        return self in (Redo.NONE, Redo.STALE, Redo.FLAGGED)
 
 
 class Outcome(StrEnum):
