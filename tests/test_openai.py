@@ -5,7 +5,9 @@ file holds what is OpenAI's own: its body, provenance across providers, caching,
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -140,8 +142,6 @@ def test_a_long_shared_prefix_is_cached_automatically_and_priced_as_cached(
 def test_calls_an_openai_model_cannot_make_are_refused_before_anything_is_written(
     ask: Any, store: Path, client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    picture = tmp_path / "a.png"
-    picture.write_bytes(b"\x89PNG\r\n\x1a\n")
     for options, says in [
         ({"mode": "batch", "batch_size": 60_000}, "at most 50,000 .the OpenAI API's limit"),
         ({"cache": "1h"}, "OpenAI caches long prefixes by itself"),
@@ -159,8 +159,6 @@ def test_calls_an_openai_model_cannot_make_are_refused_before_anything_is_writte
     ]:
         with pytest.raises(InvalidInputError, match=says):
             ask(frame(2), "s", prompt=PROMPT, **options)
-    with pytest.raises(InvalidInputError, match="not built yet"):
-        ask(pl.DataFrame({"id": [1], "path": [str(picture)]}), "s", prompt="What is this?", attach="path")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(InvalidInputError, match="OPENAI_API_KEY"):
@@ -266,3 +264,55 @@ def test_an_empty_answer_from_a_server_is_never_done(store: Path, monkeypatch: p
         out = on_local(server, 3, store)
     assert out["s_status"].to_list() == ["FAILED"] * 3
     assert "returned an empty message" in sql(store, "SELECT s_error FROM ledger LIMIT 1")[0][0]
+
+
+def _data_urls(sim: Simulator) -> list[tuple[str, str, bytes]]:
+    """(part type, media type, bytes) of every file part the simulator was sent, online or in a batch file."""
+    out = []
+    for entry in sim.log():
+        for part in entry["body"]["messages"][-1]["content"]:
+            if isinstance(part, dict) and part.get("type") in ("image_url", "file"):
+                url = part["image_url"]["url"] if part["type"] == "image_url" else part["file"]["file_data"]
+                media, _, data = url.removeprefix("data:").partition(";base64,")
+                out.append((part["type"], media, base64.b64decode(data)))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["online", "batch"])
+def test_files_go_to_an_openai_model_as_data_urls_recorded_by_their_hash(
+    ask: Any, sim: Simulator, store: Path, tmp_path: Path, mode: str
+) -> None:
+    """attach= on an OpenAI model: an image as an `image_url` part, a PDF as a `file` part, each a data URL of the
+    file's bytes; the ledger records the hash in their place, so a rerun pays nothing and a changed file makes its
+    row stale, as on Claude."""
+    from llmledger.simulator import pdf, png
+
+    paths = [tmp_path / "scan.png", tmp_path / "invoice.pdf", tmp_path / "other.png"]
+    paths[0].write_bytes(png(20, 10, seed=1))
+    paths[1].write_bytes(pdf(["Invoice 7. Total: $70.00"]))
+    paths[2].write_bytes(png(30, 10, seed=2))
+    df = pl.DataFrame({"id": [0, 1, 2], "path": [str(p) for p in paths]})
+    out = ask(df, "what", prompt="What is this?", attach="path", mode=mode)
+    assert out["what_status"].to_list() == ["DONE"] * 3
+    if mode == "online":
+        sent = _data_urls(sim)
+        assert sorted(sent) == sorted(
+            [("image_url", "image/png", paths[0].read_bytes()), ("file", "application/pdf", paths[1].read_bytes()),
+             ("image_url", "image/png", paths[2].read_bytes())]
+        )  # fmt: skip
+    else:
+        assert sim.stats()["batches"] == 1 and sim.stats()["batch_paid"] == 3
+    stored = [json.loads(p) for (p,) in sql(store, "SELECT what_prompt FROM t ORDER BY id")]
+    digest = hashlib.sha256(paths[1].read_bytes()).hexdigest()
+    assert stored[1][0] == {
+        "type": "file",
+        "file": {"filename": digest[:16] + ".pdf", "file_data": "data:application/pdf;base64,sha256:" + digest},
+    }
+    assert stored[0][-1] == {"type": "text", "text": "What is this?"}
+    paid = sim.stats()["paid"]
+    ask(df, "what", prompt="What is this?", attach="path", mode=mode)
+    assert sim.stats()["paid"] == paid, "a rerun pays nothing"
+    paths[2].write_bytes(png(31, 10, seed=3))
+    with pytest.warns(llmledger.StaleAnswersWarning):
+        ask(df, "what", prompt="What is this?", attach="path", mode=mode)
+    assert sim.stats()["paid"] == paid

@@ -191,8 +191,8 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     check_model(model)
     provider, model = split_model(model)
     if provider == OPENAI:
-        check_openai_call(o["cache"], o.get("attach") is not None)
-    frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys)
+        check_openai_call(o["cache"])
+    frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys, provider)
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
@@ -364,17 +364,12 @@ def resume(
     return result
 
 
-def check_openai_call(cache: Any, attaches: bool) -> None:
-    """What a model named "openai:..." does not take (yet)."""
+def check_openai_call(cache: Any) -> None:
+    """What a model named "openai:..." does not take."""
     if cache in ("5m", "1h"):
         raise InvalidInputError(
             f"cache={cache!r} chooses how long Anthropic's prompt cache keeps a prefix; OpenAI caches long prefixes "
             "by itself, with no ttl to choose: pass cache=True (the default) or leave it out"
-        )
-    if attaches:
-        raise InvalidInputError(
-            "attach= sends files to Claude; for an OpenAI model it is not built yet: use a Claude model, or put "
-            "the text in a column the prompt reads"
         )
 
 

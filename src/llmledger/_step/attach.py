@@ -59,8 +59,15 @@ class Blob:
     size: int
     tokens: int  # an estimate, for llmledger.estimate (the API counts exactly when it answers)
 
-    def block(self) -> dict[str, Any]:
-        """The content block as recorded and fingerprinted: the bytes stand in as their hash."""
+    def block(self, provider: str = "anthropic") -> dict[str, Any]:
+        """The content block as recorded and fingerprinted, the bytes standing in as their hash: Anthropic's image
+        or document block, or (`provider="openai"`) a Chat Completions part with a data URL, `image_url` for an
+        image and `file` for a PDF."""
+        if provider == "openai":
+            url = f"data:{self.media_type};base64,{REF}{self.sha256}"
+            if self.media_type == PDF:
+                return {"type": "file", "file": {"filename": f"{self.sha256[:16]}.pdf", "file_data": url}}
+            return {"type": "image_url", "image_url": {"url": url}}
         kind = "document" if self.media_type == PDF else "image"
         return {"type": kind, "source": {"type": "base64", "media_type": self.media_type, "data": REF + self.sha256}}
 
@@ -226,6 +233,7 @@ class Attachments:
     blobs: dict[str, Blob] = field(default_factory=dict)
     fetched: dict[str, Blob] = field(default_factory=dict)  # URLs fetched by this call: once, not in a transaction
     in_frame: dict[tuple[str, str], Blob] = field(default_factory=dict)  # bytes values hashed, by (column, row key)
+    provider: str = "anthropic"  # whose blocks `blocks` makes: Anthropic's, or OpenAI's content parts
 
     def blocks(
         self, row: dict[str, Any], where: str, frame: pl.DataFrame | None = None, index: int | None = None
@@ -255,7 +263,7 @@ class Attachments:
                     self.fetched[text] = found
                 self.known.setdefault(found.sha256, text)
             self.blobs[found.sha256] = found
-            out.append(found.block())
+            out.append(found.block(self.provider))
         return out
 
     def for_columns(self, columns: tuple[str, ...]) -> Attachments:
@@ -263,7 +271,7 @@ class Attachments:
         return (
             self
             if columns == self.columns
-            else Attachments(columns, self.known, self.blobs, self.fetched, self.in_frame)
+            else Attachments(columns, self.known, self.blobs, self.fetched, self.in_frame, self.provider)
         )
 
     def resolve(self, body: dict[str, Any], *rows: dict[str, Any]) -> dict[str, Any]:
@@ -323,14 +331,30 @@ def _holder(frame: pl.DataFrame | None, column: str, index: int | None, data: by
     return lambda: bytes(series[index])
 
 
+_DATA_URLS = {"image_url": "url", "file": "file_data"}  # where a Chat Completions part holds its data URL
+
+
 def _ref(block: Any) -> str | None:
-    source = block.get("source") if isinstance(block, dict) else None
-    data = source.get("data") if isinstance(source, dict) else None
+    """The recorded hash of a file block (Anthropic's source data, or OpenAI's data URL), None for any other."""
+    if not isinstance(block, dict):
+        return None
+    source, kind = block.get("source"), str(block.get("type"))
+    if isinstance(source, dict):
+        data = source.get("data")
+    else:
+        inner = block.get(kind) if kind in _DATA_URLS else None
+        url = inner.get(_DATA_URLS[kind]) if isinstance(inner, dict) else None
+        data = url.partition(";base64,")[2] if isinstance(url, str) and url.startswith("data:") else None
     return data[len(REF) :] if isinstance(data, str) and data.startswith(REF) else None
 
 
 def _with_data(block: dict[str, Any], data: bytes) -> dict[str, Any]:
-    return {**block, "source": {**block["source"], "data": base64.b64encode(data).decode("ascii")}}
+    encoded = base64.b64encode(data).decode("ascii")
+    if "source" in block:
+        return {**block, "source": {**block["source"], "data": encoded}}
+    kind = block["type"]
+    inner, name = block[kind], _DATA_URLS[kind]
+    return {**block, kind: {**inner, name: inner[name].partition(";base64,")[0] + ";base64," + encoded}}
 
 
 def check_attach(attach: Any, frame: pl.DataFrame) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 from llmledger.simulator.faults import ErrorSpec
-from llmledger.simulator.media import count_tokens
+from llmledger.simulator.media import block_problem, count_tokens
 from llmledger.simulator.request import schema_problem
 
 # Chat Completions body fields OpenAI reads; any other gets "Unrecognized request argument supplied".
@@ -73,6 +73,16 @@ def validate(body: Any, *, own_api: bool = True) -> str | None:
         content = message.get("content")
         if not (isinstance(content, str) or (isinstance(content, list) and content)):
             return f"Invalid type for 'messages[{n}].content': expected a string or an array of content parts."
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in PARTS:
+                return (
+                    f"Invalid value: {kind!r}. Supported values are: {', '.join(repr(p) for p in sorted(PARTS))} "
+                    f"(messages[{n}].content[{j}].type)."
+                )
+            problem = block_problem(as_block(part), f"messages[{n}].content[{j}]")
+            if problem:
+                return f"Invalid content part messages[{n}].content[{j}]: {problem}"
     if "max_tokens" in body and "max_completion_tokens" in body:
         return "max_tokens and max_completion_tokens cannot both be set; use max_completion_tokens."
     if "max_tokens" in body and own_api and reasoning(model):
@@ -115,12 +125,36 @@ def thinking(body: dict[str, Any]) -> int:
     return THINKING.get(str(body.get("reasoning_effort", "medium")), 32) if reasoning(body["model"]) else 0
 
 
+PARTS = {"text", "image_url", "file"}  # the content parts a chat message may hold (of those llmledger sends)
+
+
+def as_block(part: dict[str, Any]) -> dict[str, Any]:
+    """A content part as the Messages API's block: an image's or a file's data URL as a base64 source (read and
+    billed by `media.py` as Anthropic's are), an image's web URL as a URL source."""
+    kind = str(part.get("type"))
+    if kind == "text":
+        return {"type": "text", "text": part.get("text")}
+    found = part.get(kind)
+    inner: dict[str, Any] = found if isinstance(found, dict) else {}
+    url = inner.get("url" if kind == "image_url" else "file_data")
+    name = "image" if kind == "image_url" else "document"
+    if isinstance(url, str) and url.startswith("data:") and ";base64," in url:
+        media, data = url[5:].split(";base64,", 1)
+        return {"type": name, "source": {"type": "base64", "media_type": media, "data": data}}
+    return {"type": name, "source": {"type": "url", "url": url}}
+
+
 def as_messages(body: dict[str, Any]) -> dict[str, Any]:
-    """The request in the Messages API's shape, for the simulator's answerer: system prompt apart, the schema as
-    `output_config`, the stop strings as `stop_sequences`."""
+    """The request in the Messages API's shape, for the simulator's answerer: system prompt apart, content parts
+    as blocks, the schema as `output_config`, the stop strings as `stop_sequences`."""
     system = [m["content"] for m in body["messages"] if m["role"] in ("system", "developer")]
     messages = [
-        {"role": m["role"], "content": m["content"]} for m in body["messages"] if m["role"] in ("user", "assistant")
+        {
+            "role": m["role"],
+            "content": m["content"] if isinstance(m["content"], str) else list(map(as_block, m["content"])),
+        }
+        for m in body["messages"]
+        if m["role"] in ("user", "assistant")
     ]
     shaped: dict[str, Any] = {
         "model": body["model"],

@@ -266,7 +266,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             """OpenAI's chat completions (`chat.py`): the same faults and answers, in OpenAI's words."""
             problem = chat.validate(body, own_api=not sim.faults.compatible)
             shaped = chat.as_messages(body) if problem is None else None
-            prompt = user_text(body) if isinstance(body, dict) else ""
+            prompt = user_text(shaped or body) if isinstance(body, dict) else ""  # a file's marker with the text
             tokens_in, max_out = (request_tokens(shaped), int(shaped["max_tokens"])) if shaped else (0, 0)
             action, spec = sim._decide(prompt, self._api_key(), tokens_in, max_out)
             f, delay = sim.faults, self._delay()

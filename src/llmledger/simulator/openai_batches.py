@@ -208,7 +208,8 @@ class SimOpenAIBatches(SimBatches):
     def _process(self, request: dict[str, Any], outcome: str | None) -> dict[str, Any]:
         custom_id, body = request["custom_id"], request["params"]
         f = self.sim.faults
-        prompt = user_text(body) if isinstance(body.get("messages"), list) else ""
+        valid = chat.validate(body) is None
+        prompt = user_text(chat.as_messages(body) if valid else body) if isinstance(body.get("messages"), list) else ""
         if outcome is None and f.batch_expire and f.batch_expire in prompt:
             outcome = "expired"
         line_id = f"batch_req_sim{uuid.uuid4().hex[:20]}"
