@@ -43,7 +43,7 @@ def ask(store: Path, server: Simulator, rows: int = 12, **options: Any) -> pl.Da
         frame(rows),
         "s",
         prompt=PROMPT,
-        model=LOCAL,
+        model=options.pop("model", LOCAL),
         store=store,
         table="t",
         base_url=options.pop("base_url", server.server_url),
@@ -77,6 +77,26 @@ def test_a_local_server_answers_and_each_answer_names_it(
     assert last_report().mode == "online"
     said = [h for h in last_report().hints() if "is not Anthropic's API" in h]
     assert len(said) == 1 and "no rate limits" in said[0] and "cost NULL" in said[0]
+
+
+@pytest.mark.parametrize("api", ["messages", "chat"])
+def test_a_server_that_says_nothing_of_usage_leaves_tokens_and_cost_unknown_not_zero(
+    store: Path, local: Simulator, api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some servers answer without `usage`: the answer is kept, its tokens and cost are NULL (a cost of 0.0 would
+    say it was free), even with a price set for the model. Before, such an answer cost $0.00 (chat) or failed."""
+    pytest.importorskip("openai")
+    monkeypatch.setattr("llmledger._step.prices._overrides", {})  # this test's price only (set_price is global)
+    llmledger.set_price(LOCAL, input=1.0, output=2.0)
+    local.configure(usage=False)
+    model = LOCAL if api == "messages" else "openai:" + LOCAL
+    url = local.server_url + ("/v1" if api == "chat" else "")
+    out = ask(store, local, rows=4, model=model, base_url=url)
+    assert out["s_status"].to_list() == ["DONE"] * 4 and out["s"].null_count() == 0
+    rows = sql(store, "SELECT s_input_tokens, s_output_tokens, s_cost_usd FROM t")
+    assert set(rows) == {(None, None, None)}
+    report = last_report()
+    assert report is not None and report.calls == 4 and report.cost_usd is None, "the run's cost is unknown too"
 
 
 def test_a_rerun_pays_nothing_and_another_server_makes_rows_stale_not_paid(

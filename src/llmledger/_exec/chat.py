@@ -131,6 +131,7 @@ def reply_from(completion: Any, model: str, *, batch: bool = False) -> Reply:
         model=completion.model or model,
         cache_read_tokens=cached,
         batch=batch,
+        counted=usage is not None,
     )
 
 

@@ -61,6 +61,7 @@ class Reply:
     calls: int = 1  # requests this answer took (2 when a structured answer needed its one retry)
     batch: bool = False  # answered in a Message Batch (billed at the batch rate)
     latency_ms: int | None = None  # how long its request(s) took, sent to answered; None: no request of its own
+    counted: bool = True  # the server said what the answer used (some servers send no usage: tokens, cost NULL)
 
     def plus(self, later: Reply) -> Reply:
         """`later` (an answer to a follow-up request), carrying the usage of both."""
@@ -261,8 +262,8 @@ def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
     text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
     return Reply(
         text=clean_text(text),
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
+        input_tokens=getattr(usage, "input_tokens", None) or 0,
+        output_tokens=getattr(usage, "output_tokens", None) or 0,
         stop_reason=message.stop_reason,
         model=message.model or model,
         cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
@@ -274,6 +275,7 @@ def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
         or 0,
         cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0,
         batch=batch,
+        counted=usage is not None,
     )
 
 

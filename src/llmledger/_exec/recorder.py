@@ -87,13 +87,14 @@ class Recorder:
                     output=reply.text if refused_by_validate else None,
                     raw=None if refused_by_validate else reply.text,
                 )
+            counted = reply.counted or reused  # a reused answer used nothing: its zeros are true
             result.update(
                 attempts=attempts,
                 error=error,
-                input_tokens=reply.input_tokens,
-                output_tokens=reply.output_tokens,
-                cache_write_tokens=reply.cache_write_tokens,
-                cache_read_tokens=reply.cache_read_tokens,
+                input_tokens=reply.input_tokens if counted else None,
+                output_tokens=reply.output_tokens if counted else None,
+                cache_write_tokens=reply.cache_write_tokens if counted else None,
+                cache_read_tokens=reply.cache_read_tokens if counted else None,
                 latency_ms=reply.latency_ms,
                 cost_usd=cost,
                 stop_reason=reply.stop_reason,

@@ -196,7 +196,10 @@ class Usage(Protocol):
 
 def cost_usd(reply: Usage) -> float | None:
     """What an answer cost at list price (the batch rate for a batch's answer); None when the model's price is
-    unknown (said once per model: `warn_unpriced`)."""
+    unknown (said once per model: `warn_unpriced`), or the server said nothing of what the answer used (a cost of
+    0.0 would say it was free)."""
+    if not getattr(reply, "counted", True):
+        return None
     price = price_of(reply.model)
     if price is None:
         warn_unpriced(reply.model)  # the API answered with another id than the one asked for

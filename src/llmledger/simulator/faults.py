@@ -173,6 +173,7 @@ class Faults:
     # `base_url=` reaches one: no rate-limit headers, no Message Batches (404), no prompt caching (a breakpoint
     # is accepted and ignored, and usage has no cache fields)
     compatible: bool = False
+    usage: bool = True  # False: answers carry no usage, as some servers' (an old llama.cpp, a bare proxy) do not
     # requests worked on at once (a GPU's batch): the others wait their turn, so latency grows with the load;
     # with `queue_limit`, a request that finds that many already waiting gets a 429 (a proxy's limit)
     capacity: int | None = None

@@ -260,6 +260,8 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             sim._tokens.settle(max_out, answer["usage"]["output_tokens"])
             headers = sim._ratelimit_headers()
             sim._note(body, 200)
+            if not f.usage:
+                answer["usage"] = None
             self._send(200, answer, headers)
 
         def _chat(self, body: Any) -> None:
@@ -297,6 +299,8 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 return
             sim._tokens.settle(max_out, reply["usage"]["completion_tokens"])
             sim._note(body, 200)
+            if not f.usage:
+                reply["usage"] = None
             self._send(200, reply, sim._openai_headers(), f"req_{uuid.uuid4().hex}", "x-request-id")
 
     return Handler
