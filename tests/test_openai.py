@@ -316,3 +316,18 @@ def test_files_go_to_an_openai_model_as_data_urls_recorded_by_their_hash(
     with pytest.warns(llmledger.StaleAnswersWarning):
         ask(df, "what", prompt="What is this?", attach="path", mode=mode)
     assert sim.stats()["paid"] == paid
+
+
+def test_an_estimate_counts_openais_automatic_caching_as_it_is_billed(ask: Any, oa: Any, store: Path) -> None:
+    """A long system prompt is cached by OpenAI after the first call: the estimate prices it so (it once priced
+    every call's prefix in full, several times the bill)."""
+    system = "You are a careful assistant. " * 400  # well over OpenAI's 1,024-token minimum
+    options = {"prompt": PROMPT, "system": system, "max_tokens": 40}
+    ask(frame(5), "s", **options, concurrency=1)
+    figures = llmledger.estimate(frame(45), "s", **options, model=GPT, store=store, table="t", client=oa).row(
+        0, named=True
+    )
+    ask(frame(45), "s", **options, concurrency=1)
+    report = last_report()
+    assert report is not None and report.calls == figures["calls"] == 40 and report.cache_read_tokens > 0
+    assert abs(figures["cost_usd"] - report.cost_usd) <= 0.25 * report.cost_usd, (figures["cost_usd"], report.cost_usd)
