@@ -114,17 +114,11 @@ class BatchCollector(BatchMerger):
             if record.source is None or record.source == self.cfg.source:
                 mine.append(record)
             elif record.source == SIMULATOR:
-                back = await asyncio.to_thread(
-                    self.ledger.abandon_batch,
-                    self.table,
-                    self.step,
-                    intent=record.intent,
-                    now=utcnow(),
+                await self._give_back(
+                    record,
+                    "sent to the simulator; a run against the API does not keep simulated answers",
                     confirmed=record.batch_id is not None,
-                    note="sent to the simulator; a run against the API does not keep simulated answers",
                 )
-                if back.height:
-                    self.returned.append(back)
             else:
                 foreign.append(record)
                 if record.intent not in self.stuck:
@@ -196,16 +190,9 @@ class BatchCollector(BatchMerger):
                 left = (ABANDON_AFTER - (now - intent.created_at)).total_seconds()
                 self.due = left if self.due is None else min(self.due, left)
             else:
-                back = await asyncio.to_thread(
-                    self.ledger.abandon_batch,
-                    self.table,
-                    self.step,
-                    intent=intent.intent,
-                    note="the API has no batch for this intent: the run stopped before sending it",
-                    now=utcnow(),
+                await self._give_back(
+                    intent, "the API has no batch for this intent: the run stopped before sending it", confirmed=False
                 )
-                if back.height:
-                    self.returned.append(back)
 
     async def find(self, intent: str) -> str | None:
         """The API batch an intent of this run became, if the API has it (after an ambiguous create). Raises the

@@ -64,20 +64,27 @@ class BatchMerger:
     _failed: Callable[[list[BatchRecord], str], None]
     _note: Callable[[str], None]
 
+    async def _give_back(self, record: BatchRecord, note: str, *, confirmed: bool = True) -> int:
+        """Give the batch up: its rows go back as they were (unpaid, to be sent again); how many came back."""
+        back = await asyncio.to_thread(
+            self.ledger.abandon_batch,
+            self.table,
+            self.step,
+            intent=record.intent,
+            now=utcnow(),
+            confirmed=confirmed,
+            note=note,
+        )
+        if back.height:
+            self.returned.append(back)
+        return int(back.height)
+
     async def _merge_if_ended(self, record: BatchRecord) -> bool:
         """Merge the batch if it has ended; True when it is done with."""
         assert record.batch_id is not None
         rows = await asyncio.to_thread(self.ledger.batch_rows, record, inputs=self.cfg.validate is not None)
         if not rows.rows.height:  # every row was taken out of it (llmledger.reset): nothing to merge
-            await asyncio.to_thread(
-                self.ledger.abandon_batch,
-                self.table,
-                self.step,
-                intent=record.intent,
-                note="its rows were reset",
-                now=utcnow(),
-                confirmed=True,
-            )
+            await self._give_back(record, "its rows were reset")
             return True
         if record.validated and self.cfg.validate is None:
             self.stuck.add(record.intent)
@@ -90,19 +97,12 @@ class BatchMerger:
             batch = await self.api.retrieve(record.batch_id)
         except self.api.not_found as exc:  # deleted, or another workspace's key: keep the rows, say what to do
             if record.source == SIMULATOR and NEVER_IN_THIS_SIMULATOR in str(exc):  # its simulator is gone
-                back = await asyncio.to_thread(
-                    self.ledger.abandon_batch,
-                    self.table,
-                    self.step,
-                    intent=record.intent,
-                    now=utcnow(),
-                    confirmed=True,
-                    note="sent to a simulator that is gone (it lives in its kernel or process)",
+                back = await self._give_back(
+                    record, "sent to a simulator that is gone (it lives in its kernel or process)"
                 )
-                if back.height:
-                    self.returned.append(back)
+                if back:
                     self._note(
-                        f"{rows_text(back.height)} were in simulated batch {record.batch_id}, which ended "
+                        f"{rows_text(back)} were in simulated batch {record.batch_id}, which ended "
                         "with the simulator that held it (a simulator lives in its kernel or process; "
                         "nothing was paid): they are asked again of this one"
                     )
@@ -120,17 +120,7 @@ class BatchMerger:
         if not batch.ended:
             return False
         if batch.refused is not None:  # the API ran none of it: the rows go back as they were, unpaid
-            back = await asyncio.to_thread(
-                self.ledger.abandon_batch,
-                self.table,
-                self.step,
-                intent=record.intent,
-                now=utcnow(),
-                confirmed=True,
-                note=f"the API refused the batch: {batch.refused}",
-            )
-            if back.height:
-                self.returned.append(back)
+            await self._give_back(record, f"the API refused the batch: {batch.refused}")
             if self.report.outcome in (Outcome.RUNNING, Outcome.PREPARING):  # sending them again would fail alike
                 self.report.outcome = Outcome.ERROR
                 self.report.message = (

@@ -40,6 +40,8 @@ def _rfc3339(t: float | None) -> str | None:
 
 
 class SimBatches:
+    DEPTH = 4  # the parts of a path before a batch's id: "", "v1", "messages", "batches"
+
     def __init__(self, sim: SimulatorCore) -> None:
         self.sim = sim
         self._lock = threading.Lock()
@@ -50,7 +52,7 @@ class SimBatches:
     def route(self, method: str, url: str, body: Any, size: int, base_url: str) -> dict[str, Any] | bytes:
         """Answer one request to `/v1/messages/batches...` (JSON, or the results as JSONL bytes)."""
         path, _, query = url.partition("?")
-        rest = path.rstrip("/").split("/")[4:]
+        rest = path.rstrip("/").split("/")[self.DEPTH :]
         if method == "POST" and not rest:
             with self.sim._lock:
                 fault = self.sim.faults.fail_next.pop(0) if self.sim.faults.fail_next else None
@@ -61,10 +63,14 @@ class SimBatches:
             return self.list(dict(urllib.parse.parse_qsl(query)))
         if method == "GET" and len(rest) == 1:
             return self.retrieve(rest[0])
-        if method == "GET" and rest[1:] == ["results"]:
-            return self.results(rest[0])
         if method == "POST" and rest[1:] == ["cancel"]:
             return self.cancel(rest[0])
+        return self._route_more(method, url, rest)
+
+    def _route_more(self, method: str, url: str, rest: list[str]) -> dict[str, Any] | bytes:
+        """The routes only Message Batches have: results, delete."""
+        if method == "GET" and rest[1:] == ["results"]:
+            return self.results(rest[0])
         if method == "DELETE" and len(rest) == 1:
             return self.delete(rest[0])
         raise _Refused(ErrorSpec(404, "not_found_error", f"no route {method} {url}"))

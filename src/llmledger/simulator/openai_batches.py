@@ -19,7 +19,6 @@ import email.parser
 import email.policy
 import json
 import time
-import urllib.parse
 import uuid
 from typing import Any
 
@@ -93,24 +92,10 @@ class SimOpenAIBatches(SimBatches):
         }
 
     # -- batches ------------------------------------------------------------------------------------------
-    def route(self, method: str, url: str, body: Any, size: int, base_url: str) -> dict[str, Any] | bytes:
-        path, _, query = url.partition("?")
-        rest = path.rstrip("/").split("/")[3:]
-        if method == "POST" and not rest:
-            with self.sim._lock:
-                fault = self.sim.faults.fail_next.pop(0) if self.sim.faults.fail_next else None
-            if fault is not None:
-                from llmledger.simulator.faults import error_spec
+    DEPTH = 3  # "", "v1", "batches"
 
-                raise _Refused(error_spec(fault))
-            return self.create(body, size, base_url)
-        if method == "GET" and not rest:
-            return self.list(dict(urllib.parse.parse_qsl(query)))
-        if method == "GET" and len(rest) == 1:
-            return self.retrieve(rest[0])
-        if method == "POST" and rest[1:] == ["cancel"]:
-            return self.cancel(rest[0])
-        raise _Refused(ErrorSpec(404, "invalid_request_error", f"Invalid URL ({method} {path})"))
+    def _route_more(self, method: str, url: str, rest: list[str]) -> dict[str, Any] | bytes:
+        raise _Refused(ErrorSpec(404, "invalid_request_error", f"Invalid URL ({method} {url.partition('?')[0]})"))
 
     def create(self, body: Any, size: int, base_url: str) -> dict[str, Any]:
         body = body if isinstance(body, dict) else {}
