@@ -97,6 +97,7 @@ def test_a_server_that_says_nothing_of_usage_leaves_tokens_and_cost_unknown_not_
     assert set(rows) == {(None, None, None)}
     report = last_report()
     assert report is not None and report.calls == 4 and report.cost_usd is None, "the run's cost is unknown too"
+    assert report.uncounted == 4 and "usage unknown for 4" in str(report)
 
 
 def test_a_rerun_pays_nothing_and_another_server_makes_rows_stale_not_paid(
@@ -234,7 +235,8 @@ def test_requests_at_once_follow_a_server_that_announces_no_limits(store: Path) 
     refused, blunt_refused = adaptive["by_status"].get(429, 0), blunt["by_status"].get(429, 0)
     # at most one request in ten refused (13 of 253 on a loaded 2-core CI machine); the point is the ratio below
     assert refused <= 0.1 * adaptive["requests"], adaptive["by_status"]
-    assert blunt_refused >= 5 * max(refused, 1), (refused, blunt_refused)
+    # a third or less of the fixed run's refusals (a fifth or less on an idle machine: benchmark (j) measures it)
+    assert blunt_refused >= 3 * max(refused, 1), (refused, blunt_refused)
 
 
 def test_the_simulator_answers_as_such_a_server_does(local: Simulator) -> None:

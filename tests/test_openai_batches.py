@@ -199,3 +199,27 @@ def test_a_batch_a_person_cancels_gives_back_what_it_did_not_run(oa: Any, sim: S
         (4, "cancelled")
     ]
     assert out["s_status"].to_list() == ["SUBMITTED"] * 4 and sim.stats()["batches"] == 2, "sent again at once"
+
+
+@pytest.mark.parametrize("first", ["openai", "anthropic"])
+def test_a_batch_of_one_provider_waits_for_it_when_the_step_moves_to_the_other(
+    oa: Any, client: Any, sim: Simulator, store: Path, first: str
+) -> None:
+    """A step sent in a batch to one provider, then run on the other's model: that batch is the first provider's
+    to read, and its paid answers are kept once a run on that provider collects it. Found by attack: a run of
+    the other provider looked for it with its own client, took the 404 for a simulator that is gone, and gave its
+    rows back: 6 paid answers were lost and paid again."""
+    models = {"openai": {"model": GPT, "client": oa}, "anthropic": {"client": client}}
+    second = "anthropic" if first == "openai" else "openai"
+    ask = functools.partial(apply_llm, frame(6), "s", prompt=PROMPT, store=store, table="t", progress=False)
+    sim.configure(batch_delay=0.5)
+    ask(mode="batch", wait=False, **models[first])
+    time.sleep(0.7)  # the batch has ended, its answers billed
+    out = ask(**models[second])
+    assert out["s_status"].to_list() == ["SUBMITTED"] * 6, "left in the batch that answers them"
+    report = llmledger.last_report()
+    assert report is not None and any("collects it" in n for n in report.notes)
+    assert sql(store, "SELECT state FROM llmledger_batches") == [("submitted",)]
+    out = ask(**models[first])
+    assert out["s_status"].to_list() == ["DONE"] * 6
+    assert sim.stats()["batch_paid"] == 6 and sim.stats()["paid"] == 6, "each answer paid once, and kept"

@@ -68,6 +68,7 @@ def _utc(value: Any) -> datetime | None:
 class BatchApi:
     """The interface, and Anthropic's Message Batches behind it."""
 
+    provider = "anthropic"
     max_requests = 100_000
     max_bytes = 256 * 1000 * 1000
 
@@ -128,6 +129,7 @@ class BatchApi:
 class OpenAIBatches(BatchApi):
     """OpenAI's Batch API: a JSONL file uploaded, a batch of it, its output and error files read back."""
 
+    provider = "openai"
     max_requests = 50_000
     max_bytes = 200 * 1000 * 1000
     endpoint = "/v1/chat/completions"

@@ -111,7 +111,17 @@ class BatchCollector(BatchMerger):
         simulated answer is never kept for such a run); another endpoint's is left for a run against it."""
         mine, foreign = [], []
         for record in await asyncio.to_thread(self.ledger.open_batches, self.table, self.step):
-            if record.source is None or record.source == self.cfg.source:
+            if record.provider != self.api.provider:  # the step moved to another provider: its API keeps it
+                foreign.append(record)
+                if record.intent not in self.stuck:
+                    self.stuck.add(record.intent)
+                    self._note(
+                        f"batch {record.batch_id or record.intent} ({record.rows:,} rows) went to "
+                        f"{'OpenAI' if record.provider == 'openai' else 'Anthropic'}'s batch API, and this run "
+                        "sends to the other provider's: a run of the step on a model of that provider collects it "
+                        "(its answers are kept then; they are paid for)"
+                    )
+            elif record.source is None or record.source == self.cfg.source:
                 mine.append(record)
             elif record.source == SIMULATOR:
                 await self._give_back(
@@ -216,7 +226,9 @@ class BatchCollector(BatchMerger):
         return reading.guessed.get(intent)
 
     async def _read(self, lost: list[BatchRecord]) -> tuple[Reading, list[BatchRecord]]:
-        unsettled = await asyncio.to_thread(self.ledger.unsettled_batches)
+        unsettled = [
+            b for b in await asyncio.to_thread(self.ledger.unsettled_batches) if b.provider == self.api.provider
+        ]  # another provider's intents can own none of this API's batches
         known = await asyncio.to_thread(self.ledger.known_batch_ids)
         return await self.reconciler.read(lost, unsettled, known), unsettled
 

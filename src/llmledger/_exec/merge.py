@@ -141,7 +141,9 @@ class BatchMerger:
             await asyncio.to_thread(
                 self.ledger.reject_batch, record, note=f"{record.batch_id} holds no custom id of this intent"
             )
-            unsettled = await asyncio.to_thread(self.ledger.unsettled_batches)
+            unsettled = [
+                b for b in await asyncio.to_thread(self.ledger.unsettled_batches) if b.provider == self.api.provider
+            ]
             await self._hand_over(
                 {r.intent: record.batch_id for r in unsettled if r.batch_id is None and r.intent in tags}, unsettled
             )

@@ -35,6 +35,7 @@ class Recorder:
         rep = self.report
         cost = cost_usd(reply)
         rep.calls += reply.calls
+        rep.uncounted += 0 if reply.counted else reply.calls
         rep.input_tokens += reply.input_tokens
         rep.output_tokens += reply.output_tokens
         rep.cache_write_tokens += reply.cache_write_tokens
@@ -73,7 +74,7 @@ class Recorder:
                     latency_ms=None,
                 )
                 rep.reused += 1
-                cost: float | None = 0.0
+                cost: float | None = 0.0 if reply.counted else None  # its twin's usage is unknown: so is the group's
             else:
                 cost = self.bill(reply)
             if error is None:
@@ -87,7 +88,7 @@ class Recorder:
                     output=reply.text if refused_by_validate else None,
                     raw=None if refused_by_validate else reply.text,
                 )
-            counted = reply.counted or reused  # a reused answer used nothing: its zeros are true
+            counted = reply.counted  # without usage, tokens are unknown (NULL), a twin's as the answer's
             result.update(
                 attempts=attempts,
                 error=error,

@@ -16,6 +16,7 @@ either confirms it or, when the API never got it, abandons the intent.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -26,10 +27,11 @@ import polars as pl
 from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import column_types, one, registered, table_exists
-from llmledger._ledger.schema import BATCHES_TABLE
+from llmledger._ledger.schema import BATCHES_TABLE, STEPS_TABLE
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import BatchRecord, BatchRows
 from llmledger._ledger.verbs import commit_results, give_back, input_columns, requests_of
+from llmledger._step.request import ANTHROPIC, PROVIDER_KEY
 from llmledger._step.sqltext import q
 
 ASSIGNED = "llmledger_assigned"
@@ -37,11 +39,22 @@ NO_LIMIT = 1 << 30  # max_attempts for giving back batch rows: each had its prio
 OPEN_STATES = ("submitting", "submitted")
 
 
-def _record(*row: Any) -> BatchRecord:
+def _record(*row: Any, provider: str = ANTHROPIC) -> BatchRecord:
     """A `BatchRecord` from a row of the SELECT in `batches` (its columns in the record's order)."""
     fields = list(row)
     fields[12] = list(fields[12] or [])  # rejected: NULL in rows written before it was recorded
+    fields.append(provider)
     return BatchRecord(*fields)
+
+
+def _providers(con: Con) -> dict[tuple[str, str, str], str]:
+    """The provider of every step definition's requests, by (table, step, version): a batch's is its requests'."""
+    if not table_exists(con, STEPS_TABLE):
+        return {}
+    rows = con.execute(f"SELECT table_name, step, version, request FROM {STEPS_TABLE} WHERE version IS NOT NULL")
+    return {
+        (t, s, v): str(json.loads(r).get(PROVIDER_KEY, ANTHROPIC)) if r else ANTHROPIC for t, s, v, r in rows.fetchall()
+    }
 
 
 class BatchChanged(Exception):
@@ -283,7 +296,8 @@ class BatchVerbs:
                 f"FROM {BATCHES_TABLE} WHERE {where} ORDER BY created_at",
                 params,
             ).fetchall()
-        return [_record(*r) for r in rows]
+            providers = _providers(con) if rows else {}
+        return [_record(*r, provider=providers.get((r[2], r[3], r[9]), ANTHROPIC)) for r in rows]
 
     def known_batch_ids(self) -> set[str]:
         """Every API batch id this store has recorded (so reconciling never adopts one twice)."""

@@ -261,6 +261,7 @@ class BatchRecord:
     adopted: bool  # its batch id was found by reconciliation, not told by the API: checked when merged
     rejected: list[str]  # batch ids reconciliation adopted wrongly (their results were another's)
     source: str | None = None  # where it was sent: "simulator" or the endpoint (None: sent before 0.8 recorded it)
+    provider: str = "anthropic"  # whose batch API has it (its requests' provider): only that API's client reads it
 
 
 @dataclass

@@ -38,6 +38,7 @@ class RunReport:
     retries: int = 0  # transient failures that were retried
     input_tokens: int = 0
     output_tokens: int = 0
+    uncounted: int = 0  # paid calls whose server sent no usage: their tokens (and cost) are unknown, not counted
     cache_write_tokens: int = 0
     cache_read_tokens: int = 0
     cache_saved_usd: float = 0.0  # what the cache reads would have cost as plain input, less what they cost
@@ -84,6 +85,7 @@ class RunReport:
         "calls",
         "input_tokens",
         "output_tokens",
+        "uncounted",
         "cache_write_tokens",
         "cache_read_tokens",
         "cache_saved_usd",
@@ -284,7 +286,7 @@ class RunReport:
         saved = f"; ${avoided:.4f} avoided: {self.avoided_reasons()}" if avoided else ""
         parts.append(
             f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens"
-            f"{cached}, {cost}{saved})"
+            f"{f', usage unknown for {self.uncounted:,}' if self.uncounted else ''}{cached}, {cost}{saved})"
         )
         line = " · ".join(parts) + f" in {self.seconds:.1f}s"
         if self.outcome != "completed":

@@ -59,10 +59,9 @@ def provider_refusal(table: str, step: str, recorded: str, sending: str) -> str 
 def compatible_note(endpoint: str, concurrency: int, *, priced: bool, provider: str = ANTHROPIC) -> str:
     """What a run on another server does differently, said once in its report."""
     price = "" if priced else ", and its answers cost NULL unless llmledger.set_price names a price for the model"
-    batches = "a Batch API" if provider == OPENAI else "Message Batches"
     return (
         f"{endpoint} is not {own_api(provider)}: it announces no rate limits, so the requests in flight followed its "
-        f"answers (at most concurrency={concurrency}); it has no {batches} (mode='auto' stays online){price}."
+        f"answers (at most concurrency={concurrency}); it has no batches (mode='auto' stays online){price}."
     )
 
 

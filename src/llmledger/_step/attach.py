@@ -128,7 +128,8 @@ def blob_of(data: bytes, what: str) -> Blob:
     if kind is None:
         raise PromptError(
             f"{what} is not a PNG, JPEG, GIF or WebP image or a PDF (it starts {data[:8]!r}); "
-            "those are what Claude reads. Convert it, or leave the row out (where=, or a null)."
+            "those are the files llmledger sends (Claude and OpenAI read them). Convert it, or leave the row out "
+            "(where=, or a null)."
         )
     limit = MAX_PDF_BYTES if kind == PDF else MAX_IMAGE_BYTES
     if len(data) > limit:
