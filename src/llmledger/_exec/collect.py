@@ -113,14 +113,12 @@ class BatchCollector(BatchMerger):
         for record in await asyncio.to_thread(self.ledger.open_batches, self.table, self.step):
             if record.provider != self.api.provider:  # the step moved to another provider: its API keeps it
                 foreign.append(record)
-                if record.intent not in self.stuck:
-                    self.stuck.add(record.intent)
-                    self._note(
-                        f"batch {record.batch_id or record.intent} ({record.rows:,} rows) went to "
-                        f"{'OpenAI' if record.provider == 'openai' else 'Anthropic'}'s batch API, and this run "
-                        "sends to the other provider's: a run of the step on a model of that provider collects it "
-                        "(its answers are kept then; they are paid for)"
-                    )
+                self._leave(
+                    record,
+                    f"went to {'OpenAI' if record.provider == 'openai' else 'Anthropic'}'s batch API, and this run "
+                    "sends to the other provider's: a run of the step on a model of that provider collects it "
+                    "(its answers are kept then; they are paid for)",
+                )
             elif record.source is None or record.source == self.cfg.source:
                 mine.append(record)
             elif record.source == SIMULATOR:
@@ -131,14 +129,18 @@ class BatchCollector(BatchMerger):
                 )
             else:
                 foreign.append(record)
-                if record.intent not in self.stuck:
-                    self.stuck.add(record.intent)
-                    self._note(
-                        f"batch {record.batch_id or record.intent} ({record.rows:,} rows) was sent to "
-                        f"{record.source}; a run against that endpoint collects it (or take its rows out "
-                        "with llmledger.reset)"
-                    )
+                self._leave(
+                    record,
+                    f"was sent to {record.source}; a run against that endpoint collects it (or take its rows out "
+                    "with llmledger.reset)",
+                )
         return mine, foreign
+
+    def _leave(self, record: BatchRecord, why: str) -> None:
+        """Leave a batch this run cannot read to a run that can: not waited for, said once."""
+        if record.intent not in self.stuck:
+            self.stuck.add(record.intent)
+            self._note(f"batch {record.batch_id or record.intent} ({record.rows:,} rows) {why}")
 
     def waiting_on(self, open_batches: list[BatchRecord]) -> bool:
         """Whether any of these batches is worth waiting for (not lost by the API, not held for validate=)."""
@@ -226,9 +228,7 @@ class BatchCollector(BatchMerger):
         return reading.guessed.get(intent)
 
     async def _read(self, lost: list[BatchRecord]) -> tuple[Reading, list[BatchRecord]]:
-        unsettled = [
-            b for b in await asyncio.to_thread(self.ledger.unsettled_batches) if b.provider == self.api.provider
-        ]  # another provider's intents can own none of this API's batches
+        unsettled = await self._unsettled()
         known = await asyncio.to_thread(self.ledger.known_batch_ids)
         return await self.reconciler.read(lost, unsettled, known), unsettled
 

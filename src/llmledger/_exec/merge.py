@@ -64,6 +64,10 @@ class BatchMerger:
     _failed: Callable[[list[BatchRecord], str], None]
     _note: Callable[[str], None]
 
+    async def _unsettled(self) -> list[BatchRecord]:
+        """The store's unsettled batches of this API's provider (another provider's intents own none of its)."""
+        return [b for b in await asyncio.to_thread(self.ledger.unsettled_batches) if b.provider == self.api.provider]
+
     async def _give_back(self, record: BatchRecord, note: str, *, confirmed: bool = True) -> int:
         """Give the batch up: its rows go back as they were (unpaid, to be sent again); how many came back."""
         back = await asyncio.to_thread(
@@ -141,9 +145,7 @@ class BatchMerger:
             await asyncio.to_thread(
                 self.ledger.reject_batch, record, note=f"{record.batch_id} holds no custom id of this intent"
             )
-            unsettled = [
-                b for b in await asyncio.to_thread(self.ledger.unsettled_batches) if b.provider == self.api.provider
-            ]
+            unsettled = await self._unsettled()
             await self._hand_over(
                 {r.intent: record.batch_id for r in unsettled if r.batch_id is None and r.intent in tags}, unsettled
             )
