@@ -66,6 +66,17 @@ CASES = [
         id="sync-client",
     ),
     pytest.param(frame(3), {"table": "llmledger_runs"}, InvalidInputError, "'llmledger_runs'", id="reserved-table"),
+    # found by the last attack: polars' OverflowError inside the claim (a store left behind), Python's errors
+    # for these stale_after values, and these accepted as they were
+    pytest.param(frame(3), {"chunk_size": 10**20}, InvalidInputError, "chunk_size must be at most", id="huge-chunk"),
+    *(
+        pytest.param(frame(3), {"stale_after": bad}, InvalidInputError, "stale_after must be positive", id=name)
+        for name, bad in [("stale-inf", float("inf")), ("stale-nan", float("nan")), ("stale-1e12", 1e12)]
+    ),
+    pytest.param(frame(3), {"dedupe": "no"}, InvalidInputError, "dedupe must be True or False", id="dedupe-text"),
+    pytest.param(
+        frame(3), {"commit_every": float("nan")}, InvalidInputError, "commit_every must be", id="commit-every-nan"
+    ),
 ]
 
 

@@ -69,6 +69,8 @@ class Plan:
 Validator = Callable[[dict[str, Any], Any], str | None]
 
 
+MAX_CHUNK = 1_000_000_000  # rows in one claim
+MAX_STALE_AFTER = timedelta(days=3650)  # a claim older than this is a dead run's in any case
 MAX_CONCURRENCY = 1_000  # the SDK's connection pool holds 1,000; more would only queue inside it
 
 
@@ -119,6 +121,10 @@ def plan_options(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+    if chunk_size > MAX_CHUNK:  # a claim's rows are sliced by polars, whose offsets are 64-bit
+        raise InvalidInputError(f"chunk_size must be at most {MAX_CHUNK:,} rows, got {chunk_size:,}")
+    if not isinstance(dedupe, bool):
+        raise InvalidInputError(f"dedupe must be True or False, got {dedupe!r}")
     if concurrency > MAX_CONCURRENCY:
         raise InvalidInputError(
             f"concurrency={concurrency:,} is more requests at once than one process can keep "
@@ -130,7 +136,7 @@ def plan_options(
     if where is not None and (not isinstance(where, str) or not where.strip()):
         raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
     check_where_shape(where)
-    if isinstance(commit_every, bool) or not isinstance(commit_every, int | float) or commit_every <= 0:
+    if isinstance(commit_every, bool) or not isinstance(commit_every, int | float) or not commit_every > 0:  # NaN
         raise InvalidInputError(f"commit_every must be a positive number of seconds, got {commit_every!r}")
     if max_cost_usd is not None and (
         isinstance(max_cost_usd, bool) or not isinstance(max_cost_usd, int | float) or not max_cost_usd > 0
@@ -163,9 +169,13 @@ def plan_options(
             "cannot stop it at a budget); see what a batch would cost with "
             "llmledger.estimate(...) first, or pass mode='online'"
         )
-    stale = stale_after if isinstance(stale_after, timedelta) else timedelta(seconds=float(stale_after))
-    if stale.total_seconds() <= 0:
-        raise InvalidInputError(f"stale_after must be positive, got {stale_after!r}")
+    seconds = stale_after.total_seconds() if isinstance(stale_after, timedelta) else float(stale_after)
+    if not 0 < seconds <= MAX_STALE_AFTER.total_seconds():  # NaN, infinity and dates past year 9999 too
+        raise InvalidInputError(
+            f"stale_after must be positive and at most {MAX_STALE_AFTER.days:,} days (seconds or a timedelta), "
+            f"got {stale_after!r}"
+        )
+    stale = timedelta(seconds=seconds)
     path = locate(store)
     cfg = RunConfig(
         chunk_size=chunk_size,
