@@ -120,7 +120,10 @@ def test_answers_arriving_after_cancel_are_committed_not_lost(run, sim: Simulato
     """Requests in flight when a run is cancelled get a grace to finish; their answers are paid, so committed."""
     sim.configure(latency=0.6)
     handle = run(frame(200), "summary", prompt="Summarize: {text}", background=True, concurrency=8)
-    time.sleep(0.9)
+    deadline = time.monotonic() + 60  # cancel once requests are in flight (a fixed sleep raced a loaded machine)
+    while sim.stats()["requests"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)
     handle.cancel()
     done = sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'")[0][0]
     assert done == handle.report.done == sim.stats()["paid"] > 0
