@@ -230,22 +230,22 @@ FATES = ("never sent", "answer lost", "lost, run lives", "processing")  # how ea
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("seed", range(SEEDS))  # one test each: spread over the workers, replayed by its id
 def test_random_dead_intents_lost_creates_and_collection_orders_pay_each_row_once(
-    run: Any, monkeypatch: pytest.MonkeyPatch
+    run: Any, monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> None:
     """Seeded scenarios: a few runs of random sizes (often equal) die before their create left or after it
     was made with its answer lost, lose its answer and live on, or leave a batch processing; later calls of
     random frames, waiting or not, some losing their own create's answer, collect in random order. Every
     row ends DONE with its own answer, paid exactly once."""
     monkeypatch.setattr(batch, "LOOKS", (0.05, 0.1, 0.2))  # a collecting run's own lost answer: looked for at once
-    for seed in range(SEEDS):
-        with answering_simulator() as fresh:  # no batch of an earlier scenario to be taken for one of this one's
-            client = anthropic.AsyncAnthropic(base_url=fresh.base_url, api_key="test-key")
-            apply = functools.partial(run, client=client)
-            everything, out = random_scenario(random.Random(seed), f"m{seed}", apply, fresh, monkeypatch)
-            assert out["summary_status"].to_list() == ["DONE"] * out.height, f"seed {seed}"
-            own_answers(out)
-            paid_once_each(fresh, everything)
+    with answering_simulator() as fresh:  # no batch of another scenario to be taken for one of this one's
+        client = anthropic.AsyncAnthropic(base_url=fresh.base_url, api_key="test-key")
+        apply = functools.partial(run, client=client)
+        everything, out = random_scenario(random.Random(seed), f"m{seed}", apply, fresh, monkeypatch)
+        assert out["summary_status"].to_list() == ["DONE"] * out.height, f"seed {seed}"
+        own_answers(out)
+        paid_once_each(fresh, everything)
 
 
 def random_scenario(

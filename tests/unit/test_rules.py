@@ -203,3 +203,20 @@ def test_a_batch_that_names_its_intent_is_that_intents_before_it_counts_its_requ
     mine, rejected = _intent("bmine", 5, now - timedelta(seconds=1)), _intent("brejected", 5, now, ("batch_a",))
     reading = asyncio.run(Reconciler(Listed()).read([mine, rejected], [mine, rejected], set()))  # type: ignore[arg-type]
     assert reading.own == {"bmine": "batch_b"} and not reading.guessed and not reading.held
+
+
+def test_a_run_client_shares_one_verified_ssl_context_and_keeps_the_callers_own_http_client() -> None:
+    """Each run gets its own pool but not its own certificate store: loading it cost ~25 ms of CPU per call."""
+    import ssl
+
+    from llmledger._run.drive import run_client
+
+    client = anthropic.AsyncAnthropic(api_key="k")
+    first, own = run_client(client)
+    second, _ = run_client(client)
+    assert own and first._client is not second._client and first._client is not client._client
+    contexts = [c._client._transport._pool._ssl_context for c in (first, second)]
+    assert contexts[0] is contexts[1], "one context for every run"
+    assert contexts[0].verify_mode == ssl.CERT_REQUIRED and contexts[0].check_hostname
+    mine = anthropic.AsyncAnthropic(api_key="k", http_client=anthropic.DefaultAsyncHttpxClient(verify=False))
+    assert run_client(mine) == (mine, False), "a client with an http_client of the caller's own is used as given"
