@@ -41,6 +41,24 @@ def test_status_draws_each_step_with_its_counts_and_errors_by_kind(run, sim: Sim
     assert typo.returncode == 2 and "no table 'mesages'; its tables: ['messages']" in typo.stderr
 
 
+def test_import_and_the_clis_readers_never_load_an_sdk(run, store: Path) -> None:
+    """`import llmledger` took 1.6 s here, three quarters of it importing the anthropic SDK: `llmledger status`,
+    `sql` and `export` from a shell send nothing, so they load no SDK (a run imports its own as it sends)."""
+    run(frame(3), "summary", prompt="Summarize: {text}")
+    reads = [["status", str(store)], ["sql", str(store), "SELECT count(*) FROM messages"]]
+    reads.append(["export", str(store), str(store.with_suffix(".csv"))])
+    code = (
+        "import contextlib, io, sys\n"
+        "from llmledger.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    codes = [main(argv) for argv in {reads!r}]\n"
+        "print(codes, sorted(m for m in ('anthropic', 'openai') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[0, 0, 0] []", result.stdout + result.stderr
+
+
 def test_status_of_a_missing_or_foreign_file_is_a_clear_error(tmp_path: Path) -> None:
     missing = _cli("status", str(tmp_path / "nope.duckdb"))
     assert missing.returncode == 2 and "no store at" in missing.stderr

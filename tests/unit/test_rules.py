@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -218,5 +219,27 @@ def test_a_run_client_shares_one_verified_ssl_context_and_keeps_the_callers_own_
     contexts = [c._client._transport._pool._ssl_context for c in (first, second)]
     assert contexts[0] is contexts[1], "one context for every run"
     assert contexts[0].verify_mode == ssl.CERT_REQUIRED and contexts[0].check_hostname
+    assert contexts[0].cert_store_stats() == client._client._transport._pool._ssl_context.cert_store_stats()
     mine = anthropic.AsyncAnthropic(api_key="k", http_client=anthropic.DefaultAsyncHttpxClient(verify=False))
     assert run_client(mine) == (mine, False), "a client with an http_client of the caller's own is used as given"
+
+
+def test_a_changed_ca_bundle_or_ssl_setting_builds_a_new_shared_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CA added to the bundle mid-session (a proxy's, say), or a keylog turned off, is honoured by the next call."""
+    import certifi
+
+    from llmledger._run.drive import shared_ssl_context
+
+    bundle = tmp_path / "ca.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes())
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    monkeypatch.delenv("SSLKEYLOGFILE", raising=False)
+    first = shared_ssl_context(anthropic.DefaultAsyncHttpxClient)
+    assert shared_ssl_context(anthropic.DefaultAsyncHttpxClient) is first
+    bundle.write_bytes(bundle.read_bytes() + b"\n")
+    second = shared_ssl_context(anthropic.DefaultAsyncHttpxClient)
+    assert second is not first, "a rewritten bundle is read again"
+    monkeypatch.setenv("SSLKEYLOGFILE", str(tmp_path / "keys.log"))
+    assert shared_ssl_context(anthropic.DefaultAsyncHttpxClient) is not second

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import anthropic
-
 from llmledger._exec.client import Api, api_for
 
 INTENT_KEY = "llmledger_intent"  # the metadata an OpenAI batch carries its intent in
@@ -73,6 +71,8 @@ class BatchApi:
     max_bytes = 256 * 1000 * 1000
 
     def __init__(self, client: Any, api: Api) -> None:
+        import anthropic  # imported where a run sends (`_exec/client.py`)
+
         self.client, self.api = client, api
         self.classify: Callable[[BaseException], Any] = api.classify
         self.status_error: type[BaseException] = api.status_error  # an HTTP error answer (`.status_code`)
@@ -214,5 +214,7 @@ class OpenAIBatches(BatchApi):
 
 def batch_api_for(client: Any) -> BatchApi:
     """The batch API of a client: Anthropic's Message Batches, or OpenAI's Batch API."""
+    import anthropic
+
     api = api_for(client)
     return BatchApi(client, api) if isinstance(client, anthropic.AsyncAnthropic) else OpenAIBatches(client, api)

@@ -17,15 +17,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
-
-import anthropic
 
 from llmledger._exec.pacing import Pacer, retry_after
 from llmledger._ledger import KnownAnswer
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.states import Outcome
+
+if TYPE_CHECKING:  # the SDK takes over a second to import: it is imported where a run sends, so that
+    import anthropic  # `import llmledger`, the CLI's readers and the simulator start without it
 
 DEFAULT_MODEL = "claude-haiku-5-5"  # the cheapest current Claude model (prices.json): row work is volume
 
@@ -119,6 +121,8 @@ def _details_code(error: dict[str, Any]) -> str | None:
 
 def classify(exc: BaseException) -> CallFailed:
     """Map an SDK exception to what the run should do about it."""
+    import anthropic
+
     if not isinstance(exc, anthropic.APIStatusError):
         return sdk_failure(exc, anthropic)
     status, headers = exc.status_code, exc.response.headers
@@ -197,8 +201,10 @@ async def _messages_call(client: anthropic.AsyncAnthropic, body: dict[str, Any])
 
 def api_for(client: Any) -> Api:
     """The Api of a client: Anthropic's SDK, or OpenAI's (`chat.py`)."""
+    import anthropic
+
     if isinstance(client, anthropic.AsyncAnthropic):
-        return MESSAGES
+        return messages_api()
     from llmledger._exec import chat  # imports the openai SDK, an optional extra
 
     return chat.chat_completions_api()
@@ -285,7 +291,7 @@ def clean_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
 
 
-def bounded_timeout(timeout: Any, *, max_tokens: int, sdk: Any = anthropic) -> Any:
+def bounded_timeout(timeout: Any, *, max_tokens: int, sdk: Any = None) -> Any:
     """The client's timeout, bounded so that no request can stall a run for long (a `Timeout` of `sdk`, the
     client's own SDK module).
 
@@ -295,6 +301,8 @@ def bounded_timeout(timeout: Any, *, max_tokens: int, sdk: Any = anthropic) -> A
     longer than any healthy answer, and a retry after it is a retry the SDK
     would make after its own 600 s anyway.
     """
+    if sdk is None:
+        import anthropic as sdk
     read = timeout.read if isinstance(timeout, sdk.Timeout) else timeout
     ceiling = max(60.0, max_tokens / 10.0)
     read = ceiling if read is None else min(float(read), ceiling)
@@ -372,6 +380,8 @@ def shown_url(url: str) -> str:
 def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
     """The real SDK, configured from the environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or pointed at
     the simulator `llmledger.simulate()` started (no key needed, nothing paid)."""
+    import anthropic
+
     kwargs: dict[str, Any] = {"max_retries": 0}
     if timeout is not None:
         kwargs["timeout"] = timeout
@@ -380,12 +390,17 @@ def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(**kwargs)
 
 
-MESSAGES = Api(
-    _messages_call,
-    reply_from,
-    _message_useless,
-    classify,
-    anthropic.APIStatusError,
-    anthropic.AnthropicError,
-    anthropic.APITimeoutError,
-)
+@cache
+def messages_api() -> Api:
+    """Anthropic's Messages API (made on first use, with the SDK)."""
+    import anthropic
+
+    return Api(
+        _messages_call,
+        reply_from,
+        _message_useless,
+        classify,
+        anthropic.APIStatusError,
+        anthropic.AnthropicError,
+        anthropic.APITimeoutError,
+    )

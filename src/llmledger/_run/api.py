@@ -12,9 +12,8 @@ import dataclasses
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import anthropic
 import polars as pl
 
 from llmledger._exec.client import DEFAULT_MODEL
@@ -60,6 +59,9 @@ from llmledger._step.request import (
 )
 from llmledger._view.live import make_display
 from llmledger.errors import InvalidInputError, StepNameError
+
+if TYPE_CHECKING:  # the SDK is imported where a run sends: `import llmledger` and the CLI's readers do without it
+    import anthropic
 
 
 def apply_llm(

@@ -10,7 +10,6 @@ import sys
 import threading
 from typing import Any
 
-import anthropic
 import polars as pl
 
 from llmledger._exec.batch import BatchSender
@@ -144,7 +143,11 @@ async def run_batches(
 
 def sdk_of(client: Any) -> Any:
     """The SDK module a client comes from: `anthropic`, or `openai` (an optional extra)."""
-    return openai_sdk() if is_openai_client(client) else anthropic
+    if is_openai_client(client):
+        return openai_sdk()
+    import anthropic  # imported where a run sends: `import llmledger` and the CLI's readers do without it
+
+    return anthropic
 
 
 def run_client(client: Any) -> tuple[Any, bool]:
@@ -167,24 +170,32 @@ def run_client(client: Any) -> tuple[Any, bool]:
     return client.with_options(http_client=make() if verify is None else make(verify=verify)), True
 
 
-_ssl_contexts: dict[tuple[str, str | None, str | None], ssl.SSLContext] = {}
+_ssl_contexts: dict[tuple[Any, ...], ssl.SSLContext] = {}
 _ssl_lock = threading.Lock()
+_SSL_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "SSLKEYLOGFILE")  # what the library's default context reads
 
 
 def shared_ssl_context(http_client_class: type) -> ssl.SSLContext | None:
     """The verified SSL context the SDK's HTTP library would build by default, built once per process.
 
     Each run gets a pool of its own (see `run_client`), and building its context loads the whole certificate
-    store again: about 25 ms of CPU per call, which a notebook making many small calls, or a test suite,
-    pays over and over. The context is the library's own default (`create_ssl_context()`, which reads
-    SSL_CERT_FILE and SSL_CERT_DIR; those are part of the cache key), shared read-only by every pool. None
+    store again: about 20 ms of CPU per call, which a notebook making many small calls, or a test suite,
+    pays over and over. The context is the library's own default (`create_ssl_context()`), shared by every
+    pool: the environment it reads (SSL_CERT_FILE, SSL_CERT_DIR, SSLKEYLOGFILE) and the CA file's size and
+    time are its cache key, so a changed setting or bundle builds a new one. The pools made here are HTTP/1.1
+    with no client certificate, as the SDK's default: they all set the same ALPN on it, nothing else. None
     when the library offers no such function: the client then builds its own as before.
     """
     library = next((c.__module__.split(".")[0] for c in http_client_class.__mro__ if c.__name__ == "AsyncClient"), "")
     create = getattr(sys.modules.get(library), "create_ssl_context", None)
     if create is None:
         return None
-    key = (library, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    env = tuple(os.environ.get(name) for name in _SSL_ENV)
+    try:
+        bundle = os.stat(env[0]) if env[0] else None
+    except OSError:
+        bundle = None  # the library says what is wrong with it
+    key = (library, *env, None if bundle is None else (bundle.st_mtime_ns, bundle.st_size))
     with _ssl_lock:
         if key not in _ssl_contexts:
             _ssl_contexts[key] = create()

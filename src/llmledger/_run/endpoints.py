@@ -10,8 +10,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-import anthropic
-
 from llmledger._exec.chat import OPENAI_API, is_openai_client, make_client, openai_sdk
 from llmledger._exec.client import ANTHROPIC_API, answer_source, endpoint_url, session_base_url, shown_url, simulated
 from llmledger._ledger.columns import SIMULATOR
@@ -89,6 +87,8 @@ def client_for(client: Any, base_url: Any, api_key: Any, provider: str = ANTHROP
             raise InvalidInputError(f"{name} must be a non-empty string, got {got}")
     if provider == OPENAI:
         return _openai_client(client, base_url, api_key)
+    import anthropic  # imported where a run sends: `import llmledger` and the CLI's readers do without it
+
     if client is not None and not isinstance(client, anthropic.AsyncAnthropic):
         raise InvalidInputError(
             f"client must be an anthropic.AsyncAnthropic (llmledger sends rows concurrently), "
@@ -124,6 +124,8 @@ def _openai_client(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str |
 
 def _anthropic_client_at(base_url: str, api_key: str | None) -> Any:
     """`api_key` None: the SDK's own environment (ANTHROPIC_API_KEY)."""
+    import anthropic
+
     if api_key is None:
         return anthropic.AsyncAnthropic(base_url=base_url, max_retries=0)
     return anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
