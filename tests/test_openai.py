@@ -331,3 +331,22 @@ def test_an_estimate_counts_openais_automatic_caching_as_it_is_billed(ask: Any, 
     report = last_report()
     assert report is not None and report.calls == figures["calls"] == 40 and report.cache_read_tokens > 0
     assert abs(figures["cost_usd"] - report.cost_usd) <= 0.25 * report.cost_usd, (figures["cost_usd"], report.cost_usd)
+
+
+def test_an_openai_run_in_a_fresh_process_never_loads_the_anthropic_sdk(sim: Simulator, store: Path) -> None:
+    """Each SDK is imported where a run sends with it: an OpenAI run neither pays a second's import of the other
+    nor blocks llmledger's loop thread importing it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, polars as pl\n"
+        "from llmledger import apply_llm\n"
+        "df = pl.DataFrame({'id': [1, 2, 3], 'text': ['a', 'b', 'c']})\n"
+        f"out = apply_llm(df, 's', prompt='Say {{text}}', model='openai:gpt-5-mini', base_url={sim.base_url + '/v1'!r},"
+        f" api_key='k', store={str(store)!r}, progress=False)\n"
+        "print(out['s_status'].to_list(), sorted(m for m in ('anthropic', 'openai') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['DONE', 'DONE', 'DONE'] ['openai']", result.stdout + result.stderr

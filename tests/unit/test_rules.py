@@ -230,6 +230,7 @@ def test_a_changed_ca_bundle_or_ssl_setting_builds_a_new_shared_context(
     """A CA added to the bundle mid-session (a proxy's, say), or a keylog turned off, is honoured by the next call."""
     import certifi
 
+    from llmledger._run import drive
     from llmledger._run.drive import shared_ssl_context
 
     bundle = tmp_path / "ca.pem"
@@ -241,5 +242,6 @@ def test_a_changed_ca_bundle_or_ssl_setting_builds_a_new_shared_context(
     bundle.write_bytes(bundle.read_bytes() + b"\n")
     second = shared_ssl_context(anthropic.DefaultAsyncHttpxClient)
     assert second is not first, "a rewritten bundle is read again"
+    assert all(kept is not first for _, kept in drive._ssl_contexts.values()), "and replaces the old context"
     monkeypatch.setenv("SSLKEYLOGFILE", str(tmp_path / "keys.log"))
     assert shared_ssl_context(anthropic.DefaultAsyncHttpxClient) is not second

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from llmledger._exec.client import Api, api_for
+from llmledger._exec.client import Api, api_for, is_openai_client
 
 INTENT_KEY = "llmledger_intent"  # the metadata an OpenAI batch carries its intent in
 _PERMANENT = "invalid_request_error"  # an item the request itself caused (as `merge._PERMANENT_ITEM_ERRORS`)
@@ -71,14 +71,17 @@ class BatchApi:
     max_bytes = 256 * 1000 * 1000
 
     def __init__(self, client: Any, api: Api) -> None:
-        import anthropic  # imported where a run sends (`_exec/client.py`)
-
         self.client, self.api = client, api
         self.classify: Callable[[BaseException], Any] = api.classify
         self.status_error: type[BaseException] = api.status_error  # an HTTP error answer (`.status_code`)
-        self.connection_error: type[BaseException] = anthropic.APIConnectionError
-        self.not_found: type[BaseException] = anthropic.NotFoundError
+        self.connection_error, self.not_found = self._unsent_errors()
         self.error: type[BaseException] = api.sdk_error  # any error the SDK raises
+
+    def _unsent_errors(self) -> tuple[type[BaseException], type[BaseException]]:
+        """The SDK's errors for "the request never reached the API" and "no such batch"."""
+        import anthropic  # imported where a run sends (`_exec/client.py`)
+
+        return anthropic.APIConnectionError, anthropic.NotFoundError
 
     def line(self, custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"custom_id": custom_id, "params": body}
@@ -135,11 +138,10 @@ class OpenAIBatches(BatchApi):
     endpoint = "/v1/chat/completions"
     _ENDED = frozenset({"completed", "expired", "cancelled", "failed"})
 
-    def __init__(self, client: Any, api: Api) -> None:
-        super().__init__(client, api)
+    def _unsent_errors(self) -> tuple[type[BaseException], type[BaseException]]:
         import openai  # present: the client is one of its
 
-        self.connection_error, self.not_found = openai.APIConnectionError, openai.NotFoundError
+        return openai.APIConnectionError, openai.NotFoundError
 
     def line(self, custom_id: str, body: dict[str, Any]) -> dict[str, Any]:
         return {"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body}
@@ -214,7 +216,5 @@ class OpenAIBatches(BatchApi):
 
 def batch_api_for(client: Any) -> BatchApi:
     """The batch API of a client: Anthropic's Message Batches, or OpenAI's Batch API."""
-    import anthropic
-
     api = api_for(client)
-    return BatchApi(client, api) if isinstance(client, anthropic.AsyncAnthropic) else OpenAIBatches(client, api)
+    return OpenAIBatches(client, api) if is_openai_client(client) else BatchApi(client, api)

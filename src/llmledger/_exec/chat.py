@@ -55,10 +55,6 @@ def openai_sdk() -> ModuleType:
         ) from None
 
 
-def is_openai_client(client: Any) -> bool:
-    return type(client).__module__.split(".")[0] == "openai"
-
-
 def make_client(*, base_url: str | None, api_key: str | None, timeout: Any = None) -> Any:
     """An `openai.AsyncOpenAI` with the SDK's retries off (the sender retries, so the pacer sees every 429)."""
     kwargs: dict[str, Any] = {"max_retries": 0, "base_url": base_url, "api_key": api_key}

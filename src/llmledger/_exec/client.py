@@ -199,15 +199,18 @@ async def _messages_call(client: anthropic.AsyncAnthropic, body: dict[str, Any])
     return message, raw.headers
 
 
+def is_openai_client(client: Any) -> bool:
+    """Whether `client` is one of the openai SDK's, or a subclass (told without importing either SDK)."""
+    return any(cls.__module__.split(".")[0] == "openai" for cls in type(client).__mro__)
+
+
 def api_for(client: Any) -> Api:
     """The Api of a client: Anthropic's SDK, or OpenAI's (`chat.py`)."""
-    import anthropic
+    if is_openai_client(client):
+        from llmledger._exec import chat  # imports the openai SDK, an optional extra
 
-    if isinstance(client, anthropic.AsyncAnthropic):
-        return messages_api()
-    from llmledger._exec import chat  # imports the openai SDK, an optional extra
-
-    return chat.chat_completions_api()
+        return chat.chat_completions_api()
+    return messages_api()
 
 
 async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None) -> Reply:

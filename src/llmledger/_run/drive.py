@@ -13,8 +13,8 @@ from typing import Any
 import polars as pl
 
 from llmledger._exec.batch import BatchSender
-from llmledger._exec.chat import is_openai_client, openai_sdk
-from llmledger._exec.client import bounded_timeout, default_client
+from llmledger._exec.chat import openai_sdk
+from llmledger._exec.client import bounded_timeout, default_client, is_openai_client
 from llmledger._exec.collect import BatchCollector
 from llmledger._exec.scheduler import Scheduler
 from llmledger._ledger import Ledger, Selection
@@ -170,7 +170,7 @@ def run_client(client: Any) -> tuple[Any, bool]:
     return client.with_options(http_client=make() if verify is None else make(verify=verify)), True
 
 
-_ssl_contexts: dict[tuple[Any, ...], ssl.SSLContext] = {}
+_ssl_contexts: dict[tuple[str | None, ...], tuple[Any, ssl.SSLContext]] = {}  # by setting: (CA file's stat, context)
 _ssl_lock = threading.Lock()
 _SSL_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "SSLKEYLOGFILE")  # what the library's default context reads
 
@@ -181,8 +181,9 @@ def shared_ssl_context(http_client_class: type) -> ssl.SSLContext | None:
     Each run gets a pool of its own (see `run_client`), and building its context loads the whole certificate
     store again: about 20 ms of CPU per call, which a notebook making many small calls, or a test suite,
     pays over and over. The context is the library's own default (`create_ssl_context()`), shared by every
-    pool: the environment it reads (SSL_CERT_FILE, SSL_CERT_DIR, SSLKEYLOGFILE) and the CA file's size and
-    time are its cache key, so a changed setting or bundle builds a new one. The pools made here are HTTP/1.1
+    pool. One is kept per setting of the environment it reads (SSL_CERT_FILE, SSL_CERT_DIR, SSLKEYLOGFILE); it
+    is built again when SSL_CERT_FILE's file changes size or time (a CA added mid-session). The bundle the library
+    finds with none of them set (certifi's, or the system's) is read once per process. The pools made here are HTTP/1.1
     with no client certificate, as the SDK's default: they all set the same ALPN on it, nothing else. None
     when the library offers no such function: the client then builds its own as before.
     """
@@ -195,8 +196,9 @@ def shared_ssl_context(http_client_class: type) -> ssl.SSLContext | None:
         bundle = os.stat(env[0]) if env[0] else None
     except OSError:
         bundle = None  # the library says what is wrong with it
-    key = (library, *env, None if bundle is None else (bundle.st_mtime_ns, bundle.st_size))
+    key, stamp = (library, *env), None if bundle is None else (bundle.st_mtime_ns, bundle.st_size)
     with _ssl_lock:
-        if key not in _ssl_contexts:
-            _ssl_contexts[key] = create()
-        return _ssl_contexts[key]
+        kept = _ssl_contexts.get(key)
+        if kept is None or kept[0] != stamp:
+            kept = _ssl_contexts[key] = (stamp, create())
+        return kept[1]

@@ -10,8 +10,16 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from llmledger._exec.chat import OPENAI_API, is_openai_client, make_client, openai_sdk
-from llmledger._exec.client import ANTHROPIC_API, answer_source, endpoint_url, session_base_url, shown_url, simulated
+from llmledger._exec.chat import OPENAI_API, make_client, openai_sdk
+from llmledger._exec.client import (
+    ANTHROPIC_API,
+    answer_source,
+    endpoint_url,
+    is_openai_client,
+    session_base_url,
+    shown_url,
+    simulated,
+)
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._step.request import ANTHROPIC, OPENAI
 from llmledger.errors import InvalidInputError
