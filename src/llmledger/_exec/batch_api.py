@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmledger._exec.client import Api, api_for, is_openai_client
+from llmledger._step.request import ANTHROPIC, OPENAI
 
 INTENT_KEY = "llmledger_intent"  # the metadata an OpenAI batch carries its intent in
 _PERMANENT = "invalid_request_error"  # an item the request itself caused (as `merge._PERMANENT_ITEM_ERRORS`)
@@ -66,7 +67,7 @@ def _utc(value: Any) -> datetime | None:
 class BatchApi:
     """The interface, and Anthropic's Message Batches behind it."""
 
-    provider = "anthropic"
+    provider = ANTHROPIC
     max_requests = 100_000
     max_bytes = 256 * 1000 * 1000
 
@@ -132,7 +133,7 @@ class BatchApi:
 class OpenAIBatches(BatchApi):
     """OpenAI's Batch API: a JSONL file uploaded, a batch of it, its output and error files read back."""
 
-    provider = "openai"
+    provider = OPENAI
     max_requests = 50_000
     max_bytes = 200 * 1000 * 1000
     endpoint = "/v1/chat/completions"

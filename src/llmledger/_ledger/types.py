@@ -15,7 +15,7 @@ import polars as pl
 
 from llmledger._ledger.states import Redo
 from llmledger._ledger.survey import Layout
-from llmledger._step.request import RequestSpec, canonical_json
+from llmledger._step.request import ANTHROPIC, RequestSpec, canonical_json
 
 if TYPE_CHECKING:
     from llmledger._step.prompt import PromptPlan
@@ -261,7 +261,7 @@ class BatchRecord:
     adopted: bool  # its batch id was found by reconciliation, not told by the API: checked when merged
     rejected: list[str]  # batch ids reconciliation adopted wrongly (their results were another's)
     source: str | None = None  # where it was sent: "simulator" or the endpoint (None: sent before 0.8 recorded it)
-    provider: str = "anthropic"  # whose batch API has it (its requests' provider): only that API's client reads it
+    provider: str = ANTHROPIC  # whose batch API has it (its requests' provider): only that API's client reads it
 
 
 @dataclass
