@@ -245,3 +245,28 @@ def test_a_changed_ca_bundle_or_ssl_setting_builds_a_new_shared_context(
     assert all(kept is not first for _, kept in drive._ssl_contexts.values()), "and replaces the old context"
     monkeypatch.setenv("SSLKEYLOGFILE", str(tmp_path / "keys.log"))
     assert shared_ssl_context(anthropic.DefaultAsyncHttpxClient) is not second
+
+
+def test_an_openai_client_is_told_apart_as_isinstance_would_a_subclass_and_a_proxy_too() -> None:
+    """The provider is told by the client's class without importing an SDK; instrumentation proxies (wrapt-style,
+    reporting the wrapped `__class__`) pass the step's isinstance check, so they must be routed the same way."""
+    import openai
+
+    from llmledger._exec.client import is_openai_client
+
+    real = openai.AsyncOpenAI(api_key="k")
+
+    class Mine(openai.AsyncOpenAI):
+        pass
+
+    class Proxy:
+        def __init__(self, wrapped: Any) -> None:
+            self._wrapped = wrapped
+
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:
+            return type(self._wrapped)
+
+    assert isinstance(Proxy(real), openai.AsyncOpenAI)
+    assert is_openai_client(real) and is_openai_client(Mine(api_key="k")) and is_openai_client(Proxy(real))
+    assert not is_openai_client(anthropic.AsyncAnthropic(api_key="k")) and not is_openai_client(object())

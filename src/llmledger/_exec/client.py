@@ -200,8 +200,9 @@ async def _messages_call(client: anthropic.AsyncAnthropic, body: dict[str, Any])
 
 
 def is_openai_client(client: Any) -> bool:
-    """Whether `client` is one of the openai SDK's, or a subclass (told without importing either SDK)."""
-    return any(cls.__module__.split(".")[0] == "openai" for cls in type(client).__mro__)
+    """Whether `client` is one of the openai SDK's, a subclass, or a proxy of one (its `__class__`, which
+    `isinstance` reads too, as the step's own client check does): told without importing either SDK."""
+    return any(cls.__module__.split(".")[0] == "openai" for cls in client.__class__.__mro__)
 
 
 def api_for(client: Any) -> Api:
