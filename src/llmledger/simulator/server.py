@@ -101,12 +101,13 @@ class Simulator:
     def start(self) -> Simulator:
         if self._thread is not None:  # started already (e.g. `with llmledger.simulate() as sim:`)
             return self
-        self._thread = threading.Thread(target=self._server.serve_forever, name="llmledger-simulator", daemon=True)
+        self._thread = threading.Thread(target=self.serve_forever, name="llmledger-simulator", daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
-        self._server.serve_forever()
+        # `stop` waits for the loop to look again: every 0.05 s, not socketserver's 0.5 s (a suite starts hundreds)
+        self._server.serve_forever(poll_interval=0.05)
 
     def stop(self) -> None:
         if _session[0] is self:  # apply_llm goes back to the environment's API
