@@ -23,7 +23,7 @@ from typing import TypeVar
 import duckdb
 
 from llmledger._ledger.engine.dialect import DUCKDB
-from llmledger._ledger.engine.shared import Patience, unlimited
+from llmledger._ledger.engine.shared import Patience, lowered_from, unlimited
 from llmledger.errors import StoreBusy, StoreError, StoreNotFound
 
 T = TypeVar("T")
@@ -333,9 +333,13 @@ class Connection:
 
 
 def _roll_back(con: duckdb.DuckDBPyConnection) -> None:
-    """End a failed transaction, and undo a memory limit `memory_limited` lowered in it: a rollback keeps
-    settings, and inside `held` the connection serves the transactions after it."""
+    """End a failed transaction, and set back a memory limit `memory_limited` lowered in it: a rollback keeps
+    settings, and inside `held` the connection serves the transactions after it. (DuckDB 1.2's RESET names the
+    old limit but leaves the lowered one in force, so the limit is set back by value.)"""
     with contextlib.suppress(duckdb.Error):
         con.execute("ROLLBACK")
-    with contextlib.suppress(duckdb.Error):
-        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'" if MEMORY_LIMIT else "RESET memory_limit")
+    before = lowered_from.get()
+    if before is not None:
+        with contextlib.suppress(duckdb.Error):
+            con.execute(f"SET memory_limit = '{before}'")
+            lowered_from.set(None)
