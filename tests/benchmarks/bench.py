@@ -330,10 +330,13 @@ def kill9(
         proc.wait()
         time.sleep(latency * 3)  # let the server finish answering what was in flight
         paid_before = sim.stats()["paid"]
-        # In flight at the kill = sent but not yet in the dead run's hands: neither committed nor journaled.
+        # In flight at the kill = sent but not yet in the dead run's hands: neither committed nor journaled. A journal
+        # file is deleted just after its answers commit, so a kill between the two leaves rows in both: count rows.
         with duckdb.connect(str(store), read_only=True) as con:
-            committed = con.execute("SELECT count(*) FROM messages WHERE summary_status = 'DONE'").fetchall()[0][0]
-        journaled = sum(len(p.read_text().splitlines()) for p in folder.glob("kill.duckdb.journal/*.jsonl"))
+            done = {i for (i,) in con.execute("SELECT id FROM messages WHERE summary_status = 'DONE'").fetchall()}
+        lines = [line for p in folder.glob("kill.duckdb.journal/*.jsonl") for line in p.read_text().splitlines()]
+        journaled_ids = {json.loads(line)["id"] for line in lines if line.strip()}
+        committed, journaled = len(done), len(journaled_ids - done)
         in_flight = paid_before - committed - journaled
         apply_llm(
             _frame(rows),
