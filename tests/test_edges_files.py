@@ -198,36 +198,6 @@ def test_sql_still_writes_when_asked_and_readers_wait_for_a_process_holding_the_
         assert llmledger.history(store, "messages", "summary").height == 0
 
 
-def test_a_run_opens_its_store_once_for_each_stretch_of_bookkeeping_and_lets_it_go(
-    run, store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A rerun checks the frame, then does its bookkeeping before sending in one open of the file and after it in
-    another (each open costs DuckDB ~20 ms); between and after them another process can take the file."""
-    run(frame(3), "summary", prompt="Summarize: {text}")
-    opened: list[str] = []
-    connect = duckdb.connect
-    monkeypatch.setattr(duckdb, "connect", lambda *a, **k: opened.append(str(a[0])) or connect(*a, **k))
-    again = run(frame(3), "summary", prompt="Summarize: {text}")
-    assert again["summary_status"].to_list() == ["DONE"] * 3
-    assert opened == [str(store)] * 3, opened
-    monkeypatch.undo()
-    hold_store(store, 0.1).wait()  # free again: another process opens it read-write at once
-
-    from llmledger._ledger import open_ledger
-
-    ledger = open_ledger(store)
-    holder = hold_store(store, 1.5)
-    try:
-        started = time.monotonic()
-        with ledger.held():  # held elsewhere: not held here, and each verb inside waits as ever
-            assert ledger.counts("messages")["DONE"].to_list() == [3]
-            assert ledger.counts("messages")["DONE"].to_list() == [3]
-        assert time.monotonic() - started > 0.5, "it waited for the holder to let go"
-    finally:
-        holder.kill()
-        holder.wait()
-
-
 def _another_process_opens(store: Path) -> bool:
     probe = f"import duckdb; duckdb.connect({str(store)!r}).close()"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
@@ -235,7 +205,7 @@ def _another_process_opens(store: Path) -> bool:
 
 def test_checking_a_store_never_drops_the_lock_duckdb_holds_on_it(run, store: Path) -> None:
     """Closing any descriptor of a file drops every POSIX lock the process holds on it, DuckDB's included: were
-    the store's header read while DuckDB has it open (a run's bookkeeping, or another thread's transaction while a
+    the store's header read while DuckDB has it open (in the thread of a transaction, or another thread while a
     cell calls llmledger.progress), another process could open the file beside it and the two would corrupt it."""
     import threading
 
@@ -244,7 +214,7 @@ def test_checking_a_store_never_drops_the_lock_duckdb_holds_on_it(run, store: Pa
 
     run(frame(3), "summary", prompt="Summarize: {text}")
     ledger = open_ledger(store)
-    with ledger.held():  # a run's bookkeeping checks the store inside it
+    with ledger.conn.open():  # a check in the thread that has it open (a verb checking inside a transaction)
         check_store_path(store)
         assert not _another_process_opens(store)
     with ledger.conn.open() as con:  # a transaction in one thread, a reader's check in another

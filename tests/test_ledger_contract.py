@@ -227,21 +227,6 @@ def test_concurrent_claims_never_split_identical_requests(target: Any) -> None:
     assert ledgers[0].counts("t")["RUNNING"][0] == 200
 
 
-def test_verbs_held_together_each_commit_alone_and_a_refused_one_undoes_only_itself(ledger: Ledger) -> None:
-    """`held` (a run's back-to-back bookkeeping) keeps the store open across verbs; each verb is still its own
-    transaction: a statement that fails rolls back its own work, and the verbs after it in the block still land."""
-    ledger.prepare(_definition(), FRAME, _params(where="false"), dedupe=True)
-    with ledger.held():
-        selection = ledger.resume("t", "s", _params(), dedupe=True)
-        rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())
-        with pytest.raises(Exception, match=r"no_such_column|does not exist|not found"):
-            ledger.query("UPDATE t SET s_output = 'lost'; UPDATE t SET no_such_column = 1", write=True)
-        _commit(ledger, selection, [_result(rows[0], "DONE", "kept")])
-        assert ledger.release(selection, claimant="h/1/r") == 3
-    out = ledger.outputs(selection, FRAME.select("id"))
-    assert out.rows() == [("kept", "DONE", False)] + [(None, "NOT_STARTED", False)] * 3
-
-
 def test_history_keeps_the_answers_a_redo_replaces(ledger: Ledger) -> None:
     selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
     rows = ledger.claim(selection, 4, claimant="h/1/r", now=utcnow())

@@ -10,7 +10,6 @@ commit side by side.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -58,11 +57,6 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs):
     @on_wait.setter
     def on_wait(self, value: Callable[[str], None] | None) -> None:
         self.conn.on_wait = value
-
-    def held(self) -> AbstractContextManager[None]:
-        """The store kept open across the verbs called inside, back to back (a DuckDB file is otherwise opened
-        for each): for a run's bookkeeping, never around a wait on a server."""
-        return self.conn.held()
 
     # -- a run's transactions ----------------------------------------------------------------------------
     def claim(self, selection: Selection, n: int, *, claimant: str, now: datetime) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -131,7 +130,6 @@ class Ledger(Protocol):
     conn: Any  # the store: an `engine.Database` (`engine.duckdb.Connection` or `engine.postgres.PgConnection`)
     on_wait: Callable[[str], None] | None
 
-    def held(self) -> AbstractContextManager[None]: ...
     def prepare(
         self,
         definition: StepDefinition,

@@ -192,10 +192,7 @@ class Run:
 
         ledger.on_wait = waiting
         interrupted = False
-        # `hold`: the store stays open across the bookkeeping that comes back to back, before sending and after
-        # (a DuckDB file is otherwise opened for each verb); never while waiting on a server
-        with Claimant.new() as claimant, contextlib.ExitStack() as hold:
-            hold.enter_context(ledger.held())
+        with Claimant.new() as claimant:
             started = utcnow()
             params = RunParams(
                 max_attempts=plan.cfg.max_attempts,
@@ -209,7 +206,6 @@ class Run:
             )
             # batches sent earlier (to Anthropic's API: no other server has them): merge what has ended first
             if batches_at(plan.provider, plan.endpoint) and ledger.open_batches(plan.table, plan.step):
-                hold.close()
                 interrupted = self._run_async(
                     lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
                     foreground=foreground,
@@ -258,7 +254,6 @@ class Run:
             report.started = time.monotonic()
             if selection.to_send or (batch and plan.wait):  # it will send: a killed run leaves its row
                 self._record(ledger, selection, claimant, started, finished=False)
-            hold.close()
             display.start()
             started_view.set()
             try:
@@ -289,12 +284,10 @@ class Run:
             finally:
                 report.seconds = time.monotonic() - report.started
                 display.close(report)
-                hold.enter_context(ledger.held())
                 self._record(ledger, selection, claimant, started)
             outputs = self._outputs(ledger, selection)
             if plan.redo is not Redo.NONE and report.done:  # answers replaced: say what went stale downstream
                 report.downstream_stale = ledger.downstream_stale(plan.table, plan.step)
-            hold.close()
         if plan.progress or interrupted:  # after Ctrl-C the summary is the only word on what happened
             display.summary(report)
         elif report.stale and outputs is not None:  # quiet, but stale answers are never passed off as fresh

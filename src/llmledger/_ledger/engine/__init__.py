@@ -46,8 +46,6 @@ class Database(Protocol):
 
     def open(self, *, wait: float | None = None, read_only: bool = False) -> AbstractContextManager[Any]: ...
 
-    def held(self) -> AbstractContextManager[None]: ...  # one open across the back-to-back transactions inside
-
     def transaction(
         self,
         work: Callable[[Any], T],

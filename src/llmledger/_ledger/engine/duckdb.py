@@ -1,9 +1,8 @@
 """Opening a DuckDB ledger file: briefly, politely, one transaction at a time.
 
 DuckDB lets one process at a time open a file read-write, so the ledger is
-opened only for one claim, one commit or one query (or, `held`, a run's few
-bookkeeping verbs back to back), and a run waits (and says so) while someone
-else (the duckdb CLI, another notebook) holds it. Threads of
+opened only for one claim, one commit or one query, and a run waits (and says
+so) while someone else (the duckdb CLI, another notebook) holds it. Threads of
 one process share a lock per file, so a background run and `llmledger.sql`
 in the same kernel take turns instead of failing.
 """
@@ -23,17 +22,17 @@ from typing import TypeVar
 import duckdb
 
 from llmledger._ledger.engine.dialect import DUCKDB
-from llmledger._ledger.engine.shared import Patience, lowered_from, unlimited
+from llmledger._ledger.engine.shared import Patience, unlimited
 from llmledger.errors import StoreBusy, StoreError, StoreNotFound
 
 T = TypeVar("T")
 _DUCKDB_MAGIC = b"DUCK"
 _locks: dict[Path, threading.Lock] = {}
 _locks_guard = threading.Lock()
-# The files this process has open now: path -> (the thread that opened it, the connection). On POSIX, closing
-# any descriptor of a file drops every lock this process holds on it, DuckDB's included, so nothing here opens
-# a store file that DuckDB has open (`check_store_path` waits for it, or skips it in the thread that has it).
-_open: dict[Path, tuple[int, duckdb.DuckDBPyConnection]] = {}
+# The files this process has open now, and the thread that opened each. On POSIX, closing any descriptor of a file
+# drops every lock this process holds on it, DuckDB's included: `check_store_path` reads a store only while no
+# thread here has it open, so that another process never gets the file beside ours.
+_open_in: dict[Path, int] = {}
 
 
 def _lock_for(path: Path) -> threading.Lock:
@@ -60,9 +59,9 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
         raise StoreNotFound(f"no store at {str(path)!r}; apply_llm(..., store=...) creates it")
     if path.exists() and path.stat().st_size > 0:
         key = path.expanduser().resolve()
-        if _open.get(key, (None,))[0] == threading.get_ident():
+        if _open_in.get(key) == threading.get_ident():
             return  # this thread has it open through DuckDB: a DuckDB file, and not to be opened a second time
-        with _lock_for(key), path.open("rb") as fh:  # while no thread of this process has it open (`_open`)
+        with _lock_for(key), path.open("rb") as fh:  # while no thread of this process has it open (`_open_in`)
             head = fh.read(12)
         if head[8:12] != _DUCKDB_MAGIC:
             raise StoreError(
@@ -170,43 +169,6 @@ class Connection:
         self._lock = _lock_for(self.path)
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Keep the file open across the back-to-back transactions inside, made by this thread.
-
-        Opening a DuckDB file costs some 20 ms of CPU (DuckDB builds its catalog; closing checkpoints), and a
-        run's bookkeeping makes several short transactions in a row. Other processes wait for the whole block,
-        so a caller holds it only around work that waits on no server. Only an existing file that is free now
-        is held: otherwise each transaction inside opens it as ever (creating it, or waiting and saying so).
-        """
-        if self._mine() is not None or not self.path.is_file():
-            yield
-            return
-        self._lock.acquire()
-        try:
-            con = self._connect(0.0, False)
-        except (StoreBusy, StoreError):  # held elsewhere, or not writable: each transaction opens it as ever
-            self._lock.release()
-            yield
-            return
-        except BaseException:
-            self._lock.release()
-            raise
-        _open[self.path] = (threading.get_ident(), con)
-        try:
-            yield
-        finally:
-            del _open[self.path]
-            try:
-                con.close()
-            finally:
-                self._lock.release()
-
-    def _mine(self) -> duckdb.DuckDBPyConnection | None:
-        """The connection this thread has open to the file (inside `held`), if any."""
-        thread, con = _open.get(self.path, (None, None))
-        return con if thread == threading.get_ident() else None
-
-    @contextlib.contextmanager
     def open(self, *, wait: float | None = None, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """Open the file, waiting while another process holds it.
 
@@ -217,30 +179,19 @@ class Connection:
 
         A DuckDB error that means the file is damaged or cannot be written becomes a `StoreError` naming it.
         """
-        held = self._mine()
-        if held is not None:
-            with self._translated():
-                yield held
-            return
         with self._lock:
             con = self._connect(wait, read_only)
-            _open[self.path] = (threading.get_ident(), con)
             try:
-                with self._translated():
-                    yield con
+                _open_in[self.path] = threading.get_ident()
+                yield con
+            except duckdb.Error as exc:
+                error = store_error(self.path, exc)
+                if error is None:
+                    raise
+                raise error from exc
             finally:
-                del _open[self.path]
+                _open_in.pop(self.path, None)
                 con.close()
-
-    @contextlib.contextmanager
-    def _translated(self) -> Iterator[None]:
-        try:
-            yield
-        except duckdb.Error as exc:
-            error = store_error(self.path, exc)
-            if error is None:
-                raise
-            raise error from exc
 
     def _connect(self, wait: float | None, read_only: bool) -> duckdb.DuckDBPyConnection:
         if not read_only and not self.path.parent.exists():
@@ -322,24 +273,13 @@ class Connection:
                         raise
                     time.sleep(0.01 * (attempt + 1))
                 except duckdb.OutOfMemoryException:
-                    _roll_back(con)
+                    with contextlib.suppress(duckdb.Error):
+                        con.execute("ROLLBACK")
                     if unlimited.get():
                         raise
                     unlimited.set(True)  # the work again, its reads under DuckDB's own limit (see memory_limited)
                 except BaseException:
-                    _roll_back(con)
+                    with contextlib.suppress(duckdb.Error):
+                        con.execute("ROLLBACK")
                     raise
         raise StoreError(f"store {str(self.path)!r}: gave up after 20 write conflicts")
-
-
-def _roll_back(con: duckdb.DuckDBPyConnection) -> None:
-    """End a failed transaction, and set back a memory limit `memory_limited` lowered in it: a rollback keeps
-    settings, and inside `held` the connection serves the transactions after it. (DuckDB 1.2's RESET names the
-    old limit but leaves the lowered one in force, so the limit is set back by value.)"""
-    with contextlib.suppress(duckdb.Error):
-        con.execute("ROLLBACK")
-    before = lowered_from.get()
-    if before is not None:
-        with contextlib.suppress(duckdb.Error):
-            con.execute(f"SET memory_limit = '{before}'")
-            lowered_from.set(None)

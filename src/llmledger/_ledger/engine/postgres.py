@@ -147,10 +147,6 @@ class PgConnection:
         if must_exist and not self.exists():
             raise StoreNotFound(f"no ledger in the PostgreSQL store {self.name}; apply_llm(..., store=...) creates one")
 
-    def held(self) -> contextlib.AbstractContextManager[None]:
-        """Nothing to do: the one connection stays open across transactions anyway (see `duckdb.Connection`)."""
-        return contextlib.nullcontext()
-
     @contextlib.contextmanager
     def open(self, *, wait: float | None = None, read_only: bool = False) -> Iterator[PgCon]:
         """The connection for statements outside a transaction (each one commits on its own)."""

@@ -107,9 +107,6 @@ def column_types(con: Con, relation: str) -> dict[str, str]:
 
 # Set by a DuckDB transaction retried because a read under a lowered limit ran out of room (`transaction`).
 unlimited: contextvars.ContextVar[bool] = contextvars.ContextVar("llmledger_unlimited", default=False)
-# The memory limit a DuckDB read lowered and could not set back (its statement failed, aborting the transaction):
-# the transaction's rollback sets it back, since a rollback keeps settings and the connection may serve more.
-lowered_from: contextvars.ContextVar[str | None] = contextvars.ContextVar("llmledger_lowered_from", default=None)
 
 
 @contextlib.contextmanager
@@ -124,13 +121,11 @@ def memory_limited(con: Con, limit: int) -> Iterator[None]:
         return
     before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
     con.execute(f"SET memory_limit = '{limit // 1_000_000}MB'")
-    lowered_from.set(before)
     try:
         yield
-    finally:  # after a failed statement the transaction is aborted: its rollback restores it (`lowered_from`)
+    finally:  # after a failed statement the transaction is aborted; its rollback resets the setting anyway
         with contextlib.suppress(duckdb.Error):
             con.execute(f"SET memory_limit = '{before}'")
-            lowered_from.set(None)
 
 
 def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:
