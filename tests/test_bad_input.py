@@ -24,6 +24,7 @@ from .conftest import frame, hold_store, sql
 CASES = [
     pytest.param(frame(3).rename({"id": "row"}), {}, KeyColumnError, "no 'id' column", id="no-id-no-key"),
     pytest.param(frame(3), {"key": "nope"}, KeyColumnError, "'nope' is not in the frame", id="missing-key"),
+    pytest.param(frame(3), {"key": ["id", "id"]}, KeyColumnError, "'id' more than once", id="key-named-twice"),
     pytest.param(
         pl.DataFrame({"id": [1, 1, 2], "text": ["a", "b", "c"]}),
         {},

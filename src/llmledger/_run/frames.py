@@ -181,6 +181,9 @@ def resolve_key(
         keys = [key] if isinstance(key, str) else list(key)
     if not keys:
         raise KeyColumnError("key= is empty; name at least one column")
+    repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if repeated is not None:
+        raise KeyColumnError(f"key={keys} names column {repeated!r} more than once; name each key column once")
     for k in keys:
         if k not in frame.columns:
             raise KeyColumnError(f"key column {k!r} is not in the frame; columns: {frame.columns}{in_index(k)}")
