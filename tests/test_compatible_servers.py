@@ -223,19 +223,23 @@ def test_an_estimate_on_another_server_offers_no_batch_price(store: Path) -> Non
 def test_requests_at_once_follow_a_server_that_announces_no_limits(store: Path) -> None:
     """A server working on 4 requests at once, refusing beyond 4 more waiting: 32 at once would be refused over and
     over; the run finds the server's limit instead, and its 429s stay rare."""
-    with Simulator(compatible=True, models=(LOCAL,), capacity=4, queue_limit=4, latency=0.03) as server:
-        ask(store, server, rows=240, concurrency=32)
+    # each answer takes 0.1 s, so the server, not the client, is the bottleneck even on a loaded machine: with
+    # 0.03 s a client sharing 2 cores with 3 other test workers could not keep 8 requests at the server, and the
+    # fixed run was refused as rarely as the adaptive one (20 against 14 in one CI run)
+    slow = {"compatible": True, "models": (LOCAL,), "capacity": 4, "queue_limit": 4, "latency": 0.1}
+    with Simulator(**slow) as server:
+        ask(store, server, rows=120, concurrency=32)
         adaptive = server.stats()
-    with Simulator(compatible=True, models=(LOCAL,), capacity=4, queue_limit=4, latency=0.03) as server:
+    with Simulator(**slow) as server:
         fixed = anthropic.AsyncAnthropic(base_url=server.server_url, api_key="x")  # client=: no adaptation
-        apply_llm(frame(240), "s", prompt=PROMPT, model=LOCAL, store=store.with_name("fixed.duckdb"), table="t",
+        apply_llm(frame(120), "s", prompt=PROMPT, model=LOCAL, store=store.with_name("fixed.duckdb"), table="t",
                   client=fixed, concurrency=32, progress=False)  # fmt: skip
         blunt = server.stats()
-    assert adaptive["paid"] == blunt["paid"] == 240
+    assert adaptive["paid"] == blunt["paid"] == 120
     refused, blunt_refused = adaptive["by_status"].get(429, 0), blunt["by_status"].get(429, 0)
-    # at most one request in ten refused (13 of 253 on a loaded 2-core CI machine); the point is the ratio below
+    # at most one request in ten refused (4 or 5 of 125 while the floors tier ran beside it); the point is the ratio
     assert refused <= 0.1 * adaptive["requests"], adaptive["by_status"]
-    # a third or less of the fixed run's refusals (a fifth or less on an idle machine: benchmark (j) measures it)
+    # a third or less of the fixed run's refusals (80 to 90 under the same load; benchmark (j) measures the ratio)
     assert blunt_refused >= 3 * max(refused, 1), (refused, blunt_refused)
 
 
