@@ -228,6 +228,23 @@ def test_checking_a_store_never_drops_the_lock_duckdb_holds_on_it(run, store: Pa
     assert not checker.is_alive() and _another_process_opens(store)
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="llmledger finds open descriptors in /proc/self/fd")
+def test_a_users_own_duckdb_connection_keeps_its_lock_through_llmledgers_calls(run, store: Path) -> None:
+    """A `duckdb.connect(store)` left open in the user's own code holds the file; llmledger's calls in that
+    process (progress, sql, a run) must not drop its lock by reading the file's header beside it."""
+    run(frame(3), "summary", prompt="Summarize: {text}")
+    own = duckdb.connect(str(store))
+    try:
+        llmledger.progress(store)
+        assert llmledger.sql(store, "SELECT count(*) AS n FROM messages")["n"].to_list() == [3]
+        run(frame(4), "summary", prompt="Summarize: {text}")
+        assert not _another_process_opens(store)
+        assert own.execute("SELECT count(*) FROM messages").fetchall() == [(4,)]
+    finally:
+        own.close()
+    assert _another_process_opens(store)
+
+
 # -- 2. no file behind ---------------------------------------------------------------------------------------------
 def test_refused_calls_and_estimates_leave_no_file_or_folder(client, sim: Simulator, tmp_path: Path) -> None:
     top = tmp_path / "new"
@@ -263,6 +280,46 @@ def test_refused_calls_and_estimates_leave_no_file_or_folder(client, sim: Simula
     assert sim.stats()["requests"] == 0
     assert llmledger.estimate(df, "summary", prompt="{text}", store=store, table="messages")["to_send"][0] == 4
     assert not top.exists()
+
+
+@pytest.mark.parametrize("call", ["estimate", "refused", "apply_llm"])
+def test_a_call_on_a_new_store_keeps_a_store_another_process_created_meanwhile(
+    call: str, client, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a call's first transaction on a store that does not exist yet is under way, another process creates
+    a store under that name and commits to it. An estimate or a refused call must not remove that file (it used
+    to delete the file it had created, which by then could be another run's, paid answers and all); a first
+    run puts its rows into that store."""
+    import llmledger._ledger.selection as selection
+
+    record_step, others = selection.record_step, []
+    script = "import duckdb, sys; duckdb.connect(sys.argv[1]).execute('CREATE TABLE paid AS SELECT 42 AS answer')"
+
+    def meanwhile(*args: Any, **kwargs: Any) -> Any:
+        if not others:  # inside this call's first transaction, once
+            others.append(subprocess.run([sys.executable, "-c", script, str(store)], capture_output=True, text=True))
+            assert others[0].returncode == 0, f"the other process could not create the store: {others[0].stderr}"
+        return record_step(*args, **kwargs)
+
+    monkeypatch.setattr(selection, "record_step", meanwhile)
+    common = {"store": store, "table": "messages", "client": client, "progress": False}
+    if call == "estimate":
+        assert (
+            llmledger.estimate(frame(5), "summary", prompt="{text}", store=store, table="messages")["to_send"][0] == 5
+        )
+    elif call == "refused":
+        with pytest.raises(llmledger.WhereClauseError):
+            apply_llm(frame(5), "summary", prompt="{text}", where="nope = 1", **common)
+    else:
+        apply_llm(frame(5), "summary", prompt="{text}", **common)
+    assert sql(store, "SELECT answer FROM paid") == [(42,)]
+    if call == "apply_llm":
+        assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'") == [(5,)]
+        assert sim.stats()["paid"] == 5
+    else:
+        assert not sql(store, "SELECT table_name FROM information_schema.tables WHERE table_name = 'messages'")
+        assert sim.stats()["requests"] == 0
+    assert [p.name for p in store.parent.iterdir() if p.name.startswith(".")] == []  # no scratch file left
 
 
 def test_a_pipeline_refused_in_a_later_step_writes_nothing_on_postgresql(pg_url: str, client, sim: Simulator) -> None:

@@ -28,7 +28,7 @@ import polars as pl
 
 from llmledger._ledger.columns import STEP_COLUMNS
 from llmledger._ledger.engine.dialect import dialect_of
-from llmledger._ledger.engine.duckdb import check_store_path, make_folders, remove_store
+from llmledger._ledger.engine.duckdb import check_store_path, make_folders, remove_folders
 from llmledger._ledger.engine.postgres import is_url
 from llmledger._ledger.engine.shared import column_types, frames, table_exists
 from llmledger._ledger.open import open_existing, open_ledger
@@ -218,7 +218,7 @@ def restore(path: str | Path, store: str | Path) -> str:
         ledger.conn.transaction(work, wait=60.0)
     except InvalidInputError:
         if not existed:
-            remove_store(target, made)
+            remove_folders(made)
         raise
     return table
 

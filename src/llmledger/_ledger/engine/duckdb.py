@@ -15,6 +15,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -33,6 +34,9 @@ _locks_guard = threading.Lock()
 # drops every lock this process holds on it, DuckDB's included: `check_store_path` reads a store only while no
 # thread here has it open, so that another process never gets the file beside ours.
 _open_in: dict[Path, int] = {}
+# The stores a thread of this process is creating now (see `Connection._creating`), and that thread: until its
+# first transaction commits, the file is not at its path, and a reader here waits for it rather than find none.
+_creating_in: dict[Path, int] = {}
 
 
 def _lock_for(path: Path) -> threading.Lock:
@@ -56,13 +60,21 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
             f"store {str(path)!r} is a directory; pass a file path such as {str(path / 'ledger.duckdb')!r}."
         )
     if must_exist and not path.exists():
+        key = path.expanduser().resolve()
+        if _creating_in.get(key) not in (None, threading.get_ident()):
+            with _lock_for(key):  # another thread here is creating it: its first transaction is about to commit
+                pass
+    if must_exist and not path.exists():
         raise StoreNotFound(f"no store at {str(path)!r}; apply_llm(..., store=...) creates it")
     if path.exists() and path.stat().st_size > 0:
         key = path.expanduser().resolve()
         if _open_in.get(key) == threading.get_ident():
             return  # this thread has it open through DuckDB: a DuckDB file, and not to be opened a second time
-        with _lock_for(key), path.open("rb") as fh:  # while no thread of this process has it open (`_open_in`)
-            head = fh.read(12)
+        with _lock_for(key):  # while no thread of this process has it open through llmledger (`_open_in`)
+            if _open_elsewhere_here(key):
+                return  # a user's own duckdb.connect in this process: reading it would drop that one's lock
+            with path.open("rb") as fh:
+                head = fh.read(12)
         if head[8:12] != _DUCKDB_MAGIC:
             raise StoreError(
                 f"store {str(path)!r} exists but is not a DuckDB database file; "
@@ -70,18 +82,32 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
             )
 
 
-def remove_store(path: Path, folders: Sequence[Path] = ()) -> None:
-    """Delete a store file (and its WAL) that a refused call created, and the `folders` made for it (deepest
-    first, each only while empty): a bad call leaves no file behind."""
-    for leftover in (path, path.with_name(path.name + ".wal")):
-        leftover.unlink(missing_ok=True)
+def _open_elsewhere_here(path: Path) -> bool:
+    """Whether this process has `path` open through any descriptor, such as a `duckdb.connect` in the user's own
+    code (Linux's /proc/self/fd; elsewhere False). Closing a second descriptor of it would drop its lock."""
+    try:
+        wanted = path.stat()
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in descriptors:
+        with contextlib.suppress(OSError):
+            found = os.stat(f"/proc/self/fd/{fd}")
+            if (found.st_dev, found.st_ino) == (wanted.st_dev, wanted.st_ino):
+                return True
+    return False
+
+
+def remove_folders(folders: Sequence[Path]) -> None:
+    """Remove the `folders` a refused call made for a store (deepest first, each only while empty). The store file
+    itself never needs removing: a new store appears only when its first transaction commits (`_creating`)."""
     for folder in folders:
         with contextlib.suppress(OSError):  # not empty: someone else put something there meanwhile
             folder.rmdir()
 
 
 def make_folders(path: Path) -> list[Path]:
-    """Create the missing folders above `path`; return those created, deepest first (for `remove_store`)."""
+    """Create the missing folders above `path`; return those created, deepest first (for `remove_folders`)."""
     missing = []
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
@@ -231,8 +257,8 @@ class Connection:
         check_store_path(self.path, must_exist=must_exist)
 
     def remove(self) -> None:
-        """Delete the file a refused call created, and the folders created for it."""
-        remove_store(self.path, self.made)
+        """Remove the folders a refused call created for the file; no file was created (see `_creating`)."""
+        remove_folders(self.made)
         self.made = []
 
     def transaction(
@@ -257,6 +283,55 @@ class Connection:
         return contextvars.copy_context().run(self._transaction, work, wait, commit, read_only)
 
     def _transaction(
+        self, work: Callable[[duckdb.DuckDBPyConnection], T], wait: float | None, commit: bool, read_only: bool
+    ) -> T:
+        if not read_only and not self.path.exists():
+            return self._creating(work, wait, commit)
+        return self._attempts(work, wait, commit, read_only)
+
+    def _creating(self, work: Callable[[duckdb.DuckDBPyConnection], T], wait: float | None, commit: bool) -> T:
+        """The first transaction of a store that does not exist yet, run in a scratch file beside it.
+
+        The file appears at the store's path only when the transaction commits, by a hard link, which fails
+        if the name was taken meanwhile. So a rehearsal (`estimate`) or a refused call leaves no file behind
+        without deleting one: deleting what it had created could delete a store that another process created
+        under that name and paid answers into in the meantime. A transaction that finds the name taken when
+        it commits is done again in that store, as on any existing one. Threads of this process wait for it as
+        for an open file: a cell reading the store of a run just started in the background finds it.
+        """
+        scratch = Connection(self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:12]}.new"))
+        scratch.on_wait, scratch.should_stop = self.on_wait, self.should_stop
+        with self._lock:  # threads of this process take turns on the store, as on an existing file (`open`)
+            if not self.path.exists():  # (else another thread created it while this one waited)
+                _creating_in[self.path] = threading.get_ident()
+                try:
+                    result = scratch._attempts(work, wait, commit, read_only=False)
+                    if not commit or self._place(scratch.path):
+                        return result
+                finally:
+                    _creating_in.pop(self.path, None)
+                    self.made = scratch.made  # folders made for the file: a refused call removes them (`remove`)
+                    for leftover in (scratch.path, scratch.path.with_name(scratch.path.name + ".wal")):
+                        leftover.unlink(missing_ok=True)
+        return self._attempts(work, wait, commit, read_only=False)  # created meanwhile: the work goes into that one
+
+    def _place(self, scratch: Path) -> bool:
+        """Give the committed scratch file the store's name, unless the name was taken meanwhile (False)."""
+        wal = scratch.with_name(scratch.name + ".wal")
+        if wal.exists():  # DuckDB folds the WAL in when it closes a file; if it did not, make it
+            with Connection(scratch).open() as con:
+                con.execute("CHECKPOINT")
+        try:
+            os.link(scratch, self.path)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: a rename, which checks the name just before
+            if self.path.exists():
+                return False
+            os.replace(scratch, self.path)
+        return True
+
+    def _attempts(
         self, work: Callable[[duckdb.DuckDBPyConnection], T], wait: float | None, commit: bool, read_only: bool
     ) -> T:
         for attempt in range(20):
