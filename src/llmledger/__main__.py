@@ -1,3 +1,3 @@
-from llmledger.cli import main
+from llmledger.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -8,6 +8,7 @@ tokens in and out (about a cent a row), so a small budget is reached after a few
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 import anthropic
@@ -45,3 +46,4 @@ apply_llm(
 )
 report = last_report()
 print("outcome", report.outcome if report else None, flush=True)
+gc.freeze()  # as the `llmledger` command exits: no last collection of the SDKs' objects
