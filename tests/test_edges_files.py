@@ -322,6 +322,14 @@ def test_a_call_on_a_new_store_keeps_a_store_another_process_created_meanwhile(
     assert [p.name for p in store.parent.iterdir() if p.name.startswith(".")] == []  # no scratch file left
 
 
+def test_a_store_named_near_the_file_systems_limit_is_created(run, tmp_path: Path) -> None:
+    """A file name of 240 bytes (most file systems allow 255): the scratch file a new store is built in must not
+    add to it."""
+    store = tmp_path / ("s" * 233 + ".duckdb")
+    assert run(frame(3), "summary", prompt="Summarize: {text}", store=store)["summary_status"].to_list() == ["DONE"] * 3
+    assert sql(store, "SELECT count(*) FROM messages") == [(3,)]
+
+
 def test_a_pipeline_refused_in_a_later_step_writes_nothing_on_postgresql(pg_url: str, client, sim: Simulator) -> None:
     import psycopg
 

@@ -299,7 +299,8 @@ class Connection:
         it commits is done again in that store, as on any existing one. Threads of this process wait for it as
         for an open file: a cell reading the store of a run just started in the background finds it.
         """
-        scratch = Connection(self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:12]}.new"))
+        # the store's name cut short: a name near the file system's 255 bytes must still leave room for the rest
+        scratch = Connection(self.path.with_name(f".{self.path.name[:40]}.{uuid.uuid4().hex[:12]}.new"))
         scratch.on_wait, scratch.should_stop = self.on_wait, self.should_stop
         with self._lock:  # threads of this process take turns on the store, as on an existing file (`open`)
             if not self.path.exists():  # (else another thread created it while this one waited)
