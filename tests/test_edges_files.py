@@ -245,6 +245,22 @@ def test_a_users_own_duckdb_connection_keeps_its_lock_through_llmledgers_calls(r
     assert _another_process_opens(store)
 
 
+def test_a_file_this_process_holds_open_is_still_refused_when_it_is_not_a_duckdb_file(store: Path) -> None:
+    """The check reads the header through the descriptor this process already has (a user's sqlite3 connection
+    here), so a SQLite file is refused as not a DuckDB file, not handed to DuckDB."""
+    import sqlite3
+
+    store.parent.mkdir(parents=True, exist_ok=True)
+    own = sqlite3.connect(store)
+    try:
+        own.execute("CREATE TABLE mine (x INTEGER)")
+        own.commit()
+        with pytest.raises(StoreError, match="not a DuckDB database file"):
+            llmledger.estimate(frame(3), "summary", prompt="{text}", store=store, table="messages")
+    finally:
+        own.close()
+
+
 # -- 2. no file behind ---------------------------------------------------------------------------------------------
 def test_refused_calls_and_estimates_leave_no_file_or_folder(client, sim: Simulator, tmp_path: Path) -> None:
     top = tmp_path / "new"

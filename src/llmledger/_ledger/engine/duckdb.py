@@ -71,10 +71,15 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
         if _open_in.get(key) == threading.get_ident():
             return  # this thread has it open through DuckDB: a DuckDB file, and not to be opened a second time
         with _lock_for(key):  # while no thread of this process has it open through llmledger (`_open_in`)
-            if _open_elsewhere_here(key):
-                return  # a user's own duckdb.connect in this process: reading it would drop that one's lock
-            with path.open("rb") as fh:
-                head = fh.read(12)
+            held = _descriptor_here(key)
+            if held is not None:  # e.g. a user's own duckdb.connect: read through it, as closing another would
+                try:  # drop that connection's lock
+                    head = os.pread(held, 12, 0)
+                except OSError:
+                    return  # opened for writing only: nothing to read it by, and DuckDB will say what it is
+            else:
+                with path.open("rb") as fh:
+                    head = fh.read(12)
         if head[8:12] != _DUCKDB_MAGIC:
             raise StoreError(
                 f"store {str(path)!r} exists but is not a DuckDB database file; "
@@ -82,20 +87,20 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
             )
 
 
-def _open_elsewhere_here(path: Path) -> bool:
-    """Whether this process has `path` open through any descriptor, such as a `duckdb.connect` in the user's own
-    code (Linux's /proc/self/fd; elsewhere False). Closing a second descriptor of it would drop its lock."""
+def _descriptor_here(path: Path) -> int | None:
+    """A descriptor through which this process already has `path` open, such as a `duckdb.connect` in the user's
+    own code (Linux's /proc/self/fd; elsewhere None). Closing a second descriptor of it would drop its lock."""
     try:
         wanted = path.stat()
         descriptors = os.listdir("/proc/self/fd")
     except OSError:
-        return False
+        return None
     for fd in descriptors:
         with contextlib.suppress(OSError):
             found = os.stat(f"/proc/self/fd/{fd}")
             if (found.st_dev, found.st_ino) == (wanted.st_dev, wanted.st_ino):
-                return True
-    return False
+                return int(fd)
+    return None
 
 
 def remove_folders(folders: Sequence[Path]) -> None:
@@ -309,11 +314,15 @@ class Connection:
                     result = scratch._attempts(work, wait, commit, read_only=False)
                     if not commit or self._place(scratch.path):
                         return result
+                except StoreError as exc:  # say which store, not which scratch file
+                    named = str(exc).replace(str(scratch.path), str(self.path))
+                    raise type(exc)(named.replace(scratch.path.name, self.path.name)) from exc.__cause__
                 finally:
                     _creating_in.pop(self.path, None)
                     self.made = scratch.made  # folders made for the file: a refused call removes them (`remove`)
                     for leftover in (scratch.path, scratch.path.with_name(scratch.path.name + ".wal")):
-                        leftover.unlink(missing_ok=True)
+                        with contextlib.suppress(OSError):  # never in place of the error that ended the work
+                            leftover.unlink(missing_ok=True)
         return self._attempts(work, wait, commit, read_only=False)  # created meanwhile: the work goes into that one
 
     def _place(self, scratch: Path) -> bool:
