@@ -49,7 +49,6 @@ def copy(source: str | Path, target: str | Path) -> dict[str, int]:
         raise InvalidInputError(f"source and target are the same store ({shown(source)}); name another target")
     src, dst = open_ledger(src_at), open_ledger(dst_at)
     src.conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)
-    existed = dst.conn.exists()
     copied: dict[str, int] = {}
 
     def work(dcon: Any) -> None:
@@ -73,8 +72,7 @@ def copy(source: str | Path, target: str | Path) -> dict[str, int]:
     try:
         dst.conn.transaction(work, wait=60.0, exclusive=True)
     except BaseException:
-        if not existed:
-            dst.conn.remove()
+        dst.conn.remove()  # the empty folders made for a new file (the file appears only on a commit)
         raise
     return copied
 

@@ -194,7 +194,6 @@ def restore(path: str | Path, store: str | Path) -> str:
     check_store_path(target)
     made = make_folders(target)
     ledger = open_ledger(target)
-    existed = target.exists()
 
     def work(con: Any) -> None:
         migrate(con, utcnow())
@@ -217,8 +216,7 @@ def restore(path: str | Path, store: str | Path) -> str:
     try:
         ledger.conn.transaction(work, wait=60.0)
     except InvalidInputError:
-        if not existed:
-            remove_folders(made)
+        remove_folders(made)  # none when the store was there (the file appears only on a commit)
         raise
     return table
 

@@ -81,7 +81,6 @@ class SelectionVerbs:
         the transaction is rolled back and a `Rehearsal` read inside it is returned (estimate).
         """
         self.conn.check()
-        existed = self.conn.exists()
         merged: list[Path] = []
         unsimulated = [0]
 
@@ -170,12 +169,10 @@ class SelectionVerbs:
         try:
             selection = self.conn.transaction(work, commit=not rehearse, exclusive=True)
         except InvalidInputError:
-            if not existed:
-                self.conn.remove()
+            self.conn.remove()  # the empty folders made for a new store (the store appears only on a commit)
             raise
         if rehearse:
-            if not existed:  # a rehearsal leaves no file behind either
-                self.conn.remove()
+            self.conn.remove()  # a rehearsal leaves no folder behind either
             return selection
         for path in merged:
             path.unlink(missing_ok=True)

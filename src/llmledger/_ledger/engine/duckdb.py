@@ -59,15 +59,14 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
         raise StoreError(
             f"store {str(path)!r} is a directory; pass a file path such as {str(path / 'ledger.duckdb')!r}."
         )
+    key = path.expanduser().resolve()
     if must_exist and not path.exists():
-        key = path.expanduser().resolve()
         if _creating_in.get(key) not in (None, threading.get_ident()):
             with _lock_for(key):  # another thread here is creating it: its first transaction is about to commit
                 pass
-    if must_exist and not path.exists():
-        raise StoreNotFound(f"no store at {str(path)!r}; apply_llm(..., store=...) creates it")
+        if not path.exists():
+            raise StoreNotFound(f"no store at {str(path)!r}; apply_llm(..., store=...) creates it")
     if path.exists() and path.stat().st_size > 0:
-        key = path.expanduser().resolve()
         if _open_in.get(key) == threading.get_ident():
             return  # this thread has it open through DuckDB: a DuckDB file, and not to be opened a second time
         with _lock_for(key):  # while no thread of this process has it open through llmledger (`_open_in`)
@@ -109,6 +108,11 @@ def remove_folders(folders: Sequence[Path]) -> None:
     for folder in folders:
         with contextlib.suppress(OSError):  # not empty: someone else put something there meanwhile
             folder.rmdir()
+
+
+def _wal(path: Path) -> Path:
+    """The write-ahead log DuckDB keeps beside a database file."""
+    return path.with_name(path.name + ".wal")
 
 
 def make_folders(path: Path) -> list[Path]:
@@ -305,14 +309,17 @@ class Connection:
         for an open file: a cell reading the store of a run just started in the background finds it.
         """
         # the store's name cut short: a name near the file system's 255 bytes must still leave room for the rest
-        scratch = Connection(self.path.with_name(f".{self.path.name[:40]}.{uuid.uuid4().hex[:12]}.new"))
-        scratch.on_wait, scratch.should_stop = self.on_wait, self.should_stop
+        scratch = Connection(
+            self.path.with_name(f".{self.path.name[:40]}.{uuid.uuid4().hex[:12]}.new"),
+            on_wait=self.on_wait,
+            should_stop=self.should_stop,
+        )
         with self._lock:  # threads of this process take turns on the store, as on an existing file (`open`)
             if not self.path.exists():  # (else another thread created it while this one waited)
                 _creating_in[self.path] = threading.get_ident()
                 try:
                     result = scratch._attempts(work, wait, commit, read_only=False)
-                    if not commit or self._place(scratch.path):
+                    if not commit or self._place(scratch):
                         return result
                 except StoreError as exc:  # say which store, not which scratch file
                     named = str(exc).replace(str(scratch.path), str(self.path))
@@ -320,25 +327,24 @@ class Connection:
                 finally:
                     _creating_in.pop(self.path, None)
                     self.made = scratch.made  # folders made for the file: a refused call removes them (`remove`)
-                    for leftover in (scratch.path, scratch.path.with_name(scratch.path.name + ".wal")):
+                    for leftover in (scratch.path, _wal(scratch.path)):
                         with contextlib.suppress(OSError):  # never in place of the error that ended the work
                             leftover.unlink(missing_ok=True)
         return self._attempts(work, wait, commit, read_only=False)  # created meanwhile: the work goes into that one
 
-    def _place(self, scratch: Path) -> bool:
+    def _place(self, scratch: Connection) -> bool:
         """Give the committed scratch file the store's name, unless the name was taken meanwhile (False)."""
-        wal = scratch.with_name(scratch.name + ".wal")
-        if wal.exists():  # DuckDB folds the WAL in when it closes a file; if it did not, make it
-            with Connection(scratch).open() as con:
+        if _wal(scratch.path).exists():  # DuckDB folds the WAL in when it closes a file; if it did not, make it
+            with scratch.open() as con:
                 con.execute("CHECKPOINT")
         try:
-            os.link(scratch, self.path)
+            os.link(scratch.path, self.path)
         except FileExistsError:
             return False
         except OSError:  # a file system without hard links: a rename, which checks the name just before
             if self.path.exists():
                 return False
-            os.replace(scratch, self.path)
+            os.replace(scratch.path, self.path)
         return True
 
     def _attempts(

@@ -123,7 +123,7 @@ def memory_limited(con: Con, limit: int) -> Iterator[None]:
     con.execute(f"SET memory_limit = '{limit // 1_000_000}MB'")
     try:
         yield
-    finally:  # after a failed statement the transaction is aborted; its rollback resets the setting anyway
+    finally:  # after a failed statement the transaction is aborted: the connection, closed with it, drops the limit
         with contextlib.suppress(duckdb.Error):
             con.execute(f"SET memory_limit = '{before}'")
 
