@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import signal
 import subprocess
@@ -58,6 +59,34 @@ def sim() -> Iterator[Simulator]:
 @pytest.fixture
 def client(sim: Simulator) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+
+
+def _http_library() -> Any:
+    """The HTTP library the anthropic SDK is built on (httpx, or its successor in newer SDKs)."""
+    made = anthropic.DefaultAsyncHttpxClient
+    name = next(c.__module__.split(".")[0] for c in made.__mro__ if c.__name__ == "AsyncClient")
+    return importlib.import_module(name)
+
+
+def real_api_client(sim: Simulator, **options: Any) -> anthropic.AsyncAnthropic:
+    """A client of Anthropic's own API (its default URL) whose requests the simulator on `sim.port` answers: to
+    llmledger it is the real API (its requests name no endpoint, its answers' source is that URL, batches are
+    sent), answered offline."""
+    library = _http_library()
+
+    class ToSimulator(library.AsyncBaseTransport):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            self.inner = library.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: Any) -> Any:
+            request.url = request.url.copy_with(scheme="http", host="127.0.0.1", port=sim.port)
+            return await self.inner.handle_async_request(request)
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    http_client = anthropic.DefaultAsyncHttpxClient(transport=ToSimulator())
+    return anthropic.AsyncAnthropic(api_key="test-key", http_client=http_client, max_retries=0, **options)
 
 
 @pytest.fixture(scope="session")

@@ -120,14 +120,49 @@ def test_a_rerun_pays_nothing_and_another_server_makes_rows_stale_not_paid(
     assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {local.server_url}
 
 
-def test_an_answer_from_anthropics_api_never_stands_in_for_another_servers(store: Path, local: Simulator) -> None:
-    # client= is Anthropic's API as the SDK is configured (here: the same simulator, unmarked, so a real source)
-    anthropic_like = anthropic.AsyncAnthropic(base_url=local.server_url, api_key="llmledger-no-key")
-    apply_llm(frame(6), "s", prompt=PROMPT, model=LOCAL, store=store, table="t", client=anthropic_like, progress=False)
+def test_a_client_names_its_server_as_base_url_does(store: Path, local: Simulator, other: Simulator) -> None:
+    pointed = anthropic.AsyncAnthropic(base_url=local.server_url, api_key="llmledger-no-key")
+    apply_llm(frame(6), "s", prompt=PROMPT, model=LOCAL, store=store, table="t", client=pointed, progress=False)
     assert local.stats()["paid"] == 6
+    assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {local.server_url}
     apply_llm(frame(6), "s2", prompt=PROMPT, model=LOCAL, store=store, table="t", base_url=local.server_url,
               progress=False)  # fmt: skip
-    assert local.stats()["paid"] == 12  # same body, other endpoint: asked, not reused
+    assert local.stats()["paid"] == 6  # the same requests to the same server: reused
+    apply_llm(frame(6), "s3", prompt=PROMPT, model=LOCAL, store=store, table="t", base_url=other.server_url,
+              progress=False)  # fmt: skip
+    assert other.stats()["paid"] == 6  # same body, other endpoint: asked, not reused
+
+
+def test_a_server_named_by_anthropic_base_url_is_named_in_every_request(
+    store: Path, local: Simulator, other: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ANTHROPIC_BASE_URL names a server as base_url= does: its answers are never served as another server's."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-set-with-the-url")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", other.server_url)
+    ask(store, other, base_url=None)
+    assert other.stats()["paid"] == 12
+    (stored,) = sql(store, "SELECT request FROM llmledger_steps WHERE step = 's'")[0]
+    assert json.loads(stored)["llmledger_endpoint"] == other.server_url
+    assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {other.server_url}
+    ask(store, other, base_url=other.server_url)  # the same server by argument: the same requests, nothing paid
+    assert other.stats()["paid"] == 12
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", local.server_url)  # the step run later against another server
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "llmledger-no-key")
+    with pytest.warns(llmledger.StaleAnswersWarning, match="12 DONE rows are stale"):
+        out = ask(store, local, base_url=None)
+    assert local.stats()["paid"] == 0 and out["s_stale"].to_list() == [True] * 12
+    apply_llm(frame(12), "s", prompt=PROMPT, model=LOCAL, store=store, table="fresh", progress=False)
+    assert local.stats()["paid"] == 12  # a new table is asked of this server, not served the other's answers
+    client = anthropic.AsyncAnthropic(base_url=other.server_url, api_key="x")  # client= names its server too
+    apply_llm(frame(12), "s", prompt=PROMPT, model=LOCAL, store=store, table="t3", client=client, progress=False)
+    assert other.stats()["paid"] == 12  # the answers of the same requests to the same server, reused
+
+
+def test_a_bad_anthropic_base_url_is_refused_naming_the_variable(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "localhost:8000")
+    with pytest.raises(InvalidInputError, match="ANTHROPIC_BASE_URL must be the http"):
+        apply_llm(frame(3), "s", prompt=PROMPT, store=store, progress=False)
+    assert not store.exists()
 
 
 def test_batches_are_refused_with_the_reason_and_auto_stays_online(
@@ -231,9 +266,10 @@ def test_requests_at_once_follow_a_server_that_announces_no_limits(store: Path) 
         ask(store, server, rows=120, concurrency=32)
         adaptive = server.stats()
     with Simulator(**slow) as server:
-        fixed = anthropic.AsyncAnthropic(base_url=server.server_url, api_key="x")  # client=: no adaptation
-        apply_llm(frame(120), "s", prompt=PROMPT, model=LOCAL, store=store.with_name("fixed.duckdb"), table="t",
-                  client=fixed, concurrency=32, progress=False)  # fmt: skip
+        with pytest.MonkeyPatch.context() as patch:  # the same run with its adaptation turned off
+            patch.setattr("llmledger._exec.online.AdaptiveLimit", lambda concurrency: None)
+            apply_llm(frame(120), "s", prompt=PROMPT, model=LOCAL, store=store.with_name("fixed.duckdb"),
+                      table="t", base_url=server.server_url, concurrency=32, progress=False)  # fmt: skip
         blunt = server.stats()
     assert adaptive["paid"] == blunt["paid"] == 120
     refused, blunt_refused = adaptive["by_status"].get(429, 0), blunt["by_status"].get(429, 0)

@@ -1,8 +1,8 @@
 """Where answers come from (issue 17): simulated answers are never served as real ones, and going back to an
 earlier definition reuses the answers it had (from the history), never one a person rejected.
 
-A "real endpoint" here is the simulator reached at its plain `http://127.0.0.1:{port}` (no simulator path in
-the URL): a client pointed there is, to llmledger, an API endpoint like api.anthropic.com.
+A "real endpoint" here is a client of Anthropic's own API (`https://api.anthropic.com`) whose requests the
+simulator answers (`conftest.real_api_client`): to llmledger it is the real API.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from llmledger import Simulator, apply_llm, last_report
 from llmledger._exec.client import answer_source
 from llmledger._ledger import open_ledger
 
-from .conftest import frame, subprocess_env
+from .conftest import frame, real_api_client, subprocess_env
 
 PROMPT_A = "Summarize: {text}"
 PROMPT_B = "Describe: {text}"
@@ -36,8 +36,8 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 @pytest.fixture
 def real(sim: Simulator) -> anthropic.AsyncAnthropic:
-    """A client of a 'real' endpoint: the simulator's plain URL, which does not say it is the simulator."""
-    return anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{sim.port}", api_key="test-key")
+    """A client of the real API, answered by the simulator."""
+    return real_api_client(sim)
 
 
 def _run(
@@ -91,7 +91,7 @@ def test_a_real_run_asks_for_real_what_the_simulator_answered(any_store: Any, si
     assert "4 simulated answers set aside to ask for real" in str(report)
     assert any("simulated" in hint for hint in report.hints())
     assert out["summary"].to_list() == [f"real: Summarize: hello message number {i}" for i in range(4)]
-    assert _rows(any_store, "SELECT DISTINCT summary_source FROM messages") == [(f"http://127.0.0.1:{sim.port}",)]
+    assert _rows(any_store, "SELECT DISTINCT summary_source FROM messages") == [("https://api.anthropic.com",)]
     kept = _rows(any_store, "SELECT output, reason, source FROM llmledger_history ORDER BY output")
     assert kept == [(text, "simulated answer", "simulator") for text in sorted(simulated["summary"].to_list())], (
         "the simulated answers are kept in the history, saying they were simulated"
@@ -192,7 +192,7 @@ def test_batch_answers_record_their_source_and_a_real_batch_run_re_asks_simulate
     out = _run(store, real, mode="batch")
     assert last_report().unsimulated == 4  # type: ignore[union-attr]
     assert out["summary"].str.starts_with("real: ").all()
-    assert _rows(store, "SELECT DISTINCT summary_source FROM messages") == [(f"http://127.0.0.1:{sim.port}",)]
+    assert _rows(store, "SELECT DISTINCT summary_source FROM messages") == [("https://api.anthropic.com",)]
 
 
 def test_a_simulated_batch_is_never_merged_as_real_nor_joined_by_real_rows(
@@ -205,7 +205,7 @@ def test_a_simulated_batch_is_never_merged_as_real_nor_joined_by_real_rows(
     sim.configure(batch_delay=1.0)
     with Simulator(batch_delay=1.0) as api:
         api.responder = lambda prompt, system: "REAL " + prompt
-        real = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{api.port}", api_key="test-key")
+        real = real_api_client(api)
         _run(any_store, client, n=3, mode="batch", wait=False)
         twins = pl.DataFrame({"id": range(6), "text": [f"hello message number {i % 3}" for i in range(6)]})
         out = apply_llm(
@@ -221,9 +221,9 @@ def test_a_simulated_batch_is_never_merged_as_real_nor_joined_by_real_rows(
         assert out["summary_status"].to_list() == ["DONE"] * 6
         assert all(a.startswith("REAL ") for a in out["summary"].to_list()), out["summary"].to_list()
         assert api.stats()["batch_paid"] == 3, "three distinct requests, asked of the API once each"
-        assert _rows(any_store, "SELECT DISTINCT summary_source FROM messages") == [(f"http://127.0.0.1:{api.port}",)]
+        assert _rows(any_store, "SELECT DISTINCT summary_source FROM messages") == [("https://api.anthropic.com",)]
         notes = _rows(any_store, "SELECT state, source FROM llmledger_batches ORDER BY created_at")
-        assert notes == [("abandoned", "simulator"), ("merged", f"http://127.0.0.1:{api.port}")]
+        assert notes == [("abandoned", "simulator"), ("merged", "https://api.anthropic.com")]
         again = apply_llm(
             twins, "summary", prompt=PROMPT_A, store=any_store, table="messages", client=real, progress=False
         )

@@ -13,7 +13,6 @@ import gzip
 import shutil
 from pathlib import Path
 
-import anthropic
 import duckdb
 import pytest
 
@@ -22,7 +21,7 @@ from llmledger import Simulator, StoreError, apply_llm, last_report
 from llmledger._ledger.schema import LATEST, MIGRATIONS
 from llmledger.simulator import default_reply
 
-from .conftest import frame, sql
+from .conftest import frame, real_api_client, sql
 
 OLD_STORE = Path(__file__).parent / "data" / "ledger-0.1.0.duckdb.gz"
 STORE_0_2_0 = Path(__file__).parent / "data" / "ledger-0.2.0.duckdb.gz"
@@ -173,7 +172,7 @@ def test_a_0_2_0_store_upgrades_and_its_crashed_claim_goes_back_to_what_it_was(
 def test_old_answers_have_no_source_and_count_as_real(old_store: Path, sim: Simulator) -> None:
     """Migration 6 adds `{step}_source` (and the history's `source`): answers written before it are NULL there,
     and count as real: a run against a real endpoint neither asks them again nor refuses to reuse them."""
-    real = anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{sim.port}", api_key="test-key")
+    real = real_api_client(sim)
     apply_llm(frame(12), "summary", store=old_store, table="messages", client=real, progress=False, **SUMMARY)
     report = last_report()
     assert report is not None and (report.calls, report.unsimulated) == (2, 0)
@@ -181,8 +180,8 @@ def test_old_answers_have_no_source_and_count_as_real(old_store: Path, sim: Simu
         (9,)
     ]
     assert sql(old_store, "SELECT id, summary_source FROM messages WHERE id >= 10 ORDER BY id") == [
-        (10, f"http://127.0.0.1:{sim.port}"),
-        (11, f"http://127.0.0.1:{sim.port}"),
+        (10, "https://api.anthropic.com"),
+        (11, "https://api.anthropic.com"),
     ]
     assert sql(old_store, "SELECT count(*), count(source) FROM llmledger_history") == [(1, 0)]
     assert sql(old_store, "SELECT count(*) FROM messages WHERE title_source IS NOT NULL") == [(0,)], (

@@ -94,7 +94,7 @@ def test_documents_are_paid_once_whatever_their_path_and_a_changed_file_is_stale
 def test_models_are_compared_and_the_cheapest_that_agrees_answers_the_rest(tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("openai", reason="the notebook runs an OpenAI model: pip install -e '.[dev]'")
     text = text_of(execute("06_models.ipynb", tmp_path / "models.duckdb", monkeypatch))
-    for step, model in [("sonnet", "claude-sonnet-5-5"), ("haiku", "claude-haiku-5-5"), ("nano", "gpt-5-nano")]:
+    for step, model in [("sonnet", "claude-sonnet-5-5"), ("haiku", "claude-haiku-5-5"), ("nano", "gpt-6-luna")]:
         assert f"sentiment_{step} ({model}): 300 DONE" in text, "each model answered the 300 rows"
     assert "sentiment_local (qwen3:8b): 300 DONE, $0.000000/row" in text, "the local server, priced at 0"
     agree = {s: float(p) for s, p in re.findall(r"(sentiment_\w+) +agrees +([\d.]+)%", text)}

@@ -32,7 +32,7 @@ from .conftest import TEST_MODELS, frame, sql
 
 openai = pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
 
-GPT = "openai:gpt-5-mini"
+GPT = "openai:gpt-6.1-terra"
 PROMPT = "Summarize: {text}"
 FAST = RetryPolicy(base_delay=0.01, max_delay=0.05, outage_after=0.5, outage_failures=5)
 
@@ -67,7 +67,7 @@ def test_rows_are_answered_by_chat_completions_and_a_rerun_pays_nothing(
     }
     rows = sql(store, "SELECT s_prompt, s_fingerprint::VARCHAR, s_model, s_cost_usd, s_stop_reason FROM t")
     assert {prompt: fp for prompt, fp, *_ in rows} == sent
-    assert {r[2] for r in rows} == {"gpt-5-mini"} and all(r[3] > 0 for r in rows), "priced from prices.json"
+    assert {r[2] for r in rows} == {"gpt-6.1-terra"} and all(r[3] > 0 for r in rows), "priced from prices.json"
     assert {r[4] for r in rows} == {"end_turn"}, "finish_reason 'stop' in the ledger's words"
 
     again = ask(frame(12), "s", prompt=PROMPT, system="Be brief.", max_tokens=40)
@@ -88,7 +88,7 @@ def test_a_step_moved_between_providers_is_stale_not_paid_and_moving_back_pays_n
     assert sim.stats()["paid"] == 6 and out["s_stale"].all(), "Claude's answers are not taken for GPT's"
     ask(frame(6), "s", prompt=PROMPT, redo="stale")
     assert sim.stats()["paid"] == 12
-    assert sql(store, "SELECT DISTINCT s_model FROM t") == [("gpt-5-mini",)]
+    assert sql(store, "SELECT DISTINCT s_model FROM t") == [("gpt-6.1-terra",)]
     with pytest.warns(llmledger.StaleAnswersWarning):
         claude(frame(6), "s", prompt=PROMPT)
     back = claude(frame(6), "s", prompt=PROMPT, redo="stale")
@@ -98,7 +98,7 @@ def test_a_step_moved_between_providers_is_stale_not_paid_and_moving_back_pays_n
 
 def test_resume_refuses_a_client_of_the_other_provider(ask: Any, store: Path, client: Any) -> None:
     ask(frame(3), "s", prompt=PROMPT)
-    with pytest.raises(InvalidInputError, match=r"sends with an openai\.AsyncOpenAI client, got AsyncAnthropic"):
+    with pytest.raises(InvalidInputError, match=r"must be an openai\.AsyncOpenAI .*got AsyncAnthropic"):
         resume(store, "t", "s", client=client, progress=False)
 
 
@@ -130,32 +130,40 @@ def test_a_long_shared_prefix_is_cached_automatically_and_priced_as_cached(
 ) -> None:
     system = "You are a careful assistant. " * 400  # well over OpenAI's 1,024-token minimum
     ask(frame(6), "s", prompt=PROMPT, system=system, concurrency=1)
-    rows = sql(store, "SELECT s_cache_read_tokens, s_input_tokens, s_output_tokens, s_cost_usd FROM t ORDER BY id")
+    rows = sql(
+        store,
+        "SELECT s_cache_read_tokens, s_input_tokens, s_output_tokens, s_cost_usd, s_cache_write_tokens FROM t "
+        "ORDER BY id",
+    )
     assert rows[0][0] == 0 and all(r[0] > 1024 and r[0] % 128 == 0 for r in rows[1:]), rows
-    price = llmledger.prices().filter(model="gpt-5-mini").row(0, named=True)
-    for read, plain, out, cost in rows:
-        expected = (plain * price["input"] + read * price["cache_read"] + out * price["output"]) / 1e6
-        assert cost == pytest.approx(expected)
+    # GPT-6 models bill the first request's write of the prefix to the cache (1.25x input); the rest read it
+    assert rows[0][4] == rows[1][0] and all(r[4] == 0 for r in rows[1:]), rows
+    price = llmledger.prices().filter(model="gpt-6.1-terra").row(0, named=True)
+    assert price["cache_write_5m"] == 1.25 * price["input"]
+    for read, plain, out, cost, wrote in rows:
+        expected = (plain * price["input"] + read * price["cache_read"] + wrote * price["cache_write_5m"]) / 1e6
+        assert cost == pytest.approx(expected + out * price["output"] / 1e6)
     assert sim.stats()["cache_read_tokens"] == sum(r[0] for r in rows)
+    assert sim.stats()["cache_write_tokens"] == rows[0][4]
 
 
 def test_calls_an_openai_model_cannot_make_are_refused_before_anything_is_written(
     ask: Any, store: Path, client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for options, says in [
-        ({"mode": "batch", "batch_size": 60_000}, "at most 50,000 .the OpenAI API's limit"),
-        ({"cache": "1h"}, "OpenAI caches long prefixes by itself"),
+        ({"mode": "batch", "batch_size": 60_000}, "at most 50,000 .OpenAI's API's limit"),
+        ({"cache": "1h"}, "OpenAI.s API caches long prefixes by itself"),
         ({"request_options": {"max_tokens": 5}}, "pass max_tokens= instead"),
         ({"request_options": {"n": 2}}, "one answer per row"),
         ({"request_options": {"temperature": 3}}, "between 0.0 and 2.0"),
-        ({"client": client}, "openai.AsyncOpenAI client"),
+        ({"client": client}, "must be an openai.AsyncOpenAI"),
         ({"request_options": {"system": "Be brief."}}, "pass system= instead"),
         ({"request_options": {"llmledger_provider": "anthropic"}}, "pass model='openai:...' instead"),
         ({"model": "m", "request_options": {"llmledger_provider": "openai"}}, "llmledger's own"),
-        ({"model": "OPENAI:gpt-5-mini"}, "lower case"),
+        ({"model": "OPENAI:gpt-6.1-terra"}, "lower case"),
         ({"model": "openai:"}, "no model id"),
-        ({"model": "openai: gpt-5-mini"}, "no model id, or one with spaces"),
-        ({"model": "gpt-5-mini "}, "spaces around it"),
+        ({"model": "openai: gpt-6.1-terra"}, "no model id, or one with spaces"),
+        ({"model": "gpt-6.1-terra "}, "spaces around it"),
     ]:
         with pytest.raises(InvalidInputError, match=says):
             ask(frame(2), "s", prompt=PROMPT, **options)
@@ -211,7 +219,7 @@ def test_an_openai_compatible_server_gets_max_tokens_and_names_itself(
 
 def test_the_simulator_speaks_openais_api_to_the_openai_sdk(sim: Simulator) -> None:
     client = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="k", max_retries=0)
-    args: dict[str, Any] = {"model": "gpt-5-mini", "messages": [{"role": "user", "content": "hi"}]}
+    args: dict[str, Any] = {"model": "gpt-6.1-terra", "messages": [{"role": "user", "content": "hi"}]}
     sim.configure(rate_limit=10, tokens_per_minute=60_000)
     raw = client.chat.completions.with_raw_response.create(max_completion_tokens=100, **args)
     assert raw.headers["x-ratelimit-limit-requests"] == "600" and raw.headers["x-ratelimit-limit-tokens"] == "60000"
@@ -243,14 +251,14 @@ def test_the_simulator_speaks_openais_api_to_the_openai_sdk(sim: Simulator) -> N
 def test_a_reasoning_model_that_thinks_away_its_max_tokens_stops_the_run_instead_of_showing_nothing(
     ask: Any, sim: Simulator, store: Path
 ) -> None:
-    """gpt-5 models think before they answer, and the thinking counts toward max_completion_tokens: a bound of 16
+    """GPT-6 models think before they answer, and the thinking counts toward max_completion_tokens: a bound of 16
     for a one-word answer leaves an empty answer, paid. No row shows that as DONE; the run stops once the first
     answers all came back so, and says what to change."""
     with pytest.raises(RequestRefused, match=r"spent all of max_tokens.*reasoning_effort"):
         ask(frame(40), "s", prompt=PROMPT, max_tokens=16, concurrency=1)
     assert sim.stats()["paid"] == 3, "it stopped after three answers alike (each was paid for)"
     assert sql(store, "SELECT count(*) FROM t WHERE s_status = 'DONE'") == [(0,)]
-    out = ask(frame(40), "s", prompt=PROMPT, max_tokens=16, request_options={"reasoning_effort": "minimal"})
+    out = ask(frame(40), "s", prompt=PROMPT, max_tokens=16, request_options={"reasoning_effort": "none"})
     assert out["s_status"].to_list() == ["DONE"] * 40 and all(out["s"].str.len_chars() > 0)
     used = sql(store, "SELECT max(s_output_tokens) FROM t")[0][0]
     assert 0 < used <= 16
@@ -343,8 +351,8 @@ def test_an_openai_run_in_a_fresh_process_never_loads_the_anthropic_sdk(sim: Sim
         "import sys, polars as pl\n"
         "from llmledger import apply_llm\n"
         "df = pl.DataFrame({'id': [1, 2, 3], 'text': ['a', 'b', 'c']})\n"
-        f"out = apply_llm(df, 's', prompt='Say {{text}}', model='openai:gpt-5-mini', base_url={sim.base_url + '/v1'!r},"
-        f" api_key='k', store={str(store)!r}, progress=False)\n"
+        "out = apply_llm(df, 's', prompt='Say {text}', model='openai:gpt-6.1-terra',"
+        f" base_url={sim.base_url + '/v1'!r}, api_key='k', store={str(store)!r}, progress=False)\n"
         "print(out['s_status'].to_list(), sorted(m for m in ('anthropic', 'openai') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -27,7 +27,7 @@ from .conftest import frame, helper_cmd, sql, subprocess_env
 
 openai = pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
 
-GPT = "openai:gpt-5-mini"
+GPT = "openai:gpt-6.1-terra"
 PROMPT = "Summarize: {text}"
 
 
@@ -175,7 +175,7 @@ def test_a_killed_process_loses_no_openai_batch_and_another_collects_it(
     cost, tokens_in, tokens_out = sql(
         store, "SELECT sum(summary_cost_usd), sum(summary_input_tokens), sum(summary_output_tokens) FROM messages"
     )[0]
-    price = llmledger.prices().filter(model="gpt-5-mini").row(0, named=True)
+    price = llmledger.prices().filter(model="gpt-6.1-terra").row(0, named=True)
     assert cost == pytest.approx((tokens_in * price["input"] + tokens_out * price["output"]) / 1e6 / 2), "batch rate"
     states = dict(sql(store, "SELECT state, count(*) FROM llmledger_batches GROUP BY ALL"))
     assert states == ({"abandoned": 1, "merged": 1} if die_before == "create" else {"merged": 1})

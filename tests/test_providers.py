@@ -44,7 +44,7 @@ def provider(request: pytest.FixtureRequest, sim: Simulator) -> Provider:
         return Provider("anthropic", "m", client, "enforced_spend_limit_reached", {})
     openai = pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
     client = openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="test-key")
-    return Provider("openai", "openai:gpt-5-mini", client, "insufficient_quota", {"llmledger_provider": "openai"})
+    return Provider("openai", "openai:gpt-6.1-terra", client, "insufficient_quota", {"llmledger_provider": "openai"})
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_rate_limits_and_server_errors_are_retried_without_counting_against_the_
 
 
 def test_a_model_the_api_does_not_have_stops_the_run(ask: Any, provider: Provider) -> None:
-    model = provider.model.replace("gpt-5-mini", "gpt-nope") if provider.name == "openai" else "claude-nope"
+    model = provider.model.replace("gpt-6.1-terra", "gpt-nope") if provider.name == "openai" else "claude-nope"
     with pytest.raises(ModelNotFound, match="nope"):
         ask(frame(3), "s", prompt=PROMPT, model=model)
 

@@ -17,6 +17,7 @@ from llmledger._run.estimate import estimate
 from llmledger._run.pipeline import pipeline
 from llmledger._run.run import Run, last_report
 from llmledger._run.worker import work
+from llmledger._step.models import ModelRetiringWarning, models
 from llmledger._step.prices import UnknownPriceWarning, prices, set_price
 from llmledger._step.request import fingerprint
 from llmledger._version import __version__
@@ -53,6 +54,7 @@ __all__ = [
     "KeyColumnError",
     "LedgerError",
     "ModelNotFound",
+    "ModelRetiringWarning",
     "OutageError",
     "Outcome",
     "PipelineReport",
@@ -86,6 +88,7 @@ __all__ = [
     "flag",
     "history",
     "last_report",
+    "models",
     "pipeline",
     "prices",
     "progress",

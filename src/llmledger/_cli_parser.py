@@ -135,6 +135,12 @@ def parser() -> argparse.ArgumentParser:
         "--show", type=int, default=10, metavar="N", help="print the first N rows where they differ (default 10)"
     )
 
+    p_models = verb(
+        "models",
+        help="llmledger.models(): the models llmledger knows, their prices, what they support and their lifecycle",
+    )
+    p_models.add_argument("--provider", choices=("anthropic", "openai"), default=None, help="one provider's models")
+
     p_sql = verb("sql", help="run a SQL query on the store and print the result")
     p_sql.add_argument("store")
     p_sql.add_argument("query")
@@ -220,7 +226,11 @@ def _status_or_text(value: str) -> int | str:
     return int(value) if value.isdigit() else value
 
 
-_FAULTS = {f.name: f for f in dataclasses.fields(Faults) if f.name not in ("fail_next", "outage_until", "accuracy")}
+_FAULTS = {
+    f.name: f
+    for f in dataclasses.fields(Faults)
+    if f.name not in ("fail_next", "outage_until", "accuracy", "shutdowns")
+}
 _FAULTS_AS_TOLD = ("outage_for", "fail_next")  # as simulate() takes them: seconds from now; a list of faults
 
 

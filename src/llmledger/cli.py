@@ -147,6 +147,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.show > 0 and comparison.differences.height:
                 with pl.Config(tbl_rows=args.show, fmt_str_lengths=60, tbl_width_chars=160):
                     print(comparison.differences.head(args.show))
+        elif args.command == "models":
+            from llmledger._step.models import models
+
+            table = models(provider=args.provider).select(
+                "model", "status", "shutdown", "replacement", "input", "output", "cache_read", "batch", "flex"
+            )
+            with pl.Config(**{**_TABLE_FORMAT, "tbl_rows": -1}):
+                print(table)
+            print("USD per million tokens; batch and flex are multipliers. llmledger.models() has every column.")
         elif args.command == "copy":
             from llmledger._ledger.copy import copy
 

@@ -362,7 +362,7 @@ def kill9(
     }
 
 
-OPENAI_MODEL = "openai:gpt-5-mini"
+OPENAI_MODEL = "openai:gpt-6.1-terra"
 
 
 def openai_results(folder: Path, *, quick: bool) -> dict[str, Any]:

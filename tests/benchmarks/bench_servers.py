@@ -13,17 +13,20 @@ ceiling. The issue's target: adaptive >= 0.9 of the best fixed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-import anthropic
 import polars as pl
 
 from llmledger import Simulator, UnknownPriceWarning, apply_llm
+
+ADAPTIVE = "llmledger._exec.online.AdaptiveLimit"  # patched to None: requests at once stay at concurrency=
 
 MODEL = "local-model"
 FIXED = (2, 4, 8, 16, 32, 64)
@@ -36,18 +39,15 @@ def _frame(rows: int) -> pl.DataFrame:
 def one_run(rows: int, folder: Path, *, concurrency: int, adaptive: bool, server: dict[str, Any]) -> dict[str, Any]:
     """Rows per second, and the share of 429s, of one run against a fresh server."""
     with Simulator(compatible=True, models=(MODEL,), **server) as sim:
-        where: dict[str, Any] = (
-            {"base_url": sim.server_url}
-            if adaptive
-            else {"client": anthropic.AsyncAnthropic(base_url=sim.server_url, api_key="bench")}
-        )
         store = folder / f"{'adaptive' if adaptive else 'fixed'}-{concurrency}.duckdb"
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
+        # the fixed runs: the same server, with the adaptation turned off
+        fixed = contextlib.nullcontext() if adaptive else mock.patch(ADAPTIVE, lambda concurrency: None)
+        with warnings.catch_warnings(), fixed:
             warnings.simplefilter("ignore", UnknownPriceWarning)
             apply_llm(
                 _frame(rows), "s", prompt="{text}", model=MODEL, store=store, concurrency=concurrency, progress=False,
-                **where,
+                base_url=sim.server_url,
             )  # fmt: skip
         seconds = time.perf_counter() - t0
         stats = sim.stats()

@@ -31,7 +31,7 @@ CLEAR = {
     "latency": 0.02,
     "batch_lose_response": 0,
 }
-OPENAI_MODEL = "openai:gpt-5-mini"
+OPENAI_MODEL = "openai:gpt-6.1-terra"
 WORKER_STALE_AFTER = 3.0  # seconds: a killed worker's rows come back this soon (each worker is its own machine)
 
 

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmledger._draw import error_kind, rows
-from llmledger._exec.client import Kind, classify
+from llmledger._exec.apis.messages import classify
+from llmledger._exec.client import Kind
 from llmledger._exec.pacing import MAX_RETRY_AFTER, backoff, retry_after
 from llmledger._ledger.states import Outcome, Status, attempts_after, status_after_failure
 from llmledger._ledger.where import check_where_shape, where_shape_problem
@@ -160,7 +161,7 @@ def test_openais_errors_are_classified_as_openai_documents_them(
     status: int, body: dict, kind: str, stop: str | None
 ) -> None:
     openai = pytest.importorskip("openai")
-    from llmledger._exec import chat
+    from llmledger._exec.apis import chat
 
     base = openai._base_client
     sdk_httpx = getattr(base, "httpx2", None) or base.httpx  # the HTTP library the installed SDK is built on

@@ -95,7 +95,7 @@ def test_a_stored_request_reads_back_as_the_request_it_was(
 @pytest.mark.parametrize(
     ("named", "split"),
     [
-        ("openai:gpt-5-mini", ("openai", "gpt-5-mini")),
+        ("openai:gpt-6.1-terra", ("openai", "gpt-6.1-terra")),
         ("anthropic:claude-haiku-5-5", ("anthropic", "claude-haiku-5-5")),
         ("claude-haiku-5-5", ("anthropic", "claude-haiku-5-5")),
         ("llama3.2:3b", ("anthropic", "llama3.2:3b")),

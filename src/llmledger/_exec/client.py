@@ -10,14 +10,11 @@ installed SDK's signature, the body sent is exactly the one fingerprinted.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
-from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,15 +28,6 @@ if TYPE_CHECKING:  # the SDK takes over a second to import: it is imported where
 
 DEFAULT_MODEL = "claude-haiku-5-5"  # the cheapest current Claude model (prices.json): row work is volume
 
-# error.details.error_code values that mean "this account cannot spend more now"
-SPEND_LIMIT_CODES = {
-    "enforced_spend_limit_reached",
-    "contract_spend_limit_reached",
-    "linked_organization_spend_limit_reached",
-    "linked_organization_billing_unavailable",
-}
-# A 400 whose message says the account's usage limit or credit is exhausted (older accounts get no error_code).
-_USAGE_LIMIT = re.compile(r"usage limit|credit balance is too low|spend limit", re.IGNORECASE)
 TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
 _FULL = {429, 503, 529}  # statuses by which a server says it has more than it can take
 
@@ -64,6 +52,7 @@ class Reply:
     batch: bool = False  # answered in a Message Batch (billed at the batch rate)
     latency_ms: int | None = None  # how long its request(s) took, sent to answered; None: no request of its own
     counted: bool = True  # the server said what the answer used (some servers send no usage: tokens, cost NULL)
+    flex: bool = False  # answered at OpenAI's flex processing tier (`service_tier: "flex"`), billed at its rate
 
     def plus(self, later: Reply) -> Reply:
         """`later` (an answer to a follow-up request), carrying the usage of both."""
@@ -79,6 +68,7 @@ class Reply:
             self.calls + later.calls,
             later.batch,
             None if self.latency_ms is None or later.latency_ms is None else self.latency_ms + later.latency_ms,
+            flex=later.flex,
         )
 
 
@@ -110,32 +100,6 @@ def error_fields(exc: Any, code_of: Callable[[dict[str, Any]], Any]) -> tuple[st
         str(error.get("message") or exc.message),
         None if code is None else str(code),
     )
-
-
-def _details_code(error: dict[str, Any]) -> str | None:
-    """Anthropic's `details.error_code`."""
-    details = error.get("details")
-    code = details.get("error_code") if isinstance(details, dict) else None
-    return code if isinstance(code, str) else None
-
-
-def classify(exc: BaseException) -> CallFailed:
-    """Map an SDK exception to what the run should do about it."""
-    import anthropic
-
-    if not isinstance(exc, anthropic.APIStatusError):
-        return sdk_failure(exc, anthropic)
-    status, headers = exc.status_code, exc.response.headers
-    kind, message, code = error_fields(exc, _details_code)
-    request_id = headers.get("request-id") or (exc.body.get("request_id") if isinstance(exc.body, dict) else None)
-    stop = None
-    if code == "organization_on_hold" or status in (401, 403):
-        stop = Outcome.AUTH
-    elif status == 404:  # the Messages endpoint exists, so it is the model: every row would fail alike
-        stop = Outcome.NO_MODEL
-    elif code in SPEND_LIMIT_CODES or status == 402 or (status == 400 and _USAGE_LIMIT.search(message)):
-        stop = Outcome.SPEND_LIMIT
-    return status_failure(exc, headers, error_detail(exc, kind, message, code, request_id), stop)
 
 
 def error_detail(exc: Any, kind: str, message: str, code: str | None, request_id: str | None) -> str:
@@ -189,16 +153,6 @@ class Api:
     counts_cached: bool = False  # its token limit counts cached input (OpenAI's does; Anthropic's mostly not)
 
 
-async def _messages_call(client: anthropic.AsyncAnthropic, body: dict[str, Any]) -> tuple[Any, Any]:
-    required = {name: body[name] for name in ("model", "max_tokens", "messages")}
-    extra = {name: value for name, value in body.items() if name not in required}
-    raw = await client.messages.with_raw_response.create(**required, extra_body=extra or None)
-    message = raw.parse()
-    if inspect.isawaitable(message):  # anthropic >= 0.4x made parse() a coroutine on async clients
-        message = await message
-    return message, raw.headers
-
-
 def is_openai_client(client: Any) -> bool:
     """Whether `client` is one of the openai SDK's, a subclass, or a proxy of one (its `__class__`, which
     `isinstance` reads too, as the step's own client check does): told without importing either SDK."""
@@ -206,12 +160,10 @@ def is_openai_client(client: Any) -> bool:
 
 
 def api_for(client: Any) -> Api:
-    """The Api of a client: Anthropic's SDK, or OpenAI's (`chat.py`)."""
-    if is_openai_client(client):
-        from llmledger._exec import chat  # imports the openai SDK, an optional extra
+    """The Api of a client: the module of `_exec/apis` whose SDK made it."""
+    from llmledger._exec.apis import for_client  # each API's module imports this one
 
-        return chat.chat_completions_api()
-    return messages_api()
+    return for_client(client).api()
 
 
 async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None) -> Reply:
@@ -256,37 +208,9 @@ async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[],
 REFUSAL = "refusal: the model declined to answer this prompt"
 
 
-def _message_useless(message: Any) -> str | None:
-    return REFUSAL if message.stop_reason == "refusal" else None
-
-
 def known_reply(answer: KnownAnswer) -> Reply:
     """A stored answer to an identical request, as a reply (its usage is this row's: none)."""
     return Reply(answer.output, 0, 0, answer.stop_reason, answer.model)
-
-
-def reply_from(message: Any, model: str, *, batch: bool = False) -> Reply:
-    """The text and usage of an SDK Message (an online answer, or a batch result's)."""
-    usage = message.usage
-    cache = getattr(usage, "cache_creation", None)
-    text = "".join(getattr(block, "text", "") for block in message.content if block.type == "text")
-    return Reply(
-        text=clean_text(text),
-        input_tokens=getattr(usage, "input_tokens", None) or 0,
-        output_tokens=getattr(usage, "output_tokens", None) or 0,
-        stop_reason=message.stop_reason,
-        model=message.model or model,
-        cache_write_tokens=getattr(usage, "cache_creation_input_tokens", None) or 0,
-        cache_write_1h_tokens=(
-            cache.get("ephemeral_1h_input_tokens")
-            if isinstance(cache, dict)  # older SDKs
-            else getattr(cache, "ephemeral_1h_input_tokens", None)
-        )
-        or 0,
-        cache_read_tokens=getattr(usage, "cache_read_input_tokens", None) or 0,
-        batch=batch,
-        counted=usage is not None,
-    )
 
 
 def clean_text(text: str) -> str:
@@ -326,6 +250,10 @@ def use_session_simulator(base_url: str | None) -> None:
 def session_base_url() -> str:
     """The base URL of the session's simulator (`llmledger.simulate()`); only when `simulated()`."""
     assert _session_base_url is not None
+    return _session_base_url
+
+
+def _session_base_url_or_none() -> str | None:
     return _session_base_url
 
 
@@ -379,32 +307,3 @@ def shown_url(url: str) -> str:
         return endpoint_url(url)
     except ValueError:
         return "<a URL that cannot be read>"
-
-
-def default_client(*, timeout: float | None = None) -> anthropic.AsyncAnthropic:
-    """The real SDK, configured from the environment (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or pointed at
-    the simulator `llmledger.simulate()` started (no key needed, nothing paid)."""
-    import anthropic
-
-    kwargs: dict[str, Any] = {"max_retries": 0}
-    if timeout is not None:
-        kwargs["timeout"] = timeout
-    if _session_base_url is not None:
-        kwargs.update(base_url=_session_base_url, api_key="simulated")
-    return anthropic.AsyncAnthropic(**kwargs)
-
-
-@cache
-def messages_api() -> Api:
-    """Anthropic's Messages API (made on first use, with the SDK)."""
-    import anthropic
-
-    return Api(
-        _messages_call,
-        reply_from,
-        _message_useless,
-        classify,
-        anthropic.APIStatusError,
-        anthropic.AnthropicError,
-        anthropic.APITimeoutError,
-    )

@@ -40,8 +40,8 @@ from llmledger._ledger.liveness import is_abandoned, is_alive_here
 from llmledger._ledger.states import Outcome
 from llmledger._ledger.types import BatchRecord
 from llmledger._report import RunReport
+from llmledger._step.apis import shape_of
 from llmledger._step.output import OutputSpec
-from llmledger._step.request import OPENAI
 from llmledger._time import utcnow
 
 log = logging.getLogger("llmledger")
@@ -116,7 +116,7 @@ class BatchCollector(BatchMerger):
                 foreign.append(record)
                 self._leave(
                     record,
-                    f"went to {'OpenAI' if record.provider == OPENAI else 'Anthropic'}'s batch API, and this run "
+                    f"went to {shape_of(record.provider).own_api}'s batch API, and this run "
                     "sends to the other provider's: a run of the step on a model of that provider collects it "
                     "(its answers are kept then; they are paid for)",
                 )

@@ -17,12 +17,13 @@ import time
 from typing import Any, Protocol
 
 from llmledger._exec.adaptive import AdaptiveLimit
-from llmledger._exec.chat import NO_ROOM
+from llmledger._exec.apis.chat import NO_ROOM
 from llmledger._exec.client import CallFailed, Kind, NotSent, Reply, known_reply, send
 from llmledger._exec.config import RetryPolicy
 from llmledger._exec.pacing import Pacer, backoff
 from llmledger._ledger import KnownAnswer
 from llmledger._ledger.states import Outcome
+from llmledger._step import models as model_facts
 from llmledger._step.attach import NOT_SENT, AttachmentError, Attachments
 from llmledger._step.output import OutputError, OutputSpec
 from llmledger._step.request import RequestSpec
@@ -48,9 +49,22 @@ _STOP_ADVICE = {
     Outcome.RETRY_REFUSED: "the API said not to retry ({}); no row was marked failed. Run the same call again "
     "later to resume.",
     Outcome.NO_MODEL: "the API has no such model ({}); no row was marked failed. Check model= (see "
-    "llmledger.prices() for Claude's current model ids; a base_url= server has the models it was started with, "
+    "llmledger.models() for the current model ids; a base_url= server has the models it was started with, "
     "and answers 404 too when base_url= has a wrong path) and run again.",
 }
+
+
+def stop_advice(outcome: Outcome, failure: CallFailed, model: str) -> str:
+    """What a run stopped by `failure` tells the user: a 404 for a model past its announced shutdown date says it
+    was retired on that date and what replaces it."""
+    retired = model_facts.retired_note(model, model_facts.current_day()) if outcome is Outcome.NO_MODEL else None
+    if retired is not None:
+        return (
+            f"{retired} ({failure}); no row was marked failed. Move the step to the replacement with "
+            "apply_llm(..., model=...): its answers turn stale, reported and not paid (llmledger.models() lists "
+            "the models and their lifecycles)."
+        )
+    return _STOP_ADVICE.get(outcome, "{}").format(failure)
 
 
 # Distinct requests refused alike, none answered, that stop a run (`OnlineSender._refused_alike`): enough that a
@@ -190,7 +204,7 @@ class OnlineSender:
             except CallFailed as failure:
                 if failure.kind is Kind.FATAL:
                     outcome = failure.stop or Outcome.ERROR
-                    self.sink.stop(outcome, _STOP_ADVICE.get(outcome, "{}").format(failure))
+                    self.sink.stop(outcome, stop_advice(outcome, failure, str(body.get("model"))))
                     return None
                 if failure.kind is Kind.PERMANENT:
                     if failure.reply is not None:  # refused, but billed: the run's report and budget count it

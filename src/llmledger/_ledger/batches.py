@@ -31,7 +31,8 @@ from llmledger._ledger.schema import BATCHES_TABLE, STEPS_TABLE
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import BatchRecord, BatchRows
 from llmledger._ledger.verbs import commit_results, give_back, input_columns, requests_of
-from llmledger._step.request import ANTHROPIC, PROVIDER_KEY
+from llmledger._step.apis import ANTHROPIC
+from llmledger._step.request import PROVIDER_KEY
 from llmledger._step.sqltext import q
 
 ASSIGNED = "llmledger_assigned"

@@ -15,7 +15,8 @@ import polars as pl
 
 from llmledger._ledger.states import Redo
 from llmledger._ledger.survey import Layout
-from llmledger._step.request import ANTHROPIC, RequestSpec, canonical_json
+from llmledger._step.apis import ANTHROPIC
+from llmledger._step.request import RequestSpec, canonical_json
 
 if TYPE_CHECKING:
     from llmledger._step.prompt import PromptPlan

@@ -32,6 +32,7 @@ from llmledger._run.frames import (
     resolve_key,
     storable,
 )
+from llmledger._run.lifecycle import warn_if_retiring
 from llmledger._run.plan import (
     Plan,
     Validator,
@@ -43,14 +44,13 @@ from llmledger._run.plan import (
     with_null_fields,
 )
 from llmledger._run.run import Run, set_last_report
+from llmledger._step.apis import ANTHROPIC, ApiShape, shape_of
 from llmledger._step.messages import attachments as attachments_of
 from llmledger._step.messages import cached, check_prefix, prompt_and_prefix
 from llmledger._step.output import output_spec
 from llmledger._step.prices import warn_unpriced
 from llmledger._step.prompt import Prompt, check_prompt, plan_prompt
 from llmledger._step.request import (
-    ANTHROPIC,
-    OPENAI,
     RequestSpec,
     check_max_tokens,
     check_model,
@@ -192,8 +192,9 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
     check_model(model)
     provider, model = split_model(model)
-    if provider == OPENAI:
-        check_openai_call(o["cache"])
+    shape = shape_of(provider)
+    if shape.caches_itself:
+        check_no_cache_ttl(o["cache"], shape)
     frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys, provider)
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
@@ -201,17 +202,15 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     options = check_request_options(o["request_options"], provider)
     check_no_nul(prompt, system, options, prefix)
     spec = output_spec(o["output"])
-    if spec is not None and provider == OPENAI:  # response_format is refused in request_options: only output= sets it
-        options["response_format"] = spec.response_format()
-    elif spec is not None:
-        if "output_config" in options:
+    if spec is not None:
+        if shape.structured_field in options:  # refused in request_options where apply_llm sets it itself
             raise InvalidInputError(
-                "pass the output schema either as output= or as request_options['output_config'], not both"
+                f"pass the output schema either as output= or as request_options[{shape.structured_field!r}], not both"
             )
-        options["output_config"] = spec.request_option()
+        options[shape.structured_field] = shape.structured(spec)
     check_validator(validate)
     ttl = cache_ttl(o["cache"], model, system, prefix)  # checks cache= for either provider
-    if provider != ANTHROPIC:  # OpenAI caches long prefixes by itself: no breakpoint is sent
+    if shape.caches_itself:  # such an API caches long prefixes by itself: no breakpoint is sent
         ttl = None
     request = RequestSpec(
         model=model,
@@ -268,6 +267,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     )
     plan = with_null_fields(plan, prompt, o.get("skip_nulls", False))
     warn_unpriced(model)  # every check passed: the call will run
+    warn_if_retiring(model, provider=provider, client=plan.client, endpoint=plan.endpoint)
     return plan
 
 
@@ -358,6 +358,8 @@ def resume(
     if problem is not None:
         raise InvalidInputError(problem)
     check_credentials(plan.client)
+    if recorded is not None:
+        warn_if_retiring(recorded.model, provider=recorded.provider, client=plan.client, endpoint=plan.endpoint)
     run = Run(plan, watch=make_display)
     if background:
         return run.start_background()
@@ -366,12 +368,12 @@ def resume(
     return result
 
 
-def check_openai_call(cache: Any) -> None:
-    """What a model named "openai:..." does not take."""
+def check_no_cache_ttl(cache: Any, shape: ApiShape) -> None:
+    """An API that caches long prefixes by itself has no ttl to choose."""
     if cache in ("5m", "1h"):
         raise InvalidInputError(
-            f"cache={cache!r} chooses how long Anthropic's prompt cache keeps a prefix; OpenAI caches long prefixes "
-            "by itself, with no ttl to choose: pass cache=True (the default) or leave it out"
+            f"cache={cache!r} chooses how long Anthropic's prompt cache keeps a prefix; {shape.own_api} caches long "
+            "prefixes by itself, with no ttl to choose: pass cache=True (the default) or leave it out"
         )
 
 

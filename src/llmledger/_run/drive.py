@@ -12,9 +12,9 @@ from typing import Any
 
 import polars as pl
 
+from llmledger._exec.apis import for_client, messages
 from llmledger._exec.batch import BatchSender
-from llmledger._exec.chat import openai_sdk
-from llmledger._exec.client import bounded_timeout, default_client, is_openai_client
+from llmledger._exec.client import bounded_timeout
 from llmledger._exec.collect import BatchCollector
 from llmledger._exec.scheduler import Scheduler
 from llmledger._ledger import Ledger, Selection
@@ -143,11 +143,7 @@ async def run_batches(
 
 def sdk_of(client: Any) -> Any:
     """The SDK module a client comes from: `anthropic`, or `openai` (an optional extra)."""
-    if is_openai_client(client):
-        return openai_sdk()
-    import anthropic  # imported where a run sends: `import llmledger` and the CLI's readers do without it
-
-    return anthropic
+    return for_client(client).load()
 
 
 def run_client(client: Any) -> tuple[Any, bool]:
@@ -161,7 +157,7 @@ def run_client(client: Any) -> tuple[Any, bool]:
     say) is used as given.
     """
     if client is None:
-        return default_client(), True
+        return messages.default_client(), True
     http = getattr(client, "_client", None)
     if http is not None and type(http).__name__ != "AsyncHttpxClientWrapper":
         return client, False

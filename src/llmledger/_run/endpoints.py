@@ -6,27 +6,24 @@ to; and why a call may not finish a step whose requests name another API or serv
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from llmledger._exec.chat import OPENAI_API, make_client, openai_sdk
+from llmledger._exec.apis import for_client, for_provider
 from llmledger._exec.client import (
-    ANTHROPIC_API,
     answer_source,
     endpoint_url,
-    is_openai_client,
     session_base_url,
     shown_url,
     simulated,
 )
 from llmledger._ledger.columns import SIMULATOR
-from llmledger._step.request import ANTHROPIC, OPENAI
+from llmledger._step.apis import ANTHROPIC, SHAPES, ApiShape, shape_of
 from llmledger.errors import InvalidInputError
 
 
 def own_api(provider: str) -> str:
-    return "OpenAI's API" if provider == OPENAI else "Anthropic's API"
+    return shape_of(provider).own_api
 
 
 def endpoint_refusal(
@@ -79,10 +76,12 @@ def client_for(client: Any, base_url: Any, api_key: Any, provider: str = ANTHROP
     or OpenAI's for `model="openai:..."`) or a simulator, which answer as that API does (batches, rate-limit
     headers, prices), so requests to them name none.
 
-    `base_url=` is another server that answers the provider's API (vLLM, Ollama, llama.cpp's server, a LiteLLM
-    proxy, a gateway; for OpenAI's, OpenRouter, Together, Groq, Gemini's endpoint). It gets `api_key=`, or a
-    placeholder: never the environment's key, which goes only to the provider's own URL. `api_key=` alone is a key
-    for the provider's own API.
+    Every way of naming another server names it the same: `base_url=`, the SDK's environment variable
+    (`ANTHROPIC_BASE_URL`, `OPENAI_BASE_URL`) or a `client=` whose base URL is that server's. Such a server (vLLM,
+    Ollama, llama.cpp's server, a LiteLLM proxy, a gateway; for OpenAI's API, OpenRouter, Together, Groq, Gemini's
+    endpoint) gets `api_key=`, or a placeholder: never the environment's key, which goes only to the provider's own
+    URL, or to the server named by the environment beside it. `api_key=` alone is a key for the provider's own API.
+    Each API's client is made by its module in `_exec/apis` (`for_provider`).
     """
     for name, value in (("base_url", base_url), ("api_key", api_key)):
         if value is not None and client is not None:
@@ -93,69 +92,39 @@ def client_for(client: Any, base_url: Any, api_key: Any, provider: str = ANTHROP
         if value is not None and (not isinstance(value, str) or not value.strip()):
             got = "a blank string" if isinstance(value, str) else type(value).__name__  # a key is never echoed
             raise InvalidInputError(f"{name} must be a non-empty string, got {got}")
-    if provider == OPENAI:
-        return _openai_client(client, base_url, api_key)
-    import anthropic  # imported where a run sends: `import llmledger` and the CLI's readers do without it
-
-    if client is not None and not isinstance(client, anthropic.AsyncAnthropic):
-        raise InvalidInputError(
-            f"client must be an anthropic.AsyncAnthropic (llmledger sends rows concurrently), "
-            f"got {type(client).__name__}; e.g. anthropic.AsyncAnthropic(api_key=...)"
-            + (" (an OpenAI client sends a model named 'openai:...')" if is_openai_client(client) else "")
-        )
-    if base_url is None and api_key is None:
-        return client, None
-    if base_url is None:
-        return anthropic.AsyncAnthropic(api_key=api_key, max_retries=0), None
-    return _at_server(base_url, api_key, _anthropic_client_at, ANTHROPIC_API)
-
-
-def _openai_client(client: Any, base_url: Any, api_key: Any) -> tuple[Any, str | None]:
-    """`client_for` a model named "openai:...": an `openai.AsyncOpenAI`, made here unless one is passed."""
-    sdk = openai_sdk()
-    if client is not None:
-        if not isinstance(client, sdk.AsyncOpenAI):
-            raise InvalidInputError(
-                f"model='openai:...' sends with an openai.AsyncOpenAI client, got {type(client).__name__}; e.g. "
-                "openai.AsyncOpenAI(api_key=...), or base_url=/api_key= alone"
-            )
-        return client, _endpoint(client, str(client.base_url), OPENAI_API)
-    if base_url is None:
-        if simulated():  # llmledger.simulate(): the session's simulator answers OpenAI's routes too
-            return make_client(base_url=session_base_url() + "/v1", api_key="simulated"), None
-        # the SDK's own environment, URL and key set together (a server there is named, as base_url= would)
-        base_url = os.environ.get("OPENAI_BASE_URL") or OPENAI_API
-        made = _openai_client_at(base_url, api_key)
-        return made, _endpoint(made, base_url, OPENAI_API)
-    return _at_server(base_url, api_key, _openai_client_at, OPENAI_API)
-
-
-def _anthropic_client_at(base_url: str, api_key: str | None) -> Any:
-    """`api_key` None: the SDK's own environment (ANTHROPIC_API_KEY)."""
-    import anthropic
-
-    if api_key is None:
-        return anthropic.AsyncAnthropic(base_url=base_url, max_retries=0)
-    return anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key, max_retries=0)
-
-
-def _openai_client_at(base_url: str, api_key: str | None) -> Any:
-    """`api_key` None: the SDK's own environment (OPENAI_API_KEY), or a placeholder."""
-    return make_client(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY)
-
-
-def _at_server(
-    base_url: str, api_key: str | None, make: Callable[[str, str | None], Any], own_api: str
-) -> tuple[Any, str | None]:
-    """A client `make`s for `base_url=`, and the endpoint its requests name. Another server gets `api_key=` or a
-    placeholder, never the environment's key; the provider's own URL (no endpoint named, not the simulator) gets
-    the environment's key when none was passed."""
+    sdk = for_provider(provider)
+    sdk.load()  # a clear error when an optional SDK is not installed
+    shape: ApiShape = sdk.SHAPE
+    if client is not None:  # a client names the server it sends to, as base_url= would
+        if not sdk.is_client(client):
+            raise InvalidInputError(_wrong_client(client, shape))
+        return client, _endpoint(client, str(client.base_url), shape.own_url)
+    if base_url is None and simulated():  # llmledger.simulate(): the session's simulator answers every API's routes
+        return sdk.make_client(base_url=session_base_url() + shape.sdk_path, api_key="simulated"), None
+    env_url = os.environ.get(shape.base_url_env)
+    if base_url is None and env_url:
+        # the SDK's own environment, URL and key set together: a server there is named, as base_url= would name it
+        check_base_url(env_url, name=shape.base_url_env)
+        made = sdk.make_client(base_url=env_url, api_key=api_key or (None if sdk.has_key() else NO_KEY))
+        return made, _endpoint(made, env_url, shape.own_url)
+    if base_url is None:  # the provider's own API, with api_key= or the environment's key
+        return sdk.make_client(base_url=None, api_key=api_key or (None if sdk.has_key() else NO_KEY)), None
     check_base_url(base_url)
-    made = make(base_url, api_key or NO_KEY)
-    endpoint = _endpoint(made, base_url, own_api)
-    if endpoint is None and api_key is None and answer_source(made) != SIMULATOR:
-        made = make(base_url, None)
+    made = sdk.make_client(base_url=base_url, api_key=api_key or NO_KEY)
+    endpoint = _endpoint(made, base_url, shape.own_url)
+    if endpoint is None and api_key is None and answer_source(made) != SIMULATOR:  # the provider's own URL
+        made = sdk.make_client(base_url=base_url, api_key=None if sdk.has_key() else NO_KEY)
     return made, endpoint
+
+
+def _wrong_client(client: Any, shape: ApiShape) -> str:
+    other = next((s for s in SHAPES if s is not shape and for_provider(s.provider).is_client(client)), None)
+    hint = "" if other is None else f" (an {other.client_class} sends a model such as {other.model_example!r})"
+    return (
+        f"client must be an {shape.client_class} for a model such as {shape.model_example!r} (llmledger sends rows "
+        f"concurrently), got {type(client).__name__}; e.g. {shape.client_class}(api_key=...), or base_url= and "
+        f"api_key= alone{hint}"
+    )
 
 
 def _endpoint(client: Any, base_url: str, own_api: str) -> str | None:
@@ -166,8 +135,9 @@ def _endpoint(client: Any, base_url: str, own_api: str) -> str | None:
     return None if source == own_api else source
 
 
-def check_base_url(base_url: str) -> None:
-    """Refuse a base_url= the SDK could not send to, or that would carry a secret into messages and the ledger."""
+def check_base_url(base_url: str, *, name: str = "base_url") -> None:
+    """Refuse a base_url= (or the environment variable `name`) the SDK could not send to, or that would carry a
+    secret into messages and the ledger."""
     example = "such as 'http://localhost:8000' (vLLM) or 'http://localhost:11434' (Ollama)"
     problem = None
     try:
@@ -188,7 +158,7 @@ def check_base_url(base_url: str) -> None:
             problem = "port 0 is no server's port"
     if problem is not None:
         raise InvalidInputError(
-            f"base_url must be the http(s) URL of a server that answers the Messages API, {example}; "
+            f"{name} must be the http(s) URL of a server that answers the Messages API, {example}; "
             f"{shown_url(base_url)!r} is not: {problem}"
         )
 
@@ -199,24 +169,22 @@ def _loopback(base_url: str) -> bool:
 
 
 def credentials_missing(client: Any = None) -> bool:
-    """No client, no key in the environment, and not pointed at the simulator: a run could send nothing."""
-    if is_openai_client(client):  # a key for OpenAI's own API (another server may need none)
-        return client.api_key == NO_KEY and answer_source(client) == OPENAI_API
-    return client is None and not (
-        simulated() or os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
-    )
+    """No key for the provider's own API (a placeholder in its place), and not pointed at the simulator: a run could
+    send nothing. Another server may need no key."""
+    if client is None:  # the SDK's own default, made when the run starts
+        return not (simulated() or for_provider(ANTHROPIC).has_key())
+    own = for_client(client).SHAPE.own_url
+    return getattr(client, "api_key", None) == NO_KEY and answer_source(client) == own
 
 
 def check_credentials(client: Any) -> None:
     """A call that will send needs a key: say so before anything is written (estimate sends nothing)."""
-    if is_openai_client(client) and credentials_missing(client):
-        raise InvalidInputError(
-            "no OpenAI API key: set OPENAI_API_KEY (or pass api_key=, or client=openai.AsyncOpenAI(api_key=...)). "
-            "To try llmledger offline, call llmledger.simulate() first: it answers OpenAI's API too"
-        )
-    if credentials_missing(client):
-        raise InvalidInputError(
-            "no API key: set ANTHROPIC_API_KEY (or pass client=anthropic.AsyncAnthropic("
-            "api_key=...)). To try llmledger offline, call llmledger.simulate() first: "
-            "apply_llm then answers from the bundled simulator (simulated answers, no cost)"
-        )
+    if not credentials_missing(client):
+        return
+    shape = for_client(client).SHAPE
+    whose = "" if shape.provider == ANTHROPIC else f"{shape.vendor} "  # the default provider's key is "the" key
+    raise InvalidInputError(
+        f"no {whose}API key: set {shape.key_env} (or pass api_key=, or client={shape.client_class}(api_key=...)). "
+        "To try llmledger offline, call llmledger.simulate() first: apply_llm then answers from the bundled "
+        "simulator (simulated answers, no cost)"
+    )

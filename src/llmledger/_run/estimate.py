@@ -26,14 +26,15 @@ from llmledger._ledger import RunParams, known_table, open_ledger
 from llmledger._ledger.rehearsal import Rehearsal, count_where
 from llmledger._run.api import apply_llm, checked_plan
 from llmledger._run.plan import Plan
+from llmledger._step.apis import batches_at
 from llmledger._step.attach import tokens_of
 from llmledger._step.prices import estimate_tokens, price_of
 from llmledger._step.prompt import render
-from llmledger._step.request import OPENAI, RequestSpec, batches_at
+from llmledger._step.request import RequestSpec
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
-OPENAI_CACHE_MIN = 1024  # tokens of shared prefix from which OpenAI caches it automatically
+AUTO_CACHE_MIN = 1024  # tokens of shared prefix from which an API that caches by itself (OpenAI's) caches it
 
 GUESS_CAP = 200  # before a step's first answer: half of min(max_tokens, this) output tokens per call
 
@@ -249,7 +250,7 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> di
     static = estimate_tokens(request.static_text())
     cached = request.cached_ttl is not None and calls > 0
     write, read = (static, static * (calls - 1)) if cached else (0, 0)
-    if request.provider == OPENAI and request.endpoint is None and static >= OPENAI_CACHE_MIN and calls > 0:
+    if request.shape.caches_itself and request.endpoint is None and static >= AUTO_CACHE_MIN and calls > 0:
         # OpenAI caches a prefix this long by itself, in steps of 128 tokens: the first call writes it (at the
         # input price), the rest read it
         kept = static // 128 * 128

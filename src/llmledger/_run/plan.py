@@ -15,16 +15,15 @@ from typing import Any
 import polars as pl
 
 from llmledger._exec.batch import MAX_REQUESTS
-from llmledger._exec.batch_api import BatchApi, OpenAIBatches
 from llmledger._exec.config import RetryPolicy, RunConfig
 from llmledger._ledger import StepDefinition, Store, locate
 from llmledger._ledger.states import Redo
 from llmledger._ledger.where import check_where_shape
 from llmledger._run.endpoints import client_for, endpoint_refusal, provider_refusal
+from llmledger._step.apis import ANTHROPIC, batches_at, shape_of
 from llmledger._step.messages import message_text
 from llmledger._step.prices import estimate_tokens, min_cacheable_tokens
 from llmledger._step.prompt import Prompt, template_fields
-from llmledger._step.request import ANTHROPIC, OPENAI, batches_at
 from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError
 
@@ -157,11 +156,11 @@ def plan_options(
             "'auto' (batches); an online run that returns at once is "
             "apply_llm(..., background=True)"
         )
-    most = OpenAIBatches.max_requests if provider == OPENAI else BatchApi.max_requests
+    most = shape_of(provider).batch_limit
     if isinstance(batch_size, int) and batch_size > most:
         raise InvalidInputError(
-            f"batch_size must be at most {most:,} (the {'OpenAI' if provider == OPENAI else 'Anthropic'} API's limit "
-            f"on requests in one batch), got {batch_size:,}"
+            f"batch_size must be at most {most:,} ({shape_of(provider).own_api}'s limit on requests in one batch), "
+            f"got {batch_size:,}"
         )
     if mode == "batch" and max_cost_usd is not None:
         raise InvalidInputError(

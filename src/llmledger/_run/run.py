@@ -33,8 +33,8 @@ from llmledger._run.endpoints import compatible_note
 from llmledger._run.frames import with_answers
 from llmledger._run.loop import background_loop, run_blocking
 from llmledger._run.plan import Plan, step_refusal
+from llmledger._step.apis import batches_at
 from llmledger._step.prices import price_of
-from llmledger._step.request import batches_at
 from llmledger._time import utcnow
 from llmledger.errors import (
     AuthenticationFailed,

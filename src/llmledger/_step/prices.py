@@ -3,7 +3,7 @@
 Each model has rates in USD per million tokens for input, output, cache writes
 (5 minute and 1 hour), cache reads, and a batch multiplier; a model may have a
 higher tier for long prompts. Model ids match exactly, as do their listed
-aliases and snapshots; a dated snapshot not listed (`<id>-YYYYMMDD`) takes the
+aliases and snapshots; a dated snapshot not listed (`<id>-YYYYMMDD`, `<id>-YYYY-MM-DD`) takes the
 rates of its id. A model with no known price gets a NULL cost and one warning,
 never a guessed number. `set_price()` adds or overrides a model for this process.
 """
@@ -24,7 +24,7 @@ import polars as pl
 from llmledger._step.request import split_model
 from llmledger.errors import InvalidInputError, warn
 
-_SNAPSHOT = re.compile(r"^(.*)-\d{8}$")
+_SNAPSHOT = re.compile(r"^(.*)-(?:\d{8}|\d{4}-\d{2}-\d{2})$")  # Anthropic's -20251001, OpenAI's -2025-08-07
 _overrides: dict[str, Price] = {}
 _warned: set[str] = set()
 _lock = threading.Lock()
@@ -43,9 +43,10 @@ class Price:
     cache_write_5m: float
     cache_write_1h: float
     cache_read: float
-    batch: float = 0.5  # multiplier for Message Batches
+    batch: float = 0.5  # multiplier for Message Batches (OpenAI's Batch API)
     long_prompt_threshold: int | None = None  # prompts (input + cache) above this many tokens pay `long_prompt`
     long_prompt: Price | None = None
+    flex: float | None = None  # multiplier for OpenAI's flex processing (`service_tier="flex"`); None: not offered
 
     def cost(
         self,
@@ -56,6 +57,7 @@ class Price:
         cache_write_1h_tokens: int = 0,
         cache_read_tokens: int = 0,
         batch: bool = False,
+        flex: bool = False,
     ) -> float:
         prompt = input_tokens + cache_write_tokens + cache_read_tokens
         rates = self
@@ -73,7 +75,8 @@ class Price:
             + cache_write_1h_tokens * rates.cache_write_1h
             + cache_read_tokens * rates.cache_read
         ) / 1e6
-        return total * (self.batch if batch else 1.0)
+        discount = self.batch if batch else (self.flex or 1.0) if flex else 1.0
+        return total * discount
 
 
 DEFAULT_MIN_CACHEABLE_TOKENS = 1024
@@ -114,6 +117,13 @@ def _table() -> tuple[str, dict[str, Price], dict[str, str]]:
 
 def _price(entry: dict[str, Any]) -> Price:
     long = entry.get("long_prompt")
+    if long is not None and "input_multiplier" in long:  # OpenAI's way: the whole request at multiples of the rates
+        times_in, times_out = long["input_multiplier"], long["output_multiplier"]
+        long = {
+            "threshold": long["threshold"],
+            **{k: entry[k] * times_in for k in ("input", "cache_write_5m", "cache_write_1h", "cache_read")},
+            "output": entry["output"] * times_out,
+        }
     return Price(
         input=entry["input"],
         output=entry["output"],
@@ -122,7 +132,8 @@ def _price(entry: dict[str, Any]) -> Price:
         cache_read=entry["cache_read"],
         batch=entry.get("batch", 0.5),
         long_prompt_threshold=long["threshold"] if long else None,
-        long_prompt=_price({**long, "batch": entry.get("batch", 0.5)}) if long else None,
+        long_prompt=_price({**long, "batch": entry.get("batch", 0.5), "flex": entry.get("flex")}) if long else None,
+        flex=entry.get("flex"),
     )
 
 
@@ -211,6 +222,7 @@ def cost_usd(reply: Usage) -> float | None:
         cache_write_1h_tokens=reply.cache_write_1h_tokens,
         cache_read_tokens=reply.cache_read_tokens,
         batch=reply.batch,
+        flex=getattr(reply, "flex", False),
     )
 
 
@@ -231,7 +243,7 @@ def set_price(
     """
     if not isinstance(model, str) or not model:
         raise InvalidInputError(f"model must be a model id such as 'claude-haiku-4-5', got {model!r}")
-    model = split_model(model)[1]  # "openai:gpt-5-mini" is priced as gpt-5-mini, the id the API answers with
+    model = split_model(model)[1]  # "openai:gpt-6.1-terra" is priced as gpt-6.1-terra, the id the API answers with
     rates = {"input": input, "output": output, "batch": batch}
     for name, value in rates.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:

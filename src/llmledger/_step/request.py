@@ -36,58 +36,26 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from llmledger._step.apis import ANTHROPIC, PROVIDERS, ApiShape, shape_of
 from llmledger.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from llmledger._step.output import OutputSpec
 
-# Body fields llmledger sets itself, and SDK arguments that are not body fields.
-_OWN_FIELDS = {
-    "model": "model=",
-    "max_tokens": "max_tokens=",
-    "system": "system=",
-    "messages": "prompt= (or messages=)",
-    "llmledger_attach": "attach=",
-    "llmledger_endpoint": "base_url=",
-}
-_NOT_BODY = {"stream", "extra_headers", "extra_query", "extra_body", "timeout", "betas"}
 _SENTINEL = "\x00llmledger-prompt\x00"
 ATTACH_KEY = "llmledger_attach"  # in a stored request: the columns whose files go in the row's message
 ENDPOINT_KEY = "llmledger_endpoint"  # in a stored and fingerprinted request: the server it is sent to, if not Anthropic
 PROVIDER_KEY = "llmledger_provider"  # in a stored and fingerprinted request: the API it speaks, if not Anthropic's
 
-ANTHROPIC, OPENAI = "anthropic", "openai"
-PROVIDERS = (ANTHROPIC, OPENAI)
-# Body fields of a Chat Completions request that llmledger sets itself, or that would give a row several answers.
-_OPENAI_OWN = {
-    "model": "model=",
-    "messages": "prompt= (or messages=)",
-    "max_tokens": "max_tokens=",
-    "max_completion_tokens": "max_tokens=",
-    "system": "system=",
-    "response_format": "output=",
-    "n": "nothing: llmledger keeps one answer per row",
-    "stream_options": "nothing: llmledger does not stream",
-    "llmledger_attach": "attach=",
-    "llmledger_endpoint": "base_url=",
-    "llmledger_provider": "model='openai:...'",
-}
-
 
 def split_model(model: str) -> tuple[str, str]:
-    """(provider, model id) of a `model=` argument: "openai:gpt-5-mini" is OpenAI's Chat Completions API (or a
+    """(provider, model id) of a `model=` argument: "openai:gpt-6.1-terra" is OpenAI's Chat Completions API (or a
     server that speaks it, with base_url=), "anthropic:claude-haiku-5-5" or a bare id is Anthropic's Messages API.
     Only these two prefixes are read: any other colon is part of the id (Ollama's "llama3.2:3b")."""
     head, sep, rest = model.partition(":")
     if sep and head in PROVIDERS and rest:
         return head, rest
     return ANTHROPIC, model
-
-
-def batches_at(provider: str, endpoint: str | None) -> bool:
-    """Whether llmledger can send a request for `provider`'s API, to `endpoint`, in batches: Anthropic's own API has
-    Message Batches, OpenAI's its Batch API; another server (`endpoint`) has none."""
-    return provider in PROVIDERS and endpoint is None
 
 
 def check_model(model: str) -> None:
@@ -102,7 +70,7 @@ def check_model(model: str) -> None:
         problem = f"after {head + ':'!r} comes no model id, or one with spaces around it"
     if problem is not None:
         raise InvalidInputError(
-            f"model={model!r} is no model name: {problem} (e.g. 'claude-haiku-5-5' or 'openai:gpt-5-mini'). "
+            f"model={model!r} is no model name: {problem} (e.g. 'claude-haiku-5-5' or 'openai:gpt-6.1-terra'). "
             "Nothing was written."
         )
 
@@ -121,44 +89,34 @@ def fingerprint(body: dict[str, Any]) -> str:
 
 
 def check_request_options(options: Any, provider: str = ANTHROPIC) -> dict[str, Any]:
-    """Extra body fields of the provider's request (Messages, or Chat Completions), checked before anything is
-    written."""
-    api = "Chat Completions" if provider == OPENAI else "Messages API"
+    """Extra body fields of the provider's request (its API's `ApiShape`), checked before anything is written."""
+    shape = shape_of(provider)
     if options is None:
         return {}
     if not isinstance(options, dict):
-        example = (
-            "{'temperature': 0.0, 'seed': 7}"
-            if provider == OPENAI
-            else "{'temperature': 0.0, 'stop_sequences': ['END']}"
-        )
         raise InvalidInputError(
-            f"request_options must be a dict of {api} fields such as {example}, got {type(options).__name__}"
+            f"request_options must be a dict of {shape.label} fields such as {shape.example_options}, "
+            f"got {type(options).__name__}"
         )
-    own = _OPENAI_OWN if provider == OPENAI else _OWN_FIELDS
     for name in options:
         if not isinstance(name, str):
             raise InvalidInputError(f"request_options keys must be strings, got {name!r}")
-        if name in own:
+        if name in shape.own_fields:
             raise InvalidInputError(
-                f"request_options sets {name!r}, which apply_llm sets itself; pass {own[name]} instead"
+                f"request_options sets {name!r}, which apply_llm sets itself; pass {shape.own_fields[name]} instead"
             )
         if name.startswith("llmledger_"):  # the ledger's own marks in a stored request: never the caller's
             raise InvalidInputError(f"request_options[{name!r}]: names starting with 'llmledger_' are llmledger's own")
-        if name in _NOT_BODY:
-            hint = (
-                "llmledger does not stream"
-                if name == "stream"
-                else "set SDK options on the client, e.g. client.with_options(...)"
-            )
-            raise InvalidInputError(f"request_options[{name!r}] is not a {api} body field ({hint})")
+        problem = shape.not_body(name)
+        if problem is not None:
+            raise InvalidInputError(problem)
     try:
         canonical_json(options)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(
             f"request_options must be JSON values (str, number, bool, None, list, dict): {exc}"
         ) from None
-    for name, (low, high) in (_OPENAI_RANGES if provider == OPENAI else _RANGES).items():
+    for name, (low, high) in shape.ranges.items():
         value = options.get(name)
         if name in options and (
             isinstance(value, bool)
@@ -170,11 +128,6 @@ def check_request_options(options: Any, provider: str = ANTHROPIC) -> dict[str, 
                 f"request_options[{name!r}] must be a number {bounds} (the API refuses anything else), got {value!r}"
             )
     return dict(options)
-
-
-# Sampling fields the Messages API bounds; a value outside makes it refuse every request with a 400.
-_RANGES: dict[str, tuple[float, float | None]] = {"temperature": (0.0, 1.0), "top_p": (0.0, 1.0), "top_k": (0, None)}
-_OPENAI_RANGES: dict[str, tuple[float, float | None]] = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
 
 
 @dataclass(frozen=True)
@@ -197,15 +150,18 @@ class RequestSpec:
     provider: str = ANTHROPIC  # the API the request is written for: Anthropic's Messages, or OpenAI's Chat Completions
 
     @property
+    def shape(self) -> ApiShape:
+        """The API the request is written for."""
+        return shape_of(self.provider)
+
+    @property
     def tokens_field(self) -> str:
-        """The body field bounding the answer: OpenAI's own API takes `max_completion_tokens` (its reasoning models
-        refuse `max_tokens`); a server speaking its API takes `max_tokens`, which every such server reads."""
-        return "max_completion_tokens" if self.provider == OPENAI and self.endpoint is None else "max_tokens"
+        return self.shape.tokens_field(self.endpoint)
 
     def _static(self) -> dict[str, Any]:
         """The body without the messages (the system prompt included, for the Messages API)."""
         body: dict[str, Any] = {**self.options, "model": self.model, self.tokens_field: self.max_tokens}
-        if self.provider == OPENAI:
+        if self.shape.system_in_messages:
             return body
         if self.system is not None and self.cache_ttl is not None:
             body["system"] = [
@@ -217,7 +173,7 @@ class RequestSpec:
 
     def _lead(self) -> list[dict[str, Any]]:
         """The messages before the row's: Chat Completions carries the system prompt as the first of them."""
-        system = [{"role": "system", "content": self.system}] if self.provider == OPENAI and self.system else []
+        system = [{"role": "system", "content": self.system}] if self.shape.system_in_messages and self.system else []
         return [*system, *self.prefix]
 
     def _marks(self) -> dict[str, Any]:
@@ -271,11 +227,12 @@ class RequestSpec:
         body = json.loads(text)
         provider, endpoint = body.pop(PROVIDER_KEY, ANTHROPIC), body.pop(ENDPOINT_KEY, None)
         model = body.pop("model")
-        bound = "max_completion_tokens" if provider == OPENAI and "max_completion_tokens" in body else "max_tokens"
+        shape = shape_of(provider)
+        bound = shape.tokens_field(None) if shape.tokens_field(None) in body else "max_tokens"
         max_tokens = body.pop(bound)
         prefix, attach = list(body.pop("messages", ())), tuple(body.pop(ATTACH_KEY, ()))
         system, ttl = body.pop("system", None), None
-        if provider == OPENAI and prefix and prefix[0]["role"] == "system":  # `_lead`: a prefix has no system role
+        if shape.system_in_messages and prefix and prefix[0]["role"] == "system":  # `_lead`: a prefix has no system
             system = prefix.pop(0)["content"]
         if isinstance(system, list):  # [{"type": "text", "text": ..., "cache_control": {...}}], as body() makes it
             ttl = system[0]["cache_control"]["ttl"]

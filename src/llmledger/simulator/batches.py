@@ -29,7 +29,7 @@ from typing import Any
 from llmledger._exec.client import NEVER_IN_THIS_SIMULATOR
 from llmledger.simulator.core import SimulatorCore
 from llmledger.simulator.faults import ERRORS, ErrorSpec, error_spec
-from llmledger.simulator.request import unknown_model, user_text, validate
+from llmledger.simulator.request import model_404, user_text, validate
 
 _CUSTOM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _OUTCOMES = ("succeeded", "errored", "canceled", "expired")
@@ -242,7 +242,7 @@ class SimBatches:
         problem = validate(params)
         if problem is None and f.poison and f.poison in prompt:
             problem = f"prompt contains the poison substring {f.poison!r}"
-        error = ErrorSpec(400, "invalid_request_error", problem) if problem else unknown_model(params, f.models)
+        error = ErrorSpec(400, "invalid_request_error", problem) if problem else model_404(params, f)
         if error is None and f.batch_error and f.batch_error in prompt:
             error = ERRORS[500]
         if error is not None:

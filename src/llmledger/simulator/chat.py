@@ -4,7 +4,8 @@ OpenAI's bodies, errors and headers: a `chat.completion` with `usage.prompt_toke
 `{"error": {"message", "type", "param", "code"}}` with an `x-request-id` header, and rate limits announced as
 `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, the resets as durations ("1s", "6m0s", "20ms"). It refuses
 what OpenAI refuses: a missing model or messages, an unknown field, both token bounds, `max_tokens` or a
-non-default `temperature` for a reasoning model (gpt-5*, o*), a `response_format` schema strict mode cannot hold.
+non-default `temperature` for a reasoning model (gpt-5*, gpt-6*, o*), a `response_format` schema strict mode cannot
+hold.
 The answer itself is the simulator's (`Simulator._answer`), read from the same request put in the Messages API's
 shape, so the same faults, answers and structured outputs serve both APIs.
 
@@ -21,6 +22,7 @@ import time
 import uuid
 from typing import Any
 
+from llmledger._step.prices import price_of
 from llmledger.simulator.faults import ErrorSpec
 from llmledger.simulator.media import block_problem, count_tokens
 from llmledger.simulator.request import schema_problem
@@ -50,7 +52,7 @@ _KINDS = {
 
 def reasoning(model: str) -> bool:
     """OpenAI's reasoning models, which refuse `max_tokens` and any temperature but 1."""
-    return model.startswith("gpt-5") or (len(model) > 1 and model[0] == "o" and model[1].isdigit())
+    return model.startswith(("gpt-5", "gpt-6")) or (len(model) > 1 and model[0] == "o" and model[1].isdigit())
 
 
 def validate(body: Any, *, own_api: bool = True) -> str | None:
@@ -117,7 +119,7 @@ def validate(body: Any, *, own_api: bool = True) -> str | None:
 
 # Tokens a reasoning model thinks before it answers, by `reasoning_effort` (billed as output, bounded by
 # max_completion_tokens with the answer: a bound too small leaves no room for the answer, as OpenAI's models do).
-THINKING = {"minimal": 0, "low": 8, "medium": 32, "high": 128}
+THINKING = {"none": 0, "minimal": 0, "low": 8, "medium": 32, "high": 128, "xhigh": 256, "max": 512}
 
 
 def thinking(body: dict[str, Any]) -> int:
@@ -180,15 +182,34 @@ class AutomaticCache:
         self.lock = threading.Lock()
 
     def cached_tokens(self, body: dict[str, Any]) -> int:
+        return self.lookup(body)[0]
+
+    def lookup(self, body: dict[str, Any]) -> tuple[int, int]:
+        """(tokens read from the cache, tokens written to it): a prefix long enough is read when cached, else
+        written."""
         prefix = json.dumps([body["model"], body["messages"][:-1]], sort_keys=True)
         tokens = count_tokens(prefix) if len(body["messages"]) > 1 else 0
         if tokens < CACHE_MIN:
-            return 0
+            return 0, 0
         key, now = hashlib.sha256(prefix.encode()).hexdigest(), time.time()
         with self.lock:
             hit = self.expiry.get(key, 0.0) > now
             self.expiry[key] = now + CACHE_TTL
-        return tokens // CACHE_STEP * CACHE_STEP if hit else 0
+        counted = tokens // CACHE_STEP * CACHE_STEP
+        return (counted, 0) if hit else (0, counted)
+
+
+def bills_cache_writes(model: str) -> bool:
+    """Whether OpenAI bills (and reports) cache writes for `model`: the GPT-5.6 and GPT-6 generations do, at 1.25x
+    their input rate; older models write to the cache for free and report nothing of it."""
+    price = price_of(model)
+    return price is not None and price.cache_write_5m > price.input
+
+
+def tier(body: dict[str, Any]) -> str:
+    """The `service_tier` an answer was processed at: flex when asked for and the model offers it."""
+    price = price_of(str(body.get("model")))
+    return "flex" if body.get("service_tier") == "flex" and price is not None and price.flex else "default"
 
 
 def answer(sim: Any, body: dict[str, Any], shaped: dict[str, Any]) -> dict[str, Any]:
@@ -204,20 +225,36 @@ def answer(sim: Any, body: dict[str, Any], shaped: dict[str, Any]) -> dict[str, 
             sim._stats["output_tokens"] -= reply["usage"]["output_tokens"]
             reply["usage"]["output_tokens"] = 0
         sim._stats["output_tokens"] += thought
-    cached = 0 if sim.faults.compatible else min(sim.chat_cache.cached_tokens(body), reply["usage"]["input_tokens"])
-    reply["usage"]["input_tokens"] -= cached
+    cached, wrote = (0, 0) if sim.faults.compatible else sim.chat_cache.lookup(body)
+    cached = min(cached, reply["usage"]["input_tokens"])
+    wrote = min(wrote, reply["usage"]["input_tokens"] - cached) if bills_cache_writes(body["model"]) else 0
+    reply["usage"]["input_tokens"] -= cached + wrote
     with sim._lock:
-        sim._stats["input_tokens"] -= cached
+        sim._stats["input_tokens"] -= cached + wrote
         sim._stats["cache_read_tokens"] += cached
-    return completion(reply, cached, REFUSAL if reply["stop_reason"] == "refusal" else None, thought)
+        sim._stats["cache_write_tokens"] += wrote
+    refusal = REFUSAL if reply["stop_reason"] == "refusal" else None
+    return completion(reply, cached, refusal, thought, wrote=wrote, tier=tier(body))
 
 
-def completion(answer: dict[str, Any], cached: int, refusal: str | None, reasoned: int = 0) -> dict[str, Any]:
-    """A `chat.completion` from the simulator's Messages-shaped answer (`reasoned`: tokens thought before it)."""
+def completion(
+    answer: dict[str, Any],
+    cached: int,
+    refusal: str | None,
+    reasoned: int = 0,
+    *,
+    wrote: int = 0,
+    tier: str = "default",
+) -> dict[str, Any]:
+    """A `chat.completion` from the simulator's Messages-shaped answer (`reasoned`: tokens thought before it;
+    `wrote`: prompt tokens written to the cache, reported by models that bill them)."""
     text = "".join(block.get("text", "") for block in answer["content"])
     usage = answer["usage"]
-    prompt = usage["input_tokens"] + cached
+    prompt = usage["input_tokens"] + cached + wrote
     written = usage["output_tokens"] + reasoned
+    details: dict[str, int] = {"cached_tokens": cached}
+    if wrote:
+        details["cache_write_tokens"] = wrote
     return {
         "id": f"chatcmpl-sim{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
@@ -235,10 +272,10 @@ def completion(answer: dict[str, Any], cached: int, refusal: str | None, reasone
             "prompt_tokens": prompt,
             "completion_tokens": written,
             "total_tokens": prompt + written,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens_details": details,
             "completion_tokens_details": {"reasoning_tokens": reasoned},
         },
-        "service_tier": "default",
+        "service_tier": tier,
     }
 
 

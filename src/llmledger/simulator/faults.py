@@ -179,3 +179,7 @@ class Faults:
     capacity: int | None = None
     queue_limit: int | None = None
     seed: int = 0
+    # the day the simulator lives on (YYYY-MM-DD; None: today): a model past its shutdown date (prices.json, or
+    # `shutdowns`) gets the API's 404, as a retired model does; GET /v1/models says each model's shutdown_date
+    today: str | None = None
+    shutdowns: dict[str, str | None] = field(default_factory=dict)  # model id -> shutdown date, over prices.json's

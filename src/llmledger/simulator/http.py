@@ -21,7 +21,15 @@ from llmledger.simulator import chat
 from llmledger.simulator.batches import _Refused
 from llmledger.simulator.core import SimulatorCore
 from llmledger.simulator.faults import ERRORS, ErrorSpec
-from llmledger.simulator.request import request_tokens, unknown_model, user_text, validate
+from llmledger.simulator.request import (
+    is_retired,
+    model_404,
+    openai_models,
+    request_tokens,
+    shutdown_of,
+    user_text,
+    validate,
+)
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -169,10 +177,30 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 return
             if self.path == "/_sim/stats":
                 self._send(200, sim.stats())
-            elif self.path == "/v1/models":
-                self._send(200, {"data": [], "has_more": False, "first_id": None, "last_id": None})
+            elif self.path.split("?")[0] == "/v1/models":
+                self._models()
             else:
                 self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
+
+        def _models(self) -> None:
+            """GET /v1/models: Anthropic's list (no lifecycle in it), or OpenAI's, each model with its
+            `shutdown_date` (YYYY-MM-DD, or null when none is announced), as the SDK that asks expects."""
+            f = sim.faults
+            if sim.faults.api_key is not None and self._api_key() != f.api_key:
+                self._error(ErrorSpec(401, "authentication_error", "invalid x-api-key"))
+                return
+            with sim._lock:
+                sim._stats["model_lists"] += 1
+            if self.headers.get("anthropic-version"):
+                self._send(200, {"data": [], "has_more": False, "first_id": None, "last_id": None})
+                return
+            known = [m for m in (*openai_models(), *f.models) if not is_retired(m, f.shutdowns, f.today)]
+            data = [
+                {"id": m, "object": "model", "created": 1_700_000_000, "owned_by": "openai",
+                 "shutdown_date": shutdown_of(m, f.shutdowns)}
+                for m in dict.fromkeys(known)
+            ]  # fmt: skip
+            self._send(200, {"object": "list", "data": data}, {}, f"req_{uuid.uuid4().hex}", "x-request-id")
 
         def do_POST(self) -> None:
             if self._openai_batches("POST"):
@@ -242,7 +270,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             if spec is None and problem:
                 spec = ErrorSpec(400, "invalid_request_error", problem)
             if spec is None:
-                spec = unknown_model(body, f.models, only=f.compatible)
+                spec = model_404(body, f, only=f.compatible)
             if spec is not None:
                 sim._note(body, spec.status)
                 self._error(spec, headers)
@@ -277,8 +305,13 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             headers = sim._openai_headers()
             if spec is None and problem:
                 spec = ErrorSpec(400, "invalid_request_error", problem)
-            if spec is None and unknown_model(body, f.models, only=f.compatible) is not None:
+            if spec is None and model_404(body, f, only=f.compatible) is not None:
                 message = f"The model `{body['model']}` does not exist or you do not have access to it."
+                if is_retired(str(body["model"]), f.shutdowns, f.today):  # OpenAI's words for a shut down model
+                    message = (
+                        f"The model `{body['model']}` has been deprecated, learn more here: "
+                        "https://platform.openai.com/docs/deprecations"
+                    )
                 spec = ErrorSpec(404, "invalid_request_error", message)
             reply: dict[str, Any] | None = None
             if spec is None and not sim.enter_slot():

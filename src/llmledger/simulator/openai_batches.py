@@ -25,7 +25,7 @@ from typing import Any
 from llmledger.simulator import chat
 from llmledger.simulator.batches import SimBatches, _Refused
 from llmledger.simulator.faults import ERRORS, ErrorSpec
-from llmledger.simulator.request import unknown_model, user_text
+from llmledger.simulator.request import model_404, user_text
 
 ENDPOINTS = ("/v1/chat/completions",)
 MAX_REQUESTS, MAX_BYTES = 50_000, 200_000_000  # OpenAI's limits on one batch (the faults may set lower ones)
@@ -210,7 +210,7 @@ class SimOpenAIBatches(SimBatches):
         if problem is None and f.poison and f.poison in prompt:
             problem = f"prompt contains the poison substring {f.poison!r}"
         spec = ErrorSpec(400, "invalid_request_error", problem) if problem else None
-        if spec is None and unknown_model(body, f.models) is not None:
+        if spec is None and model_404(body, f) is not None:
             spec = ErrorSpec(404, "invalid_request_error", f"The model `{body['model']}` does not exist.")
         if spec is None and f.batch_error and f.batch_error in prompt:
             spec = ERRORS[500]

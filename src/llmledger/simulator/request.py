@@ -9,10 +9,11 @@ answer is made (`replies.py`) or any fault injected (`faults.py`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import date
 from typing import Any
 
-from llmledger.simulator.faults import ErrorSpec
+from llmledger.simulator.faults import ErrorSpec, Faults
 from llmledger.simulator.media import attachment, block_cost, content_problem, count_tokens
 
 
@@ -91,15 +92,50 @@ def user_text(body: dict[str, Any]) -> str:
     return ""
 
 
-def unknown_model(body: Any, models: Sequence[str], *, only: bool = False) -> ErrorSpec | None:
-    """The API's 404 for a model it does not have (checked once the body is well formed); `only`: it has `models`
-    and no other (a local server serves the models it was started with, not Anthropic's)."""
+def unknown_model(
+    body: Any, models: Sequence[str], *, only: bool = False, retired: Callable[[str], bool] = lambda _: False
+) -> ErrorSpec | None:
+    """The API's 404 for a model it does not have (checked once the body is well formed): not one it knows, or one
+    `retired` (past its shutdown date); `only`: it has `models` and no other (a local server serves the models it
+    was started with, not Anthropic's)."""
     from llmledger._step.prices import listed
 
     model = body.get("model") if isinstance(body, dict) else None
-    if not isinstance(model, str) or model in models or (listed(model) and not only):
+    if not isinstance(model, str) or model in models or (listed(model) and not only and not retired(model)):
         return None
     return ErrorSpec(404, "not_found_error", f"model: {model}")
+
+
+def model_404(body: Any, faults: Faults, *, only: bool = False) -> ErrorSpec | None:
+    """`unknown_model` with the simulator's settings: the models it answers besides the price table's, and the
+    day it lives on (a model past its shutdown date is gone)."""
+    return unknown_model(
+        body, faults.models, only=only, retired=lambda model: is_retired(model, faults.shutdowns, faults.today)
+    )
+
+
+def openai_models() -> list[str]:
+    """The OpenAI model ids of the price table: what the simulator lists at OpenAI's GET /v1/models."""
+    from llmledger._step.models import catalogue
+
+    return [info.model for info in catalogue() if info.provider == "openai"]
+
+
+def shutdown_of(model: str, shutdowns: dict[str, str | None]) -> str | None:
+    """A model's shutdown date as the simulator's API says it: `shutdowns` (the simulator's setting), else the
+    price table's."""
+    from llmledger._step.models import lifecycle_of
+
+    if model in shutdowns:
+        return shutdowns[model]
+    shutdown = lifecycle_of(model).shutdown
+    return None if shutdown is None else shutdown.isoformat()
+
+
+def is_retired(model: str, shutdowns: dict[str, str | None], today: str | None) -> bool:
+    """Whether the API no longer serves `model` on `today` (YYYY-MM-DD; None: today)."""
+    shutdown = shutdown_of(model, shutdowns)
+    return shutdown is not None and shutdown <= (today or date.today().isoformat())
 
 
 def validate(body: Any) -> str | None:

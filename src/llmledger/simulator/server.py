@@ -235,6 +235,7 @@ class Simulator:
             "prompts": Counter(),
             "max_concurrent": 0,
             "_concurrent": 0,
+            "model_lists": 0,  # GET /v1/models answered
         }
 
     def _reset_bucket(self) -> None:

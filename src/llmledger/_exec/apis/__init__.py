@@ -1,0 +1,56 @@
+"""One module per model API an SDK speaks, each the same few names, so that the run knows none of them:
+
+    SHAPE            the API's pure values (`_step.apis.ApiShape`)
+    load()           the SDK module (a clear error when an optional one is not installed)
+    is_client(c)     whether `c` is a client of that SDK for that API
+    make_client(...) a client with the SDK's retries off, at a base URL with a key (None: the SDK's default)
+    has_key()        whether the environment has a key for the provider's own API
+    read_shutdown_dates(c)  what the API says of its models' shutdown dates, learned once per process
+    api()            how one request is sent and read (`_exec.client.Api`: call, answer, usefulness, errors)
+    batches(c)       its batch API (`_exec.batch_api.BatchApi`)
+
+`messages` is Anthropic's Messages API (the `anthropic` SDK), `chat` OpenAI's Chat Completions (the `openai` SDK).
+Adding an API is one module here and one `ApiShape` in `_step/apis.py`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from llmledger._exec.client import is_openai_client
+from llmledger._step.apis import ANTHROPIC, OPENAI, ApiShape
+
+if TYPE_CHECKING:
+    from llmledger._exec.batch_api import BatchApi
+    from llmledger._exec.client import Api
+
+
+class SdkApi(Protocol):
+    """What each module here has (see above)."""
+
+    SHAPE: ApiShape
+
+    def load(self) -> ModuleType: ...
+    def is_client(self, client: Any) -> bool: ...
+    def make_client(self, *, base_url: str | None, api_key: str | None, timeout: Any = None) -> Any: ...
+    def has_key(self) -> bool: ...
+    def read_shutdown_dates(self, client: Any) -> None: ...
+    def api(self) -> Api: ...
+    def batches(self, client: Any) -> BatchApi: ...
+
+
+def for_provider(provider: str) -> SdkApi:
+    """The module of the API a step of `provider` sends to."""
+    module: SdkApi
+    if provider == OPENAI:
+        from llmledger._exec.apis import chat as module
+    else:
+        assert provider == ANTHROPIC, provider
+        from llmledger._exec.apis import messages as module
+    return module
+
+
+def for_client(client: Any) -> SdkApi:
+    """The module of the API a client speaks (told by its class, without importing an SDK it is not of)."""
+    return for_provider(OPENAI if is_openai_client(client) else ANTHROPIC)
