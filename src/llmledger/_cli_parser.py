@@ -214,6 +214,12 @@ def _server_options(parser: argparse.ArgumentParser) -> None:
         "instead of Anthropic's: the one the step's requests name (apply_llm(..., base_url=...))",
     )
     parser.add_argument(
+        "--gateway",
+        action="store_true",
+        help="--base-url is a gateway to the provider's own API (a LiteLLM proxy, Portkey, Helicone, Cloudflare AI "
+        "Gateway): its batches, prices and rate-limit headers are used (apply_llm(..., gateway=True))",
+    )
+    parser.add_argument(
         "--api-key-env",
         default=None,
         metavar="VAR",

@@ -62,14 +62,14 @@ def _watch(store: str, table: str | None, colour: bool, every: float) -> None:
 def _server(args: Any) -> dict[str, Any]:
     """--base-url and the key --api-key-env names, as resume() and work() take them."""
     if args.api_key_env is None:
-        return {"base_url": args.base_url}
+        return {"base_url": args.base_url, "gateway": args.gateway}
     key = os.environ.get(args.api_key_env)
     if not key:
         raise InvalidInputError(
             f"--api-key-env {args.api_key_env}: no such environment variable is set (or it is empty); "
             f"export {args.api_key_env}=... first"
         )
-    return {"base_url": args.base_url, "api_key": key}
+    return {"base_url": args.base_url, "api_key": key, "gateway": args.gateway}
 
 
 def entry() -> None:

@@ -59,6 +59,13 @@ class AdaptiveLimit:
                     self._waiting.remove(turn)
         self.active += 1
 
+    def lift(self) -> None:
+        """Step aside: every request waiting goes (the server announced its limits, which pace the run now)."""
+        self.limit = float(self.ceiling)
+        for turn in self._waiting:
+            if not turn.done():
+                turn.set_result(None)
+
     def release(self, latency: float | None, *, congested: bool = False) -> None:
         """A request ended after `latency` seconds (None: it never reached the server); `congested`: the server
         said it is full (429, 503, 529). Synchronous, so a cancelled request's slot is always given back."""

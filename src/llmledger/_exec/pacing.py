@@ -96,15 +96,16 @@ class Pacer:
     async def in_flight(self) -> AsyncIterator[Flight]:
         """One request, from its start to its end: under the adaptive limit when there is one, which learns from
         how long it took and whether the server said it is full (`Flight.congested`)."""
-        if self.limit is None:
+        limit = self.limit  # the limit this request was let in by (it may step aside meanwhile: `observe`)
+        if limit is None:
             yield Flight()
             return
-        await self.limit.acquire()
+        await limit.acquire()
         flight = Flight(time.monotonic())
         try:
             yield flight
         finally:
-            self.limit.release(None if flight.unsent else time.monotonic() - flight.started, congested=flight.congested)
+            limit.release(None if flight.unsent else time.monotonic() - flight.started, congested=flight.congested)
 
     def pause(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
@@ -142,6 +143,11 @@ class Pacer:
         if rates:
             rate, self.binding = min(rates)
             self.interval = 1.0 / rate
+            # a server that announces its limits (a gateway forwarding the provider's headers) is paced by them:
+            # the requests in flight no longer follow its answers
+            if self.limit is not None:
+                self.limit.lift()
+                self.limit = None
 
     def _families(self, headers: Any) -> list[tuple[str, float, float, tuple[str, str, str]]]:
         """(limit family, its amount per request, share used, its three headers) in the scheme the API sends:

@@ -87,6 +87,7 @@ def apply_llm(
     client: anthropic.AsyncAnthropic | None = None,
     base_url: str | None = None,
     api_key: str | None = None,
+    gateway: bool = False,
     progress: bool = True,
     retry: RetryPolicy | None = None,
     commit_every: float = 0.5,
@@ -144,7 +145,13 @@ def apply_llm(
     URL becomes part of each request, so its answers are never taken for Anthropic's (nor another server's),
     and moving a step to another server makes its answers stale. Such servers have no Message Batches
     (`mode="auto"` stays online, `mode="batch"` is refused) and usually no prices (cost is NULL unless
-    `llmledger.set_price` names one for the model).
+    `llmledger.set_price` names one for the model). `ANTHROPIC_BASE_URL` (`OPENAI_BASE_URL` for an OpenAI
+    model) and a `client=` pointed at another server name it the same way.
+
+    `gateway=True` declares that server a gateway to the provider's own API (a LiteLLM proxy, Portkey, Helicone,
+    Cloudflare AI Gateway): its requests still name it, and the run uses what the provider has through it:
+    batches, prices, and its rate-limit headers where the gateway forwards them (requests at once adapt to it
+    where it does not). Without `api_key=` it gets the environment's key, which such a gateway forwards.
     """
     plan = checked_plan(dict(locals()))
     check_credentials(plan.client)
@@ -251,6 +258,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         batch_size=o.get("batch_size"),
         base_url=o.get("base_url"),
         api_key=o.get("api_key"),
+        gateway=o.get("gateway", False),
         provider=provider,
     )
     if plan.endpoint is not None:  # the server answering is part of the request (its fingerprint)
@@ -302,6 +310,7 @@ def resume(
     client: anthropic.AsyncAnthropic | None = None,
     base_url: str | None = None,
     api_key: str | None = None,
+    gateway: bool = False,
     progress: bool = True,
     retry: RetryPolicy | None = None,
     commit_every: float = 0.5,
@@ -322,7 +331,8 @@ def resume(
     rerunning the notebook cell afterwards pays nothing for the rows finished here. Structured
     answers are checked against the schema the step's requests carry; pass the same `validate=`
     as apply_llm to apply it here too (a pydantic model's own validators run only in apply_llm).
-    Message Batches the step sent earlier are collected first, whatever `mode` this call sends in.
+    Message Batches the step sent earlier are collected first, whatever `mode` this call sends in. A step sent
+    through a gateway (`gateway=True`) is finished through it with the same `base_url=` and `gateway=True`.
     """
     check_identifier(step, "step", StepNameError, 'e.g. "summary"')
     check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
@@ -351,6 +361,7 @@ def resume(
         batch_size=batch_size,
         base_url=base_url,
         api_key=api_key,
+        gateway=gateway,
         provider=ANTHROPIC if recorded is None else recorded.provider,  # the client speaks the step's API
     )
     locate(plan.store, must_exist=True)

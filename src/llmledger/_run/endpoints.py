@@ -59,6 +59,14 @@ def provider_refusal(table: str, step: str, recorded: str, sending: str) -> str 
     )
 
 
+def gateway_note(endpoint: str, provider: str = ANTHROPIC) -> str:
+    """What a run through a declared gateway does, said once in its report."""
+    return (
+        f"{endpoint} is a gateway to {own_api(provider)} (gateway=True): its requests name it, and the run used "
+        f"{own_api(provider)}'s batches, prices and, where the gateway forwards them, its rate-limit headers."
+    )
+
+
 def compatible_note(endpoint: str, concurrency: int, *, priced: bool, provider: str = ANTHROPIC) -> str:
     """What a run on another server does differently, said once in its report."""
     price = "" if priced else ", and its answers cost NULL unless llmledger.set_price names a price for the model"
@@ -71,7 +79,9 @@ def compatible_note(endpoint: str, concurrency: int, *, priced: bool, provider: 
 NO_KEY = "llmledger-no-key"  # what a base_url= server gets as its key when none is passed (most ignore it)
 
 
-def client_for(client: Any, base_url: Any, api_key: Any, provider: str = ANTHROPIC) -> tuple[Any, str | None]:
+def client_for(
+    client: Any, base_url: Any, api_key: Any, provider: str = ANTHROPIC, *, gateway: bool = False
+) -> tuple[Any, str | None]:
     """The client a call sends with, and the endpoint its requests name: None for the provider's own API (Anthropic's,
     or OpenAI's for `model="openai:..."`) or a simulator, which answer as that API does (batches, rate-limit
     headers, prices), so requests to them name none.
@@ -82,7 +92,19 @@ def client_for(client: Any, base_url: Any, api_key: Any, provider: str = ANTHROP
     endpoint) gets `api_key=`, or a placeholder: never the environment's key, which goes only to the provider's own
     URL, or to the server named by the environment beside it. `api_key=` alone is a key for the provider's own API.
     Each API's client is made by its module in `_exec/apis` (`for_provider`).
+
+    `gateway=True` declares the server a gateway to the provider's own API (a LiteLLM proxy, Portkey, Helicone,
+    Cloudflare AI Gateway): its requests still name it, and without `api_key=` it gets the environment's key, which
+    such a gateway forwards to the provider.
     """
+    if not isinstance(gateway, bool):
+        raise InvalidInputError(f"gateway must be True or False, got {gateway!r}")
+    made, endpoint = _client_for(client, base_url, api_key, provider, gateway)
+    check_gateway(gateway, endpoint, shape_of(provider))
+    return made, endpoint
+
+
+def _client_for(client: Any, base_url: Any, api_key: Any, provider: str, gateway: bool) -> tuple[Any, str | None]:
     for name, value in (("base_url", base_url), ("api_key", api_key)):
         if value is not None and client is not None:
             raise InvalidInputError(
@@ -112,9 +134,20 @@ def client_for(client: Any, base_url: Any, api_key: Any, provider: str = ANTHROP
     check_base_url(base_url)
     made = sdk.make_client(base_url=base_url, api_key=api_key or NO_KEY)
     endpoint = _endpoint(made, base_url, shape.own_url)
-    if endpoint is None and api_key is None and answer_source(made) != SIMULATOR:  # the provider's own URL
+    own_key = endpoint is None or gateway  # the provider's own URL, or a gateway that forwards its key
+    if own_key and api_key is None and answer_source(made) != SIMULATOR:
         made = sdk.make_client(base_url=base_url, api_key=None if sdk.has_key() else NO_KEY)
     return made, endpoint
+
+
+def check_gateway(gateway: bool, endpoint: str | None, shape: ApiShape) -> None:
+    """A gateway is a server other than the provider's own API: one must be named."""
+    if gateway and endpoint is None:
+        raise InvalidInputError(
+            f"gateway=True says that the server this call sends to forwards to {shape.own_api}, and this call names "
+            f"none (it sends to {shape.own_api} itself, or to the simulator): name the gateway with base_url=..., "
+            f"{shape.base_url_env} or client=, or drop gateway=True"
+        )
 
 
 def _wrong_client(client: Any, shape: ApiShape) -> str:

@@ -158,7 +158,7 @@ def _with_waiting(
     per_row = (sum(estimate_tokens(t) for t in texts) / max(len(texts), 1)) + fields
     fixed = _schema_tokens(request)
     waiting = figures["waiting"]
-    extra = _priced(request, waiting, round((per_row + fixed) * waiting), figures[PER_CALL])
+    extra = _priced(request, waiting, round((per_row + fixed) * waiting), figures[PER_CALL], gateway=plan.gateway)
     cost = {c: None if figures[c] is None or extra[c] is None else figures[c] + extra[c] for c in _TYPES}
     basis = figures["output_basis"] or "a guess (the step has no answers yet)"
     return {
@@ -211,7 +211,7 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
         sum(tokens_of(json.loads(p) if request.attach and p else p, blobs, estimate_tokens) for p in prompts.values())
         + fixed * calls
     )
-    usage = _priced(request, calls, plain, per_call)
+    usage = _priced(request, calls, plain, per_call, gateway=plan.gateway)
     survey = (
         selection.survey
         if selection.survey is not None
@@ -244,7 +244,7 @@ def _schema_tokens(request: RequestSpec) -> int:
     return estimate_tokens(json.dumps(asked)) if asked else 0
 
 
-def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> dict[str, Any]:
+def _priced(request: RequestSpec, calls: int, plain: int, per_call: float, *, gateway: bool) -> dict[str, Any]:
     """Tokens and cost of `calls` requests with `plain` input tokens between them (the fixed part, system prompt
     and `messages=` prefix, added here: cached, or in every call) and `per_call` output tokens each."""
     static = estimate_tokens(request.static_text())
@@ -273,6 +273,6 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float) -> di
         "cost_usd": None if price is None else price.cost(**usage),
         # no batch price to offer where llmledger sends no batches (another server, named with base_url=)
         "cost_usd_batch": None
-        if price is None or not batches_at(request.provider, request.endpoint)
+        if price is None or not batches_at(request.provider, request.endpoint, gateway)
         else price.cost(**usage, batch=True),
     }

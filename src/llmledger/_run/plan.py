@@ -45,6 +45,7 @@ class Plan:
     client: Any  # an anthropic.AsyncAnthropic, an openai.AsyncOpenAI (model="openai:..."), or None: the default
     progress: bool
     endpoint: str | None = None  # base_url= of a server other than the provider's own API (`client_for`)
+    gateway: bool = False  # that server forwards to the provider's own API: batches and its features are used
     provider: str = ANTHROPIC  # the API the client speaks: "anthropic" (Messages) or "openai" (Chat Completions)
     mode: str = "online"  # "online", "batch" or "auto" (batch from AUTO_BATCH_ROWS rows to send)
     wait: bool = True  # batch mode: wait for the batches to end (else return once they are submitted)
@@ -99,18 +100,20 @@ def plan_options(
     base_url: Any = None,
     api_key: Any = None,
     provider: str = ANTHROPIC,
+    gateway: Any = False,
 ) -> Plan:
-    client, endpoint = client_for(client, base_url, api_key, provider)
-    batches = batches_at(provider, endpoint)
+    client, endpoint = client_for(client, base_url, api_key, provider, gateway=gateway)
+    batches = batches_at(provider, endpoint, gateway)
     if not batches and mode == "auto" and (wait is False or batch_size is not None):
         raise InvalidInputError(
             f"{'wait=False' if wait is False else 'batch_size'} applies to batches, which {endpoint} (base_url=) "
             "does not have: there mode='auto' sends online; for a call that returns at once, pass background=True"
         )
-    if endpoint is not None and mode == "batch":
+    if not batches and mode == "batch":
         raise InvalidInputError(
             f"mode='batch' sends batches, which only Anthropic's and OpenAI's own APIs have; {endpoint} (base_url=) "
-            "is another server (it answers requests one by one, not in batches): pass mode='online'"
+            "is another server (it answers requests one by one, not in batches): pass mode='online', or, if it is "
+            "a gateway that forwards to the provider's own API, gateway=True"
         )
     for name, value in (
         ("chunk_size", chunk_size),
@@ -201,6 +204,7 @@ def plan_options(
         client=client,
         progress=progress,
         endpoint=endpoint,
+        gateway=gateway,
         provider=provider,
         mode="online" if mode == "auto" and (max_cost_usd is not None or not batches) else mode,
         wait=wait,

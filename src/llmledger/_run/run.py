@@ -29,7 +29,7 @@ from llmledger._ledger.states import Outcome, Redo
 from llmledger._ledger.verbs import named_outputs
 from llmledger._report import PipelineReport, RunReport, Watcher
 from llmledger._run.drive import run_batches, send_all
-from llmledger._run.endpoints import compatible_note
+from llmledger._run.endpoints import compatible_note, gateway_note
 from llmledger._run.frames import with_answers
 from llmledger._run.loop import background_loop, run_blocking
 from llmledger._run.plan import Plan, step_refusal
@@ -205,7 +205,7 @@ class Run:
                 guard_inputs=plan.default_table,
             )
             # batches sent earlier (to Anthropic's API: no other server has them): merge what has ended first
-            if batches_at(plan.provider, plan.endpoint) and ledger.open_batches(plan.table, plan.step):
+            if batches_at(plan.provider, plan.endpoint, plan.gateway) and ledger.open_batches(plan.table, plan.step):
                 interrupted = self._run_async(
                     lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
                     foreground=foreground,
@@ -228,7 +228,9 @@ class Run:
             if problem is not None:  # apply_llm moved the step to another server since this call looked
                 raise InvalidInputError(problem)
             self._take_counts(selection)
-            if plan.endpoint is not None and selection.to_send:
+            if plan.endpoint is not None and plan.gateway and selection.to_send:
+                report.notes.append(gateway_note(plan.endpoint, plan.provider))
+            elif plan.endpoint is not None and selection.to_send:
                 priced = sent is not None and price_of(sent.model) is not None
                 report.notes.append(
                     compatible_note(plan.endpoint, plan.cfg.concurrency, priced=priced, provider=plan.provider)

@@ -136,7 +136,8 @@ def shape_of(provider: str) -> ApiShape:
     return _BY_PROVIDER[provider]
 
 
-def batches_at(provider: str, endpoint: str | None) -> bool:
+def batches_at(provider: str, endpoint: str | None, gateway: bool = False) -> bool:
     """Whether llmledger can send a request for `provider`'s API, to `endpoint`, in batches: Anthropic's own API has
-    Message Batches, OpenAI's its Batch API; another server (`endpoint`) has none."""
-    return provider in _BY_PROVIDER and endpoint is None
+    Message Batches, OpenAI's its Batch API, and so does a gateway that forwards to it (`gateway`); another server
+    (`endpoint`) has none."""
+    return provider in _BY_PROVIDER and (endpoint is None or gateway)
