@@ -47,11 +47,15 @@ def _wait_for_done(store: Path, at_least: int, proc: subprocess.Popen, timeout: 
 
 
 @pytest.mark.slow
-def test_kill_9_loses_at_most_what_was_in_flight(store: Path) -> None:
+@pytest.mark.parametrize("model", [None, "openai:gpt-6.1-terra"], ids=["messages", "responses"])
+def test_kill_9_loses_at_most_what_was_in_flight(store: Path, model: str | None) -> None:
     rows, concurrency, commit_every, latency = 400, 4, 0.2, 0.05
+    chosen = ["--model", model] if model else []
     with Simulator(latency=latency) as sim:
         proc = subprocess.Popen(
-            helper_cmd(str(store), str(rows), "--concurrency", str(concurrency), "--commit-every", str(commit_every)),
+            helper_cmd(
+                str(store), str(rows), "--concurrency", str(concurrency), "--commit-every", str(commit_every), *chosen
+            ),
             env=subprocess_env(sim.base_url),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -66,14 +70,16 @@ def test_kill_9_loses_at_most_what_was_in_flight(store: Path) -> None:
         assert 60 <= done < rows
         paid_before = sim.stats()["paid"]
 
+        openai = pytest.importorskip("openai") if model else None
         out = apply_llm(
             frame(rows),
             "summary",
             prompt="Summarize: {text}",
             store=store,
             table="messages",
-            client=_client(sim),
+            client=openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="k") if openai else _client(sim),
             progress=False,
+            **({"model": model} if model else {}),
         )
         assert out["summary_status"].to_list() == ["DONE"] * rows
         repaid = sim.stats()["paid"] - rows

@@ -52,23 +52,24 @@ def stored_bodies(sim: Simulator) -> list[dict[str, Any]]:
     return [entry["body"] for entry in sim.log() if entry["status"] == 200]
 
 
-def test_rows_are_answered_by_chat_completions_and_a_rerun_pays_nothing(
+RESPONSES_MARK = {"llmledger_provider": "openai", "llmledger_api": "responses"}
+
+
+def test_rows_are_answered_through_the_responses_api_and_a_rerun_pays_nothing(
     ask: Any, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = ask(frame(12), "s", prompt=PROMPT, system="Be brief.", max_tokens=40)
     assert out["s_status"].to_list() == ["DONE"] * 12
     assert sim.stats()["paid"] == 12
     body = stored_bodies(sim)[0]
-    assert body["max_completion_tokens"] == 40 and "max_tokens" not in body, "OpenAI's own API gets its own field"
-    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
-    # each row's fingerprint is that of the body sent, with the provider it went to
-    sent = {
-        b["messages"][-1]["content"]: fingerprint({**b, "llmledger_provider": "openai"}) for b in stored_bodies(sim)
-    }
+    assert body["max_output_tokens"] == 40 and body["instructions"] == "Be brief." and body["store"] is False
+    assert "messages" not in body and body["input"][-1]["role"] == "user"
+    # each row's fingerprint is that of the body sent, with the provider and API it went to
+    sent = {b["input"][-1]["content"]: fingerprint({**b, **RESPONSES_MARK}) for b in stored_bodies(sim)}
     rows = sql(store, "SELECT s_prompt, s_fingerprint::VARCHAR, s_model, s_cost_usd, s_stop_reason FROM t")
     assert {prompt: fp for prompt, fp, *_ in rows} == sent
     assert {r[2] for r in rows} == {"gpt-6.1-terra"} and all(r[3] > 0 for r in rows), "priced from prices.json"
-    assert {r[4] for r in rows} == {"end_turn"}, "finish_reason 'stop' in the ledger's words"
+    assert {r[4] for r in rows} == {"end_turn"}, "status 'completed' in the ledger's words"
 
     again = ask(frame(12), "s", prompt=PROMPT, system="Be brief.", max_tokens=40)
     assert sim.stats()["paid"] == 12 and again["s"].to_list() == out["s"].to_list()
@@ -102,26 +103,55 @@ def test_resume_refuses_a_client_of_the_other_provider(ask: Any, store: Path, cl
         resume(store, "t", "s", client=client, progress=False)
 
 
-def test_structured_answers_fill_the_same_struct_columns_with_one_retry(ask: Any, sim: Simulator, store: Path) -> None:
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_structured_answers_fill_the_same_struct_columns_with_one_retry(
+    ask: Any, sim: Simulator, store: Path, api: str
+) -> None:
     sim.configure(bad_json_once="number 1", bad_json="number 2")
     output = {"sentiment": Literal["positive", "negative", "neutral"], "score": int}
-    out = ask(frame(4), "v", prompt=PROMPT, output=output)
+    out = ask(frame(4), "v", prompt=PROMPT, output=output, api=api)
     body = stored_bodies(sim)[0]
-    assert body["response_format"]["type"] == "json_schema" and body["response_format"]["json_schema"]["strict"]
+    conversation = "input" if api == "responses" else "messages"
+    if api == "responses":  # text.format: the same strict schema, named
+        assert body["text"]["format"]["type"] == "json_schema" and body["text"]["format"]["strict"]
+    else:
+        assert body["response_format"]["type"] == "json_schema" and body["response_format"]["json_schema"]["strict"]
     assert out["v_status"].to_list() == ["DONE", "DONE", "NEEDS_REVIEW", "DONE"]
     assert isinstance(out.schema["v"], pl.Struct) and {f.name for f in out.schema["v"].fields} == {"sentiment", "score"}
     assert sql(store, "SELECT count(*) FROM t WHERE v.sentiment IN ('positive', 'negative', 'neutral')") == [(3,)]
-    asked = [b for b in stored_bodies(sim) if b["messages"][0]["content"] == "Summarize: hello message number 1"]
-    assert len(asked) == 2 and "does not match the required JSON schema" in asked[1]["messages"][-1]["content"]
+    asked = [b for b in stored_bodies(sim) if b[conversation][0]["content"] == "Summarize: hello message number 1"]
+    assert len(asked) == 2 and "does not match the required JSON schema" in asked[1][conversation][-1]["content"]
     assert "does not match the output schema" in sql(store, "SELECT v_error FROM t WHERE id = 2")[0][0]
+
+
+def test_chat_completions_when_asked_and_a_step_keeps_its_api_until_the_user_moves_it(
+    ask: Any, sim: Simulator, store: Path
+) -> None:
+    """api="chat" sends Chat Completions; the step stays there when run again without api= (its answers are kept),
+    and moving it to Responses makes them stale, reported and not paid."""
+    ask(frame(6), "s", prompt=PROMPT, system="Be brief.", max_tokens=40, api="chat")
+    body = stored_bodies(sim)[0]
+    assert body["max_completion_tokens"] == 40 and "max_tokens" not in body, "OpenAI's own API gets its own field"
+    assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+    sent = {
+        b["messages"][-1]["content"]: fingerprint({**b, "llmledger_provider": "openai"}) for b in stored_bodies(sim)
+    }
+    assert dict(sql(store, "SELECT s_prompt, s_fingerprint::VARCHAR FROM t")) == sent
+    ask(frame(6), "s", prompt=PROMPT, system="Be brief.", max_tokens=40)  # no api=: the step's own API
+    assert sim.stats()["paid"] == 6 and last_report().calls == 0  # type: ignore[union-attr]
+    with pytest.warns(llmledger.StaleAnswersWarning, match="6 DONE rows are stale"):
+        moved = ask(frame(6), "s", prompt=PROMPT, system="Be brief.", max_tokens=40, api="responses")
+    assert sim.stats()["paid"] == 6 and moved["s_stale"].all()
+    ask(frame(6), "s", prompt=PROMPT, system="Be brief.", max_tokens=40, api="responses", redo="stale")
+    assert sim.stats()["paid"] == 12 and "input" in stored_bodies(sim)[-1]
 
 
 def test_an_option_the_model_refuses_stops_the_run_with_openais_reason(ask: Any, store: Path) -> None:
     with pytest.raises(RequestRefused, match=r"first 8 distinct requests alike.*does not support 0 with this model"):
-        ask(frame(40), "s", prompt=PROMPT, request_options={"temperature": 0}, concurrency=1)
+        ask(frame(40), "s", prompt=PROMPT, request_options={"temperature": 0}, concurrency=1, api="chat")
     statuses = dict(sql(store, "SELECT s_status, count(*) FROM t GROUP BY ALL"))
     assert statuses.get("FAILED", 0) <= 7 and statuses["NOT_STARTED"] >= 32, statuses
-    fixed = ask(frame(40), "s", prompt=PROMPT, request_options={"temperature": 1})
+    fixed = ask(frame(40), "s", prompt=PROMPT, request_options={"temperature": 1}, api="chat")
     assert fixed["s_status"].to_list() == ["DONE"] * 40, "once the call is fixed, every row is sent"
 
 
@@ -248,6 +278,56 @@ def test_the_simulator_speaks_openais_api_to_the_openai_sdk(sim: Simulator) -> N
         client.chat.completions.create(max_completion_tokens=10, model="gpt-nope", messages=args["messages"])
 
 
+def test_the_simulator_speaks_the_responses_api_to_the_openai_sdk(sim: Simulator) -> None:
+    client = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="k", max_retries=0)
+    sim.configure(rate_limit=10, tokens_per_minute=60_000)
+    raw = client.responses.with_raw_response.create(
+        model="gpt-6.1-terra", input="hi", instructions="Be brief.", max_output_tokens=100, store=False
+    )
+    assert raw.headers["x-ratelimit-limit-requests"] == "600" and raw.headers["x-request-id"].startswith("req_")
+    response = raw.parse()
+    assert response.object == "response" and response.status == "completed" and response.output_text
+    thought = response.usage.output_tokens_details.reasoning_tokens
+    assert thought > 0 and response.usage.output_tokens > thought, "a reasoning model thinks, and that is billed"
+    cut = client.responses.create(model="gpt-6.1-terra", input="hi", max_output_tokens=16)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens" and not cut.output_text
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    typed = client.responses.create(
+        model="gpt-6.1-terra", input="hi", text={"format": {"type": "json_schema", "name": "x", "schema": schema,
+                                                            "strict": True}},
+    )  # fmt: skip
+    assert set(json.loads(typed.output_text)) == {"a"}
+    sim.configure(refuse="refuse me")
+    refused = client.responses.create(model="gpt-6.1-terra", input="please refuse me")
+    assert [c.type for c in refused.output[-1].content] == ["refusal"]
+    for bad, says in [
+        ({"max_output_tokens": 10}, "Expected a value >= 16"),
+        ({"temperature": 0.5}, "'temperature' is not supported with this model"),
+        ({"extra_body": {"reasoning_effort": "low"}}, "Unknown parameter: 'reasoning_effort'"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=says):
+            client.responses.create(model="gpt-6.1-terra", input="hi", **bad)
+    sim.configure(fail_next=["insufficient_quota"])
+    with pytest.raises(openai.RateLimitError) as info:
+        client.responses.create(model="gpt-6.1-terra", input="hi")
+    assert info.value.code == "insufficient_quota"
+    with Simulator(compatible=True) as other, pytest.raises(openai.NotFoundError):  # it speaks Chat Completions only
+        openai.OpenAI(base_url=other.server_url + "/v1", api_key="k").responses.create(model="m", input="hi")
+
+
+def test_a_responses_run_is_paced_by_openais_headers(ask: Any, sim: Simulator) -> None:
+    sim.configure(rate_limit=40, latency=0.01)
+    ask(frame(60), "s", prompt=PROMPT, concurrency=16)
+    report = last_report()
+    assert report is not None and report.binding_limit.startswith("requests")
+    assert sim.stats()["by_status"].get(429, 0) <= 3 and sim.stats()["paid"] == 60
+
+
 def test_a_reasoning_model_that_thinks_away_its_max_tokens_stops_the_run_instead_of_showing_nothing(
     ask: Any, sim: Simulator, store: Path
 ) -> None:
@@ -258,7 +338,7 @@ def test_a_reasoning_model_that_thinks_away_its_max_tokens_stops_the_run_instead
         ask(frame(40), "s", prompt=PROMPT, max_tokens=16, concurrency=1)
     assert sim.stats()["paid"] == 3, "it stopped after three answers alike (each was paid for)"
     assert sql(store, "SELECT count(*) FROM t WHERE s_status = 'DONE'") == [(0,)]
-    out = ask(frame(40), "s", prompt=PROMPT, max_tokens=16, request_options={"reasoning_effort": "none"})
+    out = ask(frame(40), "s", prompt=PROMPT, max_tokens=16, request_options={"reasoning": {"effort": "none"}})
     assert out["s_status"].to_list() == ["DONE"] * 40 and all(out["s"].str.len_chars() > 0)
     used = sql(store, "SELECT max(s_output_tokens) FROM t")[0][0]
     assert 0 < used <= 16

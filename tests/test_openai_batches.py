@@ -41,10 +41,11 @@ def statuses(target: Any, step: str = "s", table: str = "t") -> dict[str, int]:
     return dict(llmledger.sql(target, query).rows())
 
 
+@pytest.mark.parametrize("api", ["responses", "chat"])  # the Batch API takes both: "url": "/v1/responses" or chat's
 def test_a_batch_run_answers_every_row_at_half_the_online_price_and_a_rerun_pays_nothing(
-    target: Any, oa: Any, sim: Simulator, tmp_path: Path
+    target: Any, oa: Any, sim: Simulator, tmp_path: Path, api: str
 ) -> None:
-    ask = functools.partial(apply_llm, client=oa, store=target, table="t", progress=False, model=GPT)
+    ask = functools.partial(apply_llm, client=oa, store=target, table="t", progress=False, model=GPT, api=api)
     df = pl.DataFrame({"id": range(40), "text": [f"message {i % 30}" for i in range(40)]})  # 10 duplicates
     out = ask(df, "s", prompt=PROMPT, mode="batch")
     assert out["s_status"].to_list() == ["DONE"] * 40
@@ -58,7 +59,8 @@ def test_a_batch_run_answers_every_row_at_half_the_online_price_and_a_rerun_pays
 
     with Simulator() as other:  # the same rows online, for the price
         online = openai.AsyncOpenAI(base_url=other.base_url + "/v1", api_key="k")
-        apply_llm(df, "s", prompt=PROMPT, model=GPT, client=online, store=tmp_path / "online.duckdb", progress=False)
+        apply_llm(df, "s", prompt=PROMPT, model=GPT, client=online, store=tmp_path / "online.duckdb", progress=False,
+                  api=api)  # fmt: skip
     batch = llmledger.sql(target, "SELECT sum(s_cost_usd) AS c, sum(s_output_tokens) AS o FROM t").row(0)
     with_online = sql(tmp_path / "online.duckdb", "SELECT sum(s_cost_usd), sum(s_output_tokens) FROM ledger")
     assert batch[1] == with_online[0][1], "the same answers and tokens ..."

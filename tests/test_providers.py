@@ -32,26 +32,42 @@ class Provider:
     client: Any
     account_stop: str  # the simulator fault by which the provider says the account cannot spend
     mark: dict[str, str]  # what the fingerprinted document adds to the body sent
+    options: dict[str, Any]  # what apply_llm is told besides the model: api="chat" for Chat Completions
 
     def bodies(self, sim: Simulator) -> list[dict[str, Any]]:
         return [entry["body"] for entry in sim.log() if entry["status"] == 200]
 
+    def row_text(self, body: dict[str, Any]) -> Any:
+        """The row's own message in a body sent: the last of its `messages` (or Responses' `input`)."""
+        return body.get("messages", body.get("input"))[-1]["content"]
 
-@pytest.fixture(params=["anthropic", "openai"])
+
+# OpenAI's own API takes a new step through the Responses API; Chat Completions when asked (api="chat")
+@pytest.fixture(params=["anthropic", "openai", "openai-chat"])
 def provider(request: pytest.FixtureRequest, sim: Simulator) -> Provider:
     if request.param == "anthropic":
         client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
-        return Provider("anthropic", "m", client, "enforced_spend_limit_reached", {})
+        return Provider("anthropic", "m", client, "enforced_spend_limit_reached", {}, {})
     openai = pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
     client = openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="test-key")
-    return Provider("openai", "openai:gpt-6.1-terra", client, "insufficient_quota", {"llmledger_provider": "openai"})
+    if request.param == "openai-chat":
+        chat = {"llmledger_provider": "openai"}
+        return Provider("openai", "openai:gpt-6.1-terra", client, "insufficient_quota", chat, {"api": "chat"})
+    mark = {"llmledger_provider": "openai", "llmledger_api": "responses"}
+    return Provider("openai", "openai:gpt-6.1-terra", client, "insufficient_quota", mark, {})
 
 
 @pytest.fixture
 def ask(provider: Provider, target: Any) -> Any:
     """apply_llm with the provider's model and client, on each store engine."""
     return functools.partial(
-        apply_llm, client=provider.client, model=provider.model, store=target, table="t", progress=False
+        apply_llm,
+        client=provider.client,
+        model=provider.model,
+        store=target,
+        table="t",
+        progress=False,
+        **provider.options,
     )
 
 
@@ -64,7 +80,7 @@ def test_a_rerun_pays_nothing_and_each_row_is_fingerprinted_by_the_body_it_was_s
 ) -> None:
     out = ask(frame(10, word="same").vstack(frame(2, start=10)), "s", prompt=PROMPT, system="Be brief.")
     assert out["s_status"].to_list() == ["DONE"] * 12 and sim.stats()["paid"] == 12
-    sent = {b["messages"][-1]["content"]: fingerprint({**b, **provider.mark}) for b in provider.bodies(sim)}
+    sent = {provider.row_text(b): fingerprint({**b, **provider.mark}) for b in provider.bodies(sim)}
     stored = dict(column(ask, "SELECT s_prompt, s_fingerprint::VARCHAR FROM t"))
     assert stored == sent, "the fingerprint is the body sent, with the provider's mark"
     again = ask(frame(10, word="same").vstack(frame(2, start=10)), "s", prompt=PROMPT, system="Be brief.")

@@ -42,18 +42,27 @@ def test_different_prompts_have_different_fingerprints(a: str, b: str) -> None:
     assert (spec.fingerprint(a) == spec.fingerprint(b)) == (a == b)
 
 
+# (provider, API beyond its default, the provider's own rules at another endpoint): Messages, Chat Completions (also
+# through a gateway or Azure), Responses
+APIS = [("anthropic", None, False), ("openai", None, False), ("openai", None, True), ("openai", "responses", False)]
+
+
 @settings(UNIT, max_examples=60)
 @given(
     st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60),
     st.sampled_from([None, "terse", "quote ' and \" and \\"]),
-    st.sampled_from(["anthropic", "openai"]),
+    st.sampled_from(APIS),
 )
-def test_the_sql_fingerprint_is_the_python_fingerprint(prompt: str, system: str | None, provider: str) -> None:
-    """The ledger fingerprints rows in SQL and answers in Python: both must agree on every text, for either API's
+def test_the_sql_fingerprint_is_the_python_fingerprint(
+    prompt: str, system: str | None, api: tuple[str, str | None, bool]
+) -> None:
+    """The ledger fingerprints rows in SQL and answers in Python: both must agree on every text, for every API's
     body."""
+    provider, name, own_rules = api
     spec = RequestSpec(
-        model="claude-x", max_tokens=7, system=system, options={"metadata": {"a": [1, "é"]}}, provider=provider
-    )
+        model="claude-x", max_tokens=7, system=system, options={"metadata": {"a": [1, "é"]}}, provider=provider,
+        api=name, own_rules=own_rules, endpoint="http://gateway:4000" if own_rules else None,
+    )  # fmt: skip
     with duckdb.connect() as con:
         found = con.execute(f"SELECT ({spec.fingerprint_sql(sql_literal(prompt))})::VARCHAR").fetchone()
     assert found is not None and found[0] == spec.fingerprint(prompt)
@@ -66,7 +75,7 @@ OPTIONS = st.dictionaries(
 
 @settings(UNIT, max_examples=80)
 @given(
-    st.sampled_from(["anthropic", "openai"]),
+    st.sampled_from(APIS),
     st.one_of(st.none(), st.text(min_size=1, max_size=12)),
     OPTIONS,
     st.lists(
@@ -76,15 +85,16 @@ OPTIONS = st.dictionaries(
     st.sampled_from([None, "http://localhost:8000"]),
 )
 def test_a_stored_request_reads_back_as_the_request_it_was(
-    provider: str, system: str | None, options: dict, prefix: list, endpoint: str | None
+    api: tuple[str, str | None, bool], system: str | None, options: dict, prefix: list, endpoint: str | None
 ) -> None:
     """What `resume` sends is the request read back from the store: it must be the one apply_llm recorded, body
     and fingerprint, whichever API it is written for (an Anthropic option named like OpenAI's bound included)."""
+    provider, name, own_rules = api
     if provider == "openai":
         options.pop("max_completion_tokens", None)  # apply_llm refuses it there: max_tokens= sets it
     spec = RequestSpec(
         model="m", max_tokens=9, system=system, options=options, prefix=tuple(prefix), endpoint=endpoint,
-        provider=provider,
+        provider=provider, api=name, own_rules=own_rules,
     )  # fmt: skip
     again = RequestSpec.from_json(spec.to_json())
     assert again.to_json() == spec.to_json() and again.max_tokens == 9 and again.provider == provider

@@ -83,7 +83,7 @@ class BatchSender:
         on_progress: Callable[[RunReport, int], None] | None = None,
     ) -> None:
         self.ledger, self.cfg, self.claimant = ledger, cfg, claimant
-        self.api = batch_api_for(client)
+        self.api = batch_api_for(client, cfg.api)
         self.report, self.stop_flag, self.output, self.find = report, stop_flag, output, find
         self.mine = mine  # the intents this run sent, shared with the collector
         self.batch_size, self.on_progress = min(batch_size, self.api.max_requests), on_progress

@@ -99,8 +99,9 @@ class BatchApi:
         raise NotImplementedError
 
 
-def batch_api_for(client: Any) -> BatchApi:
-    """The batch API of a client: the one of the `_exec/apis` module whose SDK made it."""
+def batch_api_for(client: Any, api: str | None = None) -> BatchApi:
+    """The batch API of a client: the one of the `_exec/apis` module whose SDK made it (`api`: which of that SDK's
+    APIs the step's requests are written for, when not its default)."""
     from llmledger._exec.apis import for_client  # each API's module imports this one
 
-    return for_client(client).batches(client)
+    return for_client(client, api).batches(client)

@@ -166,13 +166,16 @@ def api_for(client: Any) -> Api:
     return for_client(client).api()
 
 
-async def send(client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None) -> Reply:
+async def send(
+    client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None, api: Api | None = None
+) -> Reply:
     """One request with exactly `body`. Raises CallFailed with its kind on any failure.
 
     `go`, asked once the pacer lets the request start: False raises NotSent, so a run that stopped while
-    its requests waited for their turn (a retry-after pause) starts none of them.
+    its requests waited for their turn (a retry-after pause) starts none of them. `api`: the API the body is
+    written for (default: the client's SDK's default API).
     """
-    api = api_for(client)
+    api = api or api_for(client)
     await pacer.wait()
     async with pacer.in_flight() as flight:
         if go is not None and not go():

@@ -69,7 +69,7 @@ class BatchCollector(BatchMerger):
         stale_after: timedelta = timedelta(minutes=30),
     ) -> None:
         self.ledger, self.table, self.step, self.cfg = ledger, table, step, cfg
-        self.api = batch_api_for(client)
+        self.api = batch_api_for(client, cfg.api)
         self.report, self.stop_flag, self.on_progress, self.stale_after = report, stop_flag, on_progress, stale_after
         self.version, self.output_model = version, output_model  # apply_llm's definition: its pydantic model
         self.returned: list[pl.DataFrame] = []  # keys of rows batches gave back during this run

@@ -48,6 +48,7 @@ class RunConfig:
     stale_after: float = 1800.0  # seconds after which another run may take back a claim that stopped beating
     source: str | None = None  # where the run's answers come from (`answer_source`), stored with each answer
     adaptive: bool = False  # a server that announces no limits (base_url=): requests at once follow its answers
+    api: str | None = None  # the step's API when not its provider's default ("responses"): batches are made for it
     attachments: Attachments | None = field(default=None, compare=False)  # attach=: where this process has the
     # bytes of the files its rows' requests name
 

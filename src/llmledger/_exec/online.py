@@ -17,6 +17,7 @@ import time
 from typing import Any, Protocol
 
 from llmledger._exec.adaptive import AdaptiveLimit
+from llmledger._exec.apis import for_client
 from llmledger._exec.apis.chat import NO_ROOM
 from llmledger._exec.client import CallFailed, Kind, NotSent, Reply, known_reply, send
 from llmledger._exec.config import RetryPolicy
@@ -154,7 +155,7 @@ class OnlineSender:
             except AttachmentError as exc:  # the row goes back as it was, unpaid and with no attempt used up
                 self.sink.note_unsent(f"{NOT_SENT}{exc}", row)
                 return None
-        answer = await self._send(body, row)
+        answer = await self._send(body, row, spec)
         if answer is None or answer[0] is None or self.output is None:
             return answer
         first = answer[0]
@@ -162,15 +163,16 @@ class OnlineSender:
             return dataclasses.replace(first, text=self.output.check(first.text)), None
         except OutputError as exc:
             problem = str(exc)
+        conversation = spec.shape.messages_field  # "messages", or Responses' "input"
         follow_up = {
             **body,
-            "messages": [
-                *body["messages"],
+            conversation: [
+                *body[conversation],
                 {"role": "assistant", "content": first.text or "(no answer)"},
                 {"role": "user", "content": FEEDBACK.format(problem=problem)},
             ],
         }
-        second = await self._send(follow_up, row)
+        second = await self._send(follow_up, row, spec)
         if second is None:  # the run stopped before the row's one follow-up: the row goes back as it was (its
             self.sink.bill(first)  # first answer is counted as paid), and the next run asks it afresh
             return None
@@ -182,7 +184,7 @@ class OnlineSender:
         except OutputError as exc:
             return both, f"the answer does not match the output schema, also when asked again: {exc}"
 
-    async def _send(self, body: dict[str, Any], row: dict[str, Any]) -> Answer | None:
+    async def _send(self, body: dict[str, Any], row: dict[str, Any], spec: RequestSpec) -> Answer | None:
         """Send until there is an answer or a permanent error; None when the run stops first."""
         tries = 0
         while self.sink.stopping is None:
@@ -194,7 +196,8 @@ class OnlineSender:
             wait_at_least: float | None = None
             self._doing(f"sending {row['fingerprint'][:8]} (try {tries})")
             try:
-                reply = await send(self.client, self.pacer, body, go=lambda: self.sink.stopping is None)
+                api = for_client(self.client, spec.api).api()
+                reply = await send(self.client, self.pacer, body, go=lambda: self.sink.stopping is None, api=api)
                 self.answered += 1
                 self.transient_streak = 0
                 self.last_success = time.monotonic()

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
+from llmledger._exec.apis.chat import own_rules as own_rules_of
 from llmledger._exec.client import DEFAULT_MODEL
 from llmledger._exec.config import RetryPolicy
 from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE, StepDefinition, known_table, locate, stored_requests
 from llmledger._ledger.columns import MAX_STEP_NAME, check_step_name
 from llmledger._ledger.parquet import is_parquet_path, read_parquet_input
 from llmledger._report import RunReport
-from llmledger._run.endpoints import check_credentials
+from llmledger._run.endpoints import check_credentials, client_for
 from llmledger._run.frames import (
     as_polars,
     check_frame_columns,
@@ -44,7 +45,7 @@ from llmledger._run.plan import (
     with_null_fields,
 )
 from llmledger._run.run import Run, set_last_report
-from llmledger._step.apis import ANTHROPIC, ApiShape, shape_of
+from llmledger._step.apis import ANTHROPIC, API_NAMES, OPENAI, RESPONSES_MIN_OUTPUT, ApiShape, shape_of
 from llmledger._step.messages import attachments as attachments_of
 from llmledger._step.messages import cached, check_prefix, prompt_and_prefix
 from llmledger._step.output import output_spec
@@ -88,6 +89,7 @@ def apply_llm(
     base_url: str | None = None,
     api_key: str | None = None,
     gateway: bool = False,
+    api: Literal["responses", "chat"] | None = None,
     progress: bool = True,
     retry: RetryPolicy | None = None,
     commit_every: float = 0.5,
@@ -152,6 +154,11 @@ def apply_llm(
     Cloudflare AI Gateway): its requests still name it, and the run uses what the provider has through it:
     batches, prices, and its rate-limit headers where the gateway forwards them (requests at once adapt to it
     where it does not). Without `api_key=` it gets the environment's key, which such a gateway forwards.
+
+    An OpenAI model on OpenAI's own API is sent through the Responses API (`/v1/responses`, OpenAI's recommended
+    API); `api="chat"` sends it through Chat Completions instead. A step made with Chat Completions stays there
+    unless `api="responses"` moves it (its answers then turn stale, reported and not paid). Another server
+    (`base_url=`), and a step that sends files (`attach=`), use Chat Completions.
     """
     plan = checked_plan(dict(locals()))
     check_credentials(plan.client)
@@ -199,14 +206,25 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         raise InvalidInputError(f"model must be a model name such as {DEFAULT_MODEL!r}, got {model!r}")
     check_model(model)
     provider, model = split_model(model)
-    shape = shape_of(provider)
+    recorded = stored_requests(store, table).get(step) if step in stored_steps and provider == OPENAI else None
+
+    def endpoint() -> str | None:  # the server the call would send to (asked only when it decides the API)
+        return client_for(o["client"], o.get("base_url"), o.get("api_key"), provider, gateway=o.get("gateway", False))[
+            1
+        ]
+
+    api = choose_api(o.get("api"), provider, endpoint=endpoint, recorded=recorded, attach=o.get("attach") is not None)
+    shape = shape_of(provider, api)
     if shape.caches_itself:
         check_no_cache_ttl(o["cache"], shape)
     frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys, provider)
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")
-    options = check_request_options(o["request_options"], provider)
+    options = check_request_options(o["request_options"], provider, api)
+    if api == "responses":
+        check_responses_bound(max_tokens)
+        options.setdefault("store", False)  # each row's request stands alone: OpenAI keeps no copy for 30 days
     check_no_nul(prompt, system, options, prefix)
     spec = output_spec(o["output"])
     if spec is not None:
@@ -225,9 +243,10 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         system=system,
         options=options,
         cache_ttl=None if prefix else ttl,
-        prefix=cached(prefix, ttl),
+        prefix=cached(prefix, ttl) if api != "responses" else responses_prefix(prefix),
         attach=() if attachments is None else attachments.columns,
         provider=provider,
+        api=api,
     )
     stored = storable(exact_keys(frame, keys))
     if attachments is not None:  # the ledger keeps a file's hash, not its bytes
@@ -260,9 +279,13 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         api_key=o.get("api_key"),
         gateway=o.get("gateway", False),
         provider=provider,
+        api=api,
     )
     if plan.endpoint is not None:  # the server answering is part of the request (its fingerprint)
-        definition = dataclasses.replace(definition, request=dataclasses.replace(request, endpoint=plan.endpoint))
+        # a gateway to the provider's own API, or Azure OpenAI, keeps the provider's own rules
+        own_rules = plan.gateway or (provider == OPENAI and own_rules_of(plan.client))
+        request = dataclasses.replace(request, endpoint=plan.endpoint, own_rules=own_rules)
+        definition = dataclasses.replace(definition, request=request)
     plan = dataclasses.replace(
         plan,
         df=df,
@@ -363,6 +386,7 @@ def resume(
         api_key=api_key,
         gateway=gateway,
         provider=ANTHROPIC if recorded is None else recorded.provider,  # the client speaks the step's API
+        api=None if recorded is None else recorded.api,
     )
     locate(plan.store, must_exist=True)
     problem = None if recorded is None else step_refusal(plan, recorded)
@@ -377,6 +401,62 @@ def resume(
     result = run.execute(foreground=True)
     assert isinstance(result, RunReport)
     return result
+
+
+def choose_api(
+    asked: Any, provider: str, *, endpoint: Callable[[], str | None], recorded: Any, attach: bool
+) -> str | None:
+    """The API a step's requests are written for, beyond its provider's default: "responses" for a new step on
+    OpenAI's own API (OpenAI recommends it), unless `api="chat"` asks for Chat Completions, the step's recorded
+    requests are Chat Completions' (its answers are kept: only the user moves a step), it sends files (`attach=`:
+    Chat Completions for now) or another server answers it (`endpoint`: servers speak Chat Completions)."""
+    if asked not in (None, *API_NAMES):
+        raise InvalidInputError(
+            f"api must be 'responses' or 'chat' (OpenAI's Responses API or its Chat Completions), or left out, got "
+            f"{asked!r}"
+        )
+    if provider != OPENAI:
+        if asked is not None:
+            raise InvalidInputError(
+                f"api={asked!r} chooses between OpenAI's APIs (model='openai:...'); a Claude model has one, the "
+                "Messages API: leave api= out"
+            )
+        return None
+    if asked == "chat":
+        return None
+    if asked == "responses":
+        if attach:
+            raise InvalidInputError(
+                "attach= sends its files through Chat Completions for now: pass api='chat', or leave api= out"
+            )
+        return "responses"
+    if recorded is not None and recorded.provider == OPENAI:
+        return str(recorded.api) if recorded.api else None
+    return "responses" if not attach and endpoint() is None else None
+
+
+def responses_prefix(prefix: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """`messages=` before the row's, as the Responses API takes them: a text block is a user's `input_text` or the
+    assistant's `output_text` (a string content stays as it is)."""
+
+    def part(role: str, block: dict[str, Any]) -> dict[str, Any]:
+        if block.get("type") != "text":
+            return block
+        return {"type": "input_text" if role != "assistant" else "output_text", "text": block.get("text")}
+
+    return tuple(
+        {**m, "content": [part(m["role"], b) for b in m["content"]]} if isinstance(m["content"], list) else m
+        for m in prefix
+    )
+
+
+def check_responses_bound(max_tokens: int) -> None:
+    if max_tokens < RESPONSES_MIN_OUTPUT:
+        raise InvalidInputError(
+            f"max_tokens={max_tokens} is below what the Responses API takes (max_output_tokens of "
+            f"{RESPONSES_MIN_OUTPUT} or more): pass max_tokens={RESPONSES_MIN_OUTPUT} or more (a reasoning model "
+            "needs room to think as well), or api='chat'"
+        )
 
 
 def check_no_cache_ttl(cache: Any, shape: ApiShape) -> None:

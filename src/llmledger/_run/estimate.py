@@ -240,7 +240,7 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
 def _schema_tokens(request: RequestSpec) -> int:
     """The tokens an `output=` schema adds to each request (0 without one)."""
     options = request.options
-    asked = options.get("output_config") or options.get("response_format")  # Messages, or Chat Completions
+    asked = options.get(request.shape.structured_field)  # output_config, response_format, or Responses' text
     return estimate_tokens(json.dumps(asked)) if asked else 0
 
 

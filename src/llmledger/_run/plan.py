@@ -14,6 +14,7 @@ from typing import Any
 
 import polars as pl
 
+from llmledger._exec.apis import for_client
 from llmledger._exec.batch import MAX_REQUESTS
 from llmledger._exec.config import RetryPolicy, RunConfig
 from llmledger._ledger import StepDefinition, Store, locate
@@ -101,9 +102,13 @@ def plan_options(
     api_key: Any = None,
     provider: str = ANTHROPIC,
     gateway: Any = False,
+    api: str | None = None,
 ) -> Plan:
     client, endpoint = client_for(client, base_url, api_key, provider, gateway=gateway)
-    batches = batches_at(provider, endpoint, gateway)
+    no_batches = None if client is None else for_client(client, api).batch_refusal(client)
+    if no_batches is not None and mode == "batch":
+        raise InvalidInputError(no_batches + ". Nothing was written.")
+    batches = batches_at(provider, endpoint, gateway) and no_batches is None
     if not batches and mode == "auto" and (wait is False or batch_size is not None):
         raise InvalidInputError(
             f"{'wait=False' if wait is False else 'batch_size'} applies to batches, which {endpoint} (base_url=) "
@@ -192,6 +197,7 @@ def plan_options(
         budget_scope=budget_scope,
         stale_after=stale.total_seconds(),
         adaptive=endpoint is not None,
+        api=api,
     )
     return Plan(
         store=path,

@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 
 from llmledger._step.apis import ANTHROPIC, SHAPES
-from llmledger._step.prices import _SNAPSHOT, Price, _data, _table, price_of
+from llmledger._step.prices import _SNAPSHOT, Price, _data, _table, platform_id, price_of
 from llmledger._step.request import split_model
 
 WARN_DAYS = 60  # a step whose model shuts down within this many days is warned about
@@ -71,6 +71,7 @@ def provider_of_id(model: str) -> str:
 def _canonical(model: str) -> str:
     """A model id as prices.json lists it: an alias or a dated snapshot is its model's id."""
     _, prices, aliases = _table()
+    model = platform_id(model)
     for name in (model, _snapshot_base(model)):
         name = aliases.get(name, name)
         if name in prices:

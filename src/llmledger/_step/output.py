@@ -209,9 +209,9 @@ def _check_typed(schema: dict[str, Any], defs: dict[str, Any], path: str) -> Non
 
 
 def spec_from_request(options: Mapping[str, Any]) -> OutputSpec | None:
-    """The output spec recorded in a stored request's `output_config` (or Chat Completions' `response_format`), if it
-    asks for JSON."""
-    config = options.get("output_config")
+    """The output spec recorded in a stored request's `output_config` (or Chat Completions' `response_format`, or
+    Responses' `text.format`), if it asks for JSON."""
+    config = options.get("output_config") or options.get("text")
     fmt = config.get("format") if isinstance(config, Mapping) else None
     chat = options.get("response_format")
     if isinstance(chat, Mapping) and chat.get("type") == "json_schema" and isinstance(chat.get("json_schema"), Mapping):

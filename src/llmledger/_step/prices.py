@@ -24,6 +24,21 @@ import polars as pl
 from llmledger._step.request import split_model
 from llmledger.errors import InvalidInputError, warn
 
+# How Claude's ids are spelled on the clouds: Bedrock's "anthropic.claude-haiku-4-5-20251001-v1:0" (with a region
+# prefix for cross-region inference: "us.", "eu.", "apac.", "global."), Vertex AI's "claude-haiku-4-5@20251001".
+_PLATFORM = re.compile(r"^(?:(?:us|eu|apac|global|jp|au|us-gov)\.)?anthropic\.(.+?)(?:-v\d+(?::\d+)?)?$")
+_VERTEX_DATE = re.compile(r"^(claude-.+)@(\d{8})$")
+
+
+def platform_id(model: str) -> str:
+    """A Claude id as Anthropic's API spells it, from Bedrock's or Vertex AI's spelling (any other id as it is)."""
+    found = _PLATFORM.match(model)
+    if found:
+        return found.group(1)
+    dated = _VERTEX_DATE.match(model)
+    return f"{dated.group(1)}-{dated.group(2)}" if dated else model
+
+
 _SNAPSHOT = re.compile(r"^(.*)-(?:\d{8}|\d{4}-\d{2}-\d{2})$")  # Anthropic's -20251001, OpenAI's -2025-08-07
 _overrides: dict[str, Price] = {}
 _warned: set[str] = set()
@@ -151,6 +166,7 @@ def price_of(model: str) -> Price | None:
         if model in _overrides:
             return _overrides[model]
     _, prices, aliases = _table()
+    model = platform_id(model)
     for name in (model, _SNAPSHOT.sub(r"\1", model)):
         name = aliases.get(name, name)
         if name in _overrides:

@@ -46,6 +46,7 @@ _SENTINEL = "\x00llmledger-prompt\x00"
 ATTACH_KEY = "llmledger_attach"  # in a stored request: the columns whose files go in the row's message
 ENDPOINT_KEY = "llmledger_endpoint"  # in a stored and fingerprinted request: the server it is sent to, if not Anthropic
 PROVIDER_KEY = "llmledger_provider"  # in a stored and fingerprinted request: the API it speaks, if not Anthropic's
+API_KEY = "llmledger_api"  # in a stored and fingerprinted request: the API, if not its provider's default ("responses")
 
 
 def split_model(model: str) -> tuple[str, str]:
@@ -88,9 +89,9 @@ def fingerprint(body: dict[str, Any]) -> str:
     return md5_uuid(canonical_json(body))
 
 
-def check_request_options(options: Any, provider: str = ANTHROPIC) -> dict[str, Any]:
+def check_request_options(options: Any, provider: str = ANTHROPIC, api: str | None = None) -> dict[str, Any]:
     """Extra body fields of the provider's request (its API's `ApiShape`), checked before anything is written."""
-    shape = shape_of(provider)
+    shape = shape_of(provider, api)
     if options is None:
         return {}
     if not isinstance(options, dict):
@@ -101,6 +102,10 @@ def check_request_options(options: Any, provider: str = ANTHROPIC) -> dict[str, 
     for name in options:
         if not isinstance(name, str):
             raise InvalidInputError(f"request_options keys must be strings, got {name!r}")
+        if name in shape.other_spellings:
+            raise InvalidInputError(
+                f"request_options[{name!r}] is not a {shape.label} field; it takes {shape.other_spellings[name]}"
+            )
         if name in shape.own_fields:
             raise InvalidInputError(
                 f"request_options sets {name!r}, which apply_llm sets itself; pass {shape.own_fields[name]} instead"
@@ -148,22 +153,27 @@ class RequestSpec:
     attach: tuple[str, ...] = ()
     endpoint: str | None = None  # the base URL of a server other than the provider's own API that answers it
     provider: str = ANTHROPIC  # the API the request is written for: Anthropic's Messages, or OpenAI's Chat Completions
+    api: str | None = None  # another API of the provider's than its default: "responses" (OpenAI's)
+    # the provider's own rules at another endpoint (a gateway to it, Azure OpenAI): its own field bounds the answer
+    own_rules: bool = False
 
     @property
     def shape(self) -> ApiShape:
         """The API the request is written for."""
-        return shape_of(self.provider)
+        return shape_of(self.provider, self.api)
 
     @property
     def tokens_field(self) -> str:
-        return self.shape.tokens_field(self.endpoint)
+        return self.shape.tokens_field(None if self.own_rules else self.endpoint)
 
     def _static(self) -> dict[str, Any]:
         """The body without the messages (the system prompt included, for the Messages API)."""
         body: dict[str, Any] = {**self.options, "model": self.model, self.tokens_field: self.max_tokens}
         if self.shape.system_in_messages:
             return body
-        if self.system is not None and self.cache_ttl is not None:
+        if self.system is not None and self.shape.system_field != "system":  # Responses' `instructions`
+            body[str(self.shape.system_field)] = self.system
+        elif self.system is not None and self.cache_ttl is not None:
             body["system"] = [
                 {"type": "text", "text": self.system, "cache_control": {"type": "ephemeral", "ttl": self.cache_ttl}}
             ]
@@ -183,6 +193,8 @@ class RequestSpec:
             marks[ENDPOINT_KEY] = self.endpoint
         if self.provider != ANTHROPIC:
             marks[PROVIDER_KEY] = self.provider
+        if self.api is not None:
+            marks[API_KEY] = self.api
         return marks
 
     @property
@@ -205,7 +217,7 @@ class RequestSpec:
     def body(self, prompt: str) -> dict[str, Any]:
         """The body for a row's stored message (`{step}_prompt`): its text, or its content blocks as JSON."""
         content = json.loads(prompt) if self.attach else prompt
-        return {**self._static(), "messages": [*self._lead(), {"role": "user", "content": content}]}
+        return {**self._static(), self.shape.messages_field: [*self._lead(), {"role": "user", "content": content}]}
 
     def recorded(self, prompt: str) -> dict[str, Any]:
         """What the fingerprint covers: the body, and the provider and endpoint when they are not Anthropic's API."""
@@ -217,7 +229,7 @@ class RequestSpec:
         `llmledger_endpoint` and `llmledger_provider`, only when the step has them)."""
         body = self._static()
         if self._lead():
-            body["messages"] = self._lead()
+            body[self.shape.messages_field] = self._lead()
         if self.attach:
             body[ATTACH_KEY] = list(self.attach)
         return canonical_json({**body, **self._marks()})
@@ -226,12 +238,13 @@ class RequestSpec:
     def from_json(cls, text: str) -> RequestSpec:
         body = json.loads(text)
         provider, endpoint = body.pop(PROVIDER_KEY, ANTHROPIC), body.pop(ENDPOINT_KEY, None)
+        api = body.pop(API_KEY, None)
         model = body.pop("model")
-        shape = shape_of(provider)
+        shape = shape_of(provider, api)
         bound = shape.tokens_field(None) if shape.tokens_field(None) in body else "max_tokens"
         max_tokens = body.pop(bound)
-        prefix, attach = list(body.pop("messages", ())), tuple(body.pop(ATTACH_KEY, ()))
-        system, ttl = body.pop("system", None), None
+        prefix, attach = list(body.pop(shape.messages_field, ())), tuple(body.pop(ATTACH_KEY, ()))
+        system, ttl = body.pop(shape.system_field or "system", None), None
         if shape.system_in_messages and prefix and prefix[0]["role"] == "system":  # `_lead`: a prefix has no system
             system = prefix.pop(0)["content"]
         if isinstance(system, list):  # [{"type": "text", "text": ..., "cache_control": {...}}], as body() makes it
@@ -247,6 +260,8 @@ class RequestSpec:
             attach=attach,
             endpoint=endpoint,
             provider=provider,
+            api=api,
+            own_rules=endpoint is not None and bound != "max_tokens",
         )
 
     def fingerprint(self, prompt: str) -> str:
@@ -261,7 +276,10 @@ class RequestSpec:
     @cached_property
     def _around_prompt(self) -> tuple[str, str]:
         """The canonical JSON before and after the prompt's JSON string: the prompt is its only varying part."""
-        document = {**self._static(), "messages": [*self._lead(), {"role": "user", "content": _SENTINEL}]}
+        document = {
+            **self._static(),
+            self.shape.messages_field: [*self._lead(), {"role": "user", "content": _SENTINEL}],
+        }
         text = canonical_json({**document, **self._marks()})
         head, tail = text.split(json.dumps(_SENTINEL, ensure_ascii=False))
         return head, tail

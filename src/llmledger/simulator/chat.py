@@ -216,8 +216,18 @@ def answer(sim: Any, body: dict[str, Any], shaped: dict[str, Any]) -> dict[str, 
     """The `chat.completion` the simulator `sim` answers a valid body with (`shaped`: it in the Messages API's
     shape), its tokens counted in its stats: a reasoning model thinks first, within the bound; a bound spent
     thinking leaves an empty answer cut at `length`. Online and in batches alike."""
+    reply, cached, wrote, thought = answered(sim, body, shaped, thinking(body))
+    refusal = REFUSAL if reply["stop_reason"] == "refusal" else None
+    return completion(reply, cached, refusal, thought, wrote=wrote, tier=tier(body))
+
+
+def answered(
+    sim: Any, body: dict[str, Any], shaped: dict[str, Any], thinks: int
+) -> tuple[dict[str, Any], int, int, int]:
+    """(the Messages-shaped answer, tokens read from and written to the automatic cache, tokens thought) of an OpenAI
+    request (`body`: its `model` and `messages`, as the cache keys them), counted in `sim`'s stats."""
     max_out = int(shaped["max_tokens"])
-    thought = 0 if sim.faults.compatible else min(thinking(body), max_out)
+    thought = 0 if sim.faults.compatible else min(thinks, max_out)
     reply = sim._answer({**shaped, "max_tokens": max(1, max_out - thought)})
     with sim._lock:
         if thought >= max_out:  # the bound was spent thinking: no room for an answer
@@ -233,8 +243,11 @@ def answer(sim: Any, body: dict[str, Any], shaped: dict[str, Any]) -> dict[str, 
         sim._stats["input_tokens"] -= cached + wrote
         sim._stats["cache_read_tokens"] += cached
         sim._stats["cache_write_tokens"] += wrote
-    refusal = REFUSAL if reply["stop_reason"] == "refusal" else None
-    return completion(reply, cached, refusal, thought, wrote=wrote, tier=tier(body))
+    return reply, cached, wrote, thought
+
+
+def output_tokens(reply: dict[str, Any]) -> int:
+    return int(reply["usage"]["completion_tokens"])
 
 
 def completion(

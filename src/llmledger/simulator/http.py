@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import sys
 import time
@@ -15,9 +16,11 @@ import uuid
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 from llmledger._exec.client import SIMULATOR_PATH
-from llmledger.simulator import chat
+from llmledger._step.prices import platform_id
+from llmledger.simulator import chat, responses
 from llmledger.simulator.batches import _Refused
 from llmledger.simulator.core import SimulatorCore
 from llmledger.simulator.faults import ERRORS, ErrorSpec
@@ -227,6 +230,15 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 self._counted(self._messages, body)
             elif self.path.split("?")[0] == "/v1/chat/completions":
                 self._counted(self._chat, body)
+            elif (found := _BEDROCK.fullmatch(self.path.split("?")[0])) is not None:
+                self._cloud(body, found.group(1), "bedrock-2023-05-31")
+            elif (found := _VERTEX.fullmatch(self.path.split("?")[0])) is not None:
+                self._cloud(body, found.group(1), "vertex-2023-10-16")
+            elif (found := _AZURE.fullmatch(self.path.split("?")[0])) is not None:  # the deployment names the model
+                deployment = unquote(found.group(1))
+                self._counted(self._chat, {**body, "model": deployment} if isinstance(body, dict) else body)
+            elif self.path.split("?")[0] == "/v1/responses" and not sim.faults.compatible:  # OpenAI's own
+                self._counted(lambda b: self._chat(b, responses), body)
             else:
                 self._error(ErrorSpec(404, "not_found_error", f"no route {self.path}"))
 
@@ -257,7 +269,22 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             f = sim.faults
             return f.latency + (sim._rng.random() * f.jitter if f.jitter else 0.0)
 
-        def _messages(self, body: Any) -> None:
+        def _cloud(self, body: Any, model: str, version: str) -> None:
+            """Claude on Amazon Bedrock (`POST /model/{model}/invoke`) or Google Vertex AI (`POST
+            /projects/{p}/locations/{r}/publishers/anthropic/models/{model}:rawPredict`): the Messages API's body
+            with the model in the URL and the platform's `anthropic_version` in the body; its answers, without
+            Anthropic's rate-limit headers (the platforms send none)."""
+            if not isinstance(body, dict) or not isinstance(body.get("anthropic_version"), str) or "model" in body:
+                said = body.get("anthropic_version") if isinstance(body, dict) else None
+                problem = (
+                    f"anthropic_version (such as {version!r}) is required and the model is in the URL, got {said!r}"
+                )
+                self._error(ErrorSpec(400, "invalid_request_error", problem))
+                return
+            shaped = {k: v for k, v in body.items() if k != "anthropic_version"}
+            self._counted(lambda b: self._messages(b, cloud=True), {**shaped, "model": platform_id(unquote(model))})
+
+        def _messages(self, body: Any, *, cloud: bool = False) -> None:
             problem = validate(body)
             prompt = user_text(body) if isinstance(body, dict) else ""
             tokens_in, max_out = (request_tokens(body), int(body["max_tokens"])) if problem is None else (0, 0)
@@ -266,7 +293,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             delay = self._delay()
             if self._dropped(action, body, delay):
                 return
-            headers = sim._ratelimit_headers()
+            headers = {} if cloud else sim._ratelimit_headers()
             if spec is None and problem:
                 spec = ErrorSpec(400, "invalid_request_error", problem)
             if spec is None:
@@ -286,16 +313,17 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             finally:
                 sim.leave_slot()
             sim._tokens.settle(max_out, answer["usage"]["output_tokens"])
-            headers = sim._ratelimit_headers()
+            headers = {} if cloud else sim._ratelimit_headers()
             sim._note(body, 200)
             if not f.usage:
                 answer["usage"] = None
             self._send(200, answer, headers)
 
-        def _chat(self, body: Any) -> None:
-            """OpenAI's chat completions (`chat.py`): the same faults and answers, in OpenAI's words."""
-            problem = chat.validate(body, own_api=not sim.faults.compatible)
-            shaped = chat.as_messages(body) if problem is None else None
+        def _chat(self, body: Any, api: Any = chat) -> None:
+            """OpenAI's chat completions (`chat.py`), or its Responses API (`api`: `responses.py`): the same faults
+            and answers, in OpenAI's words."""
+            problem = api.validate(body, own_api=not sim.faults.compatible)
+            shaped = api.as_messages(body) if problem is None else None
             prompt = user_text(shaped or body) if isinstance(body, dict) else ""  # a file's marker with the text
             tokens_in, max_out = (request_tokens(shaped), int(shaped["max_tokens"])) if shaped else (0, 0)
             action, spec = sim._decide(prompt, self._api_key(), tokens_in, max_out)
@@ -321,7 +349,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                     if delay:
                         time.sleep(delay)
                     assert shaped is not None
-                    reply = chat.answer(sim, body, shaped)
+                    reply = api.answer(sim, body, shaped)
                 finally:
                     sim.leave_slot()
             if spec is not None or reply is None:
@@ -330,13 +358,18 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 payload, more = chat.error(spec)
                 self._send(spec.status, payload, {**headers, **more}, f"req_{uuid.uuid4().hex}", "x-request-id")
                 return
-            sim._tokens.settle(max_out, reply["usage"]["completion_tokens"])
+            sim._tokens.settle(max_out, api.output_tokens(reply))
             sim._note(body, 200)
             if not f.usage:
                 reply["usage"] = None
             self._send(200, reply, sim._openai_headers(), f"req_{uuid.uuid4().hex}", "x-request-id")
 
     return Handler
+
+
+_BEDROCK = re.compile(r"/model/([^/]+)/invoke")
+_VERTEX = re.compile(r"/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/([^/:]+):rawPredict")
+_AZURE = re.compile(r"/openai/deployments/([^/]+)/chat/completions")  # Azure OpenAI, with its ?api-version=
 
 
 def _request_id() -> str:

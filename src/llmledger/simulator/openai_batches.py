@@ -22,12 +22,12 @@ import time
 import uuid
 from typing import Any
 
-from llmledger.simulator import chat
+from llmledger.simulator import chat, responses
 from llmledger.simulator.batches import SimBatches, _Refused
 from llmledger.simulator.faults import ERRORS, ErrorSpec
 from llmledger.simulator.request import model_404, user_text
 
-ENDPOINTS = ("/v1/chat/completions",)
+ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 MAX_REQUESTS, MAX_BYTES = 50_000, 200_000_000  # OpenAI's limits on one batch (the faults may set lower ones)
 _NOT_RUN = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
@@ -193,8 +193,9 @@ class SimOpenAIBatches(SimBatches):
     def _process(self, request: dict[str, Any], outcome: str | None) -> dict[str, Any]:
         custom_id, body = request["custom_id"], request["params"]
         f = self.sim.faults
-        valid = chat.validate(body) is None
-        prompt = user_text(chat.as_messages(body) if valid else body) if isinstance(body.get("messages"), list) else ""
+        api = responses if "input" in body and "messages" not in body else chat  # the line's endpoint's API
+        valid = api.validate(body) is None
+        prompt = user_text(api.as_messages(body) if valid else body)
         if outcome is None and f.batch_expire and f.batch_expire in prompt:
             outcome = "expired"
         line_id = f"batch_req_sim{uuid.uuid4().hex[:20]}"
@@ -206,7 +207,7 @@ class SimOpenAIBatches(SimBatches):
                 "response": None,
                 "error": {"code": code, "message": message},
             }
-        problem = chat.validate(body)
+        problem = api.validate(body)
         if problem is None and f.poison and f.poison in prompt:
             problem = f"prompt contains the poison substring {f.poison!r}"
         spec = ErrorSpec(400, "invalid_request_error", problem) if problem else None
@@ -220,7 +221,7 @@ class SimOpenAIBatches(SimBatches):
             response = {"status_code": spec.status, "request_id": request_id, "body": payload}
             return {"id": line_id, "custom_id": custom_id, "response": response, "error": None}
         self.sim.count("batch_paid")
-        completion = chat.answer(self.sim, body, chat.as_messages(body))
+        completion = api.answer(self.sim, body, api.as_messages(body))
         response = {"status_code": 200, "request_id": request_id, "body": completion}
         return {"id": line_id, "custom_id": custom_id, "response": response, "error": None}
 

@@ -80,7 +80,10 @@ def user_text(body: dict[str, Any]) -> str:
     """The last user message's text, as replies, the request log and `stats()["prompts"]` see it: each image or
     document it carries comes first, one marker a line (`[image/png 64x48 sha256:1a2b3c4d]`,
     `[application/pdf 2 pages sha256:…: <its first 200 characters>]`), so another file is another prompt."""
-    for message in reversed(body.get("messages") or []):
+    conversation = body.get("messages") or body.get("input") or []  # Responses' `input` may be a bare string
+    if isinstance(conversation, str):
+        return conversation
+    for message in reversed(conversation if isinstance(conversation, list) else []):
         if isinstance(message, dict) and message.get("role") == "user":
             content = message.get("content")
             if isinstance(content, str):

@@ -6,10 +6,12 @@
     make_client(...) a client with the SDK's retries off, at a base URL with a key (None: the SDK's default)
     has_key()        whether the environment has a key for the provider's own API
     read_shutdown_dates(c)  what the API says of its models' shutdown dates, learned once per process
+    batch_refusal(c) why a run through client `c` cannot send batches (a cloud's client), or None
     api()            how one request is sent and read (`_exec.client.Api`: call, answer, usefulness, errors)
     batches(c)       its batch API (`_exec.batch_api.BatchApi`)
 
-`messages` is Anthropic's Messages API (the `anthropic` SDK), `chat` OpenAI's Chat Completions (the `openai` SDK).
+`messages` is Anthropic's Messages API (the `anthropic` SDK), `chat` OpenAI's Chat Completions and `responses` its
+Responses API (the `openai` SDK).
 Adding an API is one module here and one `ApiShape` in `_step/apis.py`.
 """
 
@@ -36,14 +38,17 @@ class SdkApi(Protocol):
     def make_client(self, *, base_url: str | None, api_key: str | None, timeout: Any = None) -> Any: ...
     def has_key(self) -> bool: ...
     def read_shutdown_dates(self, client: Any) -> None: ...
+    def batch_refusal(self, client: Any) -> str | None: ...
     def api(self) -> Api: ...
     def batches(self, client: Any) -> BatchApi: ...
 
 
-def for_provider(provider: str) -> SdkApi:
-    """The module of the API a step of `provider` sends to."""
+def for_provider(provider: str, api: str | None = None) -> SdkApi:
+    """The module of the API a step of `provider` sends to: `api` ("responses"), or the provider's default."""
     module: SdkApi
-    if provider == OPENAI:
+    if api == "responses":
+        from llmledger._exec.apis import responses as module
+    elif provider == OPENAI:
         from llmledger._exec.apis import chat as module
     else:
         assert provider == ANTHROPIC, provider
@@ -51,6 +56,7 @@ def for_provider(provider: str) -> SdkApi:
     return module
 
 
-def for_client(client: Any) -> SdkApi:
-    """The module of the API a client speaks (told by its class, without importing an SDK it is not of)."""
-    return for_provider(OPENAI if is_openai_client(client) else ANTHROPIC)
+def for_client(client: Any, api: str | None = None) -> SdkApi:
+    """The module of the API a client sends to (its SDK told by its class, without importing an SDK it is not of;
+    `api`: which of that SDK's APIs, when not its default)."""
+    return for_provider(OPENAI if is_openai_client(client) else ANTHROPIC, api)

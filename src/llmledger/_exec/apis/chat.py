@@ -71,6 +71,24 @@ def has_key() -> bool:
     return bool(os.environ.get("OPENAI_API_KEY"))
 
 
+def own_rules(client: Any) -> bool:
+    """Whether `client` reaches OpenAI's own service at another URL (Azure OpenAI), so OpenAI's own rules apply
+    (its reasoning models refuse `max_tokens`)."""
+    return any(cls.__name__ in ("AsyncAzureOpenAI",) for cls in type(client).__mro__)
+
+
+def batch_refusal(client: Any) -> str | None:
+    """Why `client` cannot send batches, or None: an OpenAI client sends them where the server has them (OpenAI's
+    own API, a gateway); Azure OpenAI's Batch API (global batch deployments, its own line format) is not driven
+    yet."""
+    if own_rules(client):
+        return (
+            "mode='batch' sends OpenAI's Batch API, and Azure OpenAI's (global batch deployments) is not driven by "
+            "llmledger yet: pass mode='online'"
+        )
+    return None
+
+
 def openai_sdk() -> ModuleType:
     """The `openai` package, or a clear error saying how to install it."""
     try:
@@ -273,7 +291,6 @@ class OpenAIBatches(BatchApi):
         batch = await self.client.batches.retrieve(batch_id)
         if batch.status == "failed":  # the file was refused: nothing ran, every row goes back
             return
-        from openai.types.chat import ChatCompletion
 
         for file_id in (batch.output_file_id, batch.error_file_id):
             if not file_id:
@@ -288,7 +305,7 @@ class OpenAIBatches(BatchApi):
                     code = (error or {}).get("code")
                     yield Item(custom_id, "expired" if code == "batch_expired" else "canceled")
                 elif response.get("status_code") == 200:
-                    yield Item(custom_id, "succeeded", ChatCompletion.model_validate(response["body"]))
+                    yield Item(custom_id, "succeeded", self.answer(response["body"]))
                 else:
                     status = int(response.get("status_code") or 500)
                     said = (response.get("body") or {}).get("error") or {}
@@ -299,6 +316,12 @@ class OpenAIBatches(BatchApi):
                         error_kind=_PERMANENT if permanent else str(said.get("type") or "api_error"),
                         error_message=f"{status} {said.get('message', '')}".strip(),
                     )
+
+    def answer(self, body: dict[str, Any]) -> Any:
+        """An output line's answer as the SDK's type (its `api().reply_from` reads it)."""
+        from openai.types.chat import ChatCompletion
+
+        return ChatCompletion.model_validate(body)
 
     def _info(self, batch: Any) -> BatchInfo:
         counts = batch.request_counts

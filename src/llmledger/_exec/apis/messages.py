@@ -45,9 +45,33 @@ def load() -> ModuleType:
 
 
 def is_client(client: Any) -> bool:
+    """Anthropic's own client, or Claude on Amazon Bedrock or Google Vertex AI (the SDK's clients for them)."""
     import anthropic
 
-    return isinstance(client, anthropic.AsyncAnthropic)
+    return isinstance(client, anthropic.AsyncAnthropic) or cloud_of(client) is not None
+
+
+_CLOUDS = {"AsyncAnthropicBedrock": "Amazon Bedrock", "AsyncAnthropicVertex": "Google Vertex AI"}
+
+
+def cloud_of(client: Any) -> str | None:
+    """The cloud platform a client reaches Claude through (its SDK client class, or a subclass), or None."""
+    for cls in type(client).__mro__:
+        if cls.__module__.split(".")[0] == "anthropic" and cls.__name__ in _CLOUDS:
+            return _CLOUDS[cls.__name__]
+    return None
+
+
+def batch_refusal(client: Any) -> str | None:
+    """Why a run through `client` cannot send batches, or None: the clouds have batch mechanisms of their own
+    (Bedrock's batch inference jobs, Vertex AI's batch predictions), which llmledger does not drive."""
+    cloud = cloud_of(client)
+    if cloud is None:
+        return None
+    return (
+        f"mode='batch' sends Message Batches, and Claude on {cloud} has a batch mechanism of its own that llmledger "
+        "does not drive: pass mode='online' (or send the step to Anthropic's API for batches)"
+    )
 
 
 def make_client(*, base_url: str | None, api_key: str | None, timeout: Any = None) -> Any:
