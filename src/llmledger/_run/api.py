@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,7 +23,8 @@ from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE, StepDefinition, know
 from llmledger._ledger.columns import MAX_STEP_NAME, check_step_name
 from llmledger._ledger.parquet import is_parquet_path, read_parquet_input
 from llmledger._report import RunReport
-from llmledger._run.endpoints import check_credentials, client_for
+from llmledger._run.choices import check_no_cache_ttl, check_responses_bound, choose_api, responses_prefix
+from llmledger._run.endpoints import check_credentials
 from llmledger._run.frames import (
     as_polars,
     check_frame_columns,
@@ -45,7 +46,7 @@ from llmledger._run.plan import (
     with_null_fields,
 )
 from llmledger._run.run import Run, set_last_report
-from llmledger._step.apis import ANTHROPIC, API_NAMES, OPENAI, RESPONSES_MIN_OUTPUT, ApiShape, shape_of
+from llmledger._step.apis import ANTHROPIC, OPENAI, shape_of
 from llmledger._step.messages import attachments as attachments_of
 from llmledger._step.messages import cached, check_prefix, prompt_and_prefix
 from llmledger._step.output import output_spec
@@ -207,13 +208,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     check_model(model)
     provider, model = split_model(model)
     recorded = stored_requests(store, table).get(step) if step in stored_steps and provider == OPENAI else None
-
-    def endpoint() -> str | None:  # the server the call would send to (asked only when it decides the API)
-        return client_for(o["client"], o.get("base_url"), o.get("api_key"), provider, gateway=o.get("gateway", False))[
-            1
-        ]
-
-    api = choose_api(o.get("api"), provider, endpoint=endpoint, recorded=recorded, attach=o.get("attach") is not None)
+    api = choose_api(o, provider, recorded=recorded)
     shape = shape_of(provider, api)
     if shape.caches_itself:
         check_no_cache_ttl(o["cache"], shape)
@@ -401,71 +396,6 @@ def resume(
     result = run.execute(foreground=True)
     assert isinstance(result, RunReport)
     return result
-
-
-def choose_api(
-    asked: Any, provider: str, *, endpoint: Callable[[], str | None], recorded: Any, attach: bool
-) -> str | None:
-    """The API a step's requests are written for, beyond its provider's default: "responses" for a new step on
-    OpenAI's own API (OpenAI recommends it), unless `api="chat"` asks for Chat Completions, the step's recorded
-    requests are Chat Completions' (its answers are kept: only the user moves a step), it sends files (`attach=`:
-    Chat Completions for now) or another server answers it (`endpoint`: servers speak Chat Completions)."""
-    if asked not in (None, *API_NAMES):
-        raise InvalidInputError(
-            f"api must be 'responses' or 'chat' (OpenAI's Responses API or its Chat Completions), or left out, got "
-            f"{asked!r}"
-        )
-    if provider != OPENAI:
-        if asked is not None:
-            raise InvalidInputError(
-                f"api={asked!r} chooses between OpenAI's APIs (model='openai:...'); a Claude model has one, the "
-                "Messages API: leave api= out"
-            )
-        return None
-    if asked == "chat":
-        return None
-    if asked == "responses":
-        if attach:
-            raise InvalidInputError(
-                "attach= sends its files through Chat Completions for now: pass api='chat', or leave api= out"
-            )
-        return "responses"
-    if recorded is not None and recorded.provider == OPENAI:
-        return str(recorded.api) if recorded.api else None
-    return "responses" if not attach and endpoint() is None else None
-
-
-def responses_prefix(prefix: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
-    """`messages=` before the row's, as the Responses API takes them: a text block is a user's `input_text` or the
-    assistant's `output_text` (a string content stays as it is)."""
-
-    def part(role: str, block: dict[str, Any]) -> dict[str, Any]:
-        if block.get("type") != "text":
-            return block
-        return {"type": "input_text" if role != "assistant" else "output_text", "text": block.get("text")}
-
-    return tuple(
-        {**m, "content": [part(m["role"], b) for b in m["content"]]} if isinstance(m["content"], list) else m
-        for m in prefix
-    )
-
-
-def check_responses_bound(max_tokens: int) -> None:
-    if max_tokens < RESPONSES_MIN_OUTPUT:
-        raise InvalidInputError(
-            f"max_tokens={max_tokens} is below what the Responses API takes (max_output_tokens of "
-            f"{RESPONSES_MIN_OUTPUT} or more): pass max_tokens={RESPONSES_MIN_OUTPUT} or more (a reasoning model "
-            "needs room to think as well), or api='chat'"
-        )
-
-
-def check_no_cache_ttl(cache: Any, shape: ApiShape) -> None:
-    """An API that caches long prefixes by itself has no ttl to choose."""
-    if cache in ("5m", "1h"):
-        raise InvalidInputError(
-            f"cache={cache!r} chooses how long Anthropic's prompt cache keeps a prefix; {shape.own_api} caches long "
-            "prefixes by itself, with no ttl to choose: pass cache=True (the default) or leave it out"
-        )
 
 
 # -- input checks ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import importlib
 import json
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import date, datetime
 from types import ModuleType
 from typing import Any
@@ -232,20 +232,22 @@ def read_shutdown_dates(client: Any, *, timeout: float = 5.0) -> None:
         learn_shutdown(str(model.id), when, f"GET {shown_url(base_url)}/models")
 
 
+def openai_api(
+    call: Callable[[Any, dict[str, Any]], Awaitable[tuple[Any, Any]]],
+    reply_from: Callable[..., Reply],
+    useless: Callable[[Any], str | None],
+) -> Api:
+    """An API of the openai SDK: its errors, its classification, and token limits that count cached input."""
+    sdk = openai_sdk()
+    errors = (sdk.APIStatusError, sdk.OpenAIError, sdk.APITimeoutError)
+    return Api(call, reply_from, useless, classify, *errors, counts_cached=True)
+
+
 @functools.cache
 def api() -> Api:
-    """How the openai SDK is called and read (`client.send`), made once the SDK is known to be installed."""
-    sdk = openai_sdk()
-    return Api(
-        call,
-        reply_from,
-        useless,
-        classify,
-        sdk.APIStatusError,
-        sdk.OpenAIError,
-        sdk.APITimeoutError,
-        counts_cached=True,
-    )
+    """How the openai SDK's Chat Completions are called and read (`client.send`), made once the SDK is known to be
+    installed."""
+    return openai_api(call, reply_from, useless)
 
 
 def batches(client: Any) -> BatchApi:

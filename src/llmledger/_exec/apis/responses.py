@@ -29,6 +29,7 @@ from llmledger._exec.apis.chat import (
     is_client,
     load,
     make_client,
+    openai_api,
 )
 from llmledger._exec.apis.chat import read_shutdown_dates as read_shutdown_dates
 from llmledger._exec.batch_api import BatchApi
@@ -122,17 +123,7 @@ def reply_from(response: Any, model: str, *, batch: bool = False) -> Reply:
 @functools.cache
 def api() -> Api:
     """How the openai SDK's Responses are called and read (`client.send`)."""
-    sdk = load()
-    return Api(
-        call,
-        reply_from,
-        useless,
-        classify,
-        sdk.APIStatusError,
-        sdk.OpenAIError,
-        sdk.APITimeoutError,
-        counts_cached=True,
-    )
+    return openai_api(call, reply_from, useless)
 
 
 class ResponsesBatches(OpenAIBatches):
