@@ -60,8 +60,9 @@ def test_a_cloud_client_answers_online_names_its_endpoint_and_is_priced(
     out = apply_llm(frame(8), "s", **ask)
     assert out["s_status"].to_list() == ["DONE"] * 8 and server.stats()["paid"] == 8
     (stored,) = sql(store, "SELECT request FROM llmledger_steps WHERE step = 's'")[0]
-    assert json.loads(stored)["llmledger_endpoint"] == server.server_url + path  # provenance: the platform's URL
-    assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {server.server_url + path}
+    named = f"{cloud}:{server.server_url}{path}"  # provenance: the platform, and its URL
+    assert json.loads(stored)["llmledger_endpoint"] == named
+    assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {named}
     price = llmledger.prices().filter(model=priced_as).row(0, named=True)
     for tokens_in, tokens_out, cost in sql(store, "SELECT s_input_tokens, s_output_tokens, s_cost_usd FROM t"):
         assert cost == pytest.approx((tokens_in * price["input"] + tokens_out * price["output"]) / 1e6)
@@ -70,6 +71,28 @@ def test_a_cloud_client_answers_online_names_its_endpoint_and_is_priced(
     with pytest.raises(InvalidInputError, match=r"mode='batch'.*pass mode='online'"):
         apply_llm(frame(8), "b", **{**ask, "mode": "batch"})
     assert sql(store, "SELECT count(*) FROM llmledger_steps WHERE step = 'b'") == [(0,)]  # nothing written
+
+
+def test_clients_of_two_platforms_at_one_url_are_two_endpoints(server: Simulator, store: Path) -> None:
+    """A proxy may give Vertex AI's client, Bedrock's and Anthropic's own the same URL: the platform is named with
+    it, so no platform's answers stand in for another's."""
+    ask = {"prompt": PROMPT, "store": store, "table": "t", "progress": False}
+    apply_llm(frame(3), "s", model="claude-haiku-5-5", client=vertex(server), **ask)
+    assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {f"vertex:{server.server_url}"}
+    with pytest.raises(InvalidInputError, match="a vertex client, client="):  # only the platform's client reaches it
+        llmledger.resume(store, "t", "s", base_url=server.server_url, progress=False)
+    plain = anthropic.AsyncAnthropic(base_url=server.server_url, api_key="k")
+    with pytest.warns(llmledger.StaleAnswersWarning, match="3 DONE rows are stale"):
+        apply_llm(frame(3), "s", model="claude-haiku-5-5", client=plain, **ask)
+    apply_llm(frame(3), "s2", model="claude-haiku-5-5", client=plain, **ask)  # a new step: asked, not reused
+    assert server.stats()["paid"] == 6
+
+
+def test_responses_through_azure_is_refused_up_front(server: Simulator, store: Path) -> None:
+    with pytest.raises(InvalidInputError, match="Azure OpenAI client is not supported yet"):
+        apply_llm(frame(3), "s", prompt=PROMPT, model="openai:gpt-6.1-terra", client=azure(server), store=store,
+                  api="responses", progress=False)  # fmt: skip
+    assert not store.exists()
 
 
 def test_answers_from_a_cloud_are_not_served_as_anthropics(server: Simulator, store: Path) -> None:

@@ -69,6 +69,8 @@ def test_batches_sent_through_a_gateway_are_collected_through_it_later(store: Pa
     gateway.configure(batch_delay=1.0)
     ask(store, gateway, mode="batch", gateway=True, wait=False, api_key="k")
     assert sql(store, "SELECT count(*) FROM t WHERE s_status = 'SUBMITTED'") == [(12,)]
+    forgot = resume(store, "t", "s", base_url=gateway.server_url, api_key="k", progress=False)  # gateway= left out
+    assert any("pass gateway=True (--gateway) to collect them" in note for note in forgot.notes)
     report = resume(
         store, "t", "s", base_url=gateway.server_url, gateway=True, api_key="k", mode="batch", progress=False
     )

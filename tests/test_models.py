@@ -111,6 +111,17 @@ def test_a_model_past_its_shutdown_stops_the_run_saying_it_was_retired_and_what_
                       table="t", progress=False)  # fmt: skip
 
 
+def test_a_lifecycle_is_its_own_providers_and_a_404_on_the_shutdown_day_says_retired() -> None:
+    from llmledger._step.models import retired_note, retirement_notice
+
+    day = date(2026, 11, 28)
+    assert retirement_notice("gpt-5-mini", "openai", day) is not None
+    assert retirement_notice("gpt-5-mini", "anthropic", day) is None  # another API's model of that name
+    assert retirement_notice("claude-sonnet-4-5", "openai", day) is None
+    assert retired_note("gpt-5-mini", date(2026, 12, 10)) is not None  # the API's day may be ahead of the user's
+    assert retired_note("gpt-5-mini", date(2026, 12, 9)) is None
+
+
 def test_models_lists_prices_support_and_lifecycles_and_the_cli_prints_them(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -334,7 +334,7 @@ def test_a_reasoning_model_that_thinks_away_its_max_tokens_stops_the_run_instead
     """GPT-6 models think before they answer, and the thinking counts toward max_completion_tokens: a bound of 16
     for a one-word answer leaves an empty answer, paid. No row shows that as DONE; the run stops once the first
     answers all came back so, and says what to change."""
-    with pytest.raises(RequestRefused, match=r"spent all of max_tokens.*reasoning_effort"):
+    with pytest.raises(RequestRefused, match=r"spent all of max_tokens.*\{'reasoning': \{'effort': 'low'\}\}"):
         ask(frame(40), "s", prompt=PROMPT, max_tokens=16, concurrency=1)
     assert sim.stats()["paid"] == 3, "it stopped after three answers alike (each was paid for)"
     assert sql(store, "SELECT count(*) FROM t WHERE s_status = 'DONE'") == [(0,)]

@@ -279,7 +279,9 @@ def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
     The simulator is recognised by the path its base URL ends in (`Simulator.base_url`), or by
     `llmledger.simulate()` when no client is passed. A real endpoint is recorded as its base URL without
     credentials, query or trailing slash ("https://api.anthropic.com"): enough to tell which endpoint
-    answered, nothing secret in the store.
+    answered, nothing secret in the store. A cloud platform's client (Bedrock, Vertex AI, Azure OpenAI) is named
+    with its platform before its URL ("bedrock:https://bedrock-runtime.us-east-1.amazonaws.com"): its requests
+    differ from the provider's own API's in what the platform does with them, whatever URL a proxy gives it.
     """
     if client is None:
         if simulated():
@@ -288,9 +290,23 @@ def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
     else:
         url = str(getattr(client, "base_url", "") or ANTHROPIC_API)
     path = urlsplit(url).path.rstrip("/")
-    if path.endswith(SIMULATOR_PATH) or path.endswith(SIMULATOR_PATH + "/v1"):  # "/v1": OpenAI's SDK's base URLs
-        return SIMULATOR
-    return endpoint_url(url) or url
+    platform = None if client is None else platform_of(client)
+    if platform is None and (path.endswith(SIMULATOR_PATH) or path.endswith(SIMULATOR_PATH + "/v1")):
+        return SIMULATOR  # "/v1": OpenAI's SDK's base URLs
+    named = endpoint_url(url) or url
+    return named if platform is None else f"{platform}:{named}"
+
+
+PLATFORMS = {"AsyncAnthropicBedrock": "bedrock", "AsyncAnthropicVertex": "vertex", "AsyncAzureOpenAI": "azure"}
+
+
+def platform_of(client: Any) -> str | None:
+    """The cloud platform an SDK client reaches its provider's models through ("bedrock", "vertex", "azure"), told
+    by its class (or a subclass) without importing an SDK; None for the provider's own client."""
+    for cls in type(client).__mro__:
+        if cls.__module__.split(".")[0] in ("anthropic", "openai") and cls.__name__ in PLATFORMS:
+            return PLATFORMS[cls.__name__]
+    return None
 
 
 def endpoint_url(url: str) -> str:

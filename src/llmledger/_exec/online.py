@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from llmledger._exec.adaptive import AdaptiveLimit
 from llmledger._exec.apis import for_client
-from llmledger._exec.apis.chat import NO_ROOM
+from llmledger._exec.apis.chat import NO_ROOM_HEAD
 from llmledger._exec.client import CallFailed, Kind, NotSent, Reply, known_reply, send
 from llmledger._exec.config import RetryPolicy
 from llmledger._exec.pacing import Pacer, backoff
@@ -233,7 +233,7 @@ class OnlineSender:
         answered any is the call's fault (an option, a schema, a model it refuses), not the rows': stop the run
         with one clear error rather than fail every row with advice to run it again. True when it stopped."""
         text = str(failure)
-        empty = text == NO_ROOM  # answered, paid, and empty: every row would be alike
+        empty = text.startswith(NO_ROOM_HEAD)  # answered, paid, and empty: every row would be alike
         if self.answered or not (empty or (text.startswith("400 ") and "(invalid_request_error)" in text)):
             return False
         message = text.split(" (request ", 1)[0]  # the request id differs from request to request

@@ -293,7 +293,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     )
     plan = with_null_fields(plan, prompt, o.get("skip_nulls", False))
     warn_unpriced(model)  # every check passed: the call will run
-    warn_if_retiring(model, provider=provider, client=plan.client, endpoint=plan.endpoint)
+    warn_if_retiring(model, provider=provider, client=plan.client, endpoint=plan.endpoint, gateway=plan.gateway)
     return plan
 
 
@@ -389,7 +389,9 @@ def resume(
         raise InvalidInputError(problem)
     check_credentials(plan.client)
     if recorded is not None:
-        warn_if_retiring(recorded.model, provider=recorded.provider, client=plan.client, endpoint=plan.endpoint)
+        warn_if_retiring(
+            recorded.model, provider=recorded.provider, client=plan.client, endpoint=plan.endpoint, gateway=gateway
+        )
     run = Run(plan, watch=make_display)
     if background:
         return run.start_background()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmledger._exec.apis.chat import own_rules
 from llmledger._run.endpoints import client_for
 from llmledger._step.apis import API_NAMES, OPENAI, RESPONSES_MIN_OUTPUT, ApiShape
 from llmledger._step.request import RequestSpec
@@ -33,6 +34,11 @@ def choose_api(o: dict[str, Any], provider: str, *, recorded: RequestSpec | None
     if asked == "chat":
         return None
     if asked == "responses":
+        if own_rules(o["client"]):
+            raise InvalidInputError(
+                "api='responses' through an Azure OpenAI client is not supported yet (its Responses routes differ "
+                "from OpenAI's): pass api='chat', or leave api= out"
+            )
         if attach:
             raise InvalidInputError(
                 "attach= sends its files through Chat Completions for now: pass api='chat', or leave api= out"

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from llmledger._exec.apis import for_client, for_provider
 from llmledger._exec.client import (
+    PLATFORMS,
     answer_source,
     endpoint_url,
     session_base_url,
@@ -18,7 +19,7 @@ from llmledger._exec.client import (
     simulated,
 )
 from llmledger._ledger.columns import SIMULATOR
-from llmledger._step.apis import ANTHROPIC, SHAPES, ApiShape, shape_of
+from llmledger._step.apis import ANTHROPIC, MESSAGES, SHAPES, ApiShape, shape_of
 from llmledger.errors import InvalidInputError
 
 
@@ -33,6 +34,13 @@ def endpoint_refusal(
     own API), or None when they agree. A row's answer must come from the server its request names."""
     if recorded == sending:
         return None
+    platform = recorded.partition(":")[0] if recorded is not None else ""
+    if platform in PLATFORMS.values():  # a cloud's client made the step: only such a client reaches it again
+        return (
+            f"step {table}.{step} sends its requests through {recorded} (a {platform} client, client=), and this "
+            f"call would send them to {sending or own_api(provider)}: pass the same platform's client as client= "
+            "to finish it there. Nothing was sent."
+        )
     if recorded is not None:
         elsewhere = sending or own_api(provider)
         return (
@@ -126,12 +134,12 @@ def _client_for(client: Any, base_url: Any, api_key: Any, provider: str, gateway
     env_url = os.environ.get(shape.base_url_env)
     if base_url is None and env_url:
         # the SDK's own environment, URL and key set together: a server there is named, as base_url= would name it
-        check_base_url(env_url, name=shape.base_url_env)
+        check_base_url(env_url, name=shape.base_url_env, shape=shape)
         made = sdk.make_client(base_url=env_url, api_key=api_key or (None if sdk.has_key() else NO_KEY))
         return made, _endpoint(made, env_url, shape.own_url)
     if base_url is None:  # the provider's own API, with api_key= or the environment's key
         return sdk.make_client(base_url=None, api_key=api_key or (None if sdk.has_key() else NO_KEY)), None
-    check_base_url(base_url)
+    check_base_url(base_url, shape=shape)
     made = sdk.make_client(base_url=base_url, api_key=api_key or NO_KEY)
     endpoint = _endpoint(made, base_url, shape.own_url)
     own_key = endpoint is None or gateway  # the provider's own URL, or a gateway that forwards its key
@@ -168,10 +176,11 @@ def _endpoint(client: Any, base_url: str, own_api: str) -> str | None:
     return None if source == own_api else source
 
 
-def check_base_url(base_url: str, *, name: str = "base_url") -> None:
+def check_base_url(base_url: str, *, name: str = "base_url", shape: ApiShape = MESSAGES) -> None:
     """Refuse a base_url= (or the environment variable `name`) the SDK could not send to, or that would carry a
     secret into messages and the ledger."""
-    example = "such as 'http://localhost:8000' (vLLM) or 'http://localhost:11434' (Ollama)"
+    path = shape.sdk_path  # OpenAI's SDK takes a base URL ending in /v1
+    example = f"such as 'http://localhost:8000{path}' (vLLM) or 'http://localhost:11434{path}' (Ollama)"
     problem = None
     try:
         parts = urlsplit(base_url)
@@ -191,7 +200,7 @@ def check_base_url(base_url: str, *, name: str = "base_url") -> None:
             problem = "port 0 is no server's port"
     if problem is not None:
         raise InvalidInputError(
-            f"{name} must be the http(s) URL of a server that answers the Messages API, {example}; "
+            f"{name} must be the http(s) URL of a server that answers {shape.vendor}'s {shape.label}, {example}; "
             f"{shown_url(base_url)!r} is not: {problem}"
         )
 

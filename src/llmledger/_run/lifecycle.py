@@ -17,11 +17,11 @@ from llmledger.errors import warn
 
 
 def warn_if_retiring(
-    model: str, *, provider: str, client: Any, endpoint: str | None, today: date | None = None
+    model: str, *, provider: str, client: Any, endpoint: str | None, gateway: bool = False, today: date | None = None
 ) -> None:
     """Warn (`ModelRetiringWarning`, at the user's line) when `model` shuts down within 60 days, naming the date and
-    its replacement; nothing when it is a server's own model (`endpoint`)."""
-    if endpoint is not None:
+    its replacement; nothing when it is a server's own model (`endpoint`, but for a gateway to the provider's API)."""
+    if endpoint is not None and not gateway:
         return
     if client is not None:
         for_provider(provider).read_shutdown_dates(client)  # what the API says, where it says it

@@ -205,6 +205,13 @@ class Run:
                 guard_inputs=plan.default_table,
             )
             # batches sent earlier (to Anthropic's API: no other server has them): merge what has ended first
+            if plan.endpoint is not None and not plan.gateway:  # batches only a gateway's call would collect
+                through = [b for b in ledger.open_batches(plan.table, plan.step) if b.source == plan.cfg.source]
+                if through:
+                    report.notes.append(
+                        f"{sum(b.rows for b in through):,} rows wait in {len(through)} batch(es) sent through "
+                        f"{plan.endpoint} as a gateway: pass gateway=True (--gateway) to collect them"
+                    )
             if batches_at(plan.provider, plan.endpoint, plan.gateway) and ledger.open_batches(plan.table, plan.step):
                 interrupted = self._run_async(
                     lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 import polars as pl
@@ -63,7 +63,8 @@ class ModelInfo:
 
 
 def provider_of_id(model: str) -> str:
-    """The provider whose API serves a model id of the price table (`provider` in prices.json)."""
+    """The provider whose API serves a model id of the price table (`provider` in prices.json); an id it does not
+    list is taken for Anthropic's."""
     entry = _data()["models"].get(_canonical(model), {})
     return str(entry.get("provider", ANTHROPIC))
 
@@ -127,6 +128,8 @@ def _model_ref(model: str, provider: str) -> str:
 def retirement_notice(model: str, provider: str, today: date, *, within: int = WARN_DAYS) -> str | None:
     """What to tell the user of a step on `model` (of `provider`'s API) whose shutdown is within `within` days (or
     past), or None."""
+    if provider_of_id(model) != provider:  # another provider's model of that name: no lifecycle of its applies
+        return None
     life = lifecycle_of(model)
     left = life.days_left(today)
     if left is None or left > within:
@@ -150,7 +153,8 @@ def retirement_notice(model: str, provider: str, today: date, *, within: int = W
 def retired_note(model: str, today: date) -> str | None:
     """What a 404 for `model` means when its shutdown date has passed: retired on that date, and its replacement."""
     life = lifecycle_of(model)
-    if life.shutdown is None or life.shutdown > today:
+    # a day's margin: the API's day may start before the user's (a time zone behind UTC on the shutdown day)
+    if life.shutdown is None or life.shutdown > today + timedelta(days=1):
         return None
     instead = f"; its replacement is {life.replacement!r}" if life.replacement else ""
     return f"model {model!r} was retired on {life.shutdown}{instead}"

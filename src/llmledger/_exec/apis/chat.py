@@ -40,6 +40,7 @@ from llmledger._exec.client import (
     error_detail,
     error_fields,
     is_openai_client,
+    platform_of,
     sdk_failure,
     shown_url,
     status_failure,
@@ -74,7 +75,7 @@ def has_key() -> bool:
 def own_rules(client: Any) -> bool:
     """Whether `client` reaches OpenAI's own service at another URL (Azure OpenAI), so OpenAI's own rules apply
     (its reasoning models refuse `max_tokens`)."""
-    return any(cls.__name__ in ("AsyncAzureOpenAI",) for cls in type(client).__mro__)
+    return platform_of(client) == "azure"
 
 
 def batch_refusal(client: Any) -> str | None:
@@ -123,9 +124,10 @@ async def call(client: Any, body: dict[str, Any]) -> tuple[Any, Any]:
 
 
 # A reasoning model's thinking counts toward max_completion_tokens: a bound it spends thinking leaves an empty answer.
+NO_ROOM_HEAD = "no answer: the model spent all of max_tokens before writing one"  # every API's words begin so
 NO_ROOM = (
-    "no answer: the model spent all of max_tokens before writing one (a reasoning model's thinking counts toward "
-    "it): raise max_tokens=, or pass request_options={'reasoning_effort': 'low'}"
+    f"{NO_ROOM_HEAD} (a reasoning model's thinking counts toward it): raise max_tokens=, or pass "
+    "request_options={'reasoning_effort': 'low'}"
 )
 
 

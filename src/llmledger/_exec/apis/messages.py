@@ -26,6 +26,7 @@ from llmledger._exec.client import (
     clean_text,
     error_detail,
     error_fields,
+    platform_of,
     sdk_failure,
     status_failure,
 )
@@ -51,15 +52,12 @@ def is_client(client: Any) -> bool:
     return isinstance(client, anthropic.AsyncAnthropic) or cloud_of(client) is not None
 
 
-_CLOUDS = {"AsyncAnthropicBedrock": "Amazon Bedrock", "AsyncAnthropicVertex": "Google Vertex AI"}
+_CLOUDS = {"bedrock": "Amazon Bedrock", "vertex": "Google Vertex AI"}
 
 
 def cloud_of(client: Any) -> str | None:
     """The cloud platform a client reaches Claude through (its SDK client class, or a subclass), or None."""
-    for cls in type(client).__mro__:
-        if cls.__module__.split(".")[0] == "anthropic" and cls.__name__ in _CLOUDS:
-            return _CLOUDS[cls.__name__]
-    return None
+    return _CLOUDS.get(platform_of(client) or "")
 
 
 def batch_refusal(client: Any) -> str | None:
