@@ -105,6 +105,7 @@ def test_a_refusal_is_paid_and_fails_the_row(ask: Any, sim: Simulator) -> None:
     assert last_report().calls == sim.stats()["paid"] == 4  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("provider", ["anthropic", "openai"], indirect=True)  # the API makes no difference here
 def test_the_accounts_stop_stops_the_run_at_once_and_fails_no_row(ask: Any, provider: Provider, sim: Simulator) -> None:
     ask(frame(4), "s", prompt=PROMPT)
     sim.configure(fail_next=[provider.account_stop])
@@ -120,6 +121,7 @@ def test_the_accounts_stop_stops_the_run_at_once_and_fails_no_row(ask: Any, prov
 
 
 @pytest.mark.parametrize("fault", [429, 500, 503])
+@pytest.mark.parametrize("provider", ["anthropic", "openai"], indirect=True)  # the API makes no difference here
 def test_rate_limits_and_server_errors_are_retried_without_counting_against_the_row(
     ask: Any, sim: Simulator, fault: int
 ) -> None:
@@ -130,12 +132,14 @@ def test_rate_limits_and_server_errors_are_retried_without_counting_against_the_
     assert last_report().retries == 2  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("provider", ["anthropic", "openai"], indirect=True)  # the API makes no difference here
 def test_a_model_the_api_does_not_have_stops_the_run(ask: Any, provider: Provider) -> None:
     model = provider.model.replace("gpt-6.1-terra", "gpt-nope") if provider.name == "openai" else "claude-nope"
     with pytest.raises(ModelNotFound, match="nope"):
         ask(frame(3), "s", prompt=PROMPT, model=model)
 
 
+@pytest.mark.parametrize("provider", ["anthropic", "openai"], indirect=True)  # the API makes no difference here
 def test_a_request_refused_alike_stops_the_run_with_the_apis_reason(ask: Any, sim: Simulator) -> None:
     sim.configure(poison="message")
     with pytest.raises(RequestRefused, match="first 8 distinct requests alike"):
@@ -143,6 +147,7 @@ def test_a_request_refused_alike_stops_the_run_with_the_apis_reason(ask: Any, si
     assert sim.stats()["requests"] == 8
 
 
+@pytest.mark.parametrize("provider", ["anthropic", "openai"], indirect=True)  # the API makes no difference here
 def test_each_answer_records_how_long_its_request_took(ask: Any, sim: Simulator) -> None:
     sim.configure(latency=0.05)
     df = pl.DataFrame({"id": [1, 2, 3], "text": ["same", "same", "other"]})
