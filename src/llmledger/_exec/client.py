@@ -22,6 +22,7 @@ from llmledger._exec.pacing import Pacer, retry_after
 from llmledger._ledger import KnownAnswer
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.states import Outcome
+from llmledger._step.apis import MESSAGES
 
 if TYPE_CHECKING:  # the SDK takes over a second to import: it is imported where a run sends, so that
     import anthropic  # `import llmledger`, the CLI's readers and the simulator start without it
@@ -270,7 +271,6 @@ SIMULATOR_PATH = "/llmledger-simulator"  # the path a Simulator's base_url ends 
 # batch a simulator of another kernel or process made is gone with it (the collector asks its rows again).
 NEVER_IN_THIS_SIMULATOR = "this simulator never had it (a simulator keeps its batches only while it runs)"
 # (in this process, a subprocess, a kernel) is recognised as simulated
-ANTHROPIC_API = "https://api.anthropic.com"  # the SDK's default base URL
 
 
 def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
@@ -286,9 +286,9 @@ def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
     if client is None:
         if simulated():
             return SIMULATOR
-        url = os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_API  # what the SDK itself reads
+        url = os.environ.get("ANTHROPIC_BASE_URL") or MESSAGES.own_url  # what the SDK itself reads
     else:
-        url = str(getattr(client, "base_url", "") or ANTHROPIC_API)
+        url = str(getattr(client, "base_url", "") or MESSAGES.own_url)
     path = urlsplit(url).path.rstrip("/")
     platform = None if client is None else platform_of(client)
     if platform is None and (path.endswith(SIMULATOR_PATH) or path.endswith(SIMULATOR_PATH + "/v1")):

@@ -19,8 +19,7 @@ from typing import Any
 import polars as pl
 
 from llmledger._step.apis import ANTHROPIC, SHAPES
-from llmledger._step.prices import _SNAPSHOT, Price, _data, _table, platform_id, price_of
-from llmledger._step.request import split_model
+from llmledger._step.prices import _SNAPSHOT, Price, _data, _table, platform_id
 
 WARN_DAYS = 60  # a step whose model shuts down within this many days is warned about
 _PROVIDER_NAMES = {shape.provider: shape.vendor for shape in SHAPES}
@@ -222,13 +221,3 @@ def models(*, provider: str | None = None, today: date | None = None) -> pl.Data
     return pl.DataFrame(rows, infer_schema_length=None).sort(
         ["provider", "status", "model"], descending=[False, True, False]
     )
-
-
-def price_known(model: str) -> bool:
-    return price_of(model) is not None
-
-
-def display_model(model: str) -> str:
-    """`model=` as the user wrote it, for messages: a provider prefix kept."""
-    provider, name = split_model(model)
-    return _model_ref(name, provider)

@@ -3,9 +3,9 @@ answer, what its errors mean for the run, and the Batch API. The pure values are
 
 The twin of `client.py` for the `openai` SDK, an optional extra (`pip install 'llmledger[openai]'`): the same
 `Reply` and the same `CallFailed` kinds, so the sender, the scheduler and the ledger do not know which API
-answered. Why Chat Completions rather than the Responses API: every server that speaks OpenAI's API (vLLM,
-Ollama, llama.cpp's server, OpenRouter, Together, Groq, Gemini's endpoint) speaks Chat Completions, and OpenAI's
-Batch API takes it too; the Responses API is OpenAI's alone.
+answered. Every server that speaks OpenAI's API (vLLM, Ollama, llama.cpp's server, OpenRouter, Together, Groq,
+Gemini's endpoint) speaks Chat Completions, so a step on one uses it; a step on OpenAI's own API uses the Responses
+API (`responses.py`) unless it was made with Chat Completions or asks for it.
 
 How OpenAI says things, and what llmledger makes of them:
 
@@ -50,7 +50,6 @@ from llmledger._step.apis import CHAT
 from llmledger._step.models import learn_shutdown
 from llmledger.errors import InvalidInputError
 
-OPENAI_API = "https://api.openai.com/v1"  # the SDK's default base URL
 # 429 codes that mean the account cannot spend (more) now: no wait clears them
 QUOTA_CODES = {"insufficient_quota", "billing_hard_limit_reached", "billing_not_active"}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "refusal", "tool_calls": "tool_use"}
@@ -162,14 +161,13 @@ def reply_from(completion: Any, model: str, *, batch: bool = False) -> Reply:
     choice = _choice(completion)
     text = (choice.message.content or "") if choice is not None else ""
     usage = completion.usage
-    prompt = getattr(usage, "prompt_tokens", 0) or 0
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = min(_detail(details, "cached_tokens"), prompt)
-    written = min(_detail(details, "cache_write_tokens"), prompt - cached)  # billed by GPT-5.6 and later models
+    plain, cached, written = split_prompt(
+        getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "prompt_tokens_details", None)
+    )
     reason = choice.finish_reason if choice is not None else None
     return Reply(
         text=clean_text(text),
-        input_tokens=prompt - cached - written,
+        input_tokens=plain,
         output_tokens=getattr(usage, "completion_tokens", 0) or 0,
         stop_reason="refusal" if refused(completion) else _STOP_REASONS.get(reason or "", reason),
         model=completion.model or model,
@@ -179,6 +177,15 @@ def reply_from(completion: Any, model: str, *, batch: bool = False) -> Reply:
         counted=usage is not None,
         flex=getattr(completion, "service_tier", None) == "flex",
     )
+
+
+def split_prompt(prompt: int, details: Any) -> tuple[int, int, int]:
+    """(plain input, cached, written to the cache) of an OpenAI answer's prompt tokens, which include the other two
+    (`details`: Chat Completions' `prompt_tokens_details`, Responses' `input_tokens_details`); cache writes are
+    billed, and reported, by GPT-5.6 and later models."""
+    cached = min(_detail(details, "cached_tokens"), prompt)
+    written = min(_detail(details, "cache_write_tokens"), prompt - cached)
+    return prompt - cached - written, cached, written
 
 
 def _detail(details: Any, name: str) -> int:

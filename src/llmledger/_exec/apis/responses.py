@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from llmledger._exec.apis import chat
 from llmledger._exec.apis.chat import (
     NO_ROOM,
     OpenAIBatches,
@@ -30,6 +29,7 @@ from llmledger._exec.apis.chat import (
     load,
     make_client,
     openai_api,
+    split_prompt,
 )
 from llmledger._exec.apis.chat import read_shutdown_dates as read_shutdown_dates
 from llmledger._exec.batch_api import BatchApi
@@ -102,13 +102,12 @@ def _stop_reason(response: Any) -> str | None:
 def reply_from(response: Any, model: str, *, batch: bool = False) -> Reply:
     """The text and usage of a Response (an online answer, or a batch output line's body)."""
     usage = response.usage
-    prompt = getattr(usage, "input_tokens", 0) or 0
-    details = getattr(usage, "input_tokens_details", None)
-    cached = min(chat._detail(details, "cached_tokens"), prompt)
-    written = min(chat._detail(details, "cache_write_tokens"), prompt - cached)
+    plain, cached, written = split_prompt(
+        getattr(usage, "input_tokens", 0) or 0, getattr(usage, "input_tokens_details", None)
+    )
     return Reply(
         text=clean_text(text_of(response)),
-        input_tokens=prompt - cached - written,
+        input_tokens=plain,
         output_tokens=getattr(usage, "output_tokens", 0) or 0,
         stop_reason=_stop_reason(response),
         model=response.model or model,
