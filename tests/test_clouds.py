@@ -2,7 +2,8 @@
 (`AsyncAnthropicBedrock`, `AsyncAnthropicVertex`, `AsyncAzureOpenAI`) as `client=`, against the simulator's routes
 for each platform (Bedrock's `/model/{id}/invoke` with SigV4-signed requests, Vertex AI's `:rawPredict`, Azure's
 `/openai/deployments/{name}/chat/completions?api-version=`). Each platform is its own endpoint (provenance); the
-answers are priced as the provider's; their batch mechanisms are not driven, so `mode="batch"` refuses with why."""
+answers are priced as the provider's. Azure's Batch API is driven; Bedrock's and Vertex AI's batch mechanisms are
+not, so `mode="batch"` refuses there with why."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import polars as pl
 import pytest
 
 import llmledger
@@ -68,9 +70,34 @@ def test_a_cloud_client_answers_online_names_its_endpoint_and_is_priced(
         assert cost == pytest.approx((tokens_in * price["input"] + tokens_out * price["output"]) / 1e6)
     apply_llm(frame(8), "s", **ask)
     assert server.stats()["paid"] == 8 and last_report().calls == 0  # type: ignore[union-attr]
+    if cloud == "azure":  # its Batch API is driven: test_azure_batches_answer_at_half_the_price
+        return
     with pytest.raises(InvalidInputError, match=r"mode='batch'.*pass mode='online'"):
         apply_llm(frame(8), "b", **{**ask, "mode": "batch"})
     assert sql(store, "SELECT count(*) FROM llmledger_steps WHERE step = 'b'") == [(0,)]  # nothing written
+
+
+def test_azure_batches_answer_at_half_the_price_and_a_rerun_pays_nothing(server: Simulator, store: Path) -> None:
+    """Azure OpenAI's Batch API (a global batch deployment): the file and batch under `/openai/` with the
+    api-version, lines naming `/chat/completions` and the deployment; the answers are Azure's (provenance), at
+    half the online price; `mode="auto"` takes batches there too."""
+    ask = {"prompt": PROMPT, "model": "openai:gpt-6.1-terra", "client": azure(server), "store": store, "table": "t",
+           "progress": False}  # fmt: skip
+    df = pl.DataFrame({"id": range(12), "text": [f"note {i % 10}" for i in range(12)]})  # 2 duplicates
+    out = apply_llm(df, "s", mode="batch", **ask)
+    assert out["s_status"].to_list() == ["DONE"] * 12
+    stats = server.stats()
+    assert stats["batches"] == 1 and stats["batch_paid"] == 10 and stats["paid"] == 10 and not server.log()
+    named = f"azure:{server.server_url}/openai"
+    assert {r[0] for r in sql(store, "SELECT s_source FROM t")} == {named}
+    assert sql(store, "SELECT source, state FROM llmledger_batches") == [(named, "merged")]
+    price = llmledger.prices().filter(model="gpt-6.1-terra").row(0, named=True)
+    for tokens_in, tokens_out, cost in sql(store, "SELECT s_input_tokens, s_output_tokens, s_cost_usd FROM t"):
+        assert cost == pytest.approx((tokens_in * price["input"] + tokens_out * price["output"]) / 2e6)
+    apply_llm(df, "s", mode="batch", **ask)
+    assert server.stats()["batches"] == 1 and server.stats()["paid"] == 10, "a rerun pays nothing"
+    with pytest.raises(InvalidInputError, match="Azure OpenAI client is not supported yet"):
+        apply_llm(df, "r", mode="batch", api="responses", **ask)
 
 
 def test_clients_of_two_platforms_at_one_url_are_two_endpoints(server: Simulator, store: Path) -> None:

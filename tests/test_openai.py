@@ -358,22 +358,38 @@ def _data_urls(sim: Simulator) -> list[tuple[str, str, bytes]]:
     """(part type, media type, bytes) of every file part the simulator was sent, online or in a batch file."""
     out = []
     for entry in sim.log():
-        for part in entry["body"]["messages"][-1]["content"]:
-            if isinstance(part, dict) and part.get("type") in ("image_url", "file"):
-                url = part["image_url"]["url"] if part["type"] == "image_url" else part["file"]["file_data"]
-                media, _, data = url.removeprefix("data:").partition(";base64,")
-                out.append((part["type"], media, base64.b64decode(data)))
+        body = entry["body"]
+        for part in body["messages" if "messages" in body else "input"][-1]["content"]:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("image_url", "file"):
+                url = part["image_url"]["url"] if kind == "image_url" else part["file"]["file_data"]
+            elif kind in ("input_image", "input_file"):  # Responses' parts hold the URL at their top level
+                url = part["image_url"] if kind == "input_image" else part["file_data"]
+            else:
+                continue
+            media, _, data = url.removeprefix("data:").partition(";base64,")
+            out.append((kind, media, base64.b64decode(data)))
     return out
 
 
+FILE_PARTS = {  # API -> (an image's part, a PDF's part, a text part)
+    "chat": ("image_url", "file", "text"),
+    "responses": ("input_image", "input_file", "input_text"),
+}
+
+
+@pytest.mark.parametrize("api", sorted(FILE_PARTS))
 @pytest.mark.parametrize("mode", ["online", "batch"])
 def test_files_go_to_an_openai_model_as_data_urls_recorded_by_their_hash(
-    ask: Any, sim: Simulator, store: Path, tmp_path: Path, mode: str
+    ask: Any, sim: Simulator, store: Path, tmp_path: Path, mode: str, api: str
 ) -> None:
-    """attach= on an OpenAI model: an image as an `image_url` part, a PDF as a `file` part, each a data URL of the
-    file's bytes; the ledger records the hash in their place, so a rerun pays nothing and a changed file makes its
-    row stale, as on Claude."""
+    """attach= on an OpenAI model: an image as an `image_url` part (Responses: `input_image`), a PDF as a `file`
+    part (`input_file`), each a data URL of the file's bytes; the ledger records the hash in their place, so a rerun
+    pays nothing and a changed file makes its row stale, as on Claude."""
     from llmledger.simulator import pdf, png
+
+    ask = functools.partial(ask, api=api)
+    image, document, text = FILE_PARTS[api]
 
     paths = [tmp_path / "scan.png", tmp_path / "invoice.pdf", tmp_path / "other.png"]
     paths[0].write_bytes(png(20, 10, seed=1))
@@ -385,18 +401,18 @@ def test_files_go_to_an_openai_model_as_data_urls_recorded_by_their_hash(
     if mode == "online":
         sent = _data_urls(sim)
         assert sorted(sent) == sorted(
-            [("image_url", "image/png", paths[0].read_bytes()), ("file", "application/pdf", paths[1].read_bytes()),
-             ("image_url", "image/png", paths[2].read_bytes())]
+            [(image, "image/png", paths[0].read_bytes()), (document, "application/pdf", paths[1].read_bytes()),
+             (image, "image/png", paths[2].read_bytes())]
         )  # fmt: skip
     else:
         assert sim.stats()["batches"] == 1 and sim.stats()["batch_paid"] == 3
     stored = [json.loads(p) for (p,) in sql(store, "SELECT what_prompt FROM t ORDER BY id")]
     digest = hashlib.sha256(paths[1].read_bytes()).hexdigest()
-    assert stored[1][0] == {
-        "type": "file",
-        "file": {"filename": digest[:16] + ".pdf", "file_data": "data:application/pdf;base64,sha256:" + digest},
-    }
-    assert stored[0][-1] == {"type": "text", "text": "What is this?"}
+    named = {"filename": digest[:16] + ".pdf", "file_data": "data:application/pdf;base64,sha256:" + digest}
+    assert stored[1][0] == ({"type": "file", "file": named} if api == "chat" else {"type": "input_file", **named})
+    assert stored[0][-1] == {"type": text, "text": "What is this?"}
+    usage = sql(store, "SELECT what_input_tokens FROM t ORDER BY id")
+    assert usage[1][0] > 1600, "the PDF was read and billed as a page, not dropped"
     paid = sim.stats()["paid"]
     ask(df, "what", prompt="What is this?", attach="path", mode=mode)
     assert sim.stats()["paid"] == paid, "a rerun pays nothing"

@@ -225,3 +225,26 @@ def test_a_batch_of_one_provider_waits_for_it_when_the_step_moves_to_the_other(
     out = ask(**models[first])
     assert out["s_status"].to_list() == ["DONE"] * 6
     assert sim.stats()["batch_paid"] == 6 and sim.stats()["paid"] == 6, "each answer paid once, and kept"
+
+
+@pytest.mark.parametrize("first", ["responses", "chat"])
+def test_a_batch_sent_through_one_openai_api_is_read_after_the_step_moves_to_the_other(
+    oa: Any, sim: Simulator, store: Path, first: str
+) -> None:
+    """A step sent in a batch with Responses lines, then run with `api="chat"` (or the other way) while the batch
+    runs: the batch's answers are read as what they are, kept, and paid once. Found by attack: the collector read
+    every batch with the step's current API, so a Responses answer read as a chat completion was lost."""
+    second = "chat" if first == "responses" else "responses"
+    ask = functools.partial(apply_llm, frame(6), "s", prompt=PROMPT, model=GPT, client=oa, store=store, table="t",
+                            progress=False)  # fmt: skip
+    sim.configure(batch_delay=0.5)
+    ask(mode="batch", wait=False, api=first)
+    time.sleep(0.7)  # the batch has ended, its answers billed
+    out = ask(api=second, mode="batch")
+    batch_paid = sim.stats()["batch_paid"]
+    assert batch_paid == 6, "the ended batch's answers were read, not lost and sent again"
+    assert sql(store, "SELECT state FROM llmledger_batches") == [("merged",)]
+    assert out["s_status"].to_list() == ["DONE"] * 6 and out["s_stale"].all(), "kept, and reported stale, not paid"
+    own = [f"Summary: hello message number {i}" for i in range(6)]
+    assert out["s"].to_list() == own, "each row shows its own answer"
+    assert sim.stats()["paid"] == 6 and not sim.log(), "nothing paid online, nothing twice"

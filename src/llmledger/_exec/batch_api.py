@@ -44,13 +44,15 @@ class BatchInfo:
 @dataclass(frozen=True)
 class Item:
     """One result line: `type` succeeded (with `answer`, the SDK's message or completion), errored (`error_kind`,
-    `error_message`), expired or canceled."""
+    `error_message`), expired or canceled. `reader`: the API that reads `answer`, when not the batch API's own (a
+    batch sent with the step's earlier API: OpenAI's Batch API holds chat completions or responses alike)."""
 
     custom_id: str
     type: str
     answer: Any = None
     error_kind: str = ""
     error_message: str = ""
+    reader: Api | None = None
 
 
 def _utc(value: Any) -> datetime | None:

@@ -219,7 +219,8 @@ class BatchMerger:
             if not mine:  # no row holds this request any more (reset meanwhile): paid all the same
                 if item.type == "succeeded" and item.custom_id.startswith(record.intent + "-"):
                     unused += 1
-                    paid = self.api.api.reply_from(item.answer, request.model if request else "", batch=True)
+                    reader = item.reader or self.api.api
+                    paid = reader.reply_from(item.answer, request.model if request else "", batch=True)
                     unused_usd += recorder.bill(paid) or 0.0
                 continue
             reply, error = self._answer(item, request.model if request else "", output, recorder)
@@ -235,8 +236,9 @@ class BatchMerger:
         """(reply, None) an answer; (None, error) refused for the row's reasons; (reply, error) paid, needs a look;
         (None, None) not answered for the API's reasons."""
         if item.type == "succeeded":
-            reply = self.api.api.reply_from(item.answer, model, batch=True)
-            useless = self.api.api.useless(item.answer)  # a refusal; an empty answer (no room left to write one)
+            reader = item.reader or self.api.api
+            reply = reader.reply_from(item.answer, model, batch=True)
+            useless = reader.useless(item.answer)  # a refusal; an empty answer (no room left to write one)
             if useless is not None:
                 recorder.bill(reply)
                 return None, useless

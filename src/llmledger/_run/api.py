@@ -212,7 +212,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     shape = shape_of(provider, api)
     if shape.caches_itself:
         check_no_cache_ttl(o["cache"], shape)
-    frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys, provider)
+    frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys, shape.name)
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
         raise InvalidInputError(f"system must be a string, got {type(system).__name__}")

@@ -15,10 +15,10 @@ from llmledger.errors import InvalidInputError
 def choose_api(o: dict[str, Any], provider: str, *, recorded: RequestSpec | None) -> str | None:
     """The API a step's requests are written for, beyond its provider's default: "responses" for a new step on
     OpenAI's own API (OpenAI recommends it), unless `api="chat"` asks for Chat Completions, the step's recorded
-    requests are Chat Completions' (its answers are kept: only the user moves a step), it sends files (`attach=`:
-    Chat Completions for now) or another server answers it (servers speak Chat Completions). `o`: the call's
+    requests are Chat Completions' (its answers are kept: only the user moves a step) or another server answers it
+    (servers speak Chat Completions). `o`: the call's
     arguments by name; `recorded`: the step's stored request, if it has one."""
-    asked, attach = o.get("api"), o.get("attach") is not None
+    asked = o.get("api")
     if asked not in (None, *API_NAMES):
         raise InvalidInputError(
             f"api must be 'responses' or 'chat' (OpenAI's Responses API or its Chat Completions), or left out, got "
@@ -39,15 +39,9 @@ def choose_api(o: dict[str, Any], provider: str, *, recorded: RequestSpec | None
                 "api='responses' through an Azure OpenAI client is not supported yet (its Responses routes differ "
                 "from OpenAI's): pass api='chat', or leave api= out"
             )
-        if attach:
-            raise InvalidInputError(
-                "attach= sends its files through Chat Completions for now: pass api='chat', or leave api= out"
-            )
         return "responses"
     if recorded is not None and recorded.provider == OPENAI:
         return str(recorded.api) if recorded.api else None
-    if attach:
-        return None
     gateway = o.get("gateway", False)  # the server the call would send to, asked only now that it decides the API
     _, endpoint = client_for(o["client"], o.get("base_url"), o.get("api_key"), provider, gateway=gateway)
     return "responses" if endpoint is None else None

@@ -205,8 +205,13 @@ def shape_of(provider: str, api: str | None = None) -> ApiShape:
     return _BY_PROVIDER[provider] if api is None else _BY_NAME[api]
 
 
+BATCH_CLOUDS = {"openai": ("azure",)}  # the cloud platforms whose batch API llmledger drives, per provider
+
+
 def batches_at(provider: str, endpoint: str | None, gateway: bool = False) -> bool:
     """Whether llmledger can send a request for `provider`'s API, to `endpoint`, in batches: Anthropic's own API has
-    Message Batches, OpenAI's its Batch API, and so does a gateway that forwards to it (`gateway`); another server
-    (`endpoint`) has none."""
-    return provider in _BY_PROVIDER and (endpoint is None or gateway)
+    Message Batches, OpenAI's its Batch API, and so does a gateway that forwards to it (`gateway`), and Azure
+    OpenAI (global batch deployments; an endpoint named `azure:<url>`); another server (`endpoint`) has none, nor
+    do Bedrock and Vertex AI as llmledger drives them."""
+    clouds = tuple(f"{cloud}:" for cloud in BATCH_CLOUDS.get(provider, ()))
+    return provider in _BY_PROVIDER and (endpoint is None or gateway or bool(clouds and endpoint.startswith(clouds)))

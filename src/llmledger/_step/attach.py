@@ -59,14 +59,20 @@ class Blob:
     size: int
     tokens: int  # an estimate, for llmledger.estimate (the API counts exactly when it answers)
 
-    def block(self, provider: str = "anthropic") -> dict[str, Any]:
-        """The content block as recorded and fingerprinted, the bytes standing in as their hash: Anthropic's image
-        or document block, or (`provider="openai"`) a Chat Completions part with a data URL, `image_url` for an
-        image and `file` for a PDF."""
-        if provider == "openai":
+    def block(self, api: str = "messages") -> dict[str, Any]:
+        """The content block as recorded and fingerprinted, the bytes standing in as their hash, in the shape of
+        the step's API (`api`): Anthropic's image or document block ("messages"); a Chat Completions part with a
+        data URL, `image_url` for an image and `file` for a PDF ("chat"); a Responses `input_image` or
+        `input_file` with the data URL ("responses")."""
+        if api in ("chat", "responses"):
             url = f"data:{self.media_type};base64,{REF}{self.sha256}"
+            name = f"{self.sha256[:16]}.pdf"
+            if api == "responses":
+                if self.media_type == PDF:
+                    return {"type": "input_file", "filename": name, "file_data": url}
+                return {"type": "input_image", "image_url": url}
             if self.media_type == PDF:
-                return {"type": "file", "file": {"filename": f"{self.sha256[:16]}.pdf", "file_data": url}}
+                return {"type": "file", "file": {"filename": name, "file_data": url}}
             return {"type": "image_url", "image_url": {"url": url}}
         kind = "document" if self.media_type == PDF else "image"
         return {"type": kind, "source": {"type": "base64", "media_type": self.media_type, "data": REF + self.sha256}}
@@ -234,7 +240,7 @@ class Attachments:
     blobs: dict[str, Blob] = field(default_factory=dict)
     fetched: dict[str, Blob] = field(default_factory=dict)  # URLs fetched by this call: once, not in a transaction
     in_frame: dict[tuple[str, str], Blob] = field(default_factory=dict)  # bytes values hashed, by (column, row key)
-    provider: str = "anthropic"  # whose blocks `blocks` makes: Anthropic's, or OpenAI's content parts
+    api: str = "messages"  # whose blocks `blocks` makes: the Messages API's, Chat Completions' or Responses' parts
 
     def blocks(
         self, row: dict[str, Any], where: str, frame: pl.DataFrame | None = None, index: int | None = None
@@ -264,7 +270,7 @@ class Attachments:
                     self.fetched[text] = found
                 self.known.setdefault(found.sha256, text)
             self.blobs[found.sha256] = found
-            out.append(found.block(self.provider))
+            out.append(found.block(self.api))
         return out
 
     def for_columns(self, columns: tuple[str, ...]) -> Attachments:
@@ -272,7 +278,7 @@ class Attachments:
         return (
             self
             if columns == self.columns
-            else Attachments(columns, self.known, self.blobs, self.fetched, self.in_frame, self.provider)
+            else Attachments(columns, self.known, self.blobs, self.fetched, self.in_frame, self.api)
         )
 
     def resolve(self, body: dict[str, Any], *rows: dict[str, Any]) -> dict[str, Any]:
@@ -282,12 +288,13 @@ class Attachments:
         (`input.<column>`, as claims return them) of any of `rows`, the rows asking this very request.
         AttachmentError when no such file hashes as recorded.
         """
-        messages = body["messages"]
+        field = "input" if "input" in body else "messages"  # the conversation: Responses' input, or messages
+        messages = body[field]
         content = messages[-1]["content"]
         if not isinstance(content, list) or not any(_ref(b) for b in content):
             return body
         sent = [_with_data(b, self._bytes(ref, rows)) if (ref := _ref(b)) else b for b in content]
-        return {**body, "messages": [*messages[:-1], {**messages[-1], "content": sent}]}
+        return {**body, field: [*messages[:-1], {**messages[-1], "content": sent}]}
 
     def _bytes(self, sha: str, rows: Sequence[dict[str, Any]]) -> bytes:
         places: list[str | Callable[[], bytes]] = []
@@ -333,6 +340,7 @@ def _holder(frame: pl.DataFrame | None, column: str, index: int | None, data: by
 
 
 _DATA_URLS = {"image_url": "url", "file": "file_data"}  # where a Chat Completions part holds its data URL
+_TOP_URLS = {"input_image": "image_url", "input_file": "file_data"}  # and a Responses part, at its top level
 
 
 def _ref(block: Any) -> str | None:
@@ -343,8 +351,8 @@ def _ref(block: Any) -> str | None:
     if isinstance(source, dict):
         data = source.get("data")
     else:
-        inner = block.get(kind) if kind in _DATA_URLS else None
-        url = inner.get(_DATA_URLS[kind]) if isinstance(inner, dict) else None
+        inner = block if kind in _TOP_URLS else block.get(kind) if kind in _DATA_URLS else None
+        url = inner.get({**_DATA_URLS, **_TOP_URLS}[kind]) if isinstance(inner, dict) else None
         data = url.partition(";base64,")[2] if isinstance(url, str) and url.startswith("data:") else None
     return data[len(REF) :] if isinstance(data, str) and data.startswith(REF) else None
 
@@ -354,6 +362,9 @@ def _with_data(block: dict[str, Any], data: bytes) -> dict[str, Any]:
     if "source" in block:
         return {**block, "source": {**block["source"], "data": encoded}}
     kind = block["type"]
+    if kind in _TOP_URLS:
+        name = _TOP_URLS[kind]
+        return {**block, name: block[name].partition(";base64,")[0] + ";base64," + encoded}
     inner, name = block[kind], _DATA_URLS[kind]
     return {**block, kind: {**inner, name: inner[name].partition(";base64,")[0] + ";base64," + encoded}}
 
@@ -381,9 +392,11 @@ def check_attach(attach: Any, frame: pl.DataFrame) -> tuple[str, ...]:
     return tuple(names)
 
 
-def row_content(blocks: Sequence[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """The row's message content: its files, then its text (Claude reads files best before the question)."""
-    return [*blocks, {"type": "text", "text": text}] if text else list(blocks)
+def row_content(blocks: Sequence[dict[str, Any]], text: str, api: str = "messages") -> list[dict[str, Any]]:
+    """The row's message content: its files, then its text (Claude reads files best before the question), a text
+    part in the API's shape (Responses' `input_text`)."""
+    kind = "input_text" if api == "responses" else "text"
+    return [*blocks, {"type": kind, "text": text}] if text else list(blocks)
 
 
 def tokens_of(content: Any, blobs: dict[str, Blob], count: Callable[[str], int]) -> int:

@@ -122,7 +122,7 @@ def attachments(
     prompt: Prompt,
     steps: Collection[str],
     key: Sequence[str],
-    provider: str = "anthropic",
+    api: str = "messages",
 ) -> tuple[pl.DataFrame, Attachments | None]:
     """The frame (a column of `pathlib.Path`s made text, so the ledger keeps the paths) and the checked attach=
     columns, every file read and hashed now: a missing or unreadable file, or one the API does not take, is
@@ -146,7 +146,7 @@ def attachments(
             "files, and one reading other steps is rendered in SQL. Copy that step's answers into "
             "a column of the frame first."
         )
-    found = Attachments(columns, provider=provider)  # its blocks in the provider's own shape
+    found = Attachments(columns, api=api)  # its blocks in the shape of the step's API
     part = frame.select(list(dict.fromkeys([*key, *columns])))  # a column of paths may be the key itself
     for index, row in enumerate(part.iter_rows(named=True)):
         found.blocks(row, str({k: row[k] for k in key}), part, index)

@@ -260,6 +260,6 @@ def render(
             from llmledger._step.attach import row_content
 
             blocks = attachments.blocks(row, str({k: row[k] for k in key}), frame, index)
-            text = canonical_json(row_content(blocks, text))
+            text = canonical_json(row_content(blocks, text, attachments.api))
         out.append(text)
     return pl.Series("prompt", out, dtype=pl.String)

@@ -122,14 +122,22 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
             return True
 
         def _openai_batches(self, method: str) -> bool:
-            """OpenAI's `/v1/files` and `/v1/batches` (`openai_batches.py`); False when the path is neither."""
-            path = self.path.split("?")[0]
-            if not (path.startswith("/v1/files") or path.startswith("/v1/batches")):
+            """OpenAI's `/v1/files` and `/v1/batches` (`openai_batches.py`), or Azure OpenAI's `/openai/files` and
+            `/openai/batches` (with its `?api-version=`); False when the path is none of them."""
+            path, _, query = self.path.partition("?")
+            azure = path.startswith(("/openai/files", "/openai/batches"))
+            if azure:  # the same API under Azure's path; its lines name the endpoint without /v1
+                if "api-version=" not in query:
+                    self._error(ErrorSpec(404, "invalid_request_error", "Resource not found (no api-version)"))
+                    return True
+                path = "/v1" + path.removeprefix("/openai")
+            elif not (path.startswith("/v1/files") or path.startswith("/v1/batches")):
                 return False
+            url = path + ("?" + query if query else "")
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""  # always read it all: the connection is reused
             spec: ErrorSpec | None = None
-            if sim.faults.compatible:  # only OpenAI's API has them
+            if sim.faults.compatible and not azure:  # only OpenAI's API (and Azure's) has them
                 spec = ErrorSpec(404, "invalid_request_error", f"no route {path}")
             elif sim.faults.api_key is not None and self._api_key() != sim.faults.api_key:
                 spec = ERRORS[401]
@@ -140,7 +148,7 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                 try:
                     if path.startswith("/v1/batches"):
                         body = json.loads(raw or b"null") if method == "POST" else None
-                        answer = batches.route(method, self.path, body, length, "")
+                        answer = batches.route(method, url, body, length, "/openai" if azure else "")
                     elif method == "POST" and not parts:
                         answer = batches.upload(self.headers.get("content-type") or "", raw)
                     elif method == "GET" and len(parts) in (1, 2) and parts[1:] in ([], ["content"]):

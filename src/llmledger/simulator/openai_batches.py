@@ -1,7 +1,8 @@
 """OpenAI's Batch API in the simulator: `/v1/files` (a JSONL input uploaded, results read) and `/v1/batches`.
 
 As the real API: the requests go up first as a file (`purpose="batch"`, multipart); a batch names it, its
-endpoint (`/v1/chat/completions`) and `completion_window="24h"`, and may carry `metadata` (16 pairs, values of
+endpoint (`/v1/chat/completions` or `/v1/responses`; Azure OpenAI's `/openai/batches` takes `/chat/completions`,
+its lines' `model` a deployment) and `completion_window="24h"`, and may carry `metadata` (16 pairs, values of
 at most 512 characters). The file is checked when the batch is made: JSON lines of a unique `custom_id`, `method`
 POST, `url` the batch's endpoint and a `body`, one model for the whole file, at most 50,000 lines and 200 MB
 (or the faults' lower `batch_max_requests`, `batch_max_bytes`); a file that fails makes a `failed` batch with
@@ -27,7 +28,10 @@ from llmledger.simulator.batches import SimBatches, _Refused
 from llmledger.simulator.faults import ERRORS, ErrorSpec
 from llmledger.simulator.request import model_404, user_text
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
+ENDPOINTS = {  # the endpoints a batch may name, by the path it was made through: OpenAI's, or Azure's
+    "": ("/v1/chat/completions", "/v1/responses"),
+    "/openai": ("/chat/completions",),  # Azure OpenAI (global batch deployments): lines name no /v1
+}
 MAX_REQUESTS, MAX_BYTES = 50_000, 200_000_000  # OpenAI's limits on one batch (the faults may set lower ones)
 _NOT_RUN = {
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
@@ -102,7 +106,7 @@ class SimOpenAIBatches(SimBatches):
         for name in ("input_file_id", "endpoint", "completion_window"):
             if not isinstance(body.get(name), str):
                 raise _Refused(ErrorSpec(400, "invalid_request_error", f"Missing required parameter: '{name}'."))
-        if body["endpoint"] not in ENDPOINTS:
+        if body["endpoint"] not in ENDPOINTS[base_url]:
             raise _Refused(ErrorSpec(400, "invalid_request_error", f"Invalid endpoint {body['endpoint']!r}."))
         if body["completion_window"] != "24h":
             raise _Refused(ErrorSpec(400, "invalid_request_error", "completion_window must be '24h'."))

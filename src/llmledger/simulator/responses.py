@@ -22,7 +22,8 @@ FIELDS = {
     "conversation", "top_logprobs", "max_tool_calls", "stream",
 }  # fmt: skip
 ROLES = {"user", "assistant", "system", "developer"}
-PARTS = {"input_text", "output_text"}  # the content parts an input message may hold (of those llmledger sends)
+PARTS = {"input_text", "output_text"}  # the text parts an input message may hold (of those llmledger sends)
+FILE_PARTS = {"input_image": "image_url", "input_file": "file_data"}  # and its files, with their data URL's field
 MIN_OUTPUT_TOKENS = 16
 
 
@@ -47,7 +48,12 @@ def validate(body: Any, *, own_api: bool = True) -> str | None:
         if not (isinstance(content, str) or (isinstance(content, list) and content)):
             return f"Invalid type for 'input[{n}].content': expected a string or an array of content parts."
         for j, part in enumerate(content if isinstance(content, list) else []):
-            if not isinstance(part, dict) or part.get("type") not in PARTS or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in FILE_PARTS and item.get("role") == "user":
+                if not isinstance(part.get(FILE_PARTS[kind]), str):
+                    return f"Missing required parameter: 'input[{n}].content[{j}].{FILE_PARTS[kind]}'."
+                continue
+            if kind not in PARTS or not isinstance(part.get("text"), str):
                 return f"Invalid value for 'input[{n}].content[{j}].type'."
     bound = body.get("max_output_tokens")
     if "max_output_tokens" in body and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 1):
@@ -67,15 +73,30 @@ def validate(body: Any, *, own_api: bool = True) -> str | None:
 
 
 def _text(content: Any) -> Any:
+    """Content as the Messages API's: text parts as text blocks, files as Chat Completions' parts turned into
+    image and document blocks (`chat.as_block`: read and billed by `media.py` as Anthropic's are)."""
     if isinstance(content, str):
         return content
-    return [{"type": "text", "text": part["text"]} for part in content]
+    return [_block(part) for part in content]
+
+
+def _block(part: dict[str, Any]) -> dict[str, Any]:
+    kind = part["type"]
+    if kind == "input_image":
+        return chat.as_block({"type": "image_url", "image_url": {"url": part["image_url"]}})
+    if kind == "input_file":
+        return chat.as_block({"type": "file", "file": {"file_data": part["file_data"]}})
+    return {"type": "text", "text": part["text"]}
 
 
 def as_messages(body: dict[str, Any]) -> dict[str, Any]:
     """The request in the Messages API's shape, for the simulator's answerer."""
     items = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
-    system = [str(_text(i["content"])) for i in items if i["role"] in ("system", "developer")]
+    system = [
+        i["content"] if isinstance(i["content"], str) else "".join(p["text"] for p in i["content"])
+        for i in items
+        if i["role"] in ("system", "developer")
+    ]
     if body.get("instructions"):
         system.insert(0, str(body["instructions"]))
     shaped: dict[str, Any] = {

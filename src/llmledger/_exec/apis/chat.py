@@ -79,13 +79,7 @@ def own_rules(client: Any) -> bool:
 
 def batch_refusal(client: Any) -> str | None:
     """Why `client` cannot send batches, or None: an OpenAI client sends them where the server has them (OpenAI's
-    own API, a gateway); Azure OpenAI's Batch API (global batch deployments, its own line format) is not driven
-    yet."""
-    if own_rules(client):
-        return (
-            "mode='batch' sends OpenAI's Batch API, and Azure OpenAI's (global batch deployments) is not driven by "
-            "llmledger yet: pass mode='online'"
-        )
+    own API, a gateway, Azure OpenAI's global batch deployments)."""
     return None
 
 
@@ -260,7 +254,7 @@ def api() -> Api:
 
 
 def batches(client: Any) -> BatchApi:
-    return OpenAIBatches(client, api())
+    return (AzureBatches if own_rules(client) else OpenAIBatches)(client, api())
 
 
 class OpenAIBatches(BatchApi):
@@ -316,7 +310,8 @@ class OpenAIBatches(BatchApi):
                     code = (error or {}).get("code")
                     yield Item(custom_id, "expired" if code == "batch_expired" else "canceled")
                 elif response.get("status_code") == 200:
-                    yield Item(custom_id, "succeeded", self.answer(response["body"]))
+                    answer, reader = self.answer(response["body"])
+                    yield Item(custom_id, "succeeded", answer, reader=reader)
                 else:
                     status = int(response.get("status_code") or 500)
                     said = (response.get("body") or {}).get("error") or {}
@@ -328,11 +323,17 @@ class OpenAIBatches(BatchApi):
                         error_message=f"{status} {said.get('message', '')}".strip(),
                     )
 
-    def answer(self, body: dict[str, Any]) -> Any:
-        """An output line's answer as the SDK's type (its `api().reply_from` reads it)."""
+    def answer(self, body: dict[str, Any]) -> tuple[Any, Api]:
+        """An output line's answer as the SDK's type, and the API that reads it: told by the answer's own `object`,
+        not by the step's current API (a batch sent before the step moved from Chat Completions to Responses, or
+        back, is read as what it holds)."""
+        if body.get("object") == "response":
+            from llmledger._exec.apis import responses  # imports this module
+
+            return responses.answer(body), responses.api()
         from openai.types.chat import ChatCompletion
 
-        return ChatCompletion.model_validate(body)
+        return ChatCompletion.model_validate(body), api()
 
     def _info(self, batch: Any) -> BatchInfo:
         counts = batch.request_counts
@@ -351,3 +352,12 @@ class OpenAIBatches(BatchApi):
             intent if isinstance(intent, str) else None,
             ("; ".join(said) or "no reason given") if batch.status == "failed" else None,
         )
+
+
+class AzureBatches(OpenAIBatches):
+    """Azure OpenAI's Batch API (a global batch deployment, reached through `AsyncAzureOpenAI`): OpenAI's files and
+    batches under Azure's `/openai/` path, each line's `url` without `/v1` (Microsoft's "getting started with batch
+    deployments" page) and its `model` the deployment's name, as online. Azure does not expire a batch that runs
+    past its 24 h target; results come back as OpenAI's."""
+
+    endpoint = "/chat/completions"

@@ -130,12 +130,13 @@ class ResponsesBatches(OpenAIBatches):
 
     endpoint = "/v1/responses"
 
-    def answer(self, body: dict[str, Any]) -> Any:
-        """An output line's response, built as the SDK builds an online answer (leniently: an SDK older than a
-        field the API added, or than an output item's type, still reads the rest)."""
-        from openai.types.responses import Response
 
-        return Response.construct(**body)
+def answer(body: dict[str, Any]) -> Any:
+    """A batch output line's response, built as the SDK builds an online answer (leniently: an SDK older than a
+    field the API added, or than an output item's type, still reads the rest)."""
+    from openai.types.responses import Response
+
+    return Response.construct(**body)
 
 
 def batches(client: Any) -> BatchApi:
