@@ -432,3 +432,51 @@ def test_a_column_of_paths_may_be_the_key_too(run: Any, sim: Any, tmp_path: Path
     df = files(tmp_path / "in", 2).select("path")
     out = run(df, "what", prompt="Describe it", attach="path", key="path")
     assert out["what_status"].to_list() == ["DONE", "DONE"] and sim.stats()["paid"] == 2
+
+
+def test_a_worker_in_another_folder_finds_relative_paths_and_waits_for_missing_files(
+    run: Any, sim: Any, tmp_path: Path, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in a trial: files attached by a relative path, and a worker started in another folder (as on another
+    machine), re-ran the same pass without end at 100 % of a core, saying nothing with --quiet. The ledger now keeps
+    each path absolute (from the folder of the call that recorded it), and a worker whose rows cannot be sent says
+    why once and waits for them, then sends them once their files are back."""
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import subprocess_env
+
+    monkeypatch.chdir(tmp_path)
+    df = files(tmp_path / "in", 4).with_columns(pl.col("path").str.replace(str(tmp_path) + "/", "", literal=True))
+    assert df["path"].to_list()[0] == "in/scan0.png"  # relative to the folder of the call
+    run(df, "what", prompt="{question}", attach="path", where="false")  # recorded, nothing sent
+    assert sorted(r[0] for r in sql(store, "SELECT path FROM messages")) == sorted(
+        str(tmp_path / p) for p in df["path"]
+    ), "the ledger keeps the paths absolute"
+    (tmp_path / "in" / "invoice1.pdf").rename(tmp_path / "away.pdf")  # one file is missing for now
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "llmledger", "worker", str(store), "--table", "messages", "--step", "what", "--poll",
+         "0.5", "--quiet"],
+        cwd=elsewhere, env=subprocess_env(sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while sim.stats()["paid"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sim.stats()["paid"] == 3, "the three files found were sent from the other folder"
+        time.sleep(2.0)  # the worker waits for the fourth: idle, not spinning
+        assert worker.poll() is None, "a worker waits for rows it cannot send yet"
+        (tmp_path / "away.pdf").rename(tmp_path / "in" / "invoice1.pdf")
+        output, _ = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0 and sim.stats()["paid"] == 4
+    assert output.count("cannot be sent") == 1 and "invoice1.pdf" in output, output
+    assert sql(store, "SELECT count(*) FROM messages WHERE what_status = 'DONE'") == [(4,)]
+    runs = sql(store, "SELECT count(*) FROM llmledger_runs WHERE step = 'what'")[0][0]
+    assert runs < 20, f"{runs} passes: the worker looked again every poll, not without end"

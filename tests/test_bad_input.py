@@ -47,6 +47,16 @@ CASES = [
         id="unknown-template-column",
     ),
     pytest.param(frame(3), {"prompt": "Summarize: {}"}, PromptError, "positional field", id="positional-field"),
+    pytest.param(  # found in a trial: a bare TypeError, where the docs promise InvalidInputError
+        frame(3), {"temperature": 0}, InvalidInputError, r"request_options=\{'temperature': 0\}", id="request-field"
+    ),
+    pytest.param(frame(3), {"promt": "x"}, InvalidInputError, "did you mean prompt=", id="misspelt-option"),
+    pytest.param(frame(3), {"output": {"x": "string"}}, InvalidInputError, r"\{'x': str\}", id="output-type-name"),
+    pytest.param(  # found in a trial: sent, paid and stored as "<built-in method upper of str object at 0x...>"
+        frame(3), {"prompt": "Shout: {text.upper}"}, PromptError, r"reads \{text.upper\}.*\{text\}", id="attribute"
+    ),
+    pytest.param(frame(3), {"prompt": "{text.__class__}"}, PromptError, "an attribute or an item", id="dunder"),
+    pytest.param(frame(3), {"prompt": "First: {text[0]}"}, PromptError, r"'\[0\]'", id="index"),
     pytest.param(
         frame(3), {"prompt": "Summarize: {text"}, PromptError, "not a valid format string", id="broken-template"
     ),
@@ -56,6 +66,13 @@ CASES = [
     pytest.param(frame(3), {"step": "summary; DROP TABLE x"}, StepNameError, "DROP TABLE", id="step-injection"),
     pytest.param(frame(3), {"where": "id >"}, WhereClauseError, r"where='id >'.*Parser Error", id="where-parse"),
     pytest.param(frame(3), {"where": "no_such_col = 1"}, WhereClauseError, "no_such_col", id="where-bind"),
+    pytest.param(  # found in a trial: pg_sleep(3) ran inside compare(where=...) on PostgreSQL
+        frame(3), {"where": "pg_sleep(3) IS NULL"}, WhereClauseError, r"calls pg_sleep\(\)", id="where-calls"
+    ),
+    pytest.param(
+        frame(3), {"where": "id IN (SELECT pg_catalog.pg_sleep(1))"}, WhereClauseError, "pure", id="where-subquery"
+    ),
+    pytest.param(frame(3), {"where": '"pg_sleep"(1) IS NULL'}, WhereClauseError, "quoted name", id="where-quoted"),
     pytest.param(frame(3), {"redo": "yes"}, InvalidInputError, "redo must be", id="redo-value"),
     pytest.param(frame(3), {"concurrency": 0}, InvalidInputError, "concurrency must be a positive", id="concurrency"),
     pytest.param([1, 2, 3], {}, InvalidInputError, "polars or pandas DataFrame, got list", id="not-a-frame"),
@@ -154,4 +171,13 @@ def test_no_api_key_is_a_clear_error_before_anything_is_written(store: Path, mon
     monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
     with pytest.raises(InvalidInputError, match=r"no API key: set ANTHROPIC_API_KEY .* llmledger\.simulate\(\) first"):
         apply_llm(frame(3), "summary", prompt="Summarize: {text}", store=store, progress=False)
+    assert not store.exists()
+
+
+def test_a_pandas_frame_keyed_by_a_named_index_is_told_to_reset_it(run, sim: Simulator, store: Path) -> None:
+    """Found in a trial: a frame whose key is its named index got "no 'id' column" and nothing about the index."""
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"text": ["a", "b"]}, index=pd.Index([5, 6], name="review_id"))
+    with pytest.raises(KeyColumnError, match=r"index 'review_id' is not a column.*reset_index\(\).*key='review_id'"):
+        run(df, "s", prompt="{text}")
     assert not store.exists()

@@ -64,8 +64,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "lab"
-    shutil.copytree(ROOT / "notebooks", root / "notebooks")
-    shutil.copytree(ROOT / "data", root / "data")
+    fresh = shutil.ignore_patterns("*.duckdb*")  # ledgers a person's own runs left (notebooks 01-04 write to data/)
+    shutil.copytree(ROOT / "notebooks", root / "notebooks", ignore=fresh)
+    shutil.copytree(ROOT / "data", root / "data", ignore=fresh)
     port, token = _free_port(), "llmledger-test"
     env = {
         k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "LLMLEDGER_PROGRESS", "LLMLEDGER_STORE")

@@ -8,6 +8,7 @@ import pytest
 
 import llmledger
 from llmledger import InvalidInputError, Simulator, last_report
+from llmledger._draw import usd
 
 from .conftest import frame, sql
 
@@ -42,7 +43,7 @@ def test_a_long_system_prompt_is_written_once_and_read_after(run, sim: Simulator
     assert sim.stats()["cache_read_tokens"] == 9 * prefix
     price_row = llmledger.prices().filter(llmledger.prices()["model"] == llmledger.DEFAULT_MODEL).row(0, named=True)
     assert report.avoided_usd == pytest.approx(9 * prefix * (price_row["input"] - price_row["cache_read"]) / 1e6)
-    assert f"avoided: cache reads ${report.avoided_usd:.4f}" in str(report)
+    assert f"avoided: cache reads {usd(report.avoided_usd)}" in str(report)
 
     written = sum(r[3] for r in rows)
     plain = llmledger.prices()  # the same tokens without a cache, at the plain input rate

@@ -100,6 +100,30 @@ def test_a_server_that_says_nothing_of_usage_leaves_tokens_and_cost_unknown_not_
     assert report.uncounted == 4 and "usage unknown for 4" in str(report)
 
 
+def test_a_budget_on_a_model_of_unknown_price_is_refused_before_paying(store: Path, local: Simulator) -> None:
+    """Found in a trial: max_cost_usd on a `base_url=` model with no known price paid one request on each run, then
+    stopped saying it could not count. Now nothing is sent, nothing written, and the error says how to price it."""
+    with pytest.raises(InvalidInputError, match=r"max_cost_usd needs the price of model 'qwen3:8b'.*set_price"):
+        ask(store, local, max_cost_usd=1.0)
+    assert local.stats()["paid"] == 0 and not store.exists()
+    ask(store, local)  # the step exists: resume with a budget is refused alike
+    with pytest.raises(InvalidInputError, match="max_cost_usd needs the price"):
+        resume(store, "t", "s", base_url=local.server_url, max_cost_usd=1.0, redo=True, progress=False)
+    assert local.stats()["paid"] == 12
+
+
+def test_a_budget_with_a_server_that_sends_no_usage_says_so(
+    store: Path, local: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("llmledger._step.prices._overrides", {})
+    llmledger.set_price(LOCAL, input=1.0, output=2.0)
+    local.configure(usage=False)
+    ask(store, local, max_cost_usd=1.0)
+    report = last_report()
+    assert report is not None and report.outcome == "budget" and local.stats()["paid"] == 1
+    assert "without usage" in str(report.message) and "no known price" not in str(report.message)
+
+
 def test_a_rerun_pays_nothing_and_another_server_makes_rows_stale_not_paid(
     store: Path, local: Simulator, other: Simulator
 ) -> None:

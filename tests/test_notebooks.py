@@ -96,7 +96,7 @@ def test_models_are_compared_and_the_cheapest_that_agrees_answers_the_rest(tmp_p
     text = text_of(execute("06_models.ipynb", tmp_path / "models.duckdb", monkeypatch))
     for step, model in [("sonnet", "claude-sonnet-5-5"), ("haiku", "claude-haiku-5-5"), ("nano", "gpt-6-luna")]:
         assert f"sentiment_{step} ({model}): 300 DONE" in text, "each model answered the 300 rows"
-    assert "sentiment_local (qwen3:8b): 300 DONE, $0.000000/row" in text, "the local server, priced at 0"
+    assert "sentiment_local (qwen3:8b): 300 DONE, $0/row" in text, "the local server, priced at 0"
     agree = {s: float(p) for s, p in re.findall(r"(sentiment_\w+) +agrees +([\d.]+)%", text)}
     assert agree["sentiment_sonnet"] == 100.0 and agree["sentiment_local"] < 95 <= agree["sentiment_haiku"], agree
     assert "chosen: sentiment_haiku" in text, "the cheapest model agreeing on 95 % or more"

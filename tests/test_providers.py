@@ -102,7 +102,12 @@ def test_a_refusal_is_paid_and_fails_the_row(ask: Any, sim: Simulator) -> None:
     out = ask(frame(4), "s", prompt=PROMPT)
     assert out["s_status"].to_list() == ["DONE", "DONE", "FAILED", "DONE"]
     assert "refusal" in column(ask, "SELECT s_error FROM t WHERE id = 2")[0][0]
-    assert last_report().calls == sim.stats()["paid"] == 4  # type: ignore[union-attr]
+    report = last_report()
+    assert report is not None and report.calls == sim.stats()["paid"] == 4
+    ((cost, tokens),) = column(ask, "SELECT s_cost_usd, s_input_tokens FROM t WHERE id = 2")
+    assert tokens > 0, "the refusal was billed: its row says what it used"
+    if report.cost_usd is not None:  # a priced model: and what it cost, as the run counted it
+        assert cost > 0 and column(ask, "SELECT sum(s_cost_usd) FROM t")[0][0] == pytest.approx(report.cost_usd)
 
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai"], indirect=True)  # the API makes no difference here

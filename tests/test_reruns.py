@@ -41,6 +41,8 @@ def test_redo_resends_flagged_rows_and_keeps_the_old_answers(run, sim: Simulator
     assert out.filter(pl.col("id").is_in([2, 7]))["summary"].str.starts_with("second opinion").all()
     history = dict(sql(store, "SELECT json_extract(row_key, '$.id')::INT, output FROM llmledger_history"))
     assert history == old, "a redo keeps the answers it replaces"
+    run(frame(10), "summary", prompt="Summarize: {text}", where="id = 2", redo="all")  # the CLI's --redo all
+    assert sim.stats()["paid"] == 13, "redo='all' is redo=True (found in a trial: the CLI offered it, Python refused)"
 
 
 def test_changed_prompt_is_reported_stale_and_not_repaid(run, sim: Simulator, store: Path) -> None:

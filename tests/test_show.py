@@ -16,7 +16,7 @@ import pytest
 
 import llmledger
 from llmledger import Simulator
-from llmledger._draw import FAILURE_COLOUR
+from llmledger._draw import FAILURE_COLOUR, usd
 from llmledger._ledger import RunParams, open_ledger
 from llmledger._ledger.states import Redo
 from llmledger._time import utcnow
@@ -101,3 +101,30 @@ def test_show_of_a_store_without_steps_or_with_a_bad_argument(tmp_path: Path, cl
         llmledger.show(tmp_path / "one.duckdb", every=0)
     with pytest.raises(llmledger.InvalidInputError, match=r"no table 'other'; its tables: \['ledger'\]"):
         llmledger.show(tmp_path / "one.duckdb", table="other")
+
+
+def test_show_says_what_was_spent_and_what_the_current_answers_cost(
+    client: anthropic.AsyncAnthropic, sim: Simulator, tmp_path: Path
+) -> None:
+    """Found in a trial: show()/status gave the cost of the current answers only ($0.0210 for 1,452 rows, where the
+    runs paid $0.0214 for 1,482 calls), printed small amounts as $0.0000 and unknown ones as $0.0000 too."""
+    store = str(tmp_path / "spent.duckdb")
+    apply = functools.partial(llmledger.apply_llm, client=client, store=store, table="m", progress=False)
+    apply(frame(10), "summary", prompt="Summarize: {text}")
+    sim.responder = lambda prompt, system: "another answer to " + prompt
+    apply(frame(10), "summary", prompt="Summarize: {text}", where="id < 3", redo=True)  # 3 answers replaced
+    ((spent, calls),) = llmledger.sql(store, "SELECT sum(cost_usd), sum(calls) FROM llmledger_runs").rows()
+    ((current,),) = llmledger.sql(store, "SELECT sum(summary_cost_usd) FROM m").rows()
+    assert calls == 13 and spent > current > 0
+    text = str(llmledger.show(store))
+    assert f"spent {usd(spent)} on 13 calls; current answers {usd(current)} for 10 paid rows" in text, text
+    assert not re.search(r"\$0\.0000(?!\d)", text), "a non-zero amount never reads $0.0000"
+    sim.configure(usage=False)  # a server that says nothing of what its answers used: their cost is unknown
+    apply(frame(3), "other", prompt="{text}")
+    assert "other" in (text := str(llmledger.show(store))) and "spent cost unknown on 3 calls" in text, text
+
+
+def test_dollars_read_with_significant_digits() -> None:
+    assert [usd(v) for v in (None, 0, 0.0214, 0.00004234, 1.5, 1234.5)] == [
+        "unknown", "$0", "$0.0214", "$0.000042", "$1.50", "$1,234.50"
+    ]  # fmt: skip

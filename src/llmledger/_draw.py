@@ -62,6 +62,22 @@ def parts(counts: dict[str, int]) -> Parts:
 
 
 # -- HTML ------------------------------------------------------------------------------------------------
+def usd(value: float | None, unknown: str = "unknown") -> str:
+    """Dollars as a person reads them: cents from $1 up, four decimals down to a cent, and below that two
+    significant digits (a non-zero amount never reads $0.0000); `unknown` for None (a model with no known price,
+    a server that sent no usage)."""
+    if value is None:
+        return unknown
+    if value == 0:
+        return "$0"
+    size = abs(value)
+    if size >= 1:
+        return f"${value:,.2f}"
+    if size >= 0.01:
+        return f"${value:.4f}"
+    return f"${value:.{max(2, 1 - math.floor(math.log10(size)))}f}"
+
+
 def rows(n: int, noun: str = "row") -> str:
     """`1 row`, `2,000 rows`: counts read as English in every summary and hint."""
     return f"{n:,} {noun}" + ("" if n == 1 else "s")

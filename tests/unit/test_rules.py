@@ -29,16 +29,22 @@ from . import UNIT
 
 
 @pytest.mark.parametrize(
-    "where", ["label = 'spam'", "id IN (3, 7)", "text = ')' AND (a OR b)", '"we;ird" = 1', "note = 'it''s -- fine'"]
-)
+    "where",
+    ["label = 'spam'", "id IN (3, 7)", "text = ')' AND (a OR b)", '"we;ird" = 1', "note = 'it''s -- fine'",
+     "lower(text) LIKE '%win%' AND length(text) > 3", "text = 'pg_sleep(3)'", "CAST(id AS INT) IN (SELECT 1)",
+     "NOT exists (SELECT 1) OR coalesce(a, b) = 1"],
+)  # fmt: skip
 def test_one_condition_is_one_self_contained_expression(where: str) -> None:
     assert where_shape_problem(where) is None
     check_where_shape(where)
 
 
 @pytest.mark.parametrize(
-    "where", ["1=1; DROP TABLE t", "1=1) OR (1=1", "a = 1 -- the rest", "a /* x */ = 1", "(a = 1", "a = $$x$$"]
-)
+    "where",
+    ["1=1; DROP TABLE t", "1=1) OR (1=1", "a = 1 -- the rest", "a /* x */ = 1", "(a = 1", "a = $$x$$",
+     "pg_sleep(3) IS NULL", "id IN (SELECT pg_catalog.pg_sleep(1))", '"pg_sleep" (1) IS NULL', "nextval('s') > 0",
+     "id IN (FROM read_csv('/etc/passwd'))", "PG_ADVISORY_LOCK(1) IS NULL"],
+)  # fmt: skip
 def test_a_where_that_could_escape_its_parentheses_is_refused(where: str) -> None:
     assert where_shape_problem(where) is not None
     with pytest.raises(WhereClauseError):

@@ -54,6 +54,8 @@ class Reply:
     latency_ms: int | None = None  # how long its request(s) took, sent to answered; None: no request of its own
     counted: bool = True  # the server said what the answer used (some servers send no usage: tokens, cost NULL)
     flex: bool = False  # answered at OpenAI's flex processing tier (`service_tier: "flex"`), billed at its rate
+    useless: bool = False  # paid for, but nothing to keep (a refusal, an answer left empty): its row fails, its
+    # tokens and cost recorded on it
 
     def plus(self, later: Reply) -> Reply:
         """`later` (an answer to a follow-up request), carrying the usage of both."""

@@ -239,9 +239,8 @@ class BatchMerger:
             reader = item.reader or self.api.api
             reply = reader.reply_from(item.answer, model, batch=True)
             useless = reader.useless(item.answer)  # a refusal; an empty answer (no room left to write one)
-            if useless is not None:
-                recorder.bill(reply)
-                return None, useless
+            if useless is not None:  # paid: the row fails with what it cost
+                return dataclasses.replace(reply, useless=True), useless
             if output is None:
                 return reply, None
             try:

@@ -156,7 +156,7 @@ class OnlineSender:
                 self.sink.note_unsent(f"{NOT_SENT}{exc}", row)
                 return None
         answer = await self._send(body, row, spec)
-        if answer is None or answer[0] is None or self.output is None:
+        if answer is None or answer[0] is None or answer[0].useless or self.output is None:
             return answer
         first = answer[0]
         try:
@@ -176,8 +176,9 @@ class OnlineSender:
         if second is None:  # the run stopped before the row's one follow-up: the row goes back as it was (its
             self.sink.bill(first)  # first answer is counted as paid), and the next run asks it afresh
             return None
-        if second[0] is None:  # the follow-up was refused: keep what was paid for
-            return first, f"the answer does not match the output schema: {problem} (not retried: {second[1]})"
+        if second[0] is None or second[0].useless:  # the follow-up was refused: keep what was paid for (both)
+            kept = first if second[0] is None else dataclasses.replace(first.plus(second[0]), text=first.text)
+            return kept, f"the answer does not match the output schema: {problem} (not retried: {second[1]})"
         both = first.plus(second[0])
         try:
             return dataclasses.replace(both, text=self.output.check(both.text)), None
@@ -210,10 +211,9 @@ class OnlineSender:
                     self.sink.stop(outcome, stop_advice(outcome, failure, str(body.get("model"))))
                     return None
                 if failure.kind is Kind.PERMANENT:
-                    if failure.reply is not None:  # refused, but billed: the run's report and budget count it
-                        self.sink.bill(failure.reply)
-                    if self._refused_alike(failure, row):
-                        return None  # the call's fault, not the row's: it goes back as it was
+                    self._refused_alike(failure, row)  # the call's fault, not the rows': the run stops
+                    if failure.reply is not None:  # refused, but billed: the row fails with what it cost (the
+                        return dataclasses.replace(failure.reply, useless=True), str(failure)  # report counts it)
                     return None, str(failure)
                 self._transient(failure, row)
                 wait_at_least = failure.retry_after
@@ -231,7 +231,8 @@ class OnlineSender:
     def _refused_alike(self, failure: CallFailed, row: dict[str, Any]) -> bool:
         """A 400 `invalid_request_error` the API gave, word for word, to `refused_alike` distinct requests before it
         answered any is the call's fault (an option, a schema, a model it refuses), not the rows': stop the run
-        with one clear error rather than fail every row with advice to run it again. True when it stopped."""
+        with one clear error rather than fail every row with advice to run it again (the rows refused so far are
+        FAILED with it, so the count said is the rows that show it). True when it stopped."""
         text = str(failure)
         empty = text.startswith(NO_ROOM_HEAD)  # answered, paid, and empty: every row would be alike
         if self.answered or not (empty or (text.startswith("400 ") and "(invalid_request_error)" in text)):
@@ -245,9 +246,10 @@ class OnlineSender:
         said = "answered" if empty else "refused"
         self.sink.stop(
             Outcome.BAD_REQUEST,
-            f"the API {said} the first {len(seen)} distinct requests alike, "
-            f"answering none usefully: {message}. The call's options are at fault, not the "
-            "rows (those refused stay retryable): fix the call and run it again.",
+            f"the API {said} the first {len(seen)} distinct requests alike, answering none usefully: {message}. "
+            "The call's options are at fault, not the rows: change what the message names; running the same "
+            "call again would be refused again. Those rows are FAILED with this error and are sent again by "
+            "the changed call.",
         )
         return True
 

@@ -62,7 +62,19 @@ class Recorder:
             refused_by_validate = error is not None
         if error:  # a validate= reason or an API message: PostgreSQL text holds no NUL, and the answer must commit
             error = error.replace("\x00", "\ufffd")
-        if reply is not None:
+        cost: float | None
+        if reply is not None and reply.useless:  # paid for, nothing to keep: a failure, with what it cost
+            cost = 0.0 if reused else self.bill(reply)
+            self._failed(result, row, attempts, error)
+            counted = reply.counted and not reused
+            result.update(
+                input_tokens=reply.input_tokens if counted else 0 if reused else None,
+                output_tokens=reply.output_tokens if counted else 0 if reused else None,
+                cost_usd=cost,
+                stop_reason=reply.stop_reason,
+                model=reply.model,
+            )
+        elif reply is not None:
             if reused:  # an identical request was answered already: nothing to pay
                 reply = dataclasses.replace(
                     reply,
@@ -74,7 +86,7 @@ class Recorder:
                     latency_ms=None,
                 )
                 rep.reused += 1
-                cost: float | None = 0.0 if reply.counted else None  # its twin's usage is unknown: so is the group's
+                cost = 0.0 if reply.counted else None  # its twin's usage is unknown: so is the group's
             else:
                 cost = self.bill(reply)
             if error is None:
@@ -105,31 +117,35 @@ class Recorder:
                 source=self.cfg.source,
             )
         else:
-            status = status_after_failure(attempts, self.cfg.max_attempts)
-            if status is Status.FAILED:
-                rep.failed += 1
-            else:
-                rep.needs_review += 1
-            self.note_error(error or "", row)
-            result.update(
-                status=status.value,
-                output=None,
-                raw=None,
-                attempts=attempts,
-                error=error,
-                input_tokens=None,
-                output_tokens=None,
-                cache_write_tokens=None,
-                cache_read_tokens=None,
-                latency_ms=None,
-                cost_usd=None,
-                stop_reason=None,
-                model=self.selection.requests[row["version"]].model,
-                fingerprint=None,
-                finished_at=now,
-                source=None,
-            )
+            self._failed(result, row, attempts, error)
         return result
+
+    def _failed(self, result: dict[str, Any], row: dict[str, Any], attempts: int, error: str | None) -> None:
+        """A row the API refused (or answered with nothing to keep): FAILED, or NEEDS_REVIEW after its last try."""
+        status = status_after_failure(attempts, self.cfg.max_attempts)
+        if status is Status.FAILED:
+            self.report.failed += 1
+        else:
+            self.report.needs_review += 1
+        self.note_error(error or "", row)
+        result.update(
+            status=status.value,
+            output=None,
+            raw=None,
+            attempts=attempts,
+            error=error,
+            input_tokens=None,
+            output_tokens=None,
+            cache_write_tokens=None,
+            cache_read_tokens=None,
+            latency_ms=None,
+            cost_usd=None,
+            stop_reason=None,
+            model=self.selection.requests[row["version"]].model,
+            fingerprint=None,
+            finished_at=utcnow(),
+            source=None,
+        )
 
     def _validate(self, row: dict[str, Any], text: str) -> str | None:
         """Run the user's `validate(row, output)`: a returned string is why a person should look at the row."""

@@ -51,10 +51,12 @@ class BudgetGuard:
         budget, rep = self.cfg.max_cost_usd, self.report
         if budget is None:
             return True
-        if rep.cost_usd is None:
+        if rep.cost_usd is None:  # a priced model (checked up front) whose server sent no usage with an answer
             self.stop(
                 Outcome.BUDGET,
-                "max_cost_usd cannot be kept: the model has no known price (see llmledger.set_price); stopped",
+                f"max_cost_usd cannot be kept: the server sent {rep.uncounted:,} answer(s) without usage (the tokens "
+                "they used), so what they cost is unknown; stopped. Leave max_cost_usd out for this server, or "
+                "ask it to send usage",
             )
             return False
         average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd

@@ -14,7 +14,7 @@ from typing import Any
 from llmledger._ledger.counts import status_counts
 from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.shared import table_exists
-from llmledger._ledger.schema import BATCHES_TABLE, list_steps
+from llmledger._ledger.schema import BATCHES_TABLE, RUNS_TABLE, list_steps
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import BatchOverview, Claims, ErrorKind, Overview, StepOverview
 from llmledger._step.sqltext import q
@@ -48,6 +48,14 @@ def _usage(con: Con, s: StepOverview, key_columns: list[str]) -> None:
         f"SELECT coalesce(sum({cost}), 0)::DOUBLE, count(*) FILTER (WHERE {cost} > 0) FROM {t}"
     ).fetchall()[0]
     s.cost_usd, s.paid_rows = float(spent), int(paid)
+    if table_exists(con, RUNS_TABLE):
+        calls, spent, unknown = con.execute(
+            f"SELECT coalesce(sum(calls), 0)::BIGINT, coalesce(sum(cost_usd), 0)::DOUBLE, "
+            f"count(*) FILTER (WHERE calls > 0 AND cost_usd IS NULL) FROM {RUNS_TABLE} "
+            "WHERE table_name = ? AND step = ?",
+            [s.table, s.step],
+        ).fetchall()[0]
+        s.calls, s.spent_usd, s.spent_unknown = int(calls), float(spent), bool(unknown)
     if s.counts.get("RUNNING"):
         by = q(s.step + "_claimed_by")
         s.claims = [

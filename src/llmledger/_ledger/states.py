@@ -47,7 +47,7 @@ class Redo(StrEnum):
 
     @classmethod
     def from_argument(cls, redo: object) -> Redo:
-        return {False: cls.NONE, True: cls.ALL, "stale": cls.STALE, "flagged": cls.FLAGGED}[redo]
+        return {False: cls.NONE, True: cls.ALL, "all": cls.ALL, "stale": cls.STALE, "flagged": cls.FLAGGED}[redo]
 
     @property
     def reuses_answers(self) -> bool:

@@ -311,6 +311,9 @@ class StepOverview:
     counts: dict[str, int]  # by status, plus "stale", "waiting" (None-free) and "total"
     cost_usd: float = 0.0
     paid_rows: int = 0  # rows whose answer was paid for (reused answers cost 0)
+    spent_usd: float = 0.0  # what the step's runs paid in all (`llmledger_runs`): replaced answers, refusals too
+    calls: int = 0  # the paid calls of those runs
+    spent_unknown: bool = False  # some run paid calls of unknown cost (no known price, or no usage)
     claims: list[Claims] = field(default_factory=list)
     errors: list[ErrorKind] = field(default_factory=list)
 

@@ -10,17 +10,44 @@ dollar quoting there, stays one parenthesised expression wherever it is pasted; 
 
 from __future__ import annotations
 
+import re
+
 from llmledger.errors import WhereClauseError
 
 _EXAMPLE = 'pass one condition such as "label = \'spam\'" or "id IN (3, 7)"'
+
+# The functions a condition may call: pure ones, on both engines. Any other call is refused, because a function
+# may do anything the database lets it (on PostgreSQL `pg_sleep`, `pg_advisory_lock`, `set_config`, `nextval`,
+# `dblink`: found in a trial, `compare(where="pg_sleep(3) IS NULL")` slept), and `where=` is pasted into the
+# ledger's own claims and writes. SQL's words that take a parenthesis (IN, EXISTS, CAST, ...) are not calls.
+SAFE_FUNCTIONS = frozenset(
+    """
+    abs ceil ceiling floor round trunc mod sign sqrt power ln log exp greatest least coalesce nullif lower upper
+    length char_length character_length octet_length trim ltrim rtrim btrim substr substring left right replace
+    concat concat_ws strpos position starts_with ends_with contains split_part reverse lpad rpad repeat
+    regexp_matches regexp_replace regexp_like like_escape md5 hash date_trunc date_part extract age make_date
+    to_char to_date to_timestamp epoch array_length cardinality len list_contains array_contains json_extract
+    json_extract_string to_json chr ascii struct_extract json_extract_path_text jsonb_extract_path_text to_jsonb
+    llmledger_jsonb isnan isinf
+    """.split()  # noqa: SIM905
+)
+_SQL_WORDS = frozenset(
+    """
+    in and or not exists any all some cast try_cast values select from where is between like ilike similar case
+    when then else end as on over filter row array
+    """.split()  # noqa: SIM905
+)
+_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_$.]*)\s*\(")
 
 
 def where_shape_problem(where: str) -> str | None:
     """Why `where` is not one self-contained expression (None when it is), read outside quotes as SQL reads it."""
     depth, i, n = 0, 0, len(where)
     problems: list[str] = []  # in the order found; a ';' is named first, whatever came before it
+    outside: list[str] = []  # the text outside quotes, a quoted part standing as one mark
     while i < n:
         ch = where[i]
+        outside.append(ch if ch not in "'\"" else (" '' " if ch == "'" else ' "" '))
         if ch in "'\"":
             backslashes = ch == "'" and i > 0 and where[i - 1] in "eE" and (i < 2 or not where[i - 2].isalnum())
             i += 1
@@ -52,7 +79,24 @@ def where_shape_problem(where: str) -> str | None:
         i += 1
     if depth:
         problems.append("it opens a parenthesis it never closes")
+    problems.extend(_call_problems("".join(outside)))
     return problems[0] if problems else None
+
+
+def _call_problems(outside: str) -> list[str]:
+    """Why the calls of a condition (its text outside quotes) may not run: a function not in SAFE_FUNCTIONS."""
+    if re.search(r'""\s*\(', outside):
+        return ["it calls a function by a quoted name (only the pure functions llmledger allows may be called)"]
+    for match in _CALL.finditer(outside):
+        name = match.group(1).lower()
+        if name in _SQL_WORDS or name in SAFE_FUNCTIONS:
+            continue
+        return [
+            f"it calls {match.group(1)}(), and a condition may call only pure functions such as lower(), length(), "
+            "coalesce(), date_trunc() (a function can do anything the database allows: sleep, lock, write; the "
+            "list: llmledger._ledger.where.SAFE_FUNCTIONS)"
+        ]
+    return []
 
 
 def check_where_shape(where: str | None) -> None:

@@ -21,6 +21,7 @@ from llmledger._draw import (
     legend_html,
     panel_html,
     sparkline_svg,
+    usd,
 )
 
 if TYPE_CHECKING:
@@ -73,13 +74,13 @@ def run_html(
         figures.append(("retries", f"{r.retries:,}" + (f" ({r.rate_limited:,} × 429)" if r.rate_limited else "")))
     cached = f" (cache: {r.cache_read_tokens:,} read)" if r.cache_read_tokens else ""
     figures.append(("tokens in / out", f"{r.input_tokens:,} / {r.output_tokens:,}{cached}"))
-    figures.append(("cost", "n/a (no known price)" if r.cost_usd is None else f"${r.cost_usd:,.4f}"))
+    figures.append(("cost", usd(r.cost_usd, "unknown (no known price or usage)")))
     if r.max_cost_usd is not None:
         spent = r.spent_before_usd + (r.cost_usd or 0.0)
         figures.append(
             (
                 "budget",
-                f"${r.max_cost_usd:,.4f}"
+                usd(r.max_cost_usd)
                 + (
                     f" ({spent / r.max_cost_usd:.0%} used"
                     + (", with earlier runs of the step" if r.spent_before_usd else "")
@@ -91,12 +92,12 @@ def run_html(
         )
     projected = r.projected_usd
     if live and projected is not None:
-        figures.append(("estimated total", f"${projected:,.4f}"))
+        figures.append(("estimated total", usd(projected)))
     if live and r.binding_limit:
         figures.append(("rate limit", r.binding_limit))
     avoided = r.avoided_usd
     if not live and avoided:
-        figures.append(("avoided", f"${avoided:,.4f} ({r.avoided_reasons()})"))
+        figures.append(("avoided", f"{usd(avoided)} ({r.avoided_reasons()})"))
     bar = r.bar()
     body = bar_html(bar) + legend_html(bar) + figures_html(figures)
     if timeline is not None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from llmledger._draw import usd
 from llmledger._report.run_report import RunReport
 
 
@@ -65,7 +66,7 @@ class PipelineReport:
         return pl.DataFrame(rows_, schema_overrides={"cost_usd": pl.Float64})
 
     def __str__(self) -> str:
-        cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
+        cost = usd(self.cost_usd, "cost unknown")
         extra = "".join(
             f" · {n:,} {what}"
             for n, what in ((self.stale, "stale"), (self.waiting, "waiting"), (self.failed, "failed"))

@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._draw import ErrorLine, Parts, error_kind, parts, rows
+from llmledger._draw import ErrorLine, Parts, error_kind, parts, rows, usd
 from llmledger._ledger.states import Outcome
 from llmledger._report.panel import run_html
 
@@ -179,7 +179,7 @@ class RunReport:
 
     def avoided_reasons(self) -> str:
         """The reasons with a saving, as text: "rows already done $0.0123, batch prices $0.0040"."""
-        return ", ".join(f"{why} ${usd:,.4f}" for why, usd in self.avoided.items() if usd)
+        return ", ".join(f"{why} {usd(dollars)}" for why, dollars in self.avoided.items() if dollars)
 
     @property
     def avoided_usd(self) -> float | None:
@@ -252,7 +252,7 @@ class RunReport:
         return {**asdict(self), "outcome": str(self.outcome)}
 
     def __str__(self) -> str:
-        cost = "n/a" if self.cost_usd is None else f"${self.cost_usd:.4f}"
+        cost = usd(self.cost_usd, "cost unknown")
         parts = [
             f"{self.table}.{self.step}: {self.done:,} done",
             f"{self.failed:,} failed",
@@ -283,7 +283,7 @@ class RunReport:
             else ""
         )
         avoided = self.avoided_usd
-        saved = f"; ${avoided:.4f} avoided: {self.avoided_reasons()}" if avoided else ""
+        saved = f"; {usd(avoided)} avoided: {self.avoided_reasons()}" if avoided else ""
         parts.append(
             f"{self.calls:,} calls paid ({self.input_tokens:,} in / {self.output_tokens:,} out tokens"
             f"{f', usage unknown for {self.uncounted:,}' if self.uncounted else ''}{cached}, {cost}{saved})"
@@ -359,7 +359,9 @@ class RunReport:
                 f"{rows(self.waiting)} wait for the steps their prompt reads (not DONE there yet, or "
                 "stale there); finish those steps first."
             )
-        if self.failed:
+        if self.failed and self.outcome == Outcome.BAD_REQUEST:  # a refusal that would repeat: not "retry"
+            out.append(f"{rows(self.failed)} FAILED with the API's refusal above; change the call, then run it.")
+        elif self.failed:
             out.append(f"{rows(self.failed)} FAILED; run the same call again to retry them.")
         if self.unprepared:
             out.append(

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import polars as pl
 
@@ -39,6 +42,7 @@ from llmledger._run.plan import (
     Plan,
     Validator,
     cache_ttl,
+    check_budget_countable,
     check_no_nul,
     check_validator,
     plan_options,
@@ -47,6 +51,7 @@ from llmledger._run.plan import (
 )
 from llmledger._run.run import Run, set_last_report
 from llmledger._step.apis import ANTHROPIC, OPENAI, shape_of
+from llmledger._step.attach import absolute_paths
 from llmledger._step.messages import attachments as attachments_of
 from llmledger._step.messages import cached, check_prefix, prompt_and_prefix
 from llmledger._step.output import output_spec
@@ -66,6 +71,42 @@ if TYPE_CHECKING:  # the SDK is imported where a run sends: `import llmledger` a
     import anthropic
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Request fields a user may pass as if they were options: they go in request_options= (what the API's body holds).
+_REQUEST_FIELDS = frozenset(
+    """
+    temperature top_p top_k stop stop_sequences seed reasoning reasoning_effort thinking metadata service_tier
+    tools tool_choice response_format text presence_penalty frequency_penalty logit_bias user store
+    max_completion_tokens max_output_tokens
+    """.split()  # noqa: SIM905
+)
+
+
+def refuses_unknown_options(fn: F) -> F:
+    """`fn` raising InvalidInputError (not a bare TypeError) for an option it does not take: a request field
+    (`temperature=0`) is pointed to request_options=, another name to the option it is closest to."""
+    parameters = inspect.signature(fn).parameters
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **options: Any) -> Any:
+        unknown = [name for name in options if name not in parameters]
+        if unknown:
+            name = unknown[0]
+            if name in _REQUEST_FIELDS:
+                raise InvalidInputError(
+                    f"{fn.__name__}() has no option {name}=: a field of the request goes in request_options, "
+                    f"e.g. request_options={{{name!r}: {options[name]!r}}} (see the docs' request options)"
+                )
+            close = difflib.get_close_matches(name, list(parameters), n=1)
+            hint = f"; did you mean {close[0]}=?" if close else ""
+            raise InvalidInputError(f"{fn.__name__}() has no option {name}={hint} (its options: help({fn.__name__}))")
+        return fn(*args, **options)
+
+    return cast(F, checked)
+
+
+@refuses_unknown_options
 def apply_llm(
     df: Any,
     step: str,
@@ -83,7 +124,7 @@ def apply_llm(
     concurrency: int = 16,
     where: str | None = None,
     skip_nulls: bool = False,
-    redo: bool | Literal["stale", "flagged"] = False,
+    redo: bool | Literal["all", "stale", "flagged"] = False,
     max_attempts: int = 3,
     stale_after: timedelta | float = timedelta(minutes=30),
     client: anthropic.AsyncAnthropic | None = None,
@@ -159,7 +200,7 @@ def apply_llm(
     An OpenAI model on OpenAI's own API is sent through the Responses API (`/v1/responses`, OpenAI's recommended
     API); `api="chat"` sends it through Chat Completions instead. A step made with Chat Completions stays there
     unless `api="responses"` moves it (its answers then turn stale, reported and not paid). Another server
-    (`base_url=`), and a step that sends files (`attach=`), use Chat Completions.
+    (`base_url=`) uses Chat Completions.
     """
     plan = checked_plan(dict(locals()))
     check_credentials(plan.client)
@@ -244,7 +285,8 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         api=api,
     )
     stored = storable(exact_keys(frame, keys))
-    if attachments is not None:  # the ledger keeps a file's hash, not its bytes
+    if attachments is not None:  # the ledger keeps a file's hash, not its bytes; a path, made absolute
+        stored = absolute_paths(stored, [c for c in attachments.columns if c in stored.columns and c not in keys])
         stored = stored.drop([c for c in attachments.columns if frame.schema[c] == pl.Binary])
     plan_of_prompt = dataclasses.replace(plan_prompt(prompt, frame, steps), attachments=attachments)
     definition = StepDefinition(table=table, step=step, key=keys, request=request, prompt=plan_of_prompt)
@@ -292,6 +334,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         default_table=o["table"] is None,
     )
     plan = with_null_fields(plan, prompt, o.get("skip_nulls", False))
+    check_budget_countable(plan.cfg.max_cost_usd, model)
     warn_unpriced(model)  # every check passed: the call will run
     warn_if_retiring(model, provider=provider, client=plan.client, endpoint=plan.endpoint, gateway=plan.gateway)
     return plan
@@ -314,13 +357,14 @@ async def apply_llm_async(df: Any, step: str, **options: Any) -> Any:
         set_last_report(run.report)
 
 
+@refuses_unknown_options
 def resume(
     store: str | Path,
     table: str,
     step: str,
     *,
     where: str | None = None,
-    redo: bool | Literal["stale", "flagged"] = False,
+    redo: bool | Literal["all", "stale", "flagged"] = False,
     concurrency: int = 16,
     chunk_size: int = 200,
     max_attempts: int = 3,
@@ -389,6 +433,7 @@ def resume(
         raise InvalidInputError(problem)
     check_credentials(plan.client)
     if recorded is not None:
+        check_budget_countable(plan.cfg.max_cost_usd, recorded.model)
         warn_if_retiring(
             recorded.model, provider=recorded.provider, client=plan.client, endpoint=plan.endpoint, gateway=gateway
         )

@@ -172,9 +172,15 @@ def resolve_key(
 
     if key is None:
         if "id" not in frame.columns:
+            named = [n for n in index if n != "id"]
+            hint = (
+                f". The pandas frame's index {named[0]!r} is not a column: pass df.reset_index() and key={named[0]!r}"
+                if named and "id" not in index
+                else in_index("id")
+            )
             raise KeyColumnError(
                 f"the frame has no 'id' column, so pass key= naming the column(s) that "
-                f"identify a row; columns: {frame.columns}{in_index('id')}"
+                f"identify a row; columns: {frame.columns}{hint}"
             )
         keys = ["id"]
     else:

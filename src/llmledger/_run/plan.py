@@ -23,7 +23,7 @@ from llmledger._ledger.where import check_where_shape
 from llmledger._run.endpoints import client_for, endpoint_refusal, provider_refusal
 from llmledger._step.apis import ANTHROPIC, batches_at, shape_of
 from llmledger._step.messages import message_text
-from llmledger._step.prices import estimate_tokens, min_cacheable_tokens
+from llmledger._step.prices import estimate_tokens, min_cacheable_tokens, price_of
 from llmledger._step.prompt import Prompt, template_fields
 from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError
@@ -138,8 +138,8 @@ def plan_options(
             f"going (each is a connection); pass at most {MAX_CONCURRENCY:,}, or run several "
             "workers (llmledger worker) on a PostgreSQL store"
         )
-    if redo not in (False, True, "stale", "flagged"):
-        raise InvalidInputError(f"redo must be False, True, 'stale' or 'flagged', got {redo!r}")
+    if redo not in (False, True, "all", "stale", "flagged"):  # "all" is True, as the CLI's --redo all
+        raise InvalidInputError(f"redo must be False, True (or 'all'), 'stale' or 'flagged', got {redo!r}")
     if where is not None and (not isinstance(where, str) or not where.strip()):
         raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
     check_where_shape(where)
@@ -223,6 +223,17 @@ def step_refusal(plan: Plan, sent: Any) -> str | None:
     return provider_refusal(plan.table, plan.step, sent.provider, plan.provider) or endpoint_refusal(
         plan.table, plan.step, sent.endpoint, plan.endpoint, sent.provider
     )
+
+
+def check_budget_countable(max_cost_usd: float | None, model: str) -> None:
+    """A budget needs a price: refused up front for a model llmledger knows no price of (a `base_url=` server's),
+    which would otherwise pay one request before it found it could not count what that cost."""
+    if max_cost_usd is not None and price_of(model) is None:
+        raise InvalidInputError(
+            f"max_cost_usd needs the price of model {model!r}, which llmledger does not know, so it could not count "
+            f"what the run spends: tell it with llmledger.set_price({model!r}, input=..., output=...) (dollars per "
+            "million tokens), or leave max_cost_usd out. Nothing was written."
+        )
 
 
 def cache_ttl(cache: Any, model: str, system: str | None, prefix: tuple[dict[str, Any], ...] = ()) -> str | None:

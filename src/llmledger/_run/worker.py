@@ -14,6 +14,7 @@ API returns to every worker of the account, and backs off with jitter, so a
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,8 @@ from typing import Any
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
 from llmledger.errors import InvalidInputError
+
+log = logging.getLogger("llmledger")
 
 
 def work(
@@ -57,6 +60,7 @@ def work(
             "(llmledger worker STORE --table T --step S) or use apply_llm(..., background=True)"
         )
     total: RunReport | None = None
+    said: str | None = None  # why rows could not be sent, once said
     while True:
         report = resume(store, table, step, stale_after=stale_after, progress=progress, **options)
         if total is None:
@@ -68,6 +72,20 @@ def work(
             total.running_elsewhere = report.running_elsewhere
         if report.outcome is not Outcome.COMPLETED:  # interrupted, an outage, a budget...: stop like a run does
             return total
+        if report.selected and report.unsent >= report.selected:  # none could be sent (their files are not as
+            if report.unsent_why != said:  # recorded): say why once, and wait for them to become sendable
+                said = report.unsent_why
+                log.warning(
+                    "%s of %s.%s cannot be sent: %s. This worker waits and looks again every %gs; they are sent "
+                    "once their files are back as recorded (or after apply_llm records them as they are now).",
+                    f"{report.unsent:,} row(s)",
+                    table,
+                    step,
+                    said.removeprefix("not sent: "),
+                    poll,
+                )
+            time.sleep(poll)
+            continue
         if report.selected:  # rows may have come back meanwhile (a lapsed claim): look again at once
             continue
         if not report.running_elsewhere:

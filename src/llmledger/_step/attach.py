@@ -392,6 +392,20 @@ def check_attach(attach: Any, frame: pl.DataFrame) -> tuple[str, ...]:
     return tuple(names)
 
 
+def absolute_paths(frame: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
+    """The frame as the ledger keeps it: each relative path of an attached column made absolute (from the folder
+    the call runs in), so a worker or `llmledger run` in another folder finds the same files. URLs, absolute
+    paths and bytes stay as they are; the frame the user passed is not changed."""
+    text = [c for c in columns if frame.schema[c] == pl.String]
+
+    def absolute(value: str | None) -> str | None:
+        if value is None or is_url(value) or os.path.isabs(value):
+            return value
+        return os.path.abspath(os.path.expanduser(value))
+
+    return frame.with_columns(pl.col(c).map_elements(absolute, return_dtype=pl.String) for c in text)
+
+
 def row_content(blocks: Sequence[dict[str, Any]], text: str, api: str = "messages") -> list[dict[str, Any]]:
     """The row's message content: its files, then its text (Claude reads files best before the question), a text
     part in the API's shape (Responses' `input_text`)."""

@@ -152,8 +152,20 @@ _POLARS_TYPES = {
 }
 
 
+_TYPE_WORDS = {"string": "str", "str": "str", "integer": "int", "int": "int", "number": "float", "float": "float",
+               "boolean": "bool", "bool": "bool", "array": "list[str]", "list": "list[str]"}  # fmt: skip
+
+
 def _check_field_type(name: str, tp: Any) -> None:
-    """Refuse a polars dtype where a Python type belongs (`{"spam": pl.Boolean}`), naming the one to use."""
+    """Refuse a polars dtype where a Python type belongs (`{"spam": pl.Boolean}`), or a type's name as a string
+    (`{"x": "string"}`: JSON Schema's word, or a forward reference pydantic cannot resolve), naming the one to use."""
+    if isinstance(tp, str):
+        python = _TYPE_WORDS.get(tp.strip().lower(), "str")
+        raise InvalidInputError(
+            f"output= field {name!r} is the string {tp!r}; output= takes Python types, not their names: "
+            f"{{{name!r}: {python}}}, or int, float, bool, datetime.date, Literal['a', 'b'], list[str], T | None "
+            "or a pydantic model"
+        )
     module = getattr(tp if isinstance(tp, type) else type(tp), "__module__", "") or ""
     if not module.startswith("polars"):
         return

@@ -58,6 +58,12 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
+def _field_names(template: str) -> list[str]:
+    """The whole field names of a template (`text`, `extract.company`, `row[0]`), each once."""
+    template_fields(template)  # refuses what is not a valid format string, or positional
+    return list(dict.fromkeys(f for _, f, _, _ in string.Formatter().parse(template) if f is not None))
+
+
 def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] = ()) -> None:
     """A template may name the frame's columns and the table's other steps (`{sentiment}`, `{extract.company}`)."""
     if callable(prompt):
@@ -68,7 +74,16 @@ def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] 
         )
     if not prompt.strip():
         raise PromptError("prompt is empty; pass a template such as 'Summarize: {text}'.")
-    for name in template_fields(prompt):
+    for field_name in _field_names(prompt):
+        name = field_name.split(".", 1)[0].split("[", 1)[0]
+        if name in columns and name not in steps and field_name != name:
+            raise PromptError(
+                f"prompt template reads {{{field_name}}}: a template names columns, and reading an attribute or an "
+                f"item of a value ('{field_name[len(name) :]}') would send Python's text for it (such as "
+                f"'<built-in method ...>'), not data. Name the column alone, {{{name}}}, with a format spec if you "
+                f"like ({{{name}:>10}}), or compute the value into a column first (df.with_columns(...)); a "
+                "callable prompt=lambda row: ... may do anything."
+            )
         if name not in columns and name not in steps:
             close = difflib.get_close_matches(name, [*columns, *steps], n=1)
             hint = f" Did you mean {{{close[0]}}}?" if close else ""

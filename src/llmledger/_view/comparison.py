@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from llmledger._draw import esc
+from llmledger._draw import esc, usd
 from llmledger._ledger import open_existing
 from llmledger._ledger.compare import ComparisonData
 from llmledger._ledger.query import flag
@@ -92,13 +92,15 @@ class Comparison:
     def __str__(self) -> str:
         lines = [f"{self.table}: {', '.join(self.steps)} compared on {', '.join(self.fields)}"]
         for row in self.agreement.iter_rows(named=True):
-            share = "n/a" if row["share"] is None else f"{row['share']:.1%}"
             field = "" if self.fields == ["answer"] else f" [{row['field']}]"
-            lines.append(
-                f"  {row['step_a']} ~ {row['step_b']}{field}: {share} agree ({row['agree']:,} of {row['both_done']:,})"
+            said = (
+                "no rows answered by both yet"
+                if not row["both_done"]
+                else f"{row['share']:.1%} agree ({row['agree']:,} of {row['both_done']:,})"
             )
+            lines.append(f"  {row['step_a']} ~ {row['step_b']}{field}: {said}")
         for row in self.per_step.iter_rows(named=True):
-            cost = "cost unknown" if row["cost_usd_per_row"] is None else f"${row['cost_usd_per_row']:.6f}/row"
+            cost = "cost unknown" if row["cost_usd_per_row"] is None else f"{usd(row['cost_usd_per_row'])}/row"
             tokens, latency = row["output_tokens_per_row"], row["latency_ms_per_row"]
             lines.append(
                 f"  {row['step']} ({row['model'] or 'no answers'}): {row['done']:,} DONE, {cost}"

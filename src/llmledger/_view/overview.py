@@ -29,6 +29,7 @@ from llmledger._draw import (
     panel_html,
     parts,
     rows,
+    usd,
 )
 from llmledger._ledger import DEFAULT_STORE, open_existing, short_name
 from llmledger._ledger.liveness import is_abandoned
@@ -156,7 +157,13 @@ def _errors(step: StepOverview) -> list[ErrorLine]:
 
 
 def _cost(step: StepOverview) -> str:
-    return f"${step.cost_usd:,.4f} for {rows(step.paid_rows, 'paid row')}"
+    """What the step's runs spent, and of it what its current answers cost (a redo's replaced answers, refusals
+    and empty answers were paid too); "unknown" where a price or the usage is not known."""
+    answers = f"{usd(step.cost_usd)} for {rows(step.paid_rows, 'paid row')}"
+    if not step.calls:
+        return "nothing spent" if not step.paid_rows else f"current answers {answers}"
+    spent = usd(None if step.spent_unknown else step.spent_usd, "cost unknown")
+    return f"spent {spent} on {rows(step.calls, 'call')}; current answers {answers}"
 
 
 def _flagged(step: StepOverview) -> list[str]:
