@@ -41,6 +41,23 @@ PROGRESS = """() => {
     return {ran: cells.filter(c => c.model.executionCount !== null).length, cells: cells.length, busy,
             error: error && error.innerText.includes('Traceback') ? error.innerText.slice(-1500) : null};
 }"""
+# What of a view sticks out of it, or the view out of its cell's output: a summary's line of figures once did not
+# wrap, cut off at a 948 px cell (trial finding); each offender's start and how far it sticks out.
+OVERFLOW = """view => {
+  const box = view.getBoundingClientRect(), out = [];
+  const area = view.closest('.jp-OutputArea-output') || view.parentElement;
+  const edge = Math.min(box.right, area.getBoundingClientRect().right);
+  if (box.right > area.getBoundingClientRect().right + 1) out.push(`the view: ${box.right - edge}px`);
+  for (const el of view.querySelectorAll('*')) {
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && r.right > edge + 1) out.push(`${el.outerHTML.slice(0, 100)}: ${Math.round(r.right - edge)}px`);
+  }
+  return out;
+}"""
+# A chart's texts as the browser lays them out: each point's name, tick label and axis title, with its box.
+CHART_TEXTS = """svg => [...svg.querySelectorAll('text')].map(t => {
+  const b = t.getBBox(); return {text: t.textContent, x: b.x, y: b.y, w: b.width, h: b.height};
+})"""
 MEASURE = """bar => ({
     width: bar.getBoundingClientRect().width, total: Number(bar.dataset.total),
     segments: [...bar.children].map(s => ({status: s.dataset.status, count: Number(s.dataset.count),
@@ -266,5 +283,23 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
             done = [s for bar in measured for s in bar["segments"] if s["status"] == "DONE"]
             assert [s["count"] for s in done] == [12, 12], "llmledger.show: both steps, every document DONE"
         assert all(p.stat().st_size > 5_000 for p in screenshots(lab, page, name))
+        for chart in nb.locator(".llmledger-chart").all():  # compare's chart: every text readable, none cut off
+            chart.scroll_into_view_if_needed()
+            texts = chart.evaluate(CHART_TEXTS)
+            width, height = float(chart.get_attribute("width")), float(chart.get_attribute("height"))
+            for i, a in enumerate(texts):
+                assert a["x"] >= 0 and a["y"] >= 0 and a["x"] + a["w"] <= width and a["y"] + a["h"] <= height, a
+                for b in texts[i + 1 :]:
+                    apart = a["x"] + a["w"] <= b["x"] or b["x"] + b["w"] <= a["x"] or a["y"] + a["h"] <= b["y"]
+                    assert apart or b["y"] + b["h"] <= a["y"], f"{name}: {a} overlaps {b}"
+        if name.startswith("06"):
+            assert nb.locator(".llmledger-chart").count() >= 1, "compare draws its chart"
+        for width in (900, 1920):  # a narrow window and a wide one: nothing of any view is cut off
+            page.set_viewport_size({"width": width, "height": 1000})
+            page.wait_for_timeout(300)
+            for view in nb.locator(".llmledger-view").all():
+                sticking = view.evaluate(OVERFLOW)
+                assert not sticking, f"{name} at {width}px: {sticking[:3]}"
+        page.set_viewport_size({"width": 1400, "height": 1000})
     finally:
         shut_down_kernels(lab)

@@ -119,10 +119,12 @@ def legend_html(bar: Parts) -> str:
 
 
 def figures_html(figures: Iterable[tuple[str, str]]) -> str:
-    """Labelled figures in one wrapping line: `rows/s 12.3 · ETA 40s · ...`."""
+    """Labelled figures in one wrapping line: `rows/s 12.3 · ETA 40s · ...`. The line wraps between figures, and a
+    long figure (what a run avoided, and why) wraps within itself, so nothing is cut off in a narrow cell."""
     cells = [
-        f"<span style='margin-right:14px;white-space:nowrap'><span style='color:#777'>{esc(label)}</span> "
-        f"<span data-field='{esc(label)}'>{esc(value)}</span></span>"
+        f"<span style='display:inline-block;max-width:100%;margin-right:14px;vertical-align:top'>"
+        f"<span style='color:#777;white-space:nowrap'>{esc(label)}</span> "
+        f"<span data-field='{esc(label)}'>{esc(value)}</span></span>"  # wraps as the view does: anywhere
         for label, value in figures
     ]
     return f"<div class='llmledger-figures' style='margin:2px 0'>{''.join(cells)}</div>"
@@ -199,7 +201,8 @@ def panel_html(kind: str, head: str, body: str) -> str:
     return (
         f"<div class='llmledger-view {kind} tex2jax_ignore mathjax_ignore' "
         "style='font-family:var(--jp-ui-font-family,sans-serif);"
-        f"font-size:13px;line-height:1.45;padding:4px 0;max-width:1100px'>"
+        f"font-size:13px;line-height:1.45;padding:4px 0;max-width:min(1100px,100%);box-sizing:border-box;"
+        "overflow-wrap:anywhere'>"
         f"<div>{head}</div>{body}</div>"
     )
 
