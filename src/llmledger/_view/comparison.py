@@ -138,9 +138,9 @@ class Comparison:
         figure (a trial found names on top of each other and of the axis title, the right-most one cut off)."""
         agree = self.agreement_with_others()
         points = [
-            (str(r["step"]), float(r["cost_usd_per_row"]), float(agree[r["step"]]))
+            (str(r["step"]), float(r["cost_usd_per_row"]), float(share))
             for r in self.per_step.iter_rows(named=True)
-            if r["cost_usd_per_row"] is not None and agree.get(r["step"]) is not None
+            if r["cost_usd_per_row"] is not None and (share := agree.get(r["step"])) is not None
         ]
         if not points:
             return "<div>cost against agreement: no step has a known cost (llmledger.set_price names one)</div>"
