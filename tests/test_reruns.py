@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pytest
 import polars as pl
 
 import llmledger
@@ -156,3 +157,14 @@ def test_a_read_that_runs_out_of_room_under_the_lowered_limit_is_read_again_with
     out = run(df, "summary", prompt="Summarize: {text}", where="id < 4")
     assert out["summary_status"].value_counts().sort("summary_status").rows() == [("NOT_STARTED", 299_996), ("DONE", 4)]
     assert out.filter(pl.col("id") < 4)["summary"].null_count() == 0
+
+
+def test_a_later_call_on_a_table_takes_the_key_the_table_records(run, sim: Simulator, store: Path) -> None:
+    """Found in a trial: the docs' second call on a table (another step, another model) named no key= and was
+    refused with "no 'id' column", though the table records its key. A frame holding those columns takes it."""
+    df = frame(5).rename({"id": "review_id"})
+    run(df, "summary", prompt="Summarize: {text}", key="review_id")
+    out = run(df, "title", prompt="Title: {text}")  # no key=: the table's
+    assert out["title_status"].to_list() == ["DONE"] * 5 and sim.stats()["paid"] == 10
+    with pytest.raises(llmledger.KeyColumnError, match="no 'id' column"):  # a frame without them: as before
+        run(df.rename({"review_id": "rid"}), "other", prompt="{text}")

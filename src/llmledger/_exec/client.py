@@ -83,12 +83,14 @@ class CallFailed(Exception):
         retry_after: float | None = None,
         stop: Outcome | None = None,
         reply: Reply | None = None,
+        refused: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.retry_after = retry_after
         self.stop = stop  # for FATAL: the outcome the run ends with
         self.reply = reply  # an answer that was billed although it is no use (a refusal)
+        self.refused = refused  # the connection was refused: nothing listens at the server's address
 
 
 def error_fields(exc: Any, code_of: Callable[[dict[str, Any]], Any]) -> tuple[str, str, str | None]:
@@ -132,10 +134,22 @@ def sdk_failure(exc: BaseException, sdk: Any) -> CallFailed:
     """An SDK error that is no HTTP answer: a lost connection or a timeout (retried), or an answer it could not
     read."""
     if isinstance(exc, sdk.APIConnectionError):  # includes APITimeoutError
-        return CallFailed(Kind.TRANSIENT, f"{type(exc).__name__}: {exc}")
+        return CallFailed(Kind.TRANSIENT, f"{type(exc).__name__}: {exc}", refused=_refused(exc))
     if isinstance(exc, sdk.APIResponseValidationError):
         return CallFailed(Kind.PERMANENT, f"invalid response: {exc}")
     return CallFailed(Kind.PERMANENT, f"{type(exc).__name__}: {exc}")
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a connection error was a refused connection (nothing listens there), read down its causes."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class NotSent(Exception):

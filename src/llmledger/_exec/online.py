@@ -30,6 +30,7 @@ from llmledger._step.output import OutputError, OutputSpec
 from llmledger._step.request import RequestSpec
 
 log = logging.getLogger("llmledger")
+REFUSED_TRIES = 4  # refused connections, before any answer, after which a run stops: nothing listens there
 
 # (reply, None): an answer. (None, error): a permanent failure. (reply, error): an answer paid for that did not
 # match the step's output schema, kept for a person to review.
@@ -257,6 +258,15 @@ class OnlineSender:
         log.info("transient failure, will retry: %s", failure)
         self.transient_streak += 1
         self.sink.note_retry(str(failure), row)
+        if failure.refused and not self.answered and self.transient_streak >= REFUSED_TRIES:
+            where = getattr(self.client, "base_url", "the server")
+            self.sink.stop(
+                Outcome.OUTAGE,
+                f"nothing answers at {where}: the connection was refused {self.transient_streak} times and no "
+                "request was ever answered (is the server started, and is base_url= its address and port?). "
+                "Nothing was sent; start it and run the same call again.",
+            )
+            return
         quiet_for = time.monotonic() - self.last_success
         if self.transient_streak >= self.retry.outage_failures and quiet_for >= self.retry.outage_after:
             self.sink.stop(

@@ -105,6 +105,19 @@ def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
     return {step: None if r is None else r.output_spec() for step, r in stored_requests(store, table).items()}
 
 
+def recorded_key(store: str | Path, table: str) -> list[str]:
+    """The key columns the store's `table` was recorded with (its first step's), [] when it has none yet; read
+    without writing: a call on that table that names no key= and has no `id` column takes it."""
+    from llmledger._ledger.schema import list_steps
+
+    location = locate(store)
+    if isinstance(location, Path) and not location.exists():
+        return []
+    with open_ledger(location).conn.open(wait=60.0, read_only=True) as con:
+        steps = list_steps(con, table)
+    return list(steps[0][2]) if steps else []
+
+
 def stored_requests(store: str | Path, table: str) -> dict[str, Any]:
     """Each step of a store's `table` and the request (`RequestSpec`, without a row's message) its current
     definition sends, None for a step apply_llm has not prepared; read without writing."""

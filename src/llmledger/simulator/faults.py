@@ -174,6 +174,10 @@ class Faults:
     # is accepted and ignored, and usage has no cache fields)
     compatible: bool = False
     usage: bool = True  # False: answers carry no usage, as some servers' (an old llama.cpp, a bare proxy) do not
+    # True: a text request asked again (a redo) draws again, as sampling would: a label half the time another of
+    # the prompt's options, a summary another take. Off by default, so runs against one simulator compare alike
+    # (a structured answer asked again always gets other values)
+    resample: bool = False
     # requests worked on at once (a GPU's batch): the others wait their turn, so latency grows with the load;
     # with `queue_limit`, a request that finds that many already waiting gets a 429 (a proxy's limit)
     capacity: int | None = None

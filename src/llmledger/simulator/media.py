@@ -247,11 +247,16 @@ def stated_value(texts: list[str], name: str, number: bool) -> Any:
     reading an invoice would extract."""
     if not name.isidentifier():
         return None
-    value = r"\$?\s*(-?[\d,]*\.?\d+)" if number else r"(.+?)(?=\s+[A-Z][A-Za-z]*:|$)"
-    for text in texts:
-        found = re.search(rf"(?i:\b{re.escape(name.replace('_', ' '))})\s*:\s*{value}", text)
-        if found:
-            return float(found.group(1).replace(",", "")) if number else found.group(1).strip()
+    value = r"\$?\s*(-?[\d,]*\.?\d+)" if number else r"(.+?)(?=\s+[A-Z][A-Za-z]*(?: [a-z]+)*:|$)"  # to the next label
+    words = name.split("_")  # `total_usd` is the invoice's "Total", as a model reads it: the longest label first
+    labels = [" ".join(words[:n]) for n in range(len(words), 0, -1)] + [
+        " ".join(words[n:]) for n in range(1, len(words))
+    ]
+    for label in labels:
+        for text in texts:
+            found = re.search(rf"(?i:\b{re.escape(label)})\s*:\s*{value}", text)
+            if found:
+                return float(found.group(1).replace(",", "")) if number else found.group(1).strip()
     return None
 
 

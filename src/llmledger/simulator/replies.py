@@ -19,34 +19,91 @@ from llmledger.simulator.media import MARKER, files_in, stated_value
 
 _POSITIVE = {"great", "love", "excellent", "perfect", "happy", "fast", "recommend", "works", "best", "good"}
 _NEGATIVE = {"broke", "broken", "refund", "late", "never", "worst", "bad", "poor", "slow", "disappointed"}
-_ONE_OF = re.compile(r"one word: ((?:[A-Za-z-]+, )*[A-Za-z-]+ or [A-Za-z-]+)")
+# Words of unsolicited offers, weighted: what a spam filter keys on (the SMS Spam Collection's spam is mostly
+# prizes, premium numbers and "txt STOP"); a message scoring 3 or more is spam.
+_SPAM = {
+    "free": 2, "win": 2, "winner": 3, "won": 2, "prize": 3, "claim": 3, "cash": 2, "award": 2, "urgent": 2,
+    "guaranteed": 3, "txt": 2, "text": 1, "call": 1, "mobile": 1, "reply": 1, "stop": 1, "ringtone": 3,
+    "tone": 1, "offer": 1, "voucher": 3, "bonus": 2, "selected": 2, "congratulations": 2, "subscribe": 2,
+    "subscription": 2, "unsubscribe": 2, "service": 1, "chat": 1, "sexy": 2, "dating": 2, "rate": 1, "apply": 1,
+    "nokia": 2, "camera": 1, "delivery": 1, "entry": 2, "comp": 2, "draw": 1, "t&c": 3, "t&cs": 3, "tc": 1,
+    "www": 3, "http": 3, "com": 1, "uk": 1, "ppm": 3, "p/min": 3, "150p": 3, "100p": 3, "18": 1, "await": 2,
+    "collection": 2, "customer": 1, "valued": 2, "code": 1, "po": 1, "box": 1, "quiz": 2, "credit": 1,
+}  # fmt: skip
+_OPTION = r"['\"]?[A-Za-z][\w-]*['\"]?"
+# How a prompt names the answers it takes: "one word: A, B or C", "Answer spam or ham", "label it as A or B",
+# "one of: A, B, C", "(A/B/C)": a cue, then a list joined by commas, "or" or slashes.
+_CHOICES = re.compile(
+    rf"(?:one word|one of|either|whether|answer|reply|respond|label|classify|categori[sz]e|is (?:it|this|the \w+)"
+    rf"|as)\b[^\n.?]*?[:(]?\s*"
+    rf"((?:{_OPTION}\s*(?:,\s*|/\s*|,?\s+or\s+))+{_OPTION})",
+    re.IGNORECASE,
+)
+_NOT_OPTIONS = {"a", "an", "the", "it", "is", "with", "only", "just", "word", "one", "as", "this", "that", "text"}
+
+
+def choices(text: str) -> list[str]:
+    """The answers a prompt (or its system prompt) asks to choose from, as it names them; [] when it names none."""
+    for found in _CHOICES.finditer(text):
+        options = [o.strip("'\" ") for o in re.split(r",\s*or\s+|,|/|\s+or\s+", found.group(1))]
+        options = [o for o in options if o and o.lower() not in _NOT_OPTIONS]
+        if len(options) >= 2:
+            return options
+    return []
+
+
+def spam_score(text: str) -> int:
+    """How much `text` reads like an unsolicited offer (`_SPAM`'s weights; a long number, a price, 3 or more)."""
+    words = re.findall(r"[a-z0-9&/]+", text.lower())
+    score = sum(_SPAM.get(w, 0) for w in words)
+    score += 2 * len(re.findall(r"\b0?[789]\d{9,}\b|\b8\d{4}\b", text))  # premium numbers and short codes
+    score += 2 * len(re.findall(r"[£$€]\s?\d", text))
+    return score
+
+
+def _classified(options: list[str], row: str) -> str | None:
+    """The option a known task's lexicon gives `row` (spam or ham; positive, negative or neutral), if the options
+    are such a task's."""
+    low = {o.lower(): o for o in options}
+    if "spam" in low:
+        other = next((o for o in options if o.lower() != "spam"), options[-1])
+        return low["spam"] if spam_score(row) >= 3 else other
+    if "positive" in low and "negative" in low:
+        words = re.findall(r"[a-z']+", row.lower())
+        score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
+        label = "positive" if score > 0 else "negative" if score < 0 else "neutral"
+        return low.get(label, low["negative"] if score < 0 else low["positive"])
+    return None
 
 
 def default_reply(prompt: str, system: str | None = None) -> str:
     """A deterministic answer that looks like what a prompt asked for.
 
-    Sentiment prompts get a label counted from a small lexicon; everything else
-    gets a short extract of the prompt's last line, so different rows get
-    different, reproducible answers; one asked for "one word: A, B or C" (in its
-    system prompt or its text) gets the option its last line or its files name,
-    else the last one. Attached files (user_text's markers) count
-    too: their text is read for sentiment, and a summary says what it was shown,
-    so the same text with another file gets another answer.
+    A prompt that names its answers ("one word: A, B or C", "Answer spam or ham", "label it positive, negative or
+    neutral", in its system prompt or its text) gets one of them: for the common tasks the one a small lexicon
+    gives the row (spam or ham from the words of unsolicited offers; sentiment from words of praise and
+    complaint), otherwise the option the row (or its file) names, else the last. Sentiment prompts that name no
+    options get positive, negative or neutral. Everything else gets a short extract of the prompt's last line, so
+    different rows get different, reproducible answers. Attached files (user_text's markers) count too: their
+    text is read, and a summary says what it was shown, so the same text with another file gets another answer.
     """
     files = files_in(prompt)
     prompt = MARKER.sub("", prompt)
     lowered = prompt.lower()
-    if "sentiment" in lowered or ("positive" in lowered and "negative" in lowered):
-        body = " ".join([lowered.rsplit(":", 1)[-1], *(text.lower() for _, text in files)])
-        words = re.findall(r"[a-z']+", body)
-        score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
-        return "positive" if score > 0 else "negative" if score < 0 else "neutral"
-    choice = _ONE_OF.search(f"{system or ''}\n{prompt}")
-    if choice:  # "Answer with one word: invoice or receipt": the option the row (or its file) names, else the last
-        options = [o.strip() for o in re.split(r",| or ", choice.group(1)) if o.strip()]
+    options = choices(f"{system or ''}\n{prompt}")
+    if not options and ("sentiment" in lowered or ("positive" in lowered and "negative" in lowered)):
+        options = ["positive", "negative", "neutral"]
+    if options:  # the row's own text: after the prompt's last colon, and its files
+        row = " ".join([prompt.rsplit(":", 1)[-1], *(text for _, text in files)])
+        known = _classified(options, row)
+        if known is not None:
+            return known
+        # "Answer with one word: invoice or receipt": the option the row (or its file) names, else one by its text
         seen = " ".join([prompt.rsplit("\n", 1)[-1], *(text for _, text in files)]).lower()
-        seen = seen.replace(choice.group(0).lower(), " ")  # the question names every option
-        return next((o for o in options if re.search(rf"\b{re.escape(o.lower())}\b", seen)), options[-1])
+        for option in options:  # the question names every option: not counted
+            seen = seen.replace(option.lower(), " ", 1) if f" or {option.lower()}" in seen else seen
+        named = [o for o in options if re.search(rf"\b{re.escape(o.lower())}\b", seen)]
+        return named[0] if named else options[-1]
     last = prompt.strip().splitlines()[-1] if prompt.strip() else ""
     words = last.split(": ", 1)[-1].split()
     extract = " ".join(words[:12]) + (" …" if len(words) > 12 else "")
@@ -62,6 +119,7 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
     """
     defs = schema.get("$defs") or {}
     files = [text for _, text in files_in(prompt)]
+    row = " ".join([MARKER.sub("", prompt).rsplit(":", 1)[-1], *files])  # the row's own text, for known tasks
     words = re.findall(r"[A-Za-z0-9']+", " ".join([MARKER.sub("", prompt).rsplit(":", 1)[-1], *files])) or ["nothing"]
     salt = f"\x00{variant}" if variant else ""
     again = f" (take {variant + 1})" if variant else ""
@@ -79,12 +137,13 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
             return node["const"]
         if "enum" in node:
             values = node["enum"]
-            if "positive" in values and "negative" in values:
-                label = default_reply(f"sentiment: {prompt.rsplit(':', 1)[-1]}")
-                if label in values:
-                    return label
+            known = _classified([str(v) for v in values], row) if all(isinstance(v, str) for v in values) else None
+            if known is not None and not variant:
+                return known
             return values[pick(path, len(values))]
         kind = node.get("type")
+        if kind == "boolean" and "spam" in path.rsplit(".", 1)[-1].lower() and not variant:  # is_spam: the lexicon's
+            return spam_score(row) >= 3
         rules = _stated_rules(node)  # constraints the schema states in its description (what a model reads)
         stated = (
             stated_value(files, path.rsplit(".", 1)[-1], kind in ("integer", "number"))

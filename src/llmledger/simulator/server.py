@@ -28,13 +28,14 @@ process (`llmledger simulator --port 8765`).
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 import uuid
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -46,7 +47,7 @@ from llmledger.simulator.http import QuietServer, make_handler
 from llmledger.simulator.limits import Bucket, PromptCache, TokenLimits
 from llmledger.simulator.media import count_tokens
 from llmledger.simulator.openai_batches import SimOpenAIBatches
-from llmledger.simulator.replies import default_reply, fake_json
+from llmledger.simulator.replies import choices, default_reply, fake_json
 from llmledger.simulator.request import output_schema, request_tokens, user_text
 
 Responder = Callable[[str, str | None], str]
@@ -71,6 +72,7 @@ class Simulator:
         self._tokens = TokenLimits(None, None, 60.0)
         self._reset_bucket()
         self._stats = self._empty_stats()
+        self._asked: Counter[str] = Counter()  # requests answered, by what makes them the same request
         self._log: deque[dict[str, Any]] = deque(maxlen=100_000)
         self._cache = PromptCache()
         self.chat_cache = AutomaticCache()  # OpenAI's automatic prompt cache (chat completions)
@@ -159,6 +161,7 @@ class Simulator:
     def reset_stats(self) -> None:
         with self._lock:
             self._stats = self._empty_stats()
+            self._asked.clear()  # what was asked before is forgotten with the counts
             self._log.clear()
 
     def log(self) -> list[dict[str, Any]]:
@@ -323,12 +326,19 @@ class Simulator:
         schema = output_schema(body)
         first = user_text({"messages": (body.get("messages") or [])[:1]})
         f = self.faults
+        same = json.dumps([body.get("model"), system, body.get("messages"), schema], sort_keys=True, default=str)
+        with self._lock:  # the same request asked before gets another answer, as sampling would
+            asked_before = self._asked[same]
+            self._asked[same] += 1
         if schema is not None and self.responder is default_reply:
-            with self._lock:
-                asked_before = self._stats["prompts"][first] if len(body.get("messages") or []) == 1 else 0
             text = fake_json(schema, first, asked_before)
         else:
-            text = misread(self.responder(prompt, system), str(body.get("model")), prompt, f.accuracy)
+            own = self.responder is default_reply  # a test's own responder answers as it likes, asked again or not
+            options = choices(f"{system or ''}\n{prompt}") if own else []
+            text = misread(
+                self.responder(prompt, system), str(body.get("model")), prompt, f.accuracy, options,
+                asked_before if own and f.resample else 0,
+            )  # fmt: skip
         if schema is not None and (
             (f.bad_json and f.bad_json in first)
             or (f.bad_json_once and f.bad_json_once in first and len(body["messages"]) == 1)
@@ -379,15 +389,21 @@ class Simulator:
 _LABELS = ("positive", "negative", "neutral")
 
 
-def misread(text: str, model: str, prompt: str, accuracy: dict[str, float]) -> str:
-    """`text`, or for the share of prompts beyond `model`'s accuracy another answer: the next sentiment label, or
-    the text marked unsure. Which prompts is fixed by a hash of model and prompt, as a model's mistakes are."""
-    share = accuracy.get(model)
-    if share is None or zlib.crc32(f"{model}\x00{prompt}".encode()) % 1000 < share * 1000:
-        return text
-    if text in _LABELS:
-        return _LABELS[(_LABELS.index(text) + 1) % len(_LABELS)]
-    return f"{text} (unsure)"
+def misread(
+    text: str, model: str, prompt: str, accuracy: dict[str, float], options: Sequence[str] = (), asked: int = 0
+) -> str:
+    """`text`, or for the share of prompts beyond `model`'s accuracy another answer: the next of the options the
+    prompt names (or the next sentiment label), or the text marked unsure. Which prompts is fixed by a hash of
+    model and prompt, as a model's mistakes are; asked again (`asked` > 0, a redo), the draw is made afresh, as
+    sampling would, and a free-text answer is another take."""
+    share = accuracy.get(model, 1.0 if not asked else 0.5)  # asked again: another draw
+    draw = zlib.crc32(f"{model}\x00{prompt}\x00{asked or ''}".encode()) % 1000
+    if draw < share * 1000:
+        return text if not asked or text in options or text in _LABELS else f"{text} (take {asked + 1})"
+    labels = list(options) if text in options else list(_LABELS) if text in _LABELS else []
+    if labels:
+        return labels[(labels.index(text) + 1) % len(labels)]
+    return f"{text} (unsure)" if not asked else f"{text} (take {asked + 1})"
 
 
 _session: list[Simulator | None] = [None]  # the simulator simulate() started for this session
@@ -399,9 +415,14 @@ def simulate(**faults: Any) -> Simulator:
 
         llmledger.simulate(latency=0.02)            # the notebook's first cell; delete it for the real API
 
-    `faults` are the Simulator's (latency, rate_limit, error_rate, poison, ...). Calling it again (running
-    the cell again) starts another for the runs that follow; a run already going keeps the one it started
-    with. `.stop()` on the session's simulator sends apply_llm back to ANTHROPIC_API_KEY's API.
+    `faults` are the Simulator's (latency, rate_limit, error_rate, poison, ...). Its answers follow the prompt
+    for the common tasks (a label among the options a prompt names, spam or ham, sentiment; JSON of an `output=`
+    schema, fields a file states read from it; otherwise `Summary: ...`); a redo draws again as sampling would
+    (structured answers always, text ones with `resample=True`). `accuracy={"model id": 0.8}` makes that model
+    get a share of answers wrong (another option), the same rows each time, to compare models;
+    `responder=lambda prompt, system: ...` answers instead (the docs' simulator reference has both). Calling it
+    again (running the cell again) starts another for the runs that follow; a run already going keeps the one
+    it started with. `.stop()` on the session's simulator sends apply_llm back to ANTHROPIC_API_KEY's API.
 
     Simulated answers are stored marked as such (`{step}_source = 'simulator'`): a later run against the
     real API asks for those rows again, and never reuses a simulated answer.
