@@ -181,3 +181,14 @@ def test_a_pandas_frame_keyed_by_a_named_index_is_told_to_reset_it(run, sim: Sim
     with pytest.raises(KeyColumnError, match=r"index 'review_id' is not a column.*reset_index\(\).*key='review_id'"):
         run(df, "s", prompt="{text}")
     assert not store.exists()
+
+
+@pytest.mark.parametrize("url", ["mysql://me:secret@db/ledger", "s3://bucket/ledger.duckdb", "sqlite:///x.db"])
+def test_a_url_of_another_database_is_refused_writing_nothing(
+    run, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in a trial: such a URL made a local DuckDB file under a folder named like it, and paid into it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInputError, match=r"a URL llmledger cannot open.*postgresql://") as caught:
+        run(frame(3), "s", prompt="{text}", store=url)
+    assert "secret" not in str(caught.value) and list(tmp_path.iterdir()) == []

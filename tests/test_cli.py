@@ -186,3 +186,44 @@ def test_table_and_step_are_inferred_and_a_shell_user_without_a_key_is_told_what
     apply_llm(frame(2), "title", prompt="T: {text}", store=store, table="notes", client=client, progress=False)
     ambiguous = _cli("run", str(store), env=subprocess_env(sim.base_url))
     assert ambiguous.returncode == 2 and "pass --step: table 'notes' has steps ['summary', 'title']" in ambiguous.stderr
+
+
+def _cli(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "llmledger", *args], capture_output=True, text=True, timeout=120,
+                          **kwargs)  # type: ignore[call-overload]  # fmt: skip
+
+
+def test_odd_arguments_exit_2_with_one_line_naming_them(tmp_path: Path) -> None:
+    """Found in a trial: `simulator --port 99999` printed a traceback, `demo --rows -5` ran 2,995 rows, and
+    `history --key notanint` on an integer key exited 0 saying nothing."""
+    for args, said in [
+        (["simulator", "--port", "99999"], "a port is 0 (any free one) to 65535"),
+        (["demo", "--rows", "-5"], "'-5': must be more than 0"),
+        (["run", "x.duckdb", "--concurrency", "0"], "'0': must be more than 0"),
+        (["simulator", "--compatible", "maybe"], "pass true or false"),
+    ]:
+        done = _cli(*args, cwd=tmp_path)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+        assert said in done.stderr and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+    version = _cli("--version")
+    assert version.returncode == 0 and re.fullmatch(r"llmledger \d+\.\d+\.\d+\S*\n", version.stdout)
+
+
+def test_history_of_a_key_of_another_type_and_a_closed_pipe_say_so_quietly(
+    tmp_path: Path, sim: Simulator, client: object
+) -> None:
+    from llmledger import apply_llm
+
+    store = tmp_path / "s.duckdb"
+    apply_llm(frame(30), "summary", prompt="Summarize: {text}", store=store, table="t", client=client, progress=False)
+    done = _cli("history", str(store), "--key", "notanint")
+    assert done.returncode == 2 and "'notanint' is not an integer" in done.stderr, done.stderr
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # `llmledger status | head -1` once head has left: every write fails (EPIPE)
+    piped = subprocess.run([sys.executable, "-m", "llmledger", "status", str(store)], stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    os.close(write)
+    assert "Traceback" not in piped.stderr and "BrokenPipeError" not in piped.stderr, piped.stderr

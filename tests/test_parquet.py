@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -127,3 +128,24 @@ def test_one_steps_view_and_the_cli(run, store: Path, tmp_path: Path) -> None:
     assert sql(copy, "SELECT id, summary, title FROM messages ORDER BY id") == sql(
         store, "SELECT id, summary, title FROM messages ORDER BY id"
     )
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".ndjson"])
+def test_export_writes_the_file_its_suffix_names(suffix: str, tmp_path: Path, client: Any, sim: Any) -> None:
+    """Found in a trial: `llmledger export STORE out.csv` made a folder named out.csv holding Parquet files."""
+    from llmledger import apply_llm
+
+    store = tmp_path / "s.duckdb"
+    apply_llm(frame(5), "s", prompt="Summarize: {text}", store=store, table="t", client=client, progress=False)
+    apply_llm(frame(5), "v", prompt="Judge: {text}", output={"label": str}, store=store, table="t", client=client,
+              progress=False)  # fmt: skip
+    out = llmledger.export(store, "t", tmp_path / f"out{suffix}")
+    assert out.is_file()
+    read = pl.read_csv(out) if suffix == ".csv" else pl.read_ndjson(out)
+    assert read.height == 5 and read["s"].to_list() == [f"Summary: hello message number {i}" for i in range(5)]
+    done = subprocess.run([sys.executable, "-m", "llmledger", "export", str(store), str(out)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "--overwrite" in done.stderr, done.stderr
+    with pytest.raises(llmledger.InvalidInputError, match=r"\.parquet, \.csv, \.jsonl.*Nothing was written"):
+        llmledger.export(store, "t", tmp_path / "out.xlsx")
+    assert not (tmp_path / "out.xlsx").exists()

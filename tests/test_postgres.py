@@ -489,3 +489,17 @@ def test_background_runs_of_one_frame_from_two_kernels_share_the_work(pg_url: st
     assert _done(pg_url) == rows and sim.stats()["paid"] == rows, "each row paid once between the two runs"
     calls = [run.report.calls for run in runs]
     assert sum(calls) == rows and min(calls) > 0, f"both runs sent rows: {calls}"
+
+
+def test_every_spelling_of_a_postgresql_url_reaches_the_same_database(
+    pg_url: str, tmp_path: Path, client: anthropic.AsyncAnthropic, sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in a trial: `POSTGRESQL://...` and SQLAlchemy's `postgresql+psycopg://...` made a local DuckDB file
+    under a folder named like the URL (credentials in the path) and paid into it."""
+    monkeypatch.chdir(tmp_path)
+    rest = pg_url.split("://", 1)[1]
+    for n, url in enumerate([f"POSTGRESQL://{rest}", f"postgresql+psycopg://{rest}", f"Postgres://{rest}"]):
+        apply_llm(frame(4), "s", prompt="Summarise: {text}", store=url, table="m", client=client, progress=False)
+        assert sim.stats()["paid"] == 4, f"{url.split('://')[0]}: the same store, nothing paid again (run {n})"
+    assert list(tmp_path.iterdir()) == [], "no local file or folder was made"
+    assert _pg(pg_url, "SELECT count(*) FROM m WHERE s_status = 'DONE'") == [(4,)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import pytest
 import polars as pl
+import pytest
 
 import llmledger
 from llmledger import Simulator, last_report

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+from typing import Any, NoReturn
 
 from llmledger.simulator.faults import Faults
 
@@ -23,10 +23,12 @@ USAGE = """The command line: each verb is a thin twin of a Python function.
     llmledger worker STORE --table T --step S   llmledger.work(): drain a step with any number of other workers
                   [--concurrency N]             (on PostgreSQL, from many machines)
     llmledger sql STORE "SELECT ..." [--write]  llmledger.sql() (reads unless --write)
+    llmledger compare STORE --table T --steps S1 S2 ...               llmledger.compare(): steps side by side
+    llmledger models [--provider P]                                   llmledger.models(): prices and lifecycles
     llmledger flag STORE --table T --step S --where W --reason R      llmledger.flag(): mark answers for redo
     llmledger reset STORE --table T --step S --where W                llmledger.reset(): rows back to NOT_STARTED
     llmledger history STORE --table T --step S [--key K]              llmledger.history(): replaced answers
-    llmledger export STORE --table T PATH [--step S] [--overwrite]    llmledger.export(): the ledger as Parquet
+    llmledger export STORE --table T PATH [--step S] [--overwrite]    llmledger.export(): Parquet, CSV or JSON lines
     llmledger restore PATH STORE                                      llmledger.restore(): a store from an export
     llmledger copy SOURCE TARGET                                      llmledger.copy(): DuckDB <-> PostgreSQL
     llmledger demo [--rows N] [--store PATH]    the demo on the bundled reviews
@@ -41,11 +43,44 @@ STORE is a DuckDB file, or a PostgreSQL URL (postgresql://user@host:5432/db; pip
 _ALIASES = {"status": "show", "run": "resume", "worker": "work"}
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad argument exits 2 with one line naming it, as the Python twin's error would (not the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def positive(kind: type[int] | type[float], *, zero: bool = False) -> Any:
+    """An argparse type: a number of `kind` above 0 (or 0 too): what the Python twin accepts, so a bad value exits 2
+    with one line naming it (`demo --rows -5` ran 2,995 rows)."""
+
+    def convert(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (value >= 0 if zero else value > 0) or value != value:  # NaN too
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {'0 or more' if zero else 'more than 0'}")
+        return value
+
+    convert.__name__ = kind.__name__  # argparse names the type in its message
+    return convert
+
+
+def port(text: str) -> int:
+    """A TCP port: 0 (any free one) to 65535 (`simulator --port 99999` printed a traceback)."""
+    value = positive(int, zero=True)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is 0 (any free one) to 65535")
+    return int(value)
+
+
 def parser() -> argparse.ArgumentParser:
     """The whole command line (docs/gen_reference.py writes the CLI reference from its `--help`)."""
-    top = argparse.ArgumentParser(
-        prog="llmledger", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    top = _Parser(prog="llmledger", description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from llmledger._version import __version__
+
+    top.add_argument("--version", action="version", version=f"llmledger {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
     def verb(name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -65,13 +100,13 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="colour the bars (auto: when the terminal shows colour and NO_COLOR is unset)",
     )
-    p_status.add_argument("--every", type=float, default=None, help="redraw every N seconds until Ctrl-C")
+    p_status.add_argument("--every", type=positive(float), default=None, help="redraw every N seconds until Ctrl-C")
 
     p_run = verb("run", help="llmledger.resume(): finish a step that apply_llm started, from the store alone")
     p_run.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_run.add_argument("--table", default=None, help=_INFERRED)
     p_run.add_argument("--step", default=None, help=_INFERRED)
-    p_run.add_argument("--concurrency", type=int, default=16)
+    p_run.add_argument("--concurrency", type=positive(int), default=16)
     p_run.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
     p_run.add_argument(
         "--redo",
@@ -79,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="also re-send stale answers (stale), flagged rows (flagged) or every matching row (all)",
     )
-    p_run.add_argument("--max-attempts", type=int, default=3)
+    p_run.add_argument("--max-attempts", type=positive(int), default=3)
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
     p_run.add_argument(
         "--mode",
@@ -100,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
     p_worker.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_worker.add_argument("--table", default=None, help=_INFERRED)
     p_worker.add_argument("--step", default=None, help=_INFERRED)
-    p_worker.add_argument("--concurrency", type=int, default=16)
+    p_worker.add_argument("--concurrency", type=positive(int), default=16)
     p_worker.add_argument(
         "--chunk-size",
         type=int,
@@ -108,9 +143,12 @@ def parser() -> argparse.ArgumentParser:
         help="rows claimed ahead and committed together (smaller shares a small step more evenly)",
     )
     p_worker.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
-    p_worker.add_argument("--max-attempts", type=int, default=3)
+    p_worker.add_argument("--max-attempts", type=positive(int), default=3)
     p_worker.add_argument(
-        "--poll", type=float, default=5.0, help="seconds between looks while other workers hold rows (default 5)"
+        "--poll",
+        type=positive(float),
+        default=5.0,
+        help="seconds between looks while other workers hold rows (default 5)",
     )
     p_worker.add_argument(
         "--stale-after",
@@ -132,7 +170,11 @@ def parser() -> argparse.ArgumentParser:
     p_compare.add_argument("--steps", nargs="+", required=True, help="two or more steps of the table")
     p_compare.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
     p_compare.add_argument(
-        "--show", type=int, default=10, metavar="N", help="print the first N rows where they differ (default 10)"
+        "--show",
+        type=positive(int, zero=True),
+        default=10,
+        metavar="N",
+        help="print the first N rows where they differ (default 10)",
     )
 
     p_models = verb(
@@ -164,18 +206,20 @@ def parser() -> argparse.ArgumentParser:
         "holder elsewhere whose claims were not renewed for --stale-after seconds or whose "
         "leases lapsed, in the database's clock)",
     )
-    p_reset.add_argument("--stale-after", type=float, default=1800.0, help="seconds (with --running; default 1800)")
+    p_reset.add_argument(
+        "--stale-after", type=positive(float), default=1800.0, help="seconds (with --running; default 1800)"
+    )
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
     p_export = verb(
-        "export", help="write a table (a folder of Parquet files, or one .parquet file) or one step (a file)"
+        "export", help="write a table (a folder of Parquet files, or one .parquet/.csv/.jsonl file) or one step"
     )
     p_export.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_export.add_argument("--table", default=None, help=_INFERRED)
     p_export.add_argument(
         "path",
-        help="a new folder (the table and its bookkeeping, for restore), or a file "
-        "ending in .parquet (the table alone, or with --step one step's view)",
+        help="a new folder (the table and its bookkeeping, for restore), or one file ending in .parquet, .csv, "
+        ".jsonl or .ndjson (the table alone, or with --step one step's view)",
     )
     p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
     p_export.add_argument(
@@ -192,7 +236,10 @@ def parser() -> argparse.ArgumentParser:
     p_demo = verb("demo", help="run a step over the bundled reviews dataset")
     p_demo.add_argument("--store", default=None, help="ledger file (default: a fresh one in a temp folder)")
     p_demo.add_argument(
-        "--rows", type=int, default=None, help="rows to use (default: all 3,000 on the simulator, 20 on the real API)"
+        "--rows",
+        type=positive(int),
+        default=None,
+        help="rows to use (default: all 3,000 on the simulator, 20 on the real API)",
     )
 
     p_sim = verb(
@@ -200,7 +247,7 @@ def parser() -> argparse.ArgumentParser:
         help="serve the offline Messages API simulator (every fault simulate() "
         "takes is an option: --latency 0.1 --rate-limit 50 --error-rate 0.05 ...)",
     )
-    p_sim.add_argument("--port", type=int, default=8765)
+    p_sim.add_argument("--port", type=port, default=8765, help="the TCP port to listen on, 0 for any free one")
     _fault_options(p_sim)
     return top
 
@@ -240,6 +287,52 @@ _FAULTS = {
 _FAULTS_AS_TOLD = ("outage_for", "fail_next")  # as simulate() takes them: seconds from now; a list of faults
 
 
+_FAULT_HELP = {  # what each fault does, in words (`llmledger simulator --help`)
+    "latency": "seconds each answer takes",
+    "jitter": "up to this many seconds more, at random",
+    "rate_limit": "requests per second it answers; more get a 429 with retry-after",
+    "burst": "requests it takes at once before --rate-limit applies",
+    "input_tokens_per_minute": "input tokens per minute it takes (a token bucket); more get a 429",
+    "output_tokens_per_minute": "output tokens per minute (max_tokens reserved, the unused refunded)",
+    "tokens_per_minute": "OpenAI's one token limit per minute",
+    "token_burst": "seconds' worth of tokens the buckets hold",
+    "error_rate": "share of requests answered with --error-status (0 to 1)",
+    "error_status": "the status of those errors (a number, or a named case such as no_retry)",
+    "drop_next": "hang up on the next N requests without answering",
+    "drop_rate": "share of requests hung up on",
+    "outage_status": "the status every request gets during --outage-for",
+    "poison": "a request whose prompt contains this text gets a 400",
+    "refuse": "a request whose prompt contains this text is refused (stop_reason refusal)",
+    "bad_json": "structured answers to prompts containing this text are invalid JSON",
+    "bad_json_once": "as --bad-json, for the first request of each prompt only",
+    "truncate": "answers to prompts containing this text are cut at max_tokens",
+    "api_key": "the only key it accepts (401 otherwise); any key when unset",
+    "batch_delay": "seconds a batch takes to end",
+    "batch_expire_after": "seconds after which a batch still processing expires",
+    "batch_expire": "batch requests whose prompt contains this text expire",
+    "batch_error": "batch requests whose prompt contains this text come back with the API's own error",
+    "batch_max_requests": "most requests in one batch",
+    "batch_max_bytes": "largest batch, in bytes",
+    "batch_lose_response": "the next N batch creates make the batch, then hang up unanswered",
+    "compatible": "answer as another server speaking the API does (no rate-limit headers, no batches): true or false",
+    "usage": "send usage with answers: true, or false as some servers do",
+    "resample": "a text request asked again draws another answer, as sampling would: true or false",
+    "capacity": "requests worked on at once; the rest wait their turn",
+    "queue_limit": "a request finding this many waiting gets a 429",
+    "seed": "the seed of its random choices",
+    "today": "the date it believes it is (YYYY-MM-DD): models past their shutdown get a 404",
+}
+
+
+def _flag(text: str) -> bool:
+    """A true/false option's value, as a shell user writes it."""
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: pass true or false")
+
+
 def _fault_options(parser: argparse.ArgumentParser) -> None:
     """One option per fault of `Simulator` (`llmledger.simulate`'s keywords), so a shell user has them all."""
     parser.add_argument(
@@ -266,13 +359,21 @@ def _fault_options(parser: argparse.ArgumentParser) -> None:
             continue
         kind = str(spec.type)
         convert = (
-            _status_or_text if "int | str" in kind else float if "float" in kind else int if "int" in kind else str
+            _flag
+            if kind == "bool"
+            else _status_or_text
+            if "int | str" in kind
+            else float
+            if "float" in kind
+            else int
+            if "int" in kind
+            else str
         )
         parser.add_argument(
             "--" + name.replace("_", "-"),
             type=convert,
             default=None,
-            help=f"Simulator({name}=...); default {spec.default!r}",
+            help=f"{_FAULT_HELP.get(name, name.replace('_', ' '))} (default {spec.default!r})",
         )
 
 

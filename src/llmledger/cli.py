@@ -84,6 +84,15 @@ def entry() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `llmledger status | head -2`: the reader left; say nothing more (CPython's recipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     args.command = getattr(args, "verb", args.command)  # an alias runs its verb
     try:
@@ -192,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                 key = int(key)
             found = history(args.store, args.table, args.step, key=key)
             keys = found.columns[: found.columns.index("replaced_at")]
+            if isinstance(key, str) and keys and found.schema[keys[0]].is_integer():  # found nothing, said nothing
+                raise InvalidInputError(f"--key {key!r} is not an integer, and {args.table}'s key {keys[0]} is")
             with pl.Config(**_TABLE_FORMAT):  # the whole frame is llmledger.history(); here what fits a terminal
                 print(found.select(*keys, "replaced_at", "reason", "old_output", "output", "status"))
         elif args.command == "export":

@@ -19,15 +19,21 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
     """
     from llmledger._ledger.engine.duckdb import check_store_path
     from llmledger._ledger.engine.pgcon import _psycopg
-    from llmledger._ledger.engine.postgres import PgConnection, is_url
+    from llmledger._ledger.engine.postgres import OTHER_SCHEME, PgConnection, is_url, pg_url, redacted
 
     if is_url(store):
         _psycopg()
+        url = pg_url(str(store))
         if must_exist:
-            PgConnection(str(store)).check(must_exist=True)
-        return str(store)
+            PgConnection(url).check(must_exist=True)
+        return url
     if not isinstance(store, str | Path):
         raise InvalidInputError(f"store must be a DuckDB file path or a postgresql:// URL, got {store!r}")
+    if isinstance(store, str) and OTHER_SCHEME.match(store):
+        raise InvalidInputError(
+            f"store {redacted(store)!r} is a URL llmledger cannot open: a store is a DuckDB file path or a PostgreSQL "
+            "URL (postgresql://user@host:5432/db; postgres:// and postgresql+psycopg:// too). Nothing was written."
+        )
     path = Path(store).expanduser()
     check_store_path(path, must_exist=must_exist)
     return path

@@ -94,8 +94,9 @@ def read_parquet_input(
 def export(
     store: str | Path, table: str, path: str | Path, *, step: str | None = None, overwrite: bool = False
 ) -> Path:
-    """Write `table` (with its steps' bookkeeping) to the folder `path`; to a `path` ending in `.parquet`, the
-    table alone as one file (or with `step=`, one step's view).
+    """Write `table` (with its steps' bookkeeping) to the folder `path`; to a `path` ending in `.parquet`, `.csv`,
+    `.jsonl` or `.ndjson`, the table alone as one file of that format (or with `step=`, one step's view); any
+    other suffix is refused.
 
     An existing file, or a folder export wrote before, is replaced only with `overwrite=True` (a folder holding
     anything else is never emptied). Returns the path written. See the module docstring for the layout.
@@ -108,9 +109,15 @@ def export(
     if not steps:
         raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
     out = Path(path).expanduser()
-    if step is not None and out.suffix.lower() != ".parquet":
+    suffix = out.suffix.lower()
+    if suffix and suffix not in (".parquet", *TEXT_FORMATS):  # found in a trial: out.csv became a folder of Parquet
         raise InvalidInputError(
-            f"export(step=...) writes one Parquet file: pass a path ending in .parquet, got {str(path)!r}"
+            f"export writes a folder (a path without a suffix) or one file ending in .parquet, .csv, .jsonl or "
+            f".ndjson; got {str(path)!r}. Nothing was written."
+        )
+    if step is not None and not suffix:
+        raise InvalidInputError(
+            f"export(step=...) writes one file: pass a path ending in .parquet, .csv or .jsonl, got {str(path)!r}"
         )
     if not is_url(store) and out.resolve() == Path(store).expanduser().resolve():
         raise InvalidInputError(f"{str(path)!r} is the store itself; export to another path")
@@ -124,6 +131,11 @@ def export(
             _check_file(out, overwrite)
             _make_folder(out.parent, out)
             _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
+            return out
+        if suffix in TEXT_FORMATS:  # one text file: what the suffix names
+            _check_file(out, overwrite)
+            _make_folder(out.parent, out)
+            _copy(con, f"SELECT * FROM {q(table)}", out)
             return out
         if out.suffix.lower() == ".parquet":  # one file a Parquet reader opens (a folder there holds mixed schemas)
             if out.is_dir():
@@ -146,7 +158,7 @@ def export(
                     f"{str(out)!r} exists and is not an empty folder; export writes a folder of Parquet files (a "
                     "path ending in .parquet gets a single file). "
                     + (
-                        "Pass overwrite=True to replace that earlier export."
+                        "Pass overwrite=True (--overwrite) to replace that earlier export."
                         if exported
                         else "It is not a folder export wrote, so it is never emptied: choose another path."
                     )
@@ -167,9 +179,11 @@ def export(
 
 def _check_file(out: Path, overwrite: bool) -> None:
     if out.exists() and not overwrite:
-        raise InvalidInputError(f"{str(out)!r} exists; pass overwrite=True to replace it, or choose a new path")
+        raise InvalidInputError(
+            f"{str(out)!r} exists; pass overwrite=True (--overwrite) to replace it, or choose a new path"
+        )
     if out.is_dir():
-        raise InvalidInputError(f"{str(out)!r} is a folder; pass a file path ending in .parquet")
+        raise InvalidInputError(f"{str(out)!r} is a folder; pass a file path ending in {out.suffix or '.parquet'}")
 
 
 def restore(path: str | Path, store: str | Path) -> str:
@@ -239,8 +253,26 @@ def _copy(con: Any, query: str, path: Path) -> None:
         raise InvalidInputError(f"cannot write the export to {str(path)!r}: {exc}") from None
 
 
+TEXT_FORMATS = (".csv", ".jsonl", ".ndjson")  # one file of text: structured answers as JSON text in a CSV
+
+
+def _write_text(con: Any, query: str, path: Path) -> None:
+    """A query's rows as CSV or JSON lines, by the file's suffix."""
+    frame = con.sql(query).pl()
+    if path.suffix.lower() == ".csv":  # a CSV cell holds text: nested values (a STRUCT answer) as JSON
+        nested = [c for c, t in frame.schema.items() if t.is_nested()]
+        frame = frame.with_columns(pl.col(c).struct.json_encode() if frame.schema[c] == pl.Struct else
+                                   pl.col(c).cast(pl.String, strict=False) for c in nested)  # fmt: skip
+        frame.write_csv(path)
+    else:
+        frame.write_ndjson(path)
+
+
 def _write(con: Any, query: str, path: Path) -> None:
     """By DuckDB itself, or from PostgreSQL chunk by chunk (structured answers, JSONB there, as JSON text)."""
+    if path.suffix.lower() in TEXT_FORMATS:
+        _write_text(con, query, path)
+        return
     if dialect_of(con).writes_parquet:
         con.execute(f"COPY ({query}) TO {sql_literal(str(path))} (FORMAT parquet)")
         return

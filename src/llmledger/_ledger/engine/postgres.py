@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,8 +34,20 @@ URL_SCHEMES = ("postgresql://", "postgres://")
 _LOCK_ID = 0x6C6C6D6C  # "llml": the advisory lock of prepare, migrations, flag and reset
 
 
+# Every spelling of a PostgreSQL URL's scheme: any case (schemes are case-insensitive), and SQLAlchemy's driver
+# suffixes (`postgresql+psycopg://`, `postgres+psycopg2://`). A trial found `POSTGRESQL://...` and
+# `postgresql+psycopg://...` taken for DuckDB file names: a local file under a folder named like the URL.
+_PG_SCHEME = re.compile(r"^(?:postgresql|postgres)(?:\+[a-z0-9_]+)?://", re.IGNORECASE)
+OTHER_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # any other URL: no store llmledger can open
+
+
 def is_url(store: object) -> bool:
-    return isinstance(store, str) and store.startswith(URL_SCHEMES)
+    return isinstance(store, str) and _PG_SCHEME.match(store) is not None
+
+
+def pg_url(url: str) -> str:
+    """A PostgreSQL URL as psycopg takes it: `postgresql://` and the rest as given."""
+    return _PG_SCHEME.sub("postgresql://", url, count=1)
 
 
 def redacted(url: str) -> str:
@@ -80,7 +93,7 @@ class PgConnection:
     def __init__(
         self, url: str, *, on_wait: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None
     ) -> None:
-        self.url = url
+        self.url = url = pg_url(url)
         self.name = redacted(url)
         self.path = journal_base(url)
         self.on_wait = on_wait
