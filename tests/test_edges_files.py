@@ -532,3 +532,25 @@ def test_an_export_that_cannot_be_written_says_where(
             with pytest.raises(llmledger.InvalidInputError, match=f"cannot write the export to '{target}'"):
                 llmledger.export(store, "m", target, step=step)
     assert a_file.read_text() == "not a folder" and list(locked.iterdir()) == []
+
+
+def test_the_scratch_file_of_a_killed_first_transaction_is_removed_by_the_next_run(
+    tmp_path: Path, sim: Any, client: Any
+) -> None:
+    """Found in a trial: a first transaction killed before it committed left `.<store>.<hex>.new` for good. The next
+    run on that store removes scratch files of dead processes of this host; a live process's stays."""
+    from llmledger import apply_llm
+    from llmledger._ledger.engine import duckdb as engine
+
+    store = tmp_path / "s.duckdb"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    leftovers = {
+        "dead": tmp_path / f".s.duckdb.{engine._HOST}{int(dead.stdout)}-0badf00d.new",
+        "alive": tmp_path / f".s.duckdb.{engine._HOST}{os.getpid()}-0badf00d.new",
+    }
+    for path in leftovers.values():
+        path.write_bytes(b"half a first transaction")
+        os.utime(path, (time.time() - 120, time.time() - 120))
+    apply_llm(frame(3), "s", prompt="Summarize: {text}", store=store, client=client, progress=False)
+    assert not leftovers["dead"].exists() and leftovers["alive"].exists()
+    assert [p.name for p in tmp_path.glob(".*.new")] == [leftovers["alive"].name]

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import glob
+import hashlib
 import os
 import re
+import socket
 import threading
 import time
 import uuid
@@ -308,9 +311,11 @@ class Connection:
         it commits is done again in that store, as on any existing one. Threads of this process wait for it as
         for an open file: a cell reading the store of a run just started in the background finds it.
         """
-        # the store's name cut short: a name near the file system's 255 bytes must still leave room for the rest
+        # the store's name cut short: a name near the file system's 255 bytes must still leave room for the rest;
+        # the process's id in it, so a later run can tell a dead process's scratch file (`_remove_dead_scratch`)
+        _remove_dead_scratch(self.path)
         scratch = Connection(
-            self.path.with_name(f".{self.path.name[:40]}.{uuid.uuid4().hex[:12]}.new"),
+            self.path.with_name(f".{self.path.name[:40]}.{_HOST}{os.getpid()}-{uuid.uuid4().hex[:8]}.new"),
             on_wait=self.on_wait,
             should_stop=self.should_stop,
         )
@@ -374,3 +379,32 @@ class Connection:
                         con.execute("ROLLBACK")
                     raise
         raise StoreError(f"store {str(self.path)!r}: gave up after 20 write conflicts")
+
+
+_HOST = "h" + hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6] + "p"  # this machine, in a scratch name
+
+
+def _remove_dead_scratch(path: Path) -> None:
+    """Remove the scratch files of a first transaction whose process died (kill -9 before it committed): found in
+    a trial, left beside the store for good. Only files naming a process of this host that is gone, and a minute
+    old: a live process's file, or one another machine made on a shared folder, is never touched."""
+    for leftover in path.parent.glob(f".{glob.escape(path.name[:40])}.{_HOST}*-*.new"):
+        pid = leftover.name[len(path.name[:40]) + 2 + len(_HOST) :].split("-", 1)[0]
+        try:
+            old = time.time() - leftover.stat().st_mtime > 60
+        except OSError:
+            continue
+        if pid.isdigit() and old and not _pid_alive(int(pid)):
+            for gone in (leftover, _wal(leftover)):
+                with contextlib.suppress(OSError):
+                    gone.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
