@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -128,3 +129,16 @@ def test_answers_arriving_after_cancel_are_committed_not_lost(run, sim: Simulato
     done = sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'")[0][0]
     assert done == handle.report.done == sim.stats()["paid"] > 0
     assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'RUNNING'") == [(0,)]
+
+
+def test_a_reader_right_after_a_background_run_on_a_new_store_finds_it(
+    client: Any, sim: Simulator, tmp_path: Path
+) -> None:
+    """Found in a trial: a reader called right after apply_llm(..., background=True) on a new store got
+    StoreNotFound 12-17 times in 20. It now waits for the store the run is making."""
+    for n in range(10):
+        store = tmp_path / f"s{n}.duckdb"
+        run = apply_llm(frame(50), "s", prompt="Summarize: {text}", store=store, table="t", client=client,
+                        background=True, progress=False)  # fmt: skip
+        assert llmledger.sql(store, "SELECT count(*) AS n FROM t")["n"][0] == 50
+        run.wait()

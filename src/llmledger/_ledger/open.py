@@ -39,6 +39,17 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
     return path
 
 
+def expect_store(store: Store) -> Callable[[], None]:
+    """For a background run about to create a DuckDB store: readers of this process wait for it (see
+    `engine.duckdb.expect_creation`). Returns what to call once it exists, or the run ended; a no-op for a store
+    that exists already, or a PostgreSQL one."""
+    from llmledger._ledger.engine.duckdb import expect_creation
+
+    if isinstance(store, Path) and not store.exists():
+        return expect_creation(store)
+    return lambda: None
+
+
 def open_existing(store: str | Path) -> Ledger:
     """The ledger in `store`, which must hold one (StoreNotFound otherwise), checked on the connection it is
     then used through (a PostgreSQL store is not connected to twice)."""

@@ -25,6 +25,7 @@ from llmledger._exec.client import answer_source
 from llmledger._ledger import Ledger, RunParams, Selection, open_ledger
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.liveness import Claimant
+from llmledger._ledger.open import expect_store
 from llmledger._ledger.states import Outcome, Redo
 from llmledger._ledger.verbs import named_outputs
 from llmledger._report import PipelineReport, RunReport, Watcher
@@ -107,6 +108,7 @@ class Run:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._display: Watcher | None = None
+        self._store_made: Callable[[], None] = lambda: None  # see start_background
 
     # -- the handle -------------------------------------------------------------------------------
     @property
@@ -151,13 +153,17 @@ class Run:
     # -- running ----------------------------------------------------------------------------------
     def start_background(self) -> Run:
         self._display = self._watch(self.plan.progress, self.report, True)  # in the caller's cell
+        self._store_made = expect_store(self.plan.store)  # a reader right after this call waits for a new store
         self._thread = threading.Thread(target=self._background, name="llmledger-run", daemon=True)
         self._thread.start()
         return self
 
     def _background(self) -> None:
-        with contextlib.suppress(BaseException):
-            self.execute(foreground=False)
+        try:
+            with contextlib.suppress(BaseException):
+                self.execute(foreground=False)
+        finally:
+            self._store_made()
 
     def execute(self, *, foreground: bool) -> Any:
         """Prepare, run and finish; keep the result or the error for `wait()`; return or raise it."""
@@ -230,6 +236,7 @@ class Run:
                 selection = ledger.resume(
                     plan.table, plan.step, params, dedupe=plan.cfg.dedupe, inputs=plan.cfg.validate is not None
                 )
+            self._store_made()  # the store exists now, with the step: readers waiting for it go on
             sent = selection.requests.get(selection.version)
             problem = None if sent is None else step_refusal(plan, sent)
             if problem is not None:  # apply_llm moved the step to another server since this call looked

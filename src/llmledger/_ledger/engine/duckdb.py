@@ -40,6 +40,23 @@ _open_in: dict[Path, int] = {}
 # The stores a thread of this process is creating now (see `Connection._creating`), and that thread: until its
 # first transaction commits, the file is not at its path, and a reader here waits for it rather than find none.
 _creating_in: dict[Path, int] = {}
+_expected: dict[Path, threading.Event] = {}  # stores a background run of this process is about to create
+
+
+def expect_creation(path: Path) -> Callable[[], None]:
+    """Say that a run of this process (in the background) is about to create the store at `path`: a reader asking
+    for it meanwhile waits for it instead of finding no store (found in a trial: a reader right after
+    `apply_llm(..., background=True)` on a new store got StoreNotFound 12-17 times in 20). Returns what the run
+    calls once the store exists, or the run ended without making it."""
+    key, made = path.expanduser().resolve(), threading.Event()
+    _expected[key] = made
+
+    def done() -> None:
+        made.set()
+        if _expected.get(key) is made:
+            _expected.pop(key, None)
+
+    return done
 
 
 def _lock_for(path: Path) -> threading.Lock:
@@ -64,6 +81,9 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
         )
     key = path.expanduser().resolve()
     if must_exist and not path.exists():
+        expected = _expected.get(key)
+        if expected is not None:  # a background run here is about to create it
+            expected.wait(60.0)
         if _creating_in.get(key) not in (None, threading.get_ident()):
             with _lock_for(key):  # another thread here is creating it: its first transaction is about to commit
                 pass
