@@ -192,3 +192,17 @@ def test_a_url_of_another_database_is_refused_writing_nothing(
     with pytest.raises(InvalidInputError, match=r"a URL llmledger cannot open.*postgresql://") as caught:
         run(frame(3), "s", prompt="{text}", store=url)
     assert "secret" not in str(caught.value) and list(tmp_path.iterdir()) == []
+
+
+def test_a_callable_prompt_calling_llmledger_is_refused_not_deadlocked(run, sim: Simulator, store: Path) -> None:
+    """Found in a trial: a callable prompt reading the run's own store waited for the run's transaction for ever."""
+    import llmledger
+
+    run(frame(3), "first", prompt="{text}")
+
+    def prompt(row: dict) -> str:
+        return f"{row['text']} of {llmledger.sql(store, 'SELECT count(*) AS n FROM messages')['n'][0]}"
+
+    with pytest.raises(PromptError, match="a callable prompt called llmledger.*before the call"):
+        run(frame(3), "second", prompt=prompt)
+    assert "second_status" not in llmledger.sql(store, "SELECT * FROM messages").columns, "nothing was written"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from llmledger._ledger.types import Ledger, Store
-from llmledger.errors import InvalidInputError
+from llmledger.errors import InvalidInputError, PromptError
 
 
 def locate(store: str | Path, *, must_exist: bool = False) -> Store:
@@ -156,6 +156,14 @@ def stored_requests(store: str | Path, table: str) -> dict[str, Any]:
 def open_ledger(
     store: str | Path, *, on_wait: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None
 ) -> Ledger:
+    from llmledger._step.prompt import RENDERING
+
+    if RENDERING.get():
+        raise PromptError(
+            f"a callable prompt called llmledger on a store ({shown(store)}) while the run renders its rows: it "
+            "runs inside the run's own transaction, so it would wait for itself for ever. Read what the prompt "
+            "needs before the call (llmledger.sql(...) into a variable) and use that in the callable."
+        )
     from llmledger._ledger.engine.duckdb import Connection
     from llmledger._ledger.engine.postgres import PgConnection, is_url
     from llmledger._ledger.ledger import SQLLedger

@@ -9,6 +9,7 @@ chunks. Both give the same text as `template.format(**row)` with nulls as "".
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import hashlib
 import re
@@ -22,7 +23,7 @@ import polars as pl
 
 from llmledger._step.request import canonical_json
 from llmledger._step.sqltext import q
-from llmledger.errors import PromptError
+from llmledger.errors import LedgerError, PromptError
 
 if TYPE_CHECKING:
     from llmledger._step.attach import Attachments
@@ -248,6 +249,12 @@ def _code_digest(code: types.CodeType) -> str:
     return hashlib.md5(b"\0".join(parts)).hexdigest()
 
 
+# Set while a callable prompt renders a row: llmledger refuses to open a store then (`_ledger.open.open_ledger`):
+# the callable runs inside the run's transaction, so a call of llmledger on that store from it waited for itself
+# forever (found in a trial).
+RENDERING: contextvars.ContextVar[bool] = contextvars.ContextVar("llmledger_rendering", default=False)
+
+
 def render(
     prompt: Prompt, frame: pl.DataFrame, key: Sequence[str], attachments: Attachments | None = None
 ) -> pl.Series:
@@ -258,13 +265,18 @@ def render(
     out: list[str] = []
     for index, row in enumerate(frame.iter_rows(named=True)):
         values = {k: ("" if v is None else v) for k, v in row.items()}
+        token = RENDERING.set(True)
         try:
             text = prompt(row) if callable(prompt) else prompt.format(**values)
+        except LedgerError:
+            raise
         except Exception as exc:
             where = {k: row[k] for k in key}
             raise PromptError(
                 f"building the prompt failed for the row with key {where}: {type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            RENDERING.reset(token)
         if not isinstance(text, str):
             where = {k: row[k] for k in key}
             raise PromptError(
