@@ -203,6 +203,6 @@ def test_a_callable_prompt_calling_llmledger_is_refused_not_deadlocked(run, sim:
     def prompt(row: dict) -> str:
         return f"{row['text']} of {llmledger.sql(store, 'SELECT count(*) AS n FROM messages')['n'][0]}"
 
-    with pytest.raises(PromptError, match="a callable prompt called llmledger.*before the call"):
+    with pytest.raises(PromptError, match=r"a callable prompt called llmledger.*before the call"):
         run(frame(3), "second", prompt=prompt)
     assert "second_status" not in llmledger.sql(store, "SELECT * FROM messages").columns, "nothing was written"

@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from llmledger import Simulator, apply_llm
+from llmledger import Simulator, apply_llm, last_report
 
 from .conftest import frame, helper_cmd, hold_store, sigint_as_a_terminal_sends_it, subprocess_env
 
@@ -86,6 +86,9 @@ def test_kill_9_loses_at_most_what_was_in_flight(store: Path, model: str | None)
         # answers that arrived but were not committed yet were journaled: only requests in flight are lost
         assert 0 <= repaid <= concurrency, (repaid, paid_before, done)
         assert not list(store.parent.glob("*.journal/*.jsonl")), "the dead run's journal was merged and removed"
+        report = last_report()  # found in a trial: the answers merged from the journal appeared in no report
+        assert report is not None and paid_before - done - concurrency <= report.recovered <= paid_before - done
+        assert not report.recovered or any("found in its journal and kept" in h for h in report.hints())
 
 
 def test_commits_arrive_about_every_commit_interval_not_at_the_end(store: Path) -> None:

@@ -83,6 +83,7 @@ class SelectionVerbs:
         self.conn.check()
         merged: list[Path] = []
         unsimulated = [0]
+        recovered = [0]
 
         def work(con: Con) -> Selection:
             now = params.run_started
@@ -97,7 +98,7 @@ class SelectionVerbs:
             establish_table(con, layout, frame)
             key_types = {k: frame.schema[k] for k in layout.key}
             if layout.step in column_types(con, layout.table):  # a dead run's answers go in under their own type
-                merged[:] = merge_journals(con, layout, self.path, key_types)
+                merged[:], recovered[0] = merge_journals(con, layout, self.path, key_types)
             request = definition.request
             output = request.output_spec()
             set_output_type(con, layout, "VARCHAR" if output is None else output.sql_type, now)
@@ -163,6 +164,7 @@ class SelectionVerbs:
                 survey=found.select("status", "output", "stale"),
                 where=params.where,
                 unsimulated=unsimulated[0],
+                recovered=recovered[0],
             )
             return rehearsal(con, selection) if rehearse else selection  # type: ignore[return-value]
 
@@ -257,7 +259,7 @@ class SelectionVerbs:
             work_sql = params.sql(version)
             key_list = ", ".join(q(k) for k in key)
             key_types = dict(con.sql(f"SELECT {key_list} FROM {q(table)} LIMIT 0").pl().schema)
-            merged[:] = merge_journals(con, layout, self.path, key_types)
+            merged[:], recovered = merge_journals(con, layout, self.path, key_types)
             recover_claims(con, layout, params)
             unsimulated = set_aside_simulated(con, layout, params.source, params.run_started)
             flags = flag_sql(layout, where)
@@ -302,6 +304,7 @@ class SelectionVerbs:
                 where=where,
                 reuse=open_ended and dedupe and params.redo.reuses_answers,
                 unsimulated=unsimulated,
+                recovered=recovered,
             )
 
         selection = self.conn.transaction(work, exclusive=True)

@@ -115,6 +115,7 @@ class Selection:
     lease: timedelta = timedelta(minutes=30)  # how long each claim stays the run's without renewal (RunParams)
     source: str | None = None  # the run's (RunParams.source)
     unsimulated: int = 0  # rows whose simulated answer this real run set aside, so they are asked for real
+    recovered: int = 0  # answers a dead run of this host had journaled, committed by this selection
     dedupe: bool = True  # identical requests share one call; claims then take every twin of a row together
 
     @property

@@ -318,12 +318,15 @@ def gone_holders(con: Con, layout: Layout, stale_after: timedelta, now: datetime
     ]
 
 
-def merge_journals(con: Con, layout: Layout, store_path: Path, key_types: dict[str, pl.DataType]) -> list[Path]:
+def merge_journals(
+    con: Con, layout: Layout, store_path: Path, key_types: dict[str, pl.DataType]
+) -> tuple[list[Path], int]:
     """Commit the answers that runs which died on this host journaled but did not commit.
 
-    Returns the files to delete once the transaction has committed.
+    Returns the files to delete once the transaction has committed, and how many answers they held (the run
+    reports them: they were paid for by the dead run, and are kept).
     """
-    merged = []
+    merged, answers = [], 0
     for path, holder in pending_journals(store_path, layout.table, layout.step):
         if is_abandoned(holder):
             results = read_journal(path, key_types | RESULT_SCHEMA, key=list(key_types))
@@ -332,8 +335,9 @@ def merge_journals(con: Con, layout: Layout, store_path: Path, key_types: dict[s
                     pl.col("fingerprint").map_elements(upgrade_fingerprint, return_dtype=pl.String)
                 )
                 commit_results(con, layout, results, now=utcnow(), only_unfinished=True)
+                answers += results.height
             merged.append(path)
-    return merged
+    return merged, answers
 
 
 def fed_layout(layout: Layout, graph: StepGraph) -> Layout:

@@ -53,6 +53,7 @@ class RunReport:
     batch_requests: int = 0  # requests in them (rows with identical requests share one)
     in_batches: int = 0  # rows of the step in batches still processing when the run ended
     collected: int = 0  # rows answered (or refused) by batches this run merged
+    recovered: int = 0  # answers a dead run (kill -9, a lost kernel) had paid for, found in its journal and kept
     mode: str = "online"  # how this run sent rows: "online" or "batch"
     returned: int = 0  # rows batches gave back unanswered (expired, canceled, the API's own errors)
     batch_pending: int = 0  # rows this run sent in batches that have not come back yet
@@ -86,6 +87,7 @@ class RunReport:
         "input_tokens",
         "output_tokens",
         "uncounted",
+        "recovered",
         "cache_write_tokens",
         "cache_read_tokens",
         "cache_saved_usd",
@@ -296,6 +298,11 @@ class RunReport:
     def hints(self) -> list[str]:
         """Next steps worth telling the user about."""
         out = []
+        if self.recovered:  # found in a trial: merged answers appeared in no report
+            out.append(
+                f"{rows(self.recovered, 'answer')} that a run which died (kill -9, a lost kernel) had paid for "
+                "were found in its journal and kept: not asked again."
+            )
         if self.unsent:
             out.append(
                 f"{rows(self.unsent)} not sent, left as they were and unpaid: their files are not as the "

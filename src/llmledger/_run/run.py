@@ -329,6 +329,7 @@ class Run:
         report.selected = selection.to_send
         report.stale = selection.stale
         report.unsimulated = selection.unsimulated
+        report.recovered = selection.recovered
         report.waiting = selection.waiting
         report.running_elsewhere = selection.running_elsewhere
         report.unprepared = selection.unprepared
