@@ -206,3 +206,12 @@ def test_a_callable_prompt_calling_llmledger_is_refused_not_deadlocked(run, sim:
     with pytest.raises(PromptError, match=r"a callable prompt called llmledger.*before the call"):
         run(frame(3), "second", prompt=prompt)
     assert "second_status" not in llmledger.sql(store, "SELECT * FROM messages").columns, "nothing was written"
+
+
+def test_an_empty_file_as_a_store_is_called_that_not_damaged(run, tmp_path: Path) -> None:
+    """Found in a trial: an existing 0-byte file given as the store was called "damaged (cut short or overwritten)"."""
+    empty = tmp_path / "empty.duckdb"
+    empty.touch()
+    with pytest.raises(StoreError, match="is an empty file, not a DuckDB database: delete it"):
+        run(frame(2), "s", prompt="{text}", store=empty)
+    assert empty.stat().st_size == 0

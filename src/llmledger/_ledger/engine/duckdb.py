@@ -163,6 +163,12 @@ def store_error(path: Path, exc: BaseException) -> StoreError | None:
     text = str(exc)
     lower = text.lower()
     about_store = str(path) in text
+    with contextlib.suppress(OSError):
+        if path.exists() and path.stat().st_size == 0:  # found in a trial: an empty file was called "damaged"
+            return StoreError(
+                f"store {str(path)!r} is an empty file, not a DuckDB database: delete it (it holds nothing) or pass "
+                "another store= path; llmledger creates a new store where no file is."
+            )
     if any(word in lower for word in _CORRUPT) or (about_store and any(word in lower for word in _CUT_SHORT)):
         return StoreError(
             f"store {str(path)!r} is damaged (cut short or overwritten): {text}. Restore it from a "
