@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "pages").rglob("*.md"))]
 FENCE = re.compile(r"(?:<!-- not run: (?P<why>[^>]+) -->\n)?```python\n(?P<code>.*?)```", re.DOTALL)
@@ -63,11 +65,15 @@ print(json.dumps(failed))
 """
 
 
-def test_every_pages_code_blocks_run_as_written(tmp_path: Path) -> None:
+PARTS = 3  # the pages in three interpreters, which the suite's workers run side by side
+
+
+@pytest.mark.parametrize("part", range(PARTS))
+def test_every_pages_code_blocks_run_as_written(part: int, tmp_path: Path) -> None:
     """Each page in a folder of its own (a copy of `data/`), its blocks in order in a namespace of its own."""
     pages = [
         [str(page.relative_to(ROOT)), PRELUDE + "\n".join(block for block, why in blocks(page) if why is None)]
-        for page in RUNNABLE
+        for page in RUNNABLE[part::PARTS]
     ]
     env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_BASE_URL"))}
     env["LLMLEDGER_PROGRESS"] = "0"
@@ -78,4 +84,4 @@ def test_every_pages_code_blocks_run_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     failed = json.loads(done.stdout.strip().splitlines()[-1])
     assert not failed, "\n\n".join(f"{page}:\n{trace}" for page, trace in failed.items())
-    assert len(pages) >= 15, "the pages with examples: README, tutorial, the how-tos"
+    assert len(RUNNABLE) >= 15, "the pages with examples: README, tutorial, the how-tos"
