@@ -19,7 +19,7 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
     """
     from llmledger._ledger.engine.duckdb import check_store_path
     from llmledger._ledger.engine.pgcon import _psycopg
-    from llmledger._ledger.engine.postgres import OTHER_SCHEME, PgConnection, is_url, pg_url, redacted
+    from llmledger._ledger.engine.postgres import OTHER_SCHEME, PgConnection, is_url, not_a_store, pg_url
 
     if is_url(store):
         _psycopg()
@@ -30,10 +30,7 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
     if not isinstance(store, str | Path):
         raise InvalidInputError(f"store must be a DuckDB file path or a postgresql:// URL, got {store!r}")
     if isinstance(store, str) and OTHER_SCHEME.match(store):
-        raise InvalidInputError(
-            f"store {redacted(store)!r} is a URL llmledger cannot open: a store is a DuckDB file path or a PostgreSQL "
-            "URL (postgresql://user@host:5432/db; postgres:// and postgresql+psycopg:// too). Nothing was written."
-        )
+        raise not_a_store(store)
     path = Path(store).expanduser()
     check_store_path(path, must_exist=must_exist)
     return path

@@ -15,7 +15,7 @@ import glob
 import hashlib
 import os
 import re
-import socket
+import sys
 import threading
 import time
 import uuid
@@ -27,7 +27,8 @@ import duckdb
 
 from llmledger._ledger.engine.dialect import DUCKDB
 from llmledger._ledger.engine.shared import Patience, unlimited
-from llmledger.errors import StoreBusy, StoreError, StoreNotFound
+from llmledger._ledger.liveness import host_name, is_abandoned, process_start
+from llmledger.errors import InvalidInputError, StoreBusy, StoreError, StoreNotFound
 
 T = TypeVar("T")
 _DUCKDB_MAGIC = b"DUCK"
@@ -73,8 +74,21 @@ SCAN_MEMORY_LIMIT = 256_000_000  # bytes
 JOIN_MEMORY_LIMIT = 512_000_000  # bytes
 
 
+# A URL handed on as a `Path` (restore's store=, a `Path("mysql://...")`) lost a slash: its first part is the scheme
+# and a colon (on Windows a drive looks so, but `Path.drive` names that).
+_SCHEME_PART = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:$")
+_BESIDE = ".journal"  # the longest name kept beside a store: llmledger's `<name>.journal` (DuckDB's is `<name>.wal`)
+
+
 def check_store_path(path: Path, *, must_exist: bool = False) -> None:
-    """Refuse a path that exists but is not a DuckDB file, before DuckDB touches it."""
+    """Refuse a path that cannot be a DuckDB store before DuckDB touches it: a URL that lost a slash on its way into a
+    `Path`, a name too long for the files kept beside it, a directory, a file that is not a DuckDB file."""
+    parts = path.parts
+    if parts and not path.drive and not path.is_absolute() and _SCHEME_PART.match(parts[0]):
+        from llmledger._ledger.engine.postgres import not_a_store
+
+        raise not_a_store(f"{parts[0]}//{'/'.join(parts[1:])}")
+    _check_name_length(path)
     if path.is_dir():
         raise StoreError(
             f"store {str(path)!r} is a directory; pass a file path such as {str(path / 'ledger.duckdb')!r}."
@@ -94,6 +108,10 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
             return  # this thread has it open through DuckDB: a DuckDB file, and not to be opened a second time
         with _lock_for(key):  # while no thread of this process has it open through llmledger (`_open_in`)
             held = _descriptor_here(key)
+            if held == _UNSEEN:
+                if os.name != "nt":  # whether this process holds it cannot be seen, and looking could drop its lock:
+                    return  # DuckDB says what the file is when it opens it (`store_error`)
+                held = None  # Windows: closing a handle drops no other handle's lock
             if held is not None:  # e.g. a user's own duckdb.connect: read through it, as closing another would
                 try:  # drop that connection's lock
                     head = os.pread(held, 12, 0)
@@ -109,19 +127,62 @@ def check_store_path(path: Path, *, must_exist: bool = False) -> None:
             )
 
 
+def _check_name_length(path: Path) -> None:
+    """Refuse a store name that the files kept beside it would not fit (found in a trial: names of 248-251 bytes
+    failed with a bare OSError when a run made `<name>.journal`, longer ones with DuckDB's words on `<name>.wal`)."""
+    size = len(os.fsencode(path.name))
+    allowed = _name_max(path.parent)
+    if size > allowed - len(_BESIDE):
+        raise InvalidInputError(
+            f"store file name {path.name!r} is {size} bytes long; at most {allowed - len(_BESIDE)} fit: this file "
+            f"system allows {allowed} bytes in a name, and a {_BESIDE} folder is kept beside the store under its "
+            "name and that suffix. Pass a shorter store= name. Nothing was written."
+        )
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name, in bytes, that the file system of `folder` (or of its nearest existing parent) allows:
+    255 on most; 255 where the system does not say (Windows)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        allowed = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+    return allowed if allowed > 0 else 1 << 16  # -1: no limit
+
+
+_UNSEEN = -1  # `_descriptor_here`: this process's descriptors cannot be listed here
+
+
+def _own_descriptors() -> list[int] | None:
+    """This process's open descriptors: Linux's /proc/self/fd, or macOS's /dev/fd (which CPython's subprocess trusts
+    to list them all as well); None where they cannot be listed (then whether a file is open here cannot be seen)."""
+    for folder in ("/proc/self/fd", "/dev/fd") if sys.platform == "darwin" else ("/proc/self/fd",):
+        try:
+            return [int(fd) for fd in os.listdir(folder) if fd.isdigit()]
+        except OSError:
+            continue
+    return None
+
+
 def _descriptor_here(path: Path) -> int | None:
     """A descriptor through which this process already has `path` open, such as a `duckdb.connect` in the user's
-    own code (Linux's /proc/self/fd; elsewhere None). Closing a second descriptor of it would drop its lock."""
+    own code; None if none; `_UNSEEN` where this process's descriptors cannot be listed (found in a trial: on macOS,
+    which has no /proc, the check opened the store beside a user's connection). Closing a second descriptor of a
+    file drops every POSIX lock this process holds on it, that connection's included."""
+    descriptors = _own_descriptors()
+    if descriptors is None:
+        return _UNSEEN
     try:
         wanted = path.stat()
-        descriptors = os.listdir("/proc/self/fd")
     except OSError:
         return None
     for fd in descriptors:
         with contextlib.suppress(OSError):
-            found = os.stat(f"/proc/self/fd/{fd}")
+            found = os.fstat(fd)
             if (found.st_dev, found.st_ino) == (wanted.st_dev, wanted.st_ino):
-                return int(fd)
+                return fd
     return None
 
 
@@ -231,6 +292,7 @@ class Connection:
         self.should_stop = should_stop
         self.made: list[Path] = []  # folders this object created for the file (removed with it on a refusal)
         self._lock = _lock_for(self.path)
+        self._swept = False  # whether this call has removed dead processes' scratch files (`_remove_dead_scratch`)
 
     @contextlib.contextmanager
     def open(self, *, wait: float | None = None, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -323,6 +385,9 @@ class Connection:
     def _transaction(
         self, work: Callable[[duckdb.DuckDBPyConnection], T], wait: float | None, commit: bool, read_only: bool
     ) -> T:
+        if not read_only and not self._swept:  # once in a call: a Connection lives for one call on the store
+            self._swept = True
+            _remove_dead_scratch(self.path)
         if not read_only and not self.path.exists():
             return self._creating(work, wait, commit)
         return self._attempts(work, wait, commit, read_only)
@@ -338,10 +403,12 @@ class Connection:
         for an open file: a cell reading the store of a run just started in the background finds it.
         """
         # the store's name cut short: a name near the file system's 255 bytes must still leave room for the rest;
-        # the process's id in it, so a later run can tell a dead process's scratch file (`_remove_dead_scratch`)
-        _remove_dead_scratch(self.path)
+        # the process's host, id and start time in it, so a later run can tell a dead process's scratch file
+        # (`_remove_dead_scratch`) as it tells a dead claimant (`liveness`)
+        started = process_start(os.getpid())
+        maker = f"{_HOST}{os.getpid()}-{started + '-' if started else ''}{uuid.uuid4().hex[:8]}"
         scratch = Connection(
-            self.path.with_name(f".{self.path.name[:40]}.{_HOST}{os.getpid()}-{uuid.uuid4().hex[:8]}.new"),
+            self.path.with_name(f".{self.path.name[:40]}.{maker}.new"),
             on_wait=self.on_wait,
             should_stop=self.should_stop,
         )
@@ -407,30 +474,23 @@ class Connection:
         raise StoreError(f"store {str(self.path)!r}: gave up after 20 write conflicts")
 
 
-_HOST = "h" + hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6] + "p"  # this machine, in a scratch name
+# This machine in a scratch file's name: its name as claims give it (`liveness.host_name`), hashed short.
+_HOST = "h" + hashlib.sha256(host_name().encode()).hexdigest()[:6] + "p"
 
 
 def _remove_dead_scratch(path: Path) -> None:
-    """Remove the scratch files of a first transaction whose process died (kill -9 before it committed): found in
-    a trial, left beside the store for good. Only files naming a process of this host that is gone, and a minute
-    old: a live process's file, or one another machine made on a shared folder, is never touched."""
-    for leftover in path.parent.glob(f".{glob.escape(path.name[:40])}.{_HOST}*-*.new"):
-        pid = leftover.name[len(path.name[:40]) + 2 + len(_HOST) :].split("-", 1)[0]
-        try:
-            old = time.time() - leftover.stat().st_mtime > 60
-        except OSError:
-            continue
-        if pid.isdigit() and old and not _pid_alive(int(pid)):
+    """Remove the scratch files of first transactions on `path` whose process died (kill -9 before it committed):
+    found in a trial, left beside the store for good. A scratch file is named `.<store>.h<host>p<pid>-<start>-<hex>.new`
+    and judged as a claim is (`liveness`): a file of this host whose process is gone, or whose PID now belongs to a
+    process started at another time, goes; a live process's file (this one's included), another machine's on a
+    shared folder, or one from before llmledger named them so, is never touched."""
+    cut = path.name[:40]
+    for leftover in path.parent.glob(f".{glob.escape(cut)}.{_HOST}*-*.new"):
+        pid, _, rest = leftover.name[len(cut) + 2 + len(_HOST) : -len(".new")].partition("-")
+        started = rest.rpartition("-")[0]  # "<start>-<hex>", or "<hex>" where there is no /proc
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue  # this process's own: another of its threads is creating the store now
+        if is_abandoned(f"{host_name()}/{pid}/scratch" + (f"-{started}" if started.isdigit() else "")):
             for gone in (leftover, _wal(leftover)):
                 with contextlib.suppress(OSError):
                     gone.unlink(missing_ok=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True

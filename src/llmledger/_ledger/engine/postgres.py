@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from llmledger._ledger.engine.dialect import POSTGRES
 from llmledger._ledger.engine.pgcon import PgCon, _psycopg
 from llmledger._ledger.engine.shared import Patience
-from llmledger.errors import StoreBusy, StoreError, StoreNotFound
+from llmledger.errors import InvalidInputError, StoreBusy, StoreError, StoreNotFound
 
 T = TypeVar("T")
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -48,6 +48,15 @@ def is_url(store: object) -> bool:
 def pg_url(url: str) -> str:
     """A PostgreSQL URL as psycopg takes it: `postgresql://` and the rest as given."""
     return _PG_SCHEME.sub("postgresql://", url, count=1)
+
+
+def not_a_store(url: str) -> InvalidInputError:
+    """The error for a URL of anything but PostgreSQL given as a store: found in a trial, `mysql://...` and
+    `s3://...` became a local DuckDB file under a folder named like the URL (its password in the path)."""
+    return InvalidInputError(
+        f"store {redacted(url)!r} is a URL llmledger cannot open: a store is a DuckDB file path or a PostgreSQL "
+        "URL (postgresql://user@host:5432/db; postgres:// and postgresql+psycopg:// too). Nothing was written."
+    )
 
 
 def redacted(url: str) -> str:

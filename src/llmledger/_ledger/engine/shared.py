@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -115,17 +116,37 @@ def memory_limited(con: Con, limit: int) -> Iterator[None]:
     A `limit` of 0 is none: for a transaction that has written rows, whose changes cannot be evicted (a limit
     below them fails, which aborts the transaction, or leaves the read no room). PostgreSQL manages its own
     memory. What a read needs beside the pages varies by DuckDB version and by what the table's last writes
-    left in memory, so a read that runs out of room is run again, whole, with no limit (`unlimited`)."""
+    left in memory, so a read that runs out of room is run again, whole, with no lowered limit (`unlimited`).
+
+    The connection's own limit (LLMLEDGER_DUCKDB_MEMORY, else DuckDB's) is the ceiling: found in a trial, a scan
+    raised a user's lower limit to `limit`. When that limit is `limit` or less, or cannot be read, it is kept."""
     if dialect_of(con).name == "postgres" or not limit or unlimited.get():
         yield
         return
     before = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    ceiling = size_in_bytes(str(before))
+    if ceiling is None or limit >= ceiling:
+        yield
+        return
     con.execute(f"SET memory_limit = '{limit // 1_000_000}MB'")
     try:
         yield
     finally:  # after a failed statement the transaction is aborted: the connection, closed with it, drops the limit
         with contextlib.suppress(duckdb.Error):
             con.execute(f"SET memory_limit = '{before}'")
+
+
+# DuckDB's units in the sizes it shows ("953.6 MiB") and takes ("4GB").
+_UNITS = {"": 1, "b": 1, "byte": 1, "bytes": 1}
+_UNITS |= {f"{p}b": 1000 ** (i + 1) for i, p in enumerate("kmgtpe")}
+_UNITS |= {f"{p}ib": 1024 ** (i + 1) for i, p in enumerate("kmgtpe")}
+
+
+def size_in_bytes(text: str) -> float | None:
+    """A memory size as DuckDB writes it ("953.6 MiB", "4GB"), in bytes; None for anything else."""
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
+    factor = None if found is None else _UNITS.get(found.group(2).lower())
+    return None if found is None or factor is None else float(found.group(1)) * factor
 
 
 def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]:
