@@ -6,15 +6,19 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from llmledger import Simulator
 
 from .conftest import frame, subprocess_env
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """`llmledger ARGS` as a shell runs it (`env=`, `cwd=` as subprocess.run takes them)."""
     return subprocess.run(
-        [sys.executable, "-m", "llmledger", *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "llmledger", *args], capture_output=True, text=True, timeout=timeout, **kwargs
     )
 
 
@@ -181,16 +185,12 @@ def test_table_and_step_are_inferred_and_a_shell_user_without_a_key_is_told_what
         nokey.returncode == 2
         and "export ANTHROPIC_API_KEY" in nokey.stderr
         and "llmledger simulator" in nokey.stderr
+        and "ANTHROPIC_API_KEY=simulated" in nokey.stderr  # the recipe `llmledger simulator` prints, which works
         and "simulate()" not in nokey.stderr
     )
     apply_llm(frame(2), "title", prompt="T: {text}", store=store, table="notes", client=client, progress=False)
     ambiguous = _cli("run", str(store), env=subprocess_env(sim.base_url))
     assert ambiguous.returncode == 2 and "pass --step: table 'notes' has steps ['summary', 'title']" in ambiguous.stderr
-
-
-def _cli(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llmledger", *args], capture_output=True, text=True, timeout=120,
-                          **kwargs)  # type: ignore[call-overload]  # fmt: skip
 
 
 def test_odd_arguments_exit_2_with_one_line_naming_them(tmp_path: Path) -> None:
@@ -227,3 +227,158 @@ def test_history_of_a_key_of_another_type_and_a_closed_pipe_say_so_quietly(
                            stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
     os.close(write)
     assert "Traceback" not in piped.stderr and "BrokenPipeError" not in piped.stderr, piped.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_every_simulator_option_says_in_words_what_it_does_and_its_default() -> None:
+    """Found in a trial: `llmledger simulator --help` read "Simulator(latency=...); default 0.0" for most options."""
+    import dataclasses
+    import os
+
+    from llmledger._cli_parser import _FAULT_OPTIONS, _FAULTS
+    from llmledger.simulator import Faults
+
+    missing = sorted(set(_FAULTS) - set(_FAULT_OPTIONS) - {"models"})
+    assert not missing, f"add these Faults fields to _cli_parser._FAULT_OPTIONS: {missing}"
+    assert set(_FAULTS) | {"fail_next", "outage_until", "accuracy", "shutdowns"} == {
+        f.name for f in dataclasses.fields(Faults)
+    }
+    done = _cli("simulator", "--help", env={**os.environ, "COLUMNS": "1000"})  # one line per option
+    assert done.returncode == 0, done.stderr
+    options = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("--")]
+    assert len(options) == len(_FAULTS) + 3, options  # --port, --outage-for, --fail-next
+    for line in options:
+        assert "Simulator(" not in line and "default None" not in line, line
+        assert "default" in line and len(line.split(None, 2)[-1]) > 30, f"say what it does: {line}"
+
+
+def test_odd_faults_and_durations_exit_2_with_one_line_naming_them(tmp_path: Path) -> None:
+    """The simulator took `--latency -1`, `--error-rate 5` and `--fail-next bogus` (failing at the first request);
+    `status --every inf` and `reset --stale-after 1e300` ended in an OverflowError; `demo --rows 5000` ran 3,000."""
+    for args, said in [
+        (["simulator", "--port", "0", "--latency", "-1"], "--latency: '-1': must be 0 or more"),
+        (["simulator", "--port", "0", "--error-rate", "5"], "--error-rate: '5': must be a share from 0 to 1"),
+        (["simulator", "--port", "0", "--fail-next", "529,bogus"], "'bogus': must be an HTTP error status 400..599"),
+        (["simulator", "--port", "0", "--today", "tomorrow"], "'tomorrow': must be a day as YYYY-MM-DD"),
+        (["simulator", "--port", "0", "--drop-rate", "nan"], "--drop-rate: 'nan': must be a share from 0 to 1"),
+        (["status", "s.duckdb", "--every", "inf"], "--every: 'inf': must be more than 0 and at most 86,400"),
+        (["reset", "s.duckdb", "--where", "true", "--running", "--stale-after", "1e300"], "'1e300': must be more"),
+        (["worker", "s.duckdb", "--chunk-size", "0"], "--chunk-size: '0': must be more than 0"),
+        (["run", "s.duckdb", "--concurrency", "5000"], "'5000': must be more than 0 and at most 1,000"),
+        (["demo", "--rows", "5000"], "--rows 5000: the bundled reviews have 3,000 rows; pass 1 to 3,000"),
+    ]:
+        done = _cli(*args, cwd=tmp_path, timeout=60)  # an option taken as it is starts a simulator that never ends
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+        assert said in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    assert list(tmp_path.iterdir()) == [], "nothing was written"
+
+
+def test_a_port_out_of_range_or_taken_is_one_line_from_the_cli_and_a_valueerror_from_python() -> None:
+    """`Simulator(port=99999)` raised OverflowError from the socket; a port in use printed OSError's traceback."""
+    import socket
+
+    with pytest.raises(ValueError, match=r"port must be 0 \(any free port\) to 65535, got 99999"):
+        Simulator(port=99999)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _cli("simulator", "--port", str(port), timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port 0 for any free one" in done.stderr
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgresql"])
+def test_export_says_overwrite_as_each_caller_passes_it_and_writes_one_text_file(
+    engine: str, request: Any, client: Any, tmp_path: Path
+) -> None:
+    """Found in a trial: `llmledger export` told a shell user to "pass overwrite=True"; the Python function says
+    overwrite=True and the command line --overwrite (and --step). A CSV or JSON lines file is written chunk by chunk
+    from either engine, a structured answer as JSON."""
+    import json
+
+    import polars as pl
+
+    import llmledger
+    from llmledger import apply_llm
+
+    store: Any = request.getfixturevalue("pg_url") if engine == "postgresql" else str(tmp_path / "s.duckdb")
+    common: dict[str, Any] = {"store": store, "table": "t", "client": client, "progress": False}
+    apply_llm(frame(3), "s", prompt="Summarize: {text}", **common)
+    apply_llm(frame(3), "v", prompt="Judge: {text}", output={"label": str}, **common)
+    out = tmp_path / "out.csv"
+    first = _cli("export", store, str(out))
+    assert first.returncode == 0 and first.stdout.strip() == f"wrote {out}", first.stderr
+    read = pl.read_csv(out).sort("id")
+    assert read["s"].to_list() == [f"Summary: hello message number {i}" for i in range(3)]
+    assert all(isinstance(json.loads(cell)["label"], str) for cell in read["v"])
+    again = _cli("export", store, str(out))
+    assert again.returncode == 2 and "pass --overwrite to replace it" in again.stderr, again.stderr
+    assert "overwrite=True" not in again.stderr
+    with pytest.raises(llmledger.InvalidInputError, match="pass overwrite=True to replace it") as raised:
+        llmledger.export(store, "t", out)
+    assert "--overwrite" not in str(raised.value)
+    assert _cli("export", store, str(out), "--overwrite").returncode == 0
+    step = _cli("export", store, str(tmp_path / "folder"), "--step", "s")
+    assert step.returncode == 2 and "--step writes one file" in step.stderr and "step=" not in step.stderr
+    lines = _cli("export", store, str(tmp_path / "out.jsonl"), "--step", "v")
+    assert lines.returncode == 0, lines.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(row["v_status"] == "DONE" for row in rows)
+
+
+def test_the_simulators_printed_recipe_works_exactly_as_printed(tmp_path: Path, sim: Simulator, client: Any) -> None:
+    """Found in a trial: `llmledger simulator` said to set ANTHROPIC_BASE_URL, and `llmledger run` then refused
+    with "no API key". Its printed export lines, run as printed in a shell, finish a step with `llmledger run` (a
+    Claude step and an 'openai:' one) and run `llmledger demo` on that simulator, without saying it costs money."""
+    import os
+    import shlex
+
+    import openai
+
+    from llmledger import apply_llm
+
+    store = tmp_path / "s.duckdb"
+    common: dict[str, Any] = {"store": store, "table": "t", "progress": False, "where": "id < 1"}
+    apply_llm(frame(4), "summary", prompt="Summarize: {text}", client=client, **common)
+    gpt = openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="k")
+    apply_llm(frame(4), "gist", prompt="Gist: {text}", model="openai:gpt-6.1-terra", client=gpt, **common)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmledger", "simulator", "--port", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        printed = [proc.stdout.readline() for _ in range(5)]
+        exports = [line.strip() for line in printed if line.startswith("export ")]
+        assert len(exports) == 2, printed
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_"))}
+        script = "; ".join([*exports, 'exec "$@"'])  # the lines as a shell runs them, then the command
+        shell = ["sh", "-c", script, "sh", sys.executable, "-m", "llmledger"]
+        for step in ("summary", "gist"):
+            done = subprocess.run(
+                [*shell, "run", str(store), "--step", step, "--quiet"], env=env, capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stderr
+        status = _cli("status", str(store), env=env)
+        assert status.stdout.count("DONE 4") == 2, status.stdout
+        for name, value in (part.split("=", 1) for line in exports for part in shlex.split(line)[1:]):
+            assert name.endswith(("_BASE_URL", "_API_KEY")) and (str(port) in value or value == "simulated")
+        demo = subprocess.run(
+            [*shell, "demo", "--rows", "10", "--store", str(tmp_path / "demo.duckdb")],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert demo.returncode == 0, demo.stderr
+        assert f"simulator at http://127.0.0.1:{port}" in demo.stdout and "costs money" not in demo.stdout
+    finally:
+        proc.terminate()
+        proc.wait()

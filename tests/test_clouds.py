@@ -98,6 +98,11 @@ def test_azure_batches_answer_at_half_the_price_and_a_rerun_pays_nothing(server:
     assert server.stats()["batches"] == 1 and server.stats()["paid"] == 10, "a rerun pays nothing"
     with pytest.raises(InvalidInputError, match="Azure OpenAI client is not supported yet"):
         apply_llm(df, "r", mode="batch", api="responses", **ask)
+    openai = pytest.importorskip("openai")  # a step made with Responses elsewhere, then run through Azure's client
+    own = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="k")
+    apply_llm(df, "made", **{**ask, "client": own}, api="responses")
+    with pytest.raises(InvalidInputError, match=r"made for OpenAI's Responses API.*api='chat'"):  # found by attack
+        apply_llm(df, "made", **ask)
 
 
 def test_clients_of_two_platforms_at_one_url_are_two_endpoints(server: Simulator, store: Path) -> None:

@@ -163,3 +163,16 @@ def test_each_answer_records_how_long_its_request_took(ask: Any, sim: Simulator)
     assert len(paid) == 2 and all(50 <= ms < 5_000 for ms in paid), "the two requests sent; the twin reused one"
     per_step = llmledger.compare(ask.keywords["store"], "t", ["s", "c"]).per_step
     assert per_step["latency_ms_per_row"].min() >= 50
+
+
+def test_a_row_refused_then_answered_keeps_what_its_refusals_cost(ask: Any, sim: Simulator) -> None:
+    """Found by attack: a row's paid refusals were summed on it, then overwritten by the answer that followed, so
+    the fact table no longer added up to what the runs paid."""
+    sim.configure(refuse="number 2")
+    ask(frame(4), "s", prompt=PROMPT)
+    sim.configure(refuse=None)
+    out = ask(frame(4), "s", prompt=PROMPT)  # the FAILED row is asked again, and answered
+    assert out["s_status"].to_list() == ["DONE"] * 4 and sim.stats()["paid"] == 5
+    ((rows,),) = column(ask, "SELECT sum(s_input_tokens) FROM t")
+    ((runs,),) = column(ask, "SELECT sum(input_tokens) FROM llmledger_runs")
+    assert rows == runs, "the rows' tokens add up to the runs', the refusal's included"

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+from collections.abc import Callable
+from datetime import date
 from typing import Any, NoReturn
 
-from llmledger.simulator.faults import Faults
+from llmledger._run.plan import MAX_CHUNK, MAX_CONCURRENCY, MAX_STALE_AFTER
+from llmledger.simulator.faults import ERRORS, Faults
 
 # What `llmledger --help` shows above the verbs.
 USAGE = """The command line: each verb is a thin twin of a Python function.
@@ -50,17 +54,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def positive(kind: type[int] | type[float], *, zero: bool = False) -> Any:
-    """An argparse type: a number of `kind` above 0 (or 0 too): what the Python twin accepts, so a bad value exits 2
-    with one line naming it (`demo --rows -5` ran 2,995 rows)."""
+def positive(kind: type[int] | type[float], *, zero: bool = False, most: float | None = None) -> Any:
+    """An argparse type: a number of `kind` above 0 (or 0 too), and at most `most`: what the Python twin accepts, so a
+    bad value exits 2 with one line naming it (`demo --rows -5` ran 2,995 rows). Infinity and NaN are refused too:
+    `status --every inf` and `reset --stale-after 1e300` ended in an OverflowError's traceback."""
+    allowed = f"{'0 or more' if zero else 'more than 0'}" + (f" and at most {most:,g}" if most is not None else "")
 
     def convert(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not (value >= 0 if zero else value > 0) or value != value:  # NaN too
-            raise argparse.ArgumentTypeError(f"{text!r}: must be {'0 or more' if zero else 'more than 0'}")
+        if not math.isfinite(value) or not (value >= 0 if zero else value > 0) or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {allowed}")
         return value
 
     convert.__name__ = kind.__name__  # argparse names the type in its message
@@ -100,13 +106,15 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="colour the bars (auto: when the terminal shows colour and NO_COLOR is unset)",
     )
-    p_status.add_argument("--every", type=positive(float), default=None, help="redraw every N seconds until Ctrl-C")
+    p_status.add_argument(
+        "--every", type=positive(float, most=_DAY), default=None, help="redraw every N seconds until Ctrl-C"
+    )
 
     p_run = verb("run", help="llmledger.resume(): finish a step that apply_llm started, from the store alone")
     p_run.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_run.add_argument("--table", default=None, help=_INFERRED)
     p_run.add_argument("--step", default=None, help=_INFERRED)
-    p_run.add_argument("--concurrency", type=positive(int), default=16)
+    p_run.add_argument("--concurrency", type=positive(int, most=MAX_CONCURRENCY), default=16, help=_CONCURRENCY)
     p_run.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
     p_run.add_argument(
         "--redo",
@@ -114,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="also re-send stale answers (stale), flagged rows (flagged) or every matching row (all)",
     )
-    p_run.add_argument("--max-attempts", type=positive(int), default=3)
+    p_run.add_argument("--max-attempts", type=positive(int), default=3, help=_ATTEMPTS)
     p_run.add_argument("--quiet", action="store_true", help="no progress bar")
     p_run.add_argument(
         "--mode",
@@ -135,24 +143,24 @@ def parser() -> argparse.ArgumentParser:
     p_worker.add_argument("store", help="the DuckDB file or postgresql:// URL")
     p_worker.add_argument("--table", default=None, help=_INFERRED)
     p_worker.add_argument("--step", default=None, help=_INFERRED)
-    p_worker.add_argument("--concurrency", type=positive(int), default=16)
+    p_worker.add_argument("--concurrency", type=positive(int, most=MAX_CONCURRENCY), default=16, help=_CONCURRENCY)
     p_worker.add_argument(
         "--chunk-size",
-        type=int,
+        type=positive(int, most=MAX_CHUNK),
         default=200,
         help="rows claimed ahead and committed together (smaller shares a small step more evenly)",
     )
     p_worker.add_argument("--where", default=None, help="SQL predicate over the fact table narrowing the rows")
-    p_worker.add_argument("--max-attempts", type=positive(int), default=3)
+    p_worker.add_argument("--max-attempts", type=positive(int), default=3, help=_ATTEMPTS)
     p_worker.add_argument(
         "--poll",
-        type=positive(float),
+        type=positive(float, most=_DAY),
         default=5.0,
         help="seconds between looks while other workers hold rows (default 5)",
     )
     p_worker.add_argument(
         "--stale-after",
-        type=float,
+        type=positive(float, most=_STALE_AFTER),
         default=1800.0,
         help="seconds after which a claim whose worker stopped renewing it is taken over "
         "(default 1800; claims are renewed every min(60, stale-after/4) seconds)",
@@ -174,7 +182,7 @@ def parser() -> argparse.ArgumentParser:
         type=positive(int, zero=True),
         default=10,
         metavar="N",
-        help="print the first N rows where they differ (default 10)",
+        help="print the first N rows where they differ (default 10; 0: none)",
     )
 
     p_models = verb(
@@ -207,7 +215,10 @@ def parser() -> argparse.ArgumentParser:
         "leases lapsed, in the database's clock)",
     )
     p_reset.add_argument(
-        "--stale-after", type=positive(float), default=1800.0, help="seconds (with --running; default 1800)"
+        "--stale-after",
+        type=positive(float, most=_STALE_AFTER),
+        default=1800.0,
+        help="seconds (with --running; default 1800)",
     )
     p_history.add_argument("--key", default=None, help="only the row with this key (single-column keys)")
 
@@ -218,10 +229,13 @@ def parser() -> argparse.ArgumentParser:
     p_export.add_argument("--table", default=None, help=_INFERRED)
     p_export.add_argument(
         "path",
-        help="a new folder (the table and its bookkeeping, for restore), or one file ending in .parquet, .csv, "
-        ".jsonl or .ndjson (the table alone, or with --step one step's view)",
+        help="a new folder, named without a suffix (the table and its bookkeeping as Parquet files, which restore "
+        "reads), or one file ending in .parquet, .csv, .jsonl or .ndjson (JSON lines): the table alone, or with "
+        "--step one step's view; any other suffix is refused",
     )
-    p_export.add_argument("--step", default=None, help="only this step's view, as one Parquet file")
+    p_export.add_argument(
+        "--step", default=None, help="only this step's view, as one file (.parquet, .csv, .jsonl or .ndjson)"
+    )
     p_export.add_argument(
         "--overwrite", action="store_true", help="replace an existing file, or a folder an earlier export wrote"
     )
@@ -239,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
         "--rows",
         type=positive(int),
         default=None,
-        help="rows to use (default: all 3,000 on the simulator, 20 on the real API)",
+        help="rows to use, at most the 3,000 there are (default: all 3,000 on the simulator, 20 on the real API)",
     )
 
     p_sim = verb(
@@ -247,7 +261,13 @@ def parser() -> argparse.ArgumentParser:
         help="serve the offline Messages API simulator (every fault simulate() "
         "takes is an option: --latency 0.1 --rate-limit 50 --error-rate 0.05 ...)",
     )
-    p_sim.add_argument("--port", type=port, default=8765, help="the TCP port to listen on, 0 for any free one")
+    p_sim.add_argument(
+        "--port",
+        type=port,
+        default=8765,
+        help="the TCP port on 127.0.0.1 to listen on, 0 to 65535 (0: any free one, printed when it starts; "
+        "default 8765)",
+    )
     _fault_options(p_sim)
     return top
 
@@ -275,53 +295,50 @@ def _server_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _status_or_text(value: str) -> int | str:
-    return int(value) if value.isdigit() else value
+_DAY = 86_400.0  # redraws and polls further apart than a day are a typo (time.sleep refuses far larger ones)
+_STALE_AFTER = MAX_STALE_AFTER.total_seconds()
+_CONCURRENCY = f"requests in flight at once, at most {MAX_CONCURRENCY:,} (default 16)"
+_ATTEMPTS = "tries per row before it is FAILED (default 3)"
 
 
-_FAULTS = {
-    f.name: f
-    for f in dataclasses.fields(Faults)
-    if f.name not in ("fail_next", "outage_until", "accuracy", "shutdowns")
-}
-_FAULTS_AS_TOLD = ("outage_for", "fail_next")  # as simulate() takes them: seconds from now; a list of faults
+def _share(text: str) -> float:
+    """A share of requests, 0 to 1 (`--error-rate 5` was taken, and every request failed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a share from 0 to 1 (0.05: one request in twenty)")
+    return value
 
 
-_FAULT_HELP = {  # what each fault does, in words (`llmledger simulator --help`)
-    "latency": "seconds each answer takes",
-    "jitter": "up to this many seconds more, at random",
-    "rate_limit": "requests per second it answers; more get a 429 with retry-after",
-    "burst": "requests it takes at once before --rate-limit applies",
-    "input_tokens_per_minute": "input tokens per minute it takes (a token bucket); more get a 429",
-    "output_tokens_per_minute": "output tokens per minute (max_tokens reserved, the unused refunded)",
-    "tokens_per_minute": "OpenAI's one token limit per minute",
-    "token_burst": "seconds' worth of tokens the buckets hold",
-    "error_rate": "share of requests answered with --error-status (0 to 1)",
-    "error_status": "the status of those errors (a number, or a named case such as no_retry)",
-    "drop_next": "hang up on the next N requests without answering",
-    "drop_rate": "share of requests hung up on",
-    "outage_status": "the status every request gets during --outage-for",
-    "poison": "a request whose prompt contains this text gets a 400",
-    "refuse": "a request whose prompt contains this text is refused (stop_reason refusal)",
-    "bad_json": "structured answers to prompts containing this text are invalid JSON",
-    "bad_json_once": "as --bad-json, for the first request of each prompt only",
-    "truncate": "answers to prompts containing this text are cut at max_tokens",
-    "api_key": "the only key it accepts (401 otherwise); any key when unset",
-    "batch_delay": "seconds a batch takes to end",
-    "batch_expire_after": "seconds after which a batch still processing expires",
-    "batch_expire": "batch requests whose prompt contains this text expire",
-    "batch_error": "batch requests whose prompt contains this text come back with the API's own error",
-    "batch_max_requests": "most requests in one batch",
-    "batch_max_bytes": "largest batch, in bytes",
-    "batch_lose_response": "the next N batch creates make the batch, then hang up unanswered",
-    "compatible": "answer as another server speaking the API does (no rate-limit headers, no batches): true or false",
-    "usage": "send usage with answers: true, or false as some servers do",
-    "resample": "a text request asked again draws another answer, as sampling would: true or false",
-    "capacity": "requests worked on at once; the rest wait their turn",
-    "queue_limit": "a request finding this many waiting gets a 429",
-    "seed": "the seed of its random choices",
-    "today": "the date it believes it is (YYYY-MM-DD): models past their shutdown get a 404",
-}
+_NAMED_ERRORS = sorted(name for name in ERRORS if isinstance(name, str))
+
+
+def _status(text: str) -> int | str:
+    """An error the simulator can send: an HTTP error status, or one of its named cases. Checked here: the
+    simulator took `--fail-next bogus` and failed at the first request instead."""
+    text = text.strip()
+    if text.isdigit() and 400 <= int(text) <= 599:
+        return int(text)
+    if text in _NAMED_ERRORS:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: must be an HTTP error status 400..599 or one of {', '.join(_NAMED_ERRORS)}"
+    )
+
+
+def _statuses(text: str) -> list[int | str]:
+    """`--fail-next 529,529,429`: errors for the first requests, in order."""
+    return [_status(part) for part in text.split(",")]
+
+
+def _day(text: str) -> str:
+    """A day as YYYY-MM-DD, the text `Faults.today` compares shutdown dates with."""
+    try:
+        return date.fromisoformat(text.strip()).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a day as YYYY-MM-DD, e.g. 2026-12-01") from None
 
 
 def _flag(text: str) -> bool:
@@ -333,48 +350,147 @@ def _flag(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r}: pass true or false")
 
 
+_FAULTS = {
+    f.name: f
+    for f in dataclasses.fields(Faults)
+    if f.name not in ("fail_next", "outage_until", "accuracy", "shutdowns")
+}
+_FAULTS_AS_TOLD = ("outage_for", "fail_next")  # as simulate() takes them: seconds from now; a list of faults
+
+_SECONDS = positive(float, zero=True)
+_COUNT = positive(int, zero=True)
+_RATE = positive(float)
+
+# Each fault's option: what its value must be, a metavar, and what it does in words, its default included (the
+# generated `Simulator(latency=...); default 0.0` told a shell user nothing). A field added to `Faults` needs a line
+# here: tests/test_cli.py checks that every one has.
+_FAULT_OPTIONS: dict[str, tuple[Callable[[str], Any], str, str]] = {
+    "latency": (_SECONDS, "SECONDS", "seconds to wait before each answer (default 0)"),
+    "jitter": (_SECONDS, "SECONDS", "up to this many seconds more, at random, on each answer (default 0)"),
+    "rate_limit": (_RATE, "N", "requests per second it answers; more get a 429 with retry-after (default: no limit)"),
+    "burst": (_RATE, "N", "requests it takes at once before --rate-limit applies (default: one second's worth)"),
+    "input_tokens_per_minute": (_RATE, "N", "input tokens per minute it takes; more get a 429 (default: no limit)"),
+    "output_tokens_per_minute": (
+        _RATE,
+        "N",
+        "output tokens per minute it gives; max_tokens is reserved, the unused part refunded (default: no limit)",
+    ),
+    "tokens_per_minute": (
+        _RATE,
+        "N",
+        "OpenAI's one token limit per minute: input and max output tokens reserved, the unused output refunded "
+        "(default: no limit)",
+    ),
+    "token_burst": (_RATE, "SECONDS", "seconds' worth of tokens the token limits hold at once (default 60, the API's)"),
+    "error_rate": (_share, "SHARE", "share of requests, 0 to 1, answered with --error-status (default 0)"),
+    "error_status": (
+        _status,
+        "ERROR",
+        "the error --error-rate sends: an HTTP status, or a named case such as no_retry or "
+        "enforced_spend_limit_reached (default 529, overloaded)",
+    ),
+    "drop_next": (_COUNT, "N", "hang up on the next N requests without answering (default 0)"),
+    "drop_rate": (_share, "SHARE", "share of requests, 0 to 1, hung up on without an answer (default 0)"),
+    "outage_status": (_status, "ERROR", "the error every request gets during --outage-for (default 529, overloaded)"),
+    "poison": (str, "TEXT", "a request whose prompt contains this text gets a 400 (default: none)"),
+    "refuse": (
+        str,
+        "TEXT",
+        "a request whose prompt contains this text is refused (stop_reason refusal; default: none)",
+    ),
+    "bad_json": (
+        str,
+        "TEXT",
+        "structured answers to prompts containing this text are JSON that does not parse (default: none)",
+    ),
+    "bad_json_once": (
+        str,
+        "TEXT",
+        "as --bad-json, on a prompt's first request only: the follow-up naming the error gets valid JSON "
+        "(default: none)",
+    ),
+    "truncate": (str, "TEXT", "answers to prompts containing this text are cut at max_tokens (default: none)"),
+    "api_key": (str, "KEY", "the only API key it accepts; any other gets a 401 (default: any key)"),
+    "batch_delay": (_SECONDS, "SECONDS", "seconds a Message Batch takes to end (default 0)"),
+    "batch_expire_after": (
+        _RATE,
+        "SECONDS",
+        "seconds after which a batch still processing expires (default 86400, the API's 24 hours)",
+    ),
+    "batch_expire": (str, "TEXT", "batch requests whose prompt contains this text expire (default: none)"),
+    "batch_error": (
+        str,
+        "TEXT",
+        "batch requests whose prompt contains this text come back with the API's 500 (default: none)",
+    ),
+    "batch_max_requests": (positive(int), "N", "most requests in one batch (default 100,000, the API's)"),
+    "batch_max_bytes": (positive(int), "N", "largest batch, in bytes (default 256,000,000, the API's)"),
+    "batch_lose_response": (
+        _COUNT,
+        "N",
+        "the next N batch creations make the batch, then hang up unanswered (default 0)",
+    ),
+    "compatible": (
+        _flag,
+        "true|false",
+        "answer as another server speaking the Messages API does (vLLM, Ollama, a LiteLLM proxy): no rate-limit "
+        "headers, no batches, no prompt caching (default false)",
+    ),
+    "usage": (_flag, "true|false", "answers carry token usage; false: none, as some servers send (default true)"),
+    "resample": (
+        _flag,
+        "true|false",
+        "a text request asked again (a redo) draws another answer, as sampling would (default false: the same one)",
+    ),
+    "capacity": (
+        positive(int),
+        "N",
+        "requests worked on at once, as a GPU's batch; the rest wait their turn (default: no limit)",
+    ),
+    "queue_limit": (
+        _COUNT,
+        "N",
+        "with --capacity, a request that finds this many waiting gets a 429 (default: no limit)",
+    ),
+    "seed": (_COUNT, "N", "the seed of its random choices: --error-rate, --drop-rate, --jitter (default 0)"),
+    "today": (
+        _day,
+        "YYYY-MM-DD",
+        "the day it believes it is: a model past its shutdown date gets the API's 404 (default: today)",
+    ),
+}
+
+
 def _fault_options(parser: argparse.ArgumentParser) -> None:
     """One option per fault of `Simulator` (`llmledger.simulate`'s keywords), so a shell user has them all."""
     parser.add_argument(
         "--outage-for",
-        type=float,
+        type=_SECONDS,
         default=None,
-        help="seconds from the start during which every request gets --outage-status",
+        metavar="SECONDS",
+        help="seconds from the start during which every request gets --outage-status (default: no outage)",
     )
     parser.add_argument(
         "--fail-next",
-        type=lambda v: [_status_or_text(x.strip()) for x in v.split(",")],
+        type=_statuses,
         default=None,
-        help="faults for the first requests, e.g. 529,529,429 or no_retry",
+        metavar="ERRORS",
+        help="errors for the first requests, in order: HTTP statuses or named cases, e.g. 529,529,429 or no_retry "
+        "(default: none)",
     )
-    for name, spec in _FAULTS.items():
+    for name in _FAULTS:
         if name == "models":
             parser.add_argument(
                 "--model",
                 dest="models",
                 action="append",
                 default=[],
-                help="a model id to answer besides those llmledger has prices for (repeatable)",
+                metavar="ID",
+                help="a model id to answer besides those llmledger has prices for (repeatable; default: none)",
             )
             continue
-        kind = str(spec.type)
-        convert = (
-            _flag
-            if kind == "bool"
-            else _status_or_text
-            if "int | str" in kind
-            else float
-            if "float" in kind
-            else int
-            if "int" in kind
-            else str
-        )
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            type=convert,
-            default=None,
-            help=f"{_FAULT_HELP.get(name, name.replace('_', ' '))} (default {spec.default!r})",
-        )
+        convert, metavar, help_text = _FAULT_OPTIONS.get(name, (str, "X", f"the simulator's {name} (see Faults)"))
+        parser.add_argument("--" + name.replace("_", "-"), type=convert, default=None, metavar=metavar, help=help_text)
 
 
 _INFERRED = "(default: the only one the store has)"

@@ -7,15 +7,18 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import anthropic
 import polars as pl
 
 from llmledger._draw import rows as n_rows
+from llmledger._exec.client import SIMULATOR_PATH
 from llmledger._ledger.query import sql
 from llmledger._report import RunReport
 from llmledger._run.api import apply_llm
 from llmledger._run.run import last_report
+from llmledger.errors import InvalidInputError
 from llmledger.simulator import Simulator
 
 PROMPT = "Classify the sentiment of this product review as positive, negative or neutral. Review: {text}"
@@ -33,8 +36,20 @@ def reviews_path() -> Path:
     raise FileNotFoundError("reviews.csv not found; run `python data/make_reviews.py` in the repository")
 
 
+def _simulator_in_environment() -> str | None:
+    """ANTHROPIC_BASE_URL when it is a simulator's (`llmledger simulator` prints the line that sets it, with a
+    key): the demo then answers from it, nothing paid, and must not say that the real API costs money."""
+    url = os.environ.get("ANTHROPIC_BASE_URL") or ""
+    return url if urlsplit(url).path.rstrip("/").endswith(SIMULATOR_PATH) else None
+
+
 @contextlib.contextmanager
 def _client() -> Iterator[tuple[anthropic.AsyncAnthropic | None, Simulator | None]]:
+    url = _simulator_in_environment()
+    if url is not None:
+        print(f"ANTHROPIC_BASE_URL is llmledger's simulator at {url}: answers are simulated; no cost.")
+        yield None, None
+        return
     if os.environ.get("ANTHROPIC_API_KEY"):
         print("ANTHROPIC_API_KEY is set: using the real Anthropic API (this costs money).")
         yield None, None
@@ -54,11 +69,18 @@ def _show(title: str, frame: pl.DataFrame | None) -> None:
 
 
 def run_demo(*, store: str | None = None, rows: int | None = None) -> None:
+    reviews = pl.read_csv(reviews_path())
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= reviews.height):
+        # checked before anything starts: `--rows 5000` ran the 3,000 there are without a word
+        raise InvalidInputError(
+            f"--rows {rows!r}: the bundled reviews have {reviews.height:,} rows; pass 1 to {reviews.height:,}"
+        )
     with _client() as (client, sim):
-        rows = rows or (3000 if sim else 20)
+        offline = sim is not None or _simulator_in_environment() is not None
+        rows = rows or (reviews.height if offline else 20)
         folder = Path(tempfile.mkdtemp(prefix="llmledger-demo-")) if store is None else None
         path = Path(store) if store else folder / "ledger.duckdb"  # type: ignore[operator]
-        df = pl.read_csv(reviews_path()).head(rows)
+        df = reviews.head(rows)
         # Three reviews carry text the (simulated) API rejects, so the first run shows failed rows.
         broken_ids = df["review_id"].head(3).to_list() if sim else []
         df = df.with_columns(

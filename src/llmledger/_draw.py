@@ -66,16 +66,16 @@ def usd(value: float | None, unknown: str = "unknown") -> str:
     """Dollars as a person reads them: cents from $1 up, four decimals down to a cent, and below that two
     significant digits (a non-zero amount never reads $0.0000); `unknown` for None (a model with no known price,
     a server that sent no usage)."""
-    if value is None:
+    if value is None or not math.isfinite(value):
         return unknown
     if value == 0:
         return "$0"
-    size = abs(value)
-    if size >= 1:
-        return f"${value:,.2f}"
-    if size >= 0.01:
-        return f"${value:.4f}"
-    return f"${value:.{max(2, 1 - math.floor(math.log10(size)))}f}"
+    sign, size = "-" if value < 0 else "", abs(value)
+    if round(size, 4) >= 1:
+        return f"{sign}${size:,.2f}"
+    if round(size, 6) >= 0.01:
+        return f"{sign}${size:.4f}"
+    return f"{sign}${size:.{max(2, 1 - math.floor(math.log10(size)))}f}"
 
 
 def rows(n: int, noun: str = "row") -> str:

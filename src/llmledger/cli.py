@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shlex
 import sys
 import time
 from datetime import timedelta
@@ -19,6 +20,7 @@ import polars as pl
 
 from llmledger._cli_parser import _FAULTS, _FAULTS_AS_TOLD, parser
 from llmledger._draw import rows
+from llmledger._exec.client import SIMULATOR_PATH
 from llmledger._ledger import db_errors, shown
 from llmledger._view.overview import show, use_colour
 from llmledger.errors import InvalidInputError, LedgerError
@@ -85,7 +87,9 @@ def entry() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        code = _main(argv)
+        sys.stdout.flush()  # inside the try: a reader that left is seen here, not in the interpreter's last flush
+        return code
     except BrokenPipeError:  # `llmledger status | head -2`: the reader left; say nothing more (CPython's recipe)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -206,9 +210,12 @@ def _main(argv: list[str] | None) -> int:
             with pl.Config(**_TABLE_FORMAT):  # the whole frame is llmledger.history(); here what fits a terminal
                 print(found.select(*keys, "replaced_at", "reason", "old_output", "output", "status"))
         elif args.command == "export":
-            from llmledger._ledger.parquet import export
+            from llmledger._ledger.parquet import COMMAND_LINE, export_spelled
 
-            print(f"wrote {export(args.store, args.table, args.path, step=args.step, overwrite=args.overwrite)}")
+            written = export_spelled(
+                args.store, args.table, args.path, step=args.step, overwrite=args.overwrite, spelling=COMMAND_LINE
+            )
+            print(f"wrote {written}")
         elif args.command == "restore":
             from llmledger._ledger.parquet import restore
 
@@ -225,11 +232,15 @@ def _main(argv: list[str] | None) -> int:
                 for name, value in vars(args).items()
                 if (name in _FAULTS or name in _FAULTS_AS_TOLD) and value not in (None, [])
             }
-            sim = Simulator(port=args.port, **faults)
-            print(
-                f"simulator listening on {sim.base_url} (ANTHROPIC_BASE_URL={sim.base_url}); Ctrl-C stops it",
-                flush=True,
-            )
+            try:
+                sim = Simulator(port=args.port, **faults)
+            except OSError as exc:  # the port is taken, or not this user's to take
+                raise InvalidInputError(
+                    f"the simulator cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}): pass another "
+                    "--port, or --port 0 for any free one"
+                ) from None
+            print(f"simulator listening on {sim.base_url}; Ctrl-C stops it", flush=True)
+            print(_recipe(sim.base_url, args.api_key), flush=True)
             try:
                 sim.serve_forever()
             except KeyboardInterrupt:
@@ -237,13 +248,35 @@ def _main(argv: list[str] | None) -> int:
     except (LedgerError, *db_errors()) as exc:  # type: ignore[misc]
         if isinstance(exc, InvalidInputError) and str(exc).startswith("no API key"):  # to a shell user
             exc = InvalidInputError(
-                "no API key: export ANTHROPIC_API_KEY=... first. To run offline instead, "
-                "start the simulator in another shell (llmledger simulator --port 8765) and "
-                "export ANTHROPIC_BASE_URL=http://127.0.0.1:8765/llmledger-simulator"
+                "no API key: export ANTHROPIC_API_KEY=... first. To run offline instead, start the simulator in "
+                "another shell (llmledger simulator --port 8765), then here: "
+                + _exports("ANTHROPIC", "http://127.0.0.1:8765" + SIMULATOR_PATH, SIMULATED_KEY)
             )
         print(f"llmledger: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+SIMULATED_KEY = "simulated"  # the key the printed recipe sets: the simulator takes any key unless told --api-key
+
+
+def _exports(provider: str, base_url: str, key: str) -> str:
+    """One `export` line for the shell, pointing an SDK at a simulator with a key: without a key, the SDK's own
+    client and `llmledger run` refuse before sending anything ("no API key"), so the recipe sets one."""
+    return f"export {provider}_BASE_URL={shlex.quote(base_url)} {provider}_API_KEY={shlex.quote(key)}"
+
+
+def _recipe(base_url: str, api_key: str | None) -> str:
+    """What `llmledger simulator` prints under its address: the lines to paste, exactly, into the shell that runs
+    `llmledger run` (or your own code) so that it sends to this simulator. A test runs them as printed."""
+    key = api_key if api_key is not None else SIMULATED_KEY
+    accepted = "it takes any key" if api_key is None else "it takes only the key --api-key set"
+    return (
+        f"To send to it, run this in the shell that runs llmledger or your code ({accepted}):\n"
+        f"{_exports('ANTHROPIC', base_url, key)}\n"
+        "and for 'openai:' models also:\n"
+        f"{_exports('OPENAI', base_url + '/v1', key)}"
+    )
 
 
 def _infer_names(args: argparse.Namespace, *, step: bool) -> None:

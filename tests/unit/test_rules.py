@@ -43,7 +43,8 @@ def test_one_condition_is_one_self_contained_expression(where: str) -> None:
     "where",
     ["1=1; DROP TABLE t", "1=1) OR (1=1", "a = 1 -- the rest", "a /* x */ = 1", "(a = 1", "a = $$x$$",
      "pg_sleep(3) IS NULL", "id IN (SELECT pg_catalog.pg_sleep(1))", '"pg_sleep" (1) IS NULL', "nextval('s') > 0",
-     "id IN (FROM read_csv('/etc/passwd'))", "PG_ADVISORY_LOCK(1) IS NULL"],
+     "id IN (FROM read_csv('/etc/passwd'))", "PG_ADVISORY_LOCK(1) IS NULL", "id IN (SELECT id FROM 'ids.csv')",
+     "EXISTS (WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r) SELECT 1 FROM r WHERE n < 0)"],
 )  # fmt: skip
 def test_a_where_that_could_escape_its_parentheses_is_refused(where: str) -> None:
     assert where_shape_problem(where) is not None

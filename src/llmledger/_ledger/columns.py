@@ -34,8 +34,8 @@ KEEP_UNLESS_ANSWERED = "keep"  # the new value when the result holds an answer, 
 # and NEEDS_REVIEW rows whose answer was paid for but did not pass the schema or `validate=`.
 ANSWERED = "i.fingerprint IS NOT NULL"
 # The usage columns also take a paid failure's (a refusal, an answer left empty: no fingerprint, its usage set):
-# on a row showing no answer, added to what its earlier paid failures used, so the row says what it cost; a row
-# showing an answer (a failed redo) keeps that answer's.
+# on a row showing no answer, added to what its earlier paid failures used, and carried into the answer that
+# follows them, so the row says what it cost; a row showing an answer (a failed redo) keeps that answer's.
 PAID_USAGE = ("_input_tokens", "_output_tokens", "_cache_write_tokens", "_cache_read_tokens", "_cost_usd")
 FROM_RESULT = "result"  # always the result's value
 CLEAR = "clear"  # NULL (the claim is over)
@@ -334,9 +334,11 @@ def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
                     f"coalesce({value}, CASE WHEN {output_from_text('i.output', output_type)} IS NULL "
                     "THEN i.output END)"
                 )  # (its type changed meanwhile) is kept as text
-            if c.commit == KEEP_UNLESS_ANSWERED and c.suffix in PAID_USAGE:
+            if c.commit == KEEP_UNLESS_ANSWERED and c.suffix in PAID_USAGE:  # a row showing no answer adds up
+                earlier = f"CASE WHEN {t['_fingerprint']} IS NULL THEN {t[c.suffix]} END"  # its failed tries
                 value = (
-                    f"CASE WHEN {ANSWERED} THEN {value} WHEN {value} IS NOT NULL AND {t['_fingerprint']} IS NULL "
+                    f"CASE WHEN {ANSWERED} THEN {value} + coalesce({earlier}, 0) "
+                    f"WHEN {value} IS NOT NULL AND {t['_fingerprint']} IS NULL "
                     f"THEN coalesce({t[c.suffix]}, 0) + {value} ELSE {t[c.suffix]} END"
                 )
             elif c.commit == KEEP_UNLESS_ANSWERED:

@@ -29,8 +29,8 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
         return url
     if not isinstance(store, str | Path):
         raise InvalidInputError(f"store must be a DuckDB file path or a postgresql:// URL, got {store!r}")
-    if isinstance(store, str) and OTHER_SCHEME.match(store):
-        raise not_a_store(store)
+    if isinstance(store, str) and (OTHER_SCHEME.match(store) or "://" in store):  # " postgresql://", "jdbc:...://"
+        raise not_a_store(store.strip())
     path = Path(store).expanduser()
     check_store_path(path, must_exist=must_exist)
     return path

@@ -10,16 +10,21 @@ Parquet file each (as DuckDB's `EXPORT DATABASE` does):
 
 `restore(folder, store)` rebuilds that table in a store (new, or one without
 that table) with statuses, outputs, usage, flags and history as they were, so
-a rerun of the same cell pays nothing. A path ending in `.parquet` is one file
-instead, which any Parquet reader opens: the fact table (every step's columns),
-or with `step=S` one step's view (key, inputs, output, status, error, usage, cost).
+a rerun of the same cell pays nothing. A path with a suffix is one file instead,
+in the format the suffix names: `.parquet` (any Parquet reader opens it), `.csv`
+(structured answers as JSON text), `.jsonl` or `.ndjson` (JSON lines); any other
+suffix is refused (`out.csv` once became a folder of Parquet files). The file
+holds the fact table (every step's columns), or with `step=S` one step's view
+(key, inputs, output, status, error, usage, cost).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,23 +96,44 @@ def read_parquet_input(
     return lazy.select(keep or names).collect()
 
 
+@dataclass(frozen=True)
+class Spelling:
+    """How export's errors name its options: as the Python call takes them, or as `llmledger export` does (a shell
+    user told to "pass overwrite=True" has nowhere to pass it)."""
+
+    overwrite: str
+    step: str
+
+
+PYTHON = Spelling(overwrite="overwrite=True", step="export(step=...)")
+COMMAND_LINE = Spelling(overwrite="--overwrite", step="--step")
+
+
 def export(
     store: str | Path, table: str, path: str | Path, *, step: str | None = None, overwrite: bool = False
 ) -> Path:
     """Write `table` (with its steps' bookkeeping) to the folder `path`; to a `path` ending in `.parquet`, `.csv`,
     `.jsonl` or `.ndjson`, the table alone as one file of that format (or with `step=`, one step's view); any
-    other suffix is refused.
+    other suffix is refused, before anything is written.
 
     An existing file, or a folder export wrote before, is replaced only with `overwrite=True` (a folder holding
     anything else is never emptied). Returns the path written. See the module docstring for the layout.
     """
+    return export_spelled(store, table, path, step=step, overwrite=overwrite, spelling=PYTHON)
+
+
+def export_spelled(
+    store: str | Path,
+    table: str,
+    path: str | Path,
+    *,
+    step: str | None = None,
+    overwrite: bool = False,
+    spelling: Spelling = PYTHON,
+) -> Path:
+    """`export`, its errors naming the options as `spelling` does (`llmledger export` passes COMMAND_LINE)."""
     if not isinstance(overwrite, bool):
         raise InvalidInputError(f"overwrite must be True or False, got {overwrite!r}")
-    ledger = open_existing(store)
-    ledger.migrated()  # every column an export lists
-    steps = {s: key for _, s, key in ledger.steps(table)}
-    if not steps:
-        raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
     out = Path(path).expanduser()
     suffix = out.suffix.lower()
     if suffix and suffix not in (".parquet", *TEXT_FORMATS):  # found in a trial: out.csv became a folder of Parquet
@@ -117,8 +143,14 @@ def export(
         )
     if step is not None and not suffix:
         raise InvalidInputError(
-            f"export(step=...) writes one file: pass a path ending in .parquet, .csv or .jsonl, got {str(path)!r}"
+            f"{spelling.step} writes one file: pass a path ending in .parquet, .csv, .jsonl or .ndjson, "
+            f"got {str(path)!r}"
         )
+    ledger = open_existing(store)
+    ledger.migrated()  # every column an export lists
+    steps = {s: key for _, s, key in ledger.steps(table)}
+    if not steps:
+        raise InvalidInputError(f"the store has no table {table!r} with llmledger steps")
     if not is_url(store) and out.resolve() == Path(store).expanduser().resolve():
         raise InvalidInputError(f"{str(path)!r} is the store itself; export to another path")
     with ledger.conn.open(wait=60.0, read_only=True) as con:
@@ -128,12 +160,12 @@ def export(
             owned = owned_columns(con, table, step)
             inputs = [c for c in column_types(con, table) if c not in owned]
             cols = [*inputs, *(step + suffix for suffix in _STEP_VIEW)]
-            _check_file(out, overwrite)
+            _check_file(out, overwrite, spelling)
             _make_folder(out.parent, out)
             _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
             return out
         if suffix in TEXT_FORMATS:  # one text file: what the suffix names
-            _check_file(out, overwrite)
+            _check_file(out, overwrite, spelling)
             _make_folder(out.parent, out)
             _copy(con, f"SELECT * FROM {q(table)}", out)
             return out
@@ -143,7 +175,7 @@ def export(
                     f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
                     "a folder path (not ending in .parquet) for the table with its bookkeeping"
                 )
-            _check_file(out, overwrite)
+            _check_file(out, overwrite, spelling)
             _make_folder(out.parent, out)
             _copy(con, f"SELECT * FROM {q(table)}", out)
             return out
@@ -156,9 +188,9 @@ def export(
             if not (overwrite and exported):
                 raise InvalidInputError(
                     f"{str(out)!r} exists and is not an empty folder; export writes a folder of Parquet files (a "
-                    "path ending in .parquet gets a single file). "
+                    "path ending in .parquet, .csv, .jsonl or .ndjson gets a single file). "
                     + (
-                        "Pass overwrite=True (--overwrite) to replace that earlier export."
+                        f"Pass {spelling.overwrite} to replace that earlier export."
                         if exported
                         else "It is not a folder export wrote, so it is never emptied: choose another path."
                     )
@@ -177,11 +209,9 @@ def export(
     return out
 
 
-def _check_file(out: Path, overwrite: bool) -> None:
+def _check_file(out: Path, overwrite: bool, spelling: Spelling) -> None:
     if out.exists() and not overwrite:
-        raise InvalidInputError(
-            f"{str(out)!r} exists; pass overwrite=True (--overwrite) to replace it, or choose a new path"
-        )
+        raise InvalidInputError(f"{str(out)!r} exists; pass {spelling.overwrite} to replace it, or choose a new path")
     if out.is_dir():
         raise InvalidInputError(f"{str(out)!r} is a folder; pass a file path ending in {out.suffix or '.parquet'}")
 
@@ -257,15 +287,35 @@ TEXT_FORMATS = (".csv", ".jsonl", ".ndjson")  # one file of text: structured ans
 
 
 def _write_text(con: Any, query: str, path: Path) -> None:
-    """A query's rows as CSV or JSON lines, by the file's suffix."""
-    frame = con.sql(query).pl()
-    if path.suffix.lower() == ".csv":  # a CSV cell holds text: nested values (a STRUCT answer) as JSON
-        nested = [c for c, t in frame.schema.items() if t.is_nested()]
-        frame = frame.with_columns(pl.col(c).struct.json_encode() if frame.schema[c] == pl.Struct else
-                                   pl.col(c).cast(pl.String, strict=False) for c in nested)  # fmt: skip
-        frame.write_csv(path)
-    else:
-        frame.write_ndjson(path)
+    """A query's rows as CSV or JSON lines, by the file's suffix, chunk by chunk (as Parquet from PostgreSQL is):
+    a table larger than memory is written too, the same way from either engine."""
+    csv = path.suffix.lower() == ".csv"
+    with path.open("wb") as out:
+        header = csv
+        for chunk in frames(con, query, 100_000):
+            if csv:
+                _as_cells(chunk).write_csv(out, include_header=header)
+                header = False
+            else:
+                chunk.write_ndjson(out)
+        if header:  # no rows: a CSV of the header alone
+            empty = con.sql(f"SELECT * FROM ({query}) AS q LIMIT 0").pl()
+            _as_cells(empty).write_csv(out)
+
+
+def _as_cells(frame: pl.DataFrame) -> pl.DataFrame:
+    """A CSV cell holds text: a nested value (a structured answer's STRUCT, a list) as its JSON, not dropped."""
+    nested = [c for c, t in frame.schema.items() if t.is_nested()]
+    return frame.with_columns(
+        pl.col(c).struct.json_encode()
+        if isinstance(frame.schema[c], pl.Struct)
+        else pl.col(c).map_elements(_json, return_dtype=pl.String)
+        for c in nested
+    )
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value.to_list() if isinstance(value, pl.Series) else value, default=str)
 
 
 def _write(con: Any, query: str, path: Path) -> None:

@@ -87,6 +87,10 @@ def _call_problems(outside: str) -> list[str]:
     """Why the calls of a condition (its text outside quotes) may not run: a function not in SAFE_FUNCTIONS."""
     if re.search(r'""\s*\(', outside):
         return ["it calls a function by a quoted name (only the pure functions llmledger allows may be called)"]
+    if re.search(r"\bfrom\s*''", outside, re.IGNORECASE):  # DuckDB reads a file named in a FROM: read_csv unnamed
+        return ["it reads from a file (FROM 'path'); a condition reads the fact table's columns"]
+    if re.search(r"\brecursive\b", outside, re.IGNORECASE):  # a recursive query may never end: pg_sleep unnamed
+        return ["it has a recursive query, which may run for ever; a condition reads the fact table's columns"]
     for match in _CALL.finditer(outside):
         name = match.group(1).lower()
         if name in _SQL_WORDS or name in SAFE_FUNCTIONS:

@@ -41,6 +41,12 @@ def choose_api(o: dict[str, Any], provider: str, *, recorded: RequestSpec | None
             )
         return "responses"
     if recorded is not None and recorded.provider == OPENAI:
+        if recorded.api == "responses" and own_rules(o["client"]):  # the step's API, which Azure's client lacks
+            raise InvalidInputError(
+                "this step's requests were made for OpenAI's Responses API, which llmledger does not send through an "
+                "Azure OpenAI client yet: pass api='chat' to move the step to Chat Completions (its answers are then "
+                "reported stale, not paid), or run it with an OpenAI client"
+            )
         return str(recorded.api) if recorded.api else None
     gateway = o.get("gateway", False)  # the server the call would send to, asked only now that it decides the API
     _, endpoint = client_for(o["client"], o.get("base_url"), o.get("api_key"), provider, gateway=gateway)

@@ -146,7 +146,9 @@ def plan_options(
     if isinstance(commit_every, bool) or not isinstance(commit_every, int | float) or not commit_every > 0:  # NaN
         raise InvalidInputError(f"commit_every must be a positive number of seconds, got {commit_every!r}")
     if max_cost_usd is not None and (
-        isinstance(max_cost_usd, bool) or not isinstance(max_cost_usd, int | float) or not max_cost_usd > 0
+        isinstance(max_cost_usd, bool)
+        or not isinstance(max_cost_usd, int | float)
+        or not 0 < max_cost_usd < float("inf")
     ):
         raise InvalidInputError(f"max_cost_usd must be a positive number of dollars, got {max_cost_usd!r}")
     if budget_scope not in ("run", "step"):

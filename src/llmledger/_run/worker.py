@@ -73,7 +73,7 @@ def work(
         if report.outcome is not Outcome.COMPLETED:  # interrupted, an outage, a budget...: stop like a run does
             return total
         if report.selected and report.unsent >= report.selected:  # none could be sent (their files are not as
-            if report.unsent_why != said:  # recorded): say why once, and wait for them to become sendable
+            if said is None:  # recorded): say why once (the first file named), and wait for them to be sendable
                 said = report.unsent_why
                 log.warning(
                     "%s of %s.%s cannot be sent: %s. This worker waits and looks again every %gs; they are sent "

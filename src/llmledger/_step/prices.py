@@ -262,7 +262,7 @@ def set_price(
     model = split_model(model)[1]  # "openai:gpt-6.1-terra" is priced as gpt-6.1-terra, the id the API answers with
     rates = {"input": input, "output": output, "batch": batch}
     for name, value in rates.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):  # NaN
             raise InvalidInputError(f"{name} must be a non-negative number of USD per million tokens, got {value!r}")
     price = Price(
         input=float(input),

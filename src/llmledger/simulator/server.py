@@ -57,6 +57,8 @@ class Simulator:
     """A local Messages API server on 127.0.0.1, started in a background thread."""
 
     def __init__(self, *, port: int = 0, responder: Responder | None = None, **faults: Any) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:  # 99999: an OverflowError
+            raise ValueError(f"port must be 0 (any free port) to 65535, got {port!r}")
         self.responder = responder or default_reply
         if "outage_for" in faults:  # seconds from now, as configure() takes it
             faults["outage_until"] = time.time() + float(faults.pop("outage_for"))

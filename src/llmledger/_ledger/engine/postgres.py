@@ -60,7 +60,14 @@ def not_a_store(url: str) -> InvalidInputError:
 
 
 def redacted(url: str) -> str:
-    """The URL without its password, for messages and journal folders."""
+    """The URL without its password, for messages and journal folders (a URL that cannot be read: its scheme)."""
+    try:
+        return _redacted(url)
+    except ValueError:  # a port that is no number, a / in a password: show nothing of what follows the scheme
+        return url.partition("://")[0] + "://…"
+
+
+def _redacted(url: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or ""
     netloc = (f"{parts.username}@" if parts.username else "") + host + (f":{parts.port}" if parts.port else "")
