@@ -326,6 +326,7 @@ class Connection:
         while True:
             try:
                 con = duckdb.connect(str(self.path), read_only=read_only)
+                con.execute("SET enable_progress_bar = false")  # DuckDB's own bar went to stdout on a slow export
                 if MEMORY_LIMIT:
                     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
                 return con
