@@ -7,13 +7,12 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import anthropic
 import polars as pl
 
 from llmledger._draw import rows as n_rows
-from llmledger._exec.client import SIMULATOR_PATH
+from llmledger._exec.client import is_simulator_url
 from llmledger._ledger.query import sql
 from llmledger._report import RunReport
 from llmledger._run.api import apply_llm
@@ -40,7 +39,7 @@ def _simulator_in_environment() -> str | None:
     """ANTHROPIC_BASE_URL when it is a simulator's (`llmledger simulator` prints the line that sets it, with a
     key): the demo then answers from it, nothing paid, and must not say that the real API costs money."""
     url = os.environ.get("ANTHROPIC_BASE_URL") or ""
-    return url if urlsplit(url).path.rstrip("/").endswith(SIMULATOR_PATH) else None
+    return url if is_simulator_url(url) else None
 
 
 @contextlib.contextmanager

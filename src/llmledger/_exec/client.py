@@ -289,6 +289,12 @@ NEVER_IN_THIS_SIMULATOR = "this simulator never had it (a simulator keeps its ba
 # (in this process, a subprocess, a kernel) is recognised as simulated
 
 
+def is_simulator_url(url: str) -> bool:
+    """Whether `url` is a Simulator's base URL (`Simulator.base_url`, or OpenAI's SDK's with "/v1" after it)."""
+    path = urlsplit(url).path.rstrip("/")
+    return path.endswith(SIMULATOR_PATH) or path.endswith(SIMULATOR_PATH + "/v1")
+
+
 def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
     """Where a run's answers come from, as stored in `{step}_source`: "simulator", or the endpoint's base URL.
 
@@ -305,10 +311,9 @@ def answer_source(client: anthropic.AsyncAnthropic | None) -> str:
         url = os.environ.get("ANTHROPIC_BASE_URL") or MESSAGES.own_url  # what the SDK itself reads
     else:
         url = str(getattr(client, "base_url", "") or MESSAGES.own_url)
-    path = urlsplit(url).path.rstrip("/")
     platform = None if client is None else platform_of(client)
-    if platform is None and (path.endswith(SIMULATOR_PATH) or path.endswith(SIMULATOR_PATH + "/v1")):
-        return SIMULATOR  # "/v1": OpenAI's SDK's base URLs
+    if platform is None and is_simulator_url(url):
+        return SIMULATOR
     named = endpoint_url(url) or url
     return named if platform is None else f"{platform}:{named}"
 

@@ -62,19 +62,8 @@ class Recorder:
             refused_by_validate = error is not None
         if error:  # a validate= reason or an API message: PostgreSQL text holds no NUL, and the answer must commit
             error = error.replace("\x00", "\ufffd")
-        cost: float | None
-        if reply is not None and reply.useless:  # paid for, nothing to keep: a failure, with what it cost
-            cost = 0.0 if reused else self.bill(reply)
-            self._failed(result, row, attempts, error)
-            counted = reply.counted and not reused
-            result.update(
-                input_tokens=reply.input_tokens if counted else 0 if reused else None,
-                output_tokens=reply.output_tokens if counted else 0 if reused else None,
-                cost_usd=cost,
-                stop_reason=reply.stop_reason,
-                model=reply.model,
-            )
-        elif reply is not None:
+        cost: float | None = None
+        if reply is not None:
             if reused:  # an identical request was answered already: nothing to pay
                 reply = dataclasses.replace(
                     reply,
@@ -85,10 +74,15 @@ class Recorder:
                     cache_read_tokens=0,
                     latency_ms=None,
                 )
-                rep.reused += 1
                 cost = 0.0 if reply.counted else None  # its twin's usage is unknown: so is the group's
             else:
                 cost = self.bill(reply)
+        if reply is not None and reply.useless:  # paid for, nothing to keep: a failure, with what it cost
+            self._failed(result, row, attempts, error)
+            result.update(**_usage(reply), cost_usd=cost, stop_reason=reply.stop_reason, model=reply.model)
+        elif reply is not None:
+            if reused:
+                rep.reused += 1
             if error is None:
                 rep.done += 1
                 result.update(status=Status.DONE.value, output=reply.text, raw=None)
@@ -100,14 +94,10 @@ class Recorder:
                     output=reply.text if refused_by_validate else None,
                     raw=None if refused_by_validate else reply.text,
                 )
-            counted = reply.counted  # without usage, tokens are unknown (NULL), a twin's as the answer's
             result.update(
                 attempts=attempts,
                 error=error,
-                input_tokens=reply.input_tokens if counted else None,
-                output_tokens=reply.output_tokens if counted else None,
-                cache_write_tokens=reply.cache_write_tokens if counted else None,
-                cache_read_tokens=reply.cache_read_tokens if counted else None,
+                **_usage(reply),
                 latency_ms=reply.latency_ms,
                 cost_usd=cost,
                 stop_reason=reply.stop_reason,
@@ -165,3 +155,13 @@ class Recorder:
         """Count the error by kind in the report, with the row it happened to as its example."""
         key = "" if row is None else ", ".join(f"{k}={row.get(k)!r}" for k in self.selection.layout.key)
         self.report.note_error(message, example_key=key, retried=retried)
+
+
+def _usage(reply: Reply) -> dict[str, int | None]:
+    """The token columns of a result: the reply's (zeros for a reused one), or NULL where the server sent no usage
+    (tokens unknown, a twin's as the answer's)."""
+    counted = reply.counted
+    return {
+        name: getattr(reply, name) if counted else None
+        for name in ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+    }

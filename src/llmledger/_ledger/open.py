@@ -19,7 +19,7 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
     """
     from llmledger._ledger.engine.duckdb import check_store_path
     from llmledger._ledger.engine.pgcon import _psycopg
-    from llmledger._ledger.engine.postgres import OTHER_SCHEME, PgConnection, is_url, not_a_store, pg_url
+    from llmledger._ledger.engine.postgres import PgConnection, is_url, not_a_store, pg_url
 
     if is_url(store):
         _psycopg()
@@ -29,7 +29,7 @@ def locate(store: str | Path, *, must_exist: bool = False) -> Store:
         return url
     if not isinstance(store, str | Path):
         raise InvalidInputError(f"store must be a DuckDB file path or a postgresql:// URL, got {store!r}")
-    if isinstance(store, str) and (OTHER_SCHEME.match(store) or "://" in store):  # " postgresql://", "jdbc:...://"
+    if isinstance(store, str) and "://" in store:  # another scheme; " postgresql://", "jdbc:postgresql://" too
         raise not_a_store(store.strip())
     path = Path(store).expanduser()
     check_store_path(path, must_exist=must_exist)
@@ -81,15 +81,16 @@ def known_steps(store: str | Path, table: str) -> list[str]:
     return known_table(store, table)[0]
 
 
-def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
-    """The steps and the columns a store's `table` has (none when the store or table does not exist yet),
-    read without writing anything: what a new step's name is checked against before a call writes."""
+def known_table(store: str | Path, table: str) -> tuple[list[str], list[str], list[str]]:
+    """The steps, the columns and the key a store's `table` has (none when the store or table does not exist yet),
+    read without writing anything: what a new step's name is checked against before a call writes, and the key a
+    call on the table that names no key= and has no `id` column takes."""
     from llmledger._ledger.engine.shared import column_types, table_exists
     from llmledger._ledger.schema import list_steps
 
     location = locate(store)
     if isinstance(location, Path) and not location.exists():
-        return [], []
+        return [], [], []
     ledger = open_ledger(location)
     with ledger.conn.open(wait=60.0, read_only=True) as con:
         alike = [
@@ -109,27 +110,14 @@ def known_table(store: str | Path, table: str) -> tuple[list[str], list[str]]:
         # columns are never seen without the step (which made a second run starting the same new step at that
         # moment refuse it as a clash with "input columns").
         columns = list(column_types(con, table)) if table_exists(con, table) else []
-        steps = [step for _, step, _ in list_steps(con, table)]
-    return steps, columns
+        recorded = list_steps(con, table)
+    return [step for _, step, _ in recorded], columns, list(recorded[0][2]) if recorded else []
 
 
 def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:
     """Each step of a store's `table` and the structured output (`OutputSpec`) its current definition asks for,
     None for text answers; read without writing (a pipeline checks the fields its templates read against it)."""
     return {step: None if r is None else r.output_spec() for step, r in stored_requests(store, table).items()}
-
-
-def recorded_key(store: str | Path, table: str) -> list[str]:
-    """The key columns the store's `table` was recorded with (its first step's), [] when it has none yet; read
-    without writing: a call on that table that names no key= and has no `id` column takes it."""
-    from llmledger._ledger.schema import list_steps
-
-    location = locate(store)
-    if isinstance(location, Path) and not location.exists():
-        return []
-    with open_ledger(location).conn.open(wait=60.0, read_only=True) as con:
-        steps = list_steps(con, table)
-    return list(steps[0][2]) if steps else []
 
 
 def stored_requests(store: str | Path, table: str) -> dict[str, Any]:

@@ -44,10 +44,10 @@ def _usage(con: Con, s: StepOverview, key_columns: list[str]) -> None:
     """Cost and paid rows; the processes holding claims; FAILED / NEEDS_REVIEW rows by kind of error."""
     t, status = q(s.table), q(s.step + "_status")
     cost = q(s.step + "_cost_usd")
-    spent, paid = con.execute(
+    answers_usd, paid = con.execute(
         f"SELECT coalesce(sum({cost}), 0)::DOUBLE, count(*) FILTER (WHERE {cost} > 0) FROM {t}"
     ).fetchall()[0]
-    s.cost_usd, s.paid_rows = float(spent), int(paid)
+    s.cost_usd, s.paid_rows = float(answers_usd), int(paid)
     if table_exists(con, RUNS_TABLE):
         calls, spent, unknown = con.execute(
             f"SELECT coalesce(sum(calls), 0)::BIGINT, coalesce(sum(cost_usd), 0)::DOUBLE, "

@@ -154,30 +154,24 @@ def export_spelled(
     if not is_url(store) and out.resolve() == Path(store).expanduser().resolve():
         raise InvalidInputError(f"{str(path)!r} is the store itself; export to another path")
     with ledger.conn.open(wait=60.0, read_only=True) as con:
-        if step is not None:
+        query = None  # one file's: a step's view, or the table alone
+        if step is not None:  # one step's view, as one file
             if step not in steps:
                 raise InvalidInputError(f"table {table!r} has no step {step!r}; it has {sorted(steps)}")
             owned = owned_columns(con, table, step)
             inputs = [c for c in column_types(con, table) if c not in owned]
-            cols = [*inputs, *(step + suffix for suffix in _STEP_VIEW)]
-            _check_file(out, overwrite, spelling)
-            _make_folder(out.parent, out)
-            _copy(con, f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)}", out)
-            return out
-        if suffix in TEXT_FORMATS:  # one text file: what the suffix names
-            _check_file(out, overwrite, spelling)
-            _make_folder(out.parent, out)
-            _copy(con, f"SELECT * FROM {q(table)}", out)
-            return out
-        if out.suffix.lower() == ".parquet":  # one file a Parquet reader opens (a folder there holds mixed schemas)
+            query = f"SELECT {', '.join(q(c) for c in [*inputs, *(step + s for s in _STEP_VIEW)])} FROM {q(table)}"
+        elif suffix:  # the table alone, as one file of what the suffix names (a folder holds mixed schemas)
             if out.is_dir():
                 raise InvalidInputError(
-                    f"{str(out)!r} is a folder; pass a new file path ending in .parquet, or "
-                    "a folder path (not ending in .parquet) for the table with its bookkeeping"
+                    f"{str(out)!r} is a folder; pass a new file path ending in {suffix}, or a folder path (without "
+                    "a suffix) for the table with its bookkeeping"
                 )
+            query = f"SELECT * FROM {q(table)}"
+        if query is not None:
             _check_file(out, overwrite, spelling)
             _make_folder(out.parent, out)
-            _copy(con, f"SELECT * FROM {q(table)}", out)
+            _copy(con, query, out)
             return out
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             exported = (

@@ -24,7 +24,6 @@ from llmledger._exec.client import DEFAULT_MODEL
 from llmledger._exec.config import RetryPolicy
 from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE, StepDefinition, known_table, locate, stored_requests
 from llmledger._ledger.columns import MAX_STEP_NAME, check_step_name
-from llmledger._ledger.open import recorded_key
 from llmledger._ledger.parquet import is_parquet_path, read_parquet_input
 from llmledger._report import RunReport
 from llmledger._run.choices import check_no_cache_ttl, check_responses_bound, choose_api, responses_prefix
@@ -225,12 +224,11 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
     check_frame_columns(frame.columns)
-    if key is None and "id" not in frame.columns:  # the table records its key: a later call need not name it
-        known_key = recorded_key(store, table)
-        key = known_key if known_key and all(k in frame.columns for k in known_key) else None
+    stored_steps, stored_columns, table_key = known_table(store, table)
+    if key is None and "id" not in frame.columns and table_key and all(k in frame.columns for k in table_key):
+        key = table_key  # the table records its key: a later call need not name it
     keys = resolve_key(frame, key, step, index=index_names(df) if from_pandas else [])
     # `earlier_steps`: a pipeline's checks before its first step runs name the steps that will exist by then
-    stored_steps, stored_columns = known_table(store, table)
     steps = [s for s in dict.fromkeys([*stored_steps, *o.get("earlier_steps", ())]) if s != step]
     if step not in stored_steps and len(step) > MAX_STEP_NAME:  # a store may move to PostgreSQL (`copy`)
         raise StepNameError(

@@ -341,6 +341,7 @@ def _holder(frame: pl.DataFrame | None, column: str, index: int | None, data: by
 
 _DATA_URLS = {"image_url": "url", "file": "file_data"}  # where a Chat Completions part holds its data URL
 _TOP_URLS = {"input_image": "image_url", "input_file": "file_data"}  # and a Responses part, at its top level
+_URL_FIELDS = {**_DATA_URLS, **_TOP_URLS}
 
 
 def _ref(block: Any) -> str | None:
@@ -352,7 +353,7 @@ def _ref(block: Any) -> str | None:
         data = source.get("data")
     else:
         inner = block if kind in _TOP_URLS else block.get(kind) if kind in _DATA_URLS else None
-        url = inner.get({**_DATA_URLS, **_TOP_URLS}[kind]) if isinstance(inner, dict) else None
+        url = inner.get(_URL_FIELDS[kind]) if isinstance(inner, dict) else None
         data = url.partition(";base64,")[2] if isinstance(url, str) and url.startswith("data:") else None
     return data[len(REF) :] if isinstance(data, str) and data.startswith(REF) else None
 

@@ -37,7 +37,17 @@ RENDER_CHUNK = 100_000
 
 def template_fields(template: str) -> list[str]:
     """The column names a str.format template reads, in order of first use."""
-    names: list[str] = []
+    return list(dict.fromkeys(_head(field) for field in _field_names(template)))
+
+
+def _head(field_name: str) -> str:
+    """The column a field names: `extract` of `extract.company`, `row` of `row[0]`."""
+    return field_name.split(".", 1)[0].split("[", 1)[0]
+
+
+def _field_names(template: str) -> list[str]:
+    """The whole field names of a template (`text`, `extract.company`, `row[0]`), each once; PromptError for what
+    is not a valid format string, or a positional field."""
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
@@ -45,24 +55,14 @@ def template_fields(template: str) -> list[str]:
             f"prompt template {template!r} is not a valid format string: {exc}. "
             "Write literal braces as '{{' and '}}'."
         ) from None
-    for _, field_name, _, _ in parsed:
-        if field_name is None:
-            continue
-        if field_name == "" or field_name.isdigit():
-            raise PromptError(
-                f"prompt template {template!r} has a positional field '{{{field_name}}}'; "
-                "name a column instead, e.g. '{text}'."
-            )
-        name = field_name.split(".", 1)[0].split("[", 1)[0]
-        if name not in names:
-            names.append(name)
-    return names
-
-
-def _field_names(template: str) -> list[str]:
-    """The whole field names of a template (`text`, `extract.company`, `row[0]`), each once."""
-    template_fields(template)  # refuses what is not a valid format string, or positional
-    return list(dict.fromkeys(f for _, f, _, _ in string.Formatter().parse(template) if f is not None))
+    fields = [field_name for _, field_name, _, _ in parsed if field_name is not None]
+    positional = next((f for f in fields if f == "" or f.isdigit()), None)
+    if positional is not None:
+        raise PromptError(
+            f"prompt template {template!r} has a positional field '{{{positional}}}'; "
+            "name a column instead, e.g. '{text}'."
+        )
+    return list(dict.fromkeys(fields))
 
 
 def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] = ()) -> None:
@@ -76,7 +76,7 @@ def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] 
     if not prompt.strip():
         raise PromptError("prompt is empty; pass a template such as 'Summarize: {text}'.")
     for field_name in _field_names(prompt):
-        name = field_name.split(".", 1)[0].split("[", 1)[0]
+        name = _head(field_name)
         if name in columns and name not in steps and field_name != name:
             raise PromptError(
                 f"prompt template reads {{{field_name}}}: a template names columns, and reading an attribute or an "

@@ -52,8 +52,13 @@ def choices(text: str) -> list[str]:
     return []
 
 
+def is_spam(text: str) -> bool:
+    """Whether `text` reads like an unsolicited offer: a spam score of 3 or more."""
+    return spam_score(text) >= 3
+
+
 def spam_score(text: str) -> int:
-    """How much `text` reads like an unsolicited offer (`_SPAM`'s weights; a long number, a price, 3 or more)."""
+    """How much `text` reads like an unsolicited offer (`_SPAM`'s weights; a long number, a price)."""
     words = re.findall(r"[a-z0-9&/]+", text.lower())
     score = sum(_SPAM.get(w, 0) for w in words)
     score += 2 * len(re.findall(r"\b0?[789]\d{9,}\b|\b8\d{4}\b", text))  # premium numbers and short codes
@@ -67,7 +72,7 @@ def _classified(options: list[str], row: str) -> str | None:
     low = {o.lower(): o for o in options}
     if "spam" in low:
         other = next((o for o in options if o.lower() != "spam"), options[-1])
-        return low["spam"] if spam_score(row) >= 3 else other
+        return low["spam"] if is_spam(row) else other
     if "positive" in low and "negative" in low:
         words = re.findall(r"[a-z']+", row.lower())
         score = sum(w in _POSITIVE for w in words) - sum(w in _NEGATIVE for w in words)
@@ -98,7 +103,7 @@ def default_reply(prompt: str, system: str | None = None) -> str:
         known = _classified(options, row)
         if known is not None:
             return known
-        # "Answer with one word: invoice or receipt": the option the row (or its file) names, else one by its text
+        # "Answer with one word: invoice or receipt": the option the row (or its file) names, else the last
         seen = " ".join([prompt.rsplit("\n", 1)[-1], *(text for _, text in files)]).lower()
         for option in options:  # the question names every option: not counted
             seen = seen.replace(option.lower(), " ", 1) if f" or {option.lower()}" in seen else seen
@@ -143,7 +148,7 @@ def fake_json(schema: dict[str, Any], prompt: str, variant: int = 0) -> str:
             return values[pick(path, len(values))]
         kind = node.get("type")
         if kind == "boolean" and "spam" in path.rsplit(".", 1)[-1].lower() and not variant:  # is_spam: the lexicon's
-            return spam_score(row) >= 3
+            return is_spam(row)
         rules = _stated_rules(node)  # constraints the schema states in its description (what a model reads)
         stated = (
             stated_value(files, path.rsplit(".", 1)[-1], kind in ("integer", "number"))

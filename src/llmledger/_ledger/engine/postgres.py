@@ -38,7 +38,6 @@ _LOCK_ID = 0x6C6C6D6C  # "llml": the advisory lock of prepare, migrations, flag 
 # suffixes (`postgresql+psycopg://`, `postgres+psycopg2://`). A trial found `POSTGRESQL://...` and
 # `postgresql+psycopg://...` taken for DuckDB file names: a local file under a folder named like the URL.
 _PG_SCHEME = re.compile(r"^(?:postgresql|postgres)(?:\+[a-z0-9_]+)?://", re.IGNORECASE)
-OTHER_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # any other URL: no store llmledger can open
 
 
 def is_url(store: object) -> bool:
