@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import date
 from typing import Any, NoReturn
 
-from llmledger._run.plan import MAX_CHUNK, MAX_CONCURRENCY, MAX_STALE_AFTER
+from llmledger._run.options import MAX_CHUNK, MAX_CONCURRENCY, MAX_STALE_AFTER
 from llmledger.simulator.faults import ERRORS, Faults
 
 # What `llmledger --help` shows above the verbs.

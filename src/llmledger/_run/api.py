@@ -38,16 +38,15 @@ from llmledger._run.frames import (
     storable,
 )
 from llmledger._run.lifecycle import warn_if_retiring
+from llmledger._run.options import RunOptions, Validator
 from llmledger._run.plan import (
     Plan,
-    Validator,
     cache_ttl,
     check_budget_countable,
     check_no_nul,
-    check_validator,
+    null_fields,
     plan_options,
     step_refusal,
-    with_null_fields,
 )
 from llmledger._run.run import Run, set_last_report
 from llmledger._step.apis import ANTHROPIC, OPENAI, shape_of
@@ -153,54 +152,95 @@ def apply_llm(
     for a request that has changed since) appended. Rows already DONE cost nothing; see the README for the
     status model. With `background=True` it returns a `Run` handle at once instead.
 
-    `messages=` instead of `prompt=`: a conversation sent before each row's message, the last message being the
-    row's own (a template, as `prompt=` is), e.g. few-shot examples, or a shared text then the row's question.
-    With `cache=`, the messages before the row's are sent as a cached prefix.
+    **What to ask**
 
-    `attach=` (a column, or a list of columns, of file paths, http(s) URLs or bytes) sends each row's files, PNG,
-    JPEG, GIF and WebP images and PDFs, before its text. The ledger records each file by the SHA-256 of its
-    bytes, not its path: a changed file makes its row stale, and an unchanged one is never paid for again.
+    - `df`: a polars or pandas DataFrame, or the path of a Parquet file (read lazily: only the columns the step
+      needs).
+    - `step`: the step's name; its answers are the columns `{step}`, `{step}_status`, ... of the fact table.
+    - `prompt`: a template such as `"Classify: {text}"` (column names in braces; `{other_step}` reads an earlier
+      step's answer and `{extract.company}` a field of a typed one), or a callable(row) -> str.
+    - `messages`: instead of `prompt=`, a conversation sent before each row's message, the last message being the
+      row's own (a template, as `prompt=` is), e.g. few-shot examples, or a shared text then the row's question.
+      With `cache=`, the messages before the row's are sent as a cached prefix.
+    - `attach`: a column, or a list of columns, of file paths, http(s) URLs or bytes: each row's files (PNG, JPEG,
+      GIF and WebP images and PDFs) are sent before its text. The ledger records each file by the SHA-256 of its
+      bytes, and a path made absolute from the folder `apply_llm` runs in: a changed file makes its row stale, and
+      an unchanged one is never paid for again.
+    - `system`: the system prompt, the same for every row.
+    - `output`: a pydantic model, or a mapping such as `{"company": str, "year": int | None}`: asks for JSON of
+      that shape and stores it as a STRUCT column (a polars Struct here). An answer that does not match is retried
+      once with the reason, then left NEEDS_REVIEW with its raw text in `{step}_raw`.
+    - `validate`: callable(row, output) returning a string marks the row NEEDS_REVIEW with that reason, keeping
+      the answer.
+    - `request_options`: other fields of the API's request body (`temperature`, `stop_sequences`, `reasoning`,
+      ...), as the API spells them; they are part of each row's request and of its fingerprint.
+    - `max_tokens`: the most tokens an answer may have (default 1,024).
 
-    A null in a column the template reads shows as empty text, and the run says how many rows had one;
-    `skip_nulls=True` leaves those rows unsent (NOT_STARTED) instead.
+    **Where rows live**
 
-    `output=` (a pydantic model, or a mapping such as `{"company": str, "year": int | None}`)
-    asks for JSON of that shape and stores it as a STRUCT column (a polars Struct here);
-    an answer that does not match is retried once with the reason, then left NEEDS_REVIEW
-    with its raw text in `{step}_raw`. `validate=callable(row, output)` returning a string
-    marks the row NEEDS_REVIEW with that reason, keeping the answer.
+    - `key`: the column (or columns) naming a row across calls (default: `id`, or the key the table recorded, or
+      a pandas index). Never the row's position: a reordered frame pays for nothing again.
+    - `store`: a DuckDB file (default `llmledger.duckdb` in the working folder) or a `postgresql://` URL.
+    - `table`: the fact table (default `ledger`, which refuses a frame that would rewrite answered rows' inputs).
+    - `where`: a SQL predicate over the fact table narrowing the rows sent (it may call only pure functions; the
+      status model reference lists the rules).
+    - `skip_nulls`: a null in a column the template reads shows as empty text, and the run says how many rows had
+      one; `True` leaves those rows unsent (NOT_STARTED) instead.
+    - `redo`: `False` sends only rows without a current answer; `"stale"` also those whose answer is to an older
+      request; `"flagged"` the rows a person flagged (`llmledger.flag`); `True` (or `"all"`) every row selected.
+    - `dedupe`: rows with identical requests share one call (default `True`).
 
-    `cache=` (True: "5m"; or "1h"; False: off) sends a system prompt long enough for the model's
-    prompt cache as a cached prefix, so every row after the first pays a tenth for it.
+    **Which model, and where it runs**
 
-    `max_cost_usd=` stops starting requests once the run (or, with `budget_scope="step"`, every run
-    of this step so far) has spent that much; unsent rows stay as they were.
+    - `model`: a Claude model (default the cheapest current one), or `"openai:<model>"`; `llmledger.models()`
+      lists them.
+    - `client`: an SDK client to send with: `anthropic.AsyncAnthropic`, `openai.AsyncOpenAI`, or a cloud's
+      (`AsyncAnthropicBedrock`, `AsyncAnthropicVertex`, `AsyncAzureOpenAI`; online, and Azure's batches).
+    - `base_url`: another server that answers the API (vLLM, Ollama, llama.cpp's server, a LiteLLM proxy, a
+      gateway), with `api_key=` if it needs one (never the environment's ANTHROPIC_API_KEY). Its URL becomes part
+      of each request, so its answers are never taken for Anthropic's (nor another server's), and moving a step
+      to another server makes its answers stale. Such servers have no batches (`mode="auto"` stays online,
+      `mode="batch"` is refused) and usually no prices (cost is NULL unless `llmledger.set_price` names one).
+      `ANTHROPIC_BASE_URL` (`OPENAI_BASE_URL` for an OpenAI model) and a `client=` pointed at another server name
+      it the same way.
+    - `api_key`: the key for `base_url=`.
+    - `gateway`: declares `base_url=` a gateway to the provider's own API (a LiteLLM proxy, Portkey, Helicone,
+      Cloudflare AI Gateway): its requests still name it, and the run uses what the provider has through it:
+      batches, prices, and its rate-limit headers where the gateway forwards them. Without `api_key=` it gets
+      the environment's key, which such a gateway forwards.
+    - `api`: for an OpenAI model, `"responses"` (the default on OpenAI's own API, its recommended one) or
+      `"chat"` (Chat Completions). A step made with Chat Completions stays there unless `api="responses"` moves it
+      (its answers then turn stale, reported and not paid). Another server (`base_url=`) uses Chat Completions.
+    - `cache`: `True` ("5m"), `"1h"` or `False`: sends a system prompt (and `messages=` prefix) long enough for
+      the model's prompt cache as a cached prefix, so every row after the first pays a tenth for it.
 
-    `mode="batch"` sends the rows as Message Batches, or OpenAI's Batch API for an OpenAI model (half the price;
-    answers within 24 h, usually minutes) of up to `batch_size` requests (default and most 100,000; 50,000 for
-    OpenAI); the rows are SUBMITTED until their batch ends.
-    `wait=True` polls until every batch of the step has ended and returns the answers;
-    `wait=False` returns once they are submitted, and any later call of the step (this one
-    again, `resume`, `llmledger run`) collects them. `mode="auto"` sends in batches when there
-    are AUTO_BATCH_ROWS (10,000) rows or more to send, online otherwise.
+    **How it runs**
 
-    `base_url=` sends to another server that answers the Messages API (vLLM, Ollama, llama.cpp's server, a
-    LiteLLM proxy, a gateway), with `api_key=` if it needs one (never the environment's ANTHROPIC_API_KEY). Its
-    URL becomes part of each request, so its answers are never taken for Anthropic's (nor another server's),
-    and moving a step to another server makes its answers stale. Such servers have no Message Batches
-    (`mode="auto"` stays online, `mode="batch"` is refused) and usually no prices (cost is NULL unless
-    `llmledger.set_price` names one for the model). `ANTHROPIC_BASE_URL` (`OPENAI_BASE_URL` for an OpenAI
-    model) and a `client=` pointed at another server name it the same way.
+    - `concurrency`: requests in flight at once (default 16, at most 1,000).
+    - `chunk_size`: rows claimed and committed together (default 200).
+    - `max_attempts`: tries per row before a refused or unreadable answer leaves it NEEDS_REVIEW (default 3).
+    - `retry`: a `RetryPolicy`: how hard to retry the API's own failures (429, 529, 5xx, dropped connections)
+      and when an outage stops the run.
+    - `stale_after`: a claim not renewed for this long (a timedelta or seconds; default 30 minutes) is a dead
+      run's, and another run takes its rows back.
+    - `commit_every`: seconds between commits of the answers that arrived (default 0.5); each answer is also
+      journaled the moment it arrives.
+    - `progress`: show the live view and the summary (default `True`).
+    - `background`: return a `Run` handle at once (`progress()`, `wait()`, `cancel()`); the run goes on in a
+      thread of its own.
 
-    `gateway=True` declares that server a gateway to the provider's own API (a LiteLLM proxy, Portkey, Helicone,
-    Cloudflare AI Gateway): its requests still name it, and the run uses what the provider has through it:
-    batches, prices, and its rate-limit headers where the gateway forwards them (requests at once adapt to it
-    where it does not). Without `api_key=` it gets the environment's key, which such a gateway forwards.
+    **Money and batches**
 
-    An OpenAI model on OpenAI's own API is sent through the Responses API (`/v1/responses`, OpenAI's recommended
-    API); `api="chat"` sends it through Chat Completions instead. A step made with Chat Completions stays there
-    unless `api="responses"` moves it (its answers then turn stale, reported and not paid). Another server
-    (`base_url=`) uses Chat Completions.
+    - `max_cost_usd`: stops starting requests once the run (or, with `budget_scope="step"`, every run of this step
+      so far) has spent that much; unsent rows stay as they were. Refused for a model of unknown price.
+    - `budget_scope`: `"run"` (default) or `"step"`.
+    - `mode`: `"online"` (default); `"batch"` sends the rows as Message Batches, or OpenAI's Batch API for an
+      OpenAI model (half the price; answers within 24 h, usually minutes), the rows SUBMITTED until their batch
+      ends; `"auto"` sends in batches when there are AUTO_BATCH_ROWS (10,000) rows or more to send.
+    - `wait`: with batches, `True` polls until every batch of the step has ended and returns the answers;
+      `False` returns once they are submitted, and any later call of the step (this one again, `resume`,
+      `llmledger run`) collects them.
+    - `batch_size`: requests per batch (default and most 100,000; 50,000 for OpenAI).
     """
     plan = checked_plan(dict(locals()))
     check_credentials(plan.client)
@@ -271,10 +311,19 @@ def checked_plan(o: dict[str, Any]) -> Plan:
                 f"pass the output schema either as output= or as request_options[{shape.structured_field!r}], not both"
             )
         options[shape.structured_field] = shape.structured(spec)
-    check_validator(validate)
     ttl = cache_ttl(o["cache"], model, system, prefix)  # checks cache= for either provider
     if shape.caches_itself:  # such an API caches long prefixes by itself: no breakpoint is sent
         ttl = None
+    plan = plan_options(
+        RunOptions.of(o),
+        store=store,
+        table=table,
+        step=step,
+        provider=provider,
+        api=api,
+        output_model=None if spec is None else spec.model,
+        attachments=attachments,
+    )
     request = RequestSpec(
         model=model,
         max_tokens=max_tokens,
@@ -285,6 +334,10 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         attach=() if attachments is None else attachments.columns,
         provider=provider,
         api=api,
+        # the server answering is part of the request (its fingerprint); a gateway to the provider's own API, or
+        # Azure OpenAI, keeps the provider's own rules
+        endpoint=plan.endpoint,
+        own_rules=plan.endpoint is not None and (plan.gateway or (provider == OPENAI and own_rules_of(plan.client))),
     )
     stored = storable(exact_keys(frame, keys))
     if attachments is not None:  # the ledger keeps a file's hash, not its bytes; a path, made absolute
@@ -292,50 +345,20 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         stored = stored.drop([c for c in attachments.columns if frame.schema[c] == pl.Binary])
     plan_of_prompt = dataclasses.replace(plan_prompt(prompt, frame, steps), attachments=attachments)
     definition = StepDefinition(table=table, step=step, key=keys, request=request, prompt=plan_of_prompt)
-    plan = plan_options(
-        store=store,
-        table=table,
-        step=step,
-        chunk_size=o["chunk_size"],
-        concurrency=o["concurrency"],
-        where=where,
-        redo=o["redo"],
-        max_attempts=o["max_attempts"],
-        stale_after=o["stale_after"],
-        client=o["client"],
-        progress=o["progress"],
-        retry=o["retry"],
-        commit_every=o["commit_every"],
-        dedupe=o["dedupe"],
-        validate=validate,
-        output_model=None if spec is None else spec.model,
-        max_cost_usd=o["max_cost_usd"],
-        budget_scope=o["budget_scope"],
-        mode=o.get("mode", "online"),
-        wait=o.get("wait", True),
-        batch_size=o.get("batch_size"),
-        base_url=o.get("base_url"),
-        api_key=o.get("api_key"),
-        gateway=o.get("gateway", False),
-        provider=provider,
-        api=api,
-    )
-    if plan.endpoint is not None:  # the server answering is part of the request (its fingerprint)
-        # a gateway to the provider's own API, or Azure OpenAI, keeps the provider's own rules
-        own_rules = plan.gateway or (provider == OPENAI and own_rules_of(plan.client))
-        request = dataclasses.replace(request, endpoint=plan.endpoint, own_rules=own_rules)
-        definition = dataclasses.replace(definition, request=request)
-    plan = dataclasses.replace(
+    definition, nulls = null_fields(prompt, stored, definition, o.get("skip_nulls", False), plan.where)
+    plan = dataclasses.replace(  # the call's step: made once, its parts checked above
         plan,
         df=df,
         user_frame=frame,
         frame=stored,
         from_pandas=from_pandas,
         definition=definition,
-        cfg=dataclasses.replace(plan.cfg, attachments=attachments),
         default_table=o["table"] is None,
+        where=nulls.where,
+        null_fields=nulls.fields,
+        null_rows=nulls.rows,
+        skip_nulls=nulls.skip,
     )
-    plan = with_null_fields(plan, prompt, o.get("skip_nulls", False))
     check_budget_countable(plan.cfg.max_cost_usd, model)
     warn_unpriced(model)  # every check passed: the call will run
     warn_if_retiring(model, provider=provider, client=plan.client, endpoint=plan.endpoint, gateway=plan.gateway)
@@ -389,43 +412,32 @@ def resume(
 ) -> Any:
     """Finish a step that `apply_llm` started, from the store alone (after a kill, a closed laptop, a lost kernel).
 
-    Sends the rows of `table`.`step` that still need an answer, each with the
-    request apply_llm recorded for it, with the same guarantees as apply_llm.
-    Returns the run's `RunReport` (a `Run` handle with `background=True`);
-    rerunning the notebook cell afterwards pays nothing for the rows finished here. Structured
-    answers are checked against the schema the step's requests carry; pass the same `validate=`
-    as apply_llm to apply it here too (a pydantic model's own validators run only in apply_llm).
-    Message Batches the step sent earlier are collected first, whatever `mode` this call sends in. A step sent
-    through a gateway (`gateway=True`) is finished through it with the same `base_url=` and `gateway=True`.
+    Sends the rows of `table`.`step` that still need an answer, each with the request apply_llm recorded for it,
+    with the same guarantees as apply_llm. Returns the run's `RunReport` (a `Run` handle with `background=True`);
+    rerunning the notebook cell afterwards pays nothing for the rows finished here. Message Batches the step sent
+    earlier are collected first, whatever `mode` this call sends in.
+
+    - `store`, `table`, `step`: where the step lives, as apply_llm named them.
+    - `where`, `redo`, `dedupe`: which rows are sent, as in apply_llm.
+    - `concurrency`, `chunk_size`, `max_attempts`, `retry`, `stale_after`, `commit_every`, `progress`,
+      `background`: how it runs, as in apply_llm (their defaults are apply_llm's too).
+    - `client`, `base_url`, `api_key`, `gateway`: what it sends with. The step's requests name their server:
+      a step sent through another server (or a gateway, `gateway=True`) is finished through it with the same
+      `base_url=`, and a call that names another is refused.
+    - `validate`: structured answers are checked against the schema the step's requests carry; pass the same
+      `validate=` as apply_llm to apply it here too (a pydantic model's own validators run only in apply_llm).
+    - `max_cost_usd`, `budget_scope`: a budget, as in apply_llm.
+    - `mode`, `wait`, `batch_size`: online or in batches, as in apply_llm.
     """
     check_identifier(step, "step", StepNameError, 'e.g. "summary"')
     check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
-    check_validator(validate)
+    options = RunOptions.of(locals()).checked()
     recorded = stored_requests(store, table).get(step)
     plan = plan_options(
+        options,
         store=store,
         table=table,
         step=step,
-        chunk_size=chunk_size,
-        concurrency=concurrency,
-        where=where,
-        redo=redo,
-        max_attempts=max_attempts,
-        stale_after=stale_after,
-        client=client,
-        progress=progress,
-        retry=retry,
-        commit_every=commit_every,
-        dedupe=dedupe,
-        validate=validate,
-        max_cost_usd=max_cost_usd,
-        budget_scope=budget_scope,
-        mode=mode,
-        wait=wait,
-        batch_size=batch_size,
-        base_url=base_url,
-        api_key=api_key,
-        gateway=gateway,
         provider=ANTHROPIC if recorded is None else recorded.provider,  # the client speaks the step's API
         api=None if recorded is None else recorded.api,
     )

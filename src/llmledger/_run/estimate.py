@@ -16,13 +16,11 @@ import inspect
 import json
 import string
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 import polars as pl
 
-from llmledger._exec.client import answer_source
-from llmledger._ledger import RunParams, known_table, open_ledger
+from llmledger._ledger import known_table, open_ledger
 from llmledger._ledger.rehearsal import Rehearsal, count_where
 from llmledger._run.api import apply_llm, checked_plan
 from llmledger._run.plan import Plan
@@ -76,15 +74,7 @@ def plan_options(df: Any, step: str, options: Mapping[str, Any]) -> Plan:
 
 def _figures(plan: Plan) -> dict[str, Any]:
     """apply_llm's preparation of `plan`, rolled back, and what it would send and cost."""
-    started = utcnow()
-    params = RunParams(
-        max_attempts=plan.cfg.max_attempts,
-        redo=plan.redo,
-        run_started=started,
-        stale_before=started - timedelta(days=36500),
-        where=plan.where,
-        source=answer_source(plan.client),
-    )
+    params = plan.params(utcnow(), rehearsal=True)
     assert plan.definition is not None and plan.frame is not None
     rehearsal: Rehearsal = open_ledger(plan.store).prepare(
         plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe, source=plan.user_frame, rehearse=True

@@ -1,27 +1,27 @@
-"""The plan of a call: every option checked once and frozen in a `Plan`, from which the ledger's view
-(`RunParams`) and the senders' (`RunConfig`) are derived. Checks raise `InvalidInputError` before anything is
+"""The plan of a call: its checked `RunOptions` (and apply_llm's step) frozen in a `Plan`, from which the ledger's
+view (`RunParams`) and the senders' (`RunConfig`) are derived. Checks raise `InvalidInputError` before anything is
 written."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from llmledger._exec.apis import for_client
-from llmledger._exec.batch import MAX_REQUESTS
+from llmledger._exec.client import answer_source
 from llmledger._exec.config import RetryPolicy, RunConfig
-from llmledger._ledger import StepDefinition, Store, locate
+from llmledger._ledger import RunParams, StepDefinition, Store, locate
 from llmledger._ledger.states import Redo
-from llmledger._ledger.where import check_where_shape
 from llmledger._run.endpoints import client_for, endpoint_refusal, provider_refusal
+from llmledger._run.options import RunOptions
 from llmledger._step.apis import ANTHROPIC, batches_at, shape_of
+from llmledger._step.attach import Attachments
 from llmledger._step.messages import message_text
 from llmledger._step.prices import estimate_tokens, min_cacheable_tokens, price_of
 from llmledger._step.prompt import Prompt, template_fields
@@ -31,26 +31,21 @@ from llmledger.errors import InvalidInputError
 
 @dataclass(frozen=True)
 class Plan:
-    """A checked call: everything a run needs, nothing written yet. Frozen: each option is checked once, by
-    `_run.api`, and lives in one place; the ledger's view of it (`RunParams`) and the senders' (`cfg`, a
-    `RunConfig`) are derived from it, and what a run learns as it starts (where its answers come from, what the
-    step has spent) makes a new plan with `dataclasses.replace`."""
+    """A checked call: everything a run needs, nothing written yet. Frozen, made once by `plan_options` from the
+    call's checked `RunOptions`: the ledger's view of it (`params`) and the senders' (`cfg`, a `RunConfig`) are
+    derived here, and nowhere else. apply_llm adds its frame and step (`with_step`); what a run learns as it starts
+    (what the step has spent so far) makes a new plan with `dataclasses.replace`."""
 
     store: Store
     table: str
     step: str
+    options: RunOptions  # as the call gave them, checked
     cfg: RunConfig  # how the senders send (attempts, concurrency, budget, ...)
-    redo: Redo
-    stale: timedelta
-    where: str | None
     client: Any  # an anthropic.AsyncAnthropic, an openai.AsyncOpenAI (model="openai:..."), or None: the default
-    progress: bool
     endpoint: str | None = None  # base_url= of a server other than the provider's own API (`client_for`)
-    gateway: bool = False  # that server forwards to the provider's own API: batches and its features are used
-    provider: str = ANTHROPIC  # the API the client speaks: "anthropic" (Messages) or "openai" (Chat Completions)
-    mode: str = "online"  # "online", "batch" or "auto" (batch from AUTO_BATCH_ROWS rows to send)
-    wait: bool = True  # batch mode: wait for the batches to end (else return once they are submitted)
-    batch_size: int = MAX_REQUESTS
+    provider: str = ANTHROPIC  # the API the client speaks: "anthropic" (Messages) or "openai"
+    mode: str = "online"  # "online" or "batch"; "auto": batches from AUTO_BATCH_ROWS rows to send
+    where: str | None = None  # where=, and under skip_nulls=True the rows with a null the template reads left out
     # apply_llm only: what the user passed, the frame as the ledger sees it, and the step's definition
     df: Any = None
     user_frame: pl.DataFrame | None = None  # the frame as the user gave it, in polars
@@ -66,49 +61,65 @@ class Plan:
     def entry(self) -> str:
         return "apply_llm" if self.definition is not None else "resume"
 
+    @property
+    def redo(self) -> Redo:
+        return Redo.from_argument(self.options.redo)
 
-Validator = Callable[[dict[str, Any], Any], str | None]
+    @property
+    def stale(self) -> timedelta:
+        return self.options.stale
 
+    @property
+    def progress(self) -> bool:
+        return self.options.progress
 
-MAX_CHUNK = 1_000_000_000  # rows in one claim
-MAX_STALE_AFTER = timedelta(days=3650)  # a claim older than this is a dead run's in any case
-MAX_CONCURRENCY = 1_000  # the SDK's connection pool holds 1,000; more would only queue inside it
+    @property
+    def gateway(self) -> bool:
+        return self.options.gateway
+
+    @property
+    def wait(self) -> bool:
+        return self.options.wait
+
+    @property
+    def batch_size(self) -> int:
+        return self.options.requests_per_batch
+
+    def params(self, started: datetime, *, rehearsal: bool = False) -> RunParams:
+        """The ledger's view of this run, started at `started`: what it may claim, and how long its claims last.
+        A rehearsal (`estimate`) takes back no claim, however old, and refuses nothing: it says what would be sent."""
+        return RunParams(
+            max_attempts=self.cfg.max_attempts,
+            redo=self.redo,
+            run_started=started,
+            stale_before=started - (timedelta(days=36500) if rehearsal else self.stale),
+            where=self.where,
+            source=self.cfg.source,
+            lease=self.stale,
+            guard_inputs=self.default_table and not rehearsal,
+        )
 
 
 def plan_options(
+    options: RunOptions,
     *,
     store: str | Path,
     table: str,
     step: str,
-    chunk_size: Any,
-    concurrency: Any,
-    where: Any,
-    redo: Any,
-    max_attempts: Any,
-    stale_after: Any,
-    client: Any,
-    progress: bool,
-    retry: RetryPolicy | None,
-    commit_every: Any,
-    dedupe: bool,
-    validate: Validator | None = None,
-    output_model: Any = None,
-    max_cost_usd: Any = None,
-    budget_scope: Any = "run",
-    mode: Any = "online",
-    wait: Any = True,
-    batch_size: Any = None,
-    base_url: Any = None,
-    api_key: Any = None,
     provider: str = ANTHROPIC,
-    gateway: Any = False,
     api: str | None = None,
+    output_model: Any = None,
+    attachments: Attachments | None = None,
 ) -> Plan:
-    client, endpoint = client_for(client, base_url, api_key, provider, gateway=gateway)
+    """The plan of a call that runs with `options` on `store`'s `table`.`step`, whose requests speak `provider`'s
+    `api`; what needs that API or the server (batches there) is checked here, the rest by `options.checked()`."""
+    options = options.checked()
+    client, endpoint = client_for(options.client, options.base_url, options.api_key, provider, gateway=options.gateway)
+    mode, wait, batch_size = options.mode, options.wait, options.batch_size
     no_batches = None if client is None else for_client(client, api).batch_refusal(client)
     if no_batches is not None and mode == "batch":
         raise InvalidInputError(no_batches + ". Nothing was written.")
-    batches = batches_at(provider, endpoint, gateway) and no_batches is None
+    batches = batches_at(provider, endpoint, options.gateway) and no_batches is None
     if not batches and mode == "auto" and (wait is False or batch_size is not None):
         raise InvalidInputError(
             f"{'wait=False' if wait is False else 'batch_size'} applies to batches, which {endpoint} (base_url=) "
@@ -120,103 +131,42 @@ def plan_options(
             "is another server (it answers requests one by one, not in batches): pass mode='online', or, if it is "
             "a gateway that forwards to the provider's own API, gateway=True"
         )
-    for name, value in (
-        ("chunk_size", chunk_size),
-        ("concurrency", concurrency),
-        ("max_attempts", max_attempts),
-        ("batch_size", MAX_REQUESTS if batch_size is None else batch_size),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
-    if chunk_size > MAX_CHUNK:  # a claim's rows are sliced by polars, whose offsets are 64-bit
-        raise InvalidInputError(f"chunk_size must be at most {MAX_CHUNK:,} rows, got {chunk_size:,}")
-    if not isinstance(dedupe, bool):
-        raise InvalidInputError(f"dedupe must be True or False, got {dedupe!r}")
-    if concurrency > MAX_CONCURRENCY:
-        raise InvalidInputError(
-            f"concurrency={concurrency:,} is more requests at once than one process can keep "
-            f"going (each is a connection); pass at most {MAX_CONCURRENCY:,}, or run several "
-            "workers (llmledger worker) on a PostgreSQL store"
-        )
-    if redo not in (False, True, "all", "stale", "flagged"):  # "all" is True, as the CLI's --redo all
-        raise InvalidInputError(f"redo must be False, True (or 'all'), 'stale' or 'flagged', got {redo!r}")
-    if where is not None and (not isinstance(where, str) or not where.strip()):
-        raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
-    check_where_shape(where)
-    if isinstance(commit_every, bool) or not isinstance(commit_every, int | float) or not commit_every > 0:  # NaN
-        raise InvalidInputError(f"commit_every must be a positive number of seconds, got {commit_every!r}")
-    if max_cost_usd is not None and (
-        isinstance(max_cost_usd, bool)
-        or not isinstance(max_cost_usd, int | float)
-        or not 0 < max_cost_usd < float("inf")
-    ):
-        raise InvalidInputError(f"max_cost_usd must be a positive number of dollars, got {max_cost_usd!r}")
-    if budget_scope not in ("run", "step"):
-        raise InvalidInputError(
-            f"budget_scope must be 'run' (this run's spending) or 'step' (every run of the "
-            f"step so far), got {budget_scope!r}"
-        )
-    if mode not in ("online", "batch", "auto"):
-        raise InvalidInputError(f"mode must be 'online', 'batch' (batches, half price) or 'auto', got {mode!r}")
-    if not isinstance(wait, bool):
-        raise InvalidInputError(f"wait must be True or False, got {wait!r}")
-    if mode == "online" and (wait is False or batch_size is not None):
-        raise InvalidInputError(
-            f"{'wait=False' if wait is False else 'batch_size'} applies to mode='batch' or "
-            "'auto' (batches); an online run that returns at once is "
-            "apply_llm(..., background=True)"
-        )
     most = shape_of(provider).batch_limit
-    if isinstance(batch_size, int) and batch_size > most:
+    if batch_size is not None and batch_size > most:
         raise InvalidInputError(
             f"batch_size must be at most {most:,} ({shape_of(provider).own_api}'s limit on requests in one batch), "
             f"got {batch_size:,}"
         )
-    if mode == "batch" and max_cost_usd is not None:
-        raise InvalidInputError(
-            "max_cost_usd works with mode='online' (a batch is paid when it ends, so a run "
-            "cannot stop it at a budget); see what a batch would cost with "
-            "llmledger.estimate(...) first, or pass mode='online'"
-        )
-    seconds = stale_after.total_seconds() if isinstance(stale_after, timedelta) else float(stale_after)
-    if not 0 < seconds <= MAX_STALE_AFTER.total_seconds():  # NaN, infinity and dates past year 9999 too
-        raise InvalidInputError(
-            f"stale_after must be positive and at most {MAX_STALE_AFTER.days:,} days (seconds or a timedelta), "
-            f"got {stale_after!r}"
-        )
-    stale = timedelta(seconds=seconds)
-    path = locate(store)
+    cost = options.max_cost_usd
     cfg = RunConfig(
-        chunk_size=chunk_size,
-        concurrency=concurrency,
-        max_attempts=max_attempts,
-        commit_every=commit_every,
-        retry=retry or RetryPolicy(),
-        dedupe=dedupe,
-        validate=validate,
+        chunk_size=options.chunk_size,
+        concurrency=options.concurrency,
+        max_attempts=options.max_attempts,
+        commit_every=options.commit_every,
+        retry=options.retry or RetryPolicy(),
+        dedupe=options.dedupe,
+        validate=options.validate,
         output_model=output_model,
-        max_cost_usd=None if max_cost_usd is None else float(max_cost_usd),
-        budget_scope=budget_scope,
-        stale_after=stale.total_seconds(),
+        max_cost_usd=None if cost is None else float(cost),
+        budget_scope=options.budget_scope,
+        stale_after=options.stale.total_seconds(),
         adaptive=endpoint is not None,
         api=api,
+        # where the run's answers come from, fixed now: a later llmledger.simulate() does not change it
+        source=answer_source(client),
+        attachments=attachments,
     )
     return Plan(
-        store=path,
+        store=locate(store),
         table=table,
         step=step,
+        options=options,
         cfg=cfg,
-        redo=Redo.from_argument(redo),
-        stale=stale,
-        where=where,
         client=client,
-        progress=progress,
         endpoint=endpoint,
-        gateway=gateway,
         provider=provider,
-        mode="online" if mode == "auto" and (max_cost_usd is not None or not batches) else mode,
-        wait=wait,
-        batch_size=MAX_REQUESTS if batch_size is None else batch_size,
+        mode="online" if mode == "auto" and (cost is not None or not batches) else mode,
+        where=options.where,
     )
 
 
@@ -249,15 +199,22 @@ def cache_ttl(cache: Any, model: str, system: str | None, prefix: tuple[dict[str
     return "5m" if cache is True else cache
 
 
-def check_validator(validate: Any) -> None:
-    if validate is not None and not callable(validate):
-        raise InvalidInputError(f"validate must be a callable(row, output) -> None | str, got {validate!r}")
+@dataclass(frozen=True)
+class NullFields:
+    """The frame's rows that hold a null in a column the template reads (shown as empty text), and with
+    skip_nulls=True the `where` that leaves them unsent (NOT_STARTED until their value arrives)."""
+
+    fields: tuple[str, ...] = ()
+    rows: int = 0
+    skip: bool = False
+    where: str | None = None
 
 
-def with_null_fields(plan: Plan, prompt: Prompt, skip: Any) -> Plan:
-    """`plan` with the frame's rows that hold a null in a column the template reads counted (they are shown as empty
-    text); with `skip`, left unsent: their `IS NOT NULL` joins `where=` (so they stay NOT_STARTED until their value
-    arrives)."""
+def null_fields(
+    prompt: Prompt, frame: pl.DataFrame, definition: StepDefinition, skip: Any, where: str | None
+) -> tuple[StepDefinition, NullFields]:
+    """The step's definition (with skip_nulls=True, recording the fields whose nulls leave a row unsent, so that
+    resume and `llmledger run` skip them too) and what the frame's nulls mean for this run."""
     if not isinstance(skip, bool):
         raise InvalidInputError(f"skip_nulls must be True or False, got {skip!r}")
     if skip and not isinstance(prompt, str):
@@ -265,22 +222,19 @@ def with_null_fields(plan: Plan, prompt: Prompt, skip: Any) -> Plan:
             "skip_nulls=True looks at the columns a template reads; a callable prompt has none: "
             "filter the frame instead (e.g. df.drop_nulls('text')), or pass where="
         )
-    frame = plan.frame
-    assert frame is not None
     fields = [f for f in template_fields(prompt) if f in frame.columns] if isinstance(prompt, str) else []
-    if plan.definition is not None:  # a row without its file (a null path or URL) is left unsent too
-        fields += [c for c in plan.definition.request.attach if c in frame.columns and c not in fields]
-    if skip and plan.definition is not None:  # recorded with the step: resume and `llmledger run` skip them too
-        plan = dataclasses.replace(plan, definition=dataclasses.replace(plan.definition, skip_nulls=tuple(fields)))
+    # a row without its file (a null path or URL) is left unsent too
+    fields += [c for c in definition.request.attach if c in frame.columns and c not in fields]
+    if skip:
+        definition = dataclasses.replace(definition, skip_nulls=tuple(fields))
     nulls = [f for f in fields if frame[f].null_count()]
     if not nulls:
-        return plan
+        return definition, NullFields(where=where)
     rows = int(frame.select(pl.any_horizontal(pl.col(f).is_null() for f in nulls).sum()).item())
-    where = plan.where
     if skip:
         present = " AND ".join(f"{q(f)} IS NOT NULL" for f in nulls)
         where = f"({where}) AND {present}" if where else present
-    return dataclasses.replace(plan, null_fields=tuple(nulls), skip_nulls=skip, null_rows=rows, where=where)
+    return definition, NullFields(fields=tuple(nulls), rows=rows, skip=skip, where=where)
 
 
 def check_no_nul(

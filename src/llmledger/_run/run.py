@@ -21,8 +21,7 @@ from typing import Any
 import polars as pl
 
 from llmledger._exec.batch import AUTO_BATCH_ROWS
-from llmledger._exec.client import answer_source
-from llmledger._ledger import Ledger, RunParams, Selection, open_ledger
+from llmledger._ledger import Ledger, Selection, open_ledger
 from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.open import expect_store
@@ -74,6 +73,19 @@ def set_last_report(report: RunReport | PipelineReport) -> None:
     _local.report = report
 
 
+def final_outcome(during: Outcome, *, foreground: bool, failed: bool) -> Outcome:
+    """How a run ended, from what it was when sending stopped: RUNNING (no sender stopped it), or the reason a
+    sender (or a cancel before sending) stopped it; `failed`: sending raised. A stop in the background is a
+    cancel (`Run.cancel`), not a Ctrl-C; and a run that raised never says it is still going."""
+    if failed:
+        return during if during.stopped_early else Outcome.ERROR
+    if during in (Outcome.PREPARING, Outcome.RUNNING):
+        return Outcome.COMPLETED
+    if during is Outcome.INTERRUPTED and not foreground:
+        return Outcome.CANCELLED
+    return during
+
+
 # Makes what a run reports to (`_view.live.make_display`), from (progress wanted, the report, in the background).
 Watch = Callable[[bool, RunReport, bool], Watcher]
 
@@ -86,8 +98,6 @@ class Run:
     """
 
     def __init__(self, plan: Plan, *, watch: Watch) -> None:
-        # where this run's answers come from, fixed now: a later llmledger.simulate() does not change it
-        plan = dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, source=answer_source(plan.client)))
         self.plan = plan
         self._watch = watch
         self.stop_flag = threading.Event()
@@ -183,129 +193,143 @@ class Run:
                 set_last_report(self.report)
 
     def _execute(self, *, foreground: bool) -> Any:
-        plan, report = self.plan, self.report
-        ledger = open_ledger(plan.store, should_stop=self.stop_flag.is_set)
+        """The run in three phases: prepare (collect ended batches, record the frame, claim), send, finish (record,
+        read the answers back, say what happened). How it ended is decided once, by `final_outcome`."""
+        ledger = open_ledger(self.plan.store, should_stop=self.stop_flag.is_set)
         if self._display is None:
-            self._display = self._watch(plan.progress, report, False)
-        display = self._display
-        started_view = threading.Event()
+            self._display = self._watch(self.plan.progress, self.report, False)
+        view_up = threading.Event()
+        ledger.on_wait = self._waiting_note(view_up)
+        with Claimant.new() as claimant:
+            started = utcnow()
+            interrupted = self._collect_ended_batches(ledger, claimant, foreground=foreground)
+            selection, batch = self._prepare(ledger, started)
+            self.report.outcome = Outcome.RUNNING
+            self.report.started = time.monotonic()
+            if selection.to_send or (batch and self.plan.wait):  # it will send: a killed run leaves its row
+                selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
+                self._record(ledger, selection, claimant, started, finished=False)
+            self._display.start()
+            view_up.set()
+            failed = True
+            try:
+                interrupted = self._send(ledger, selection, claimant, batch, foreground=foreground) or interrupted
+                failed = False
+            finally:
+                self._conclude(selection, foreground=foreground, failed=failed)
+                self._record(ledger, selection, claimant, started)
+            outputs = self._outputs(ledger, selection)
+            if self.plan.redo is not Redo.NONE and self.report.done:  # answers replaced: what went stale downstream
+                self.report.downstream_stale = ledger.downstream_stale(self.plan.table, self.plan.step)
+        return self._finish(outputs, interrupted)
 
-        def waiting(message: str) -> None:  # the store is held: say so at once, before the view is up too
-            if started_view.is_set():
+    def _waiting_note(self, view_up: threading.Event) -> Callable[[str], None]:
+        """What the ledger calls while the store is held: said at once, in the view once it is up."""
+        plan, display = self.plan, self._display
+        assert display is not None
+
+        def waiting(message: str) -> None:
+            if view_up.is_set():
                 display.note(message)
             elif plan.progress:
                 print(f"llmledger: {message}", file=sys.stderr, flush=True)
 
-        ledger.on_wait = waiting
-        interrupted = False
-        with Claimant.new() as claimant:
-            started = utcnow()
-            params = RunParams(
-                max_attempts=plan.cfg.max_attempts,
-                redo=plan.redo,
-                run_started=started,
-                stale_before=started - plan.stale,
-                where=plan.where,
-                source=plan.cfg.source,
-                lease=plan.stale,
-                guard_inputs=plan.default_table,
-            )
-            # batches sent earlier (to Anthropic's API: no other server has them): merge what has ended first
-            if plan.endpoint is not None and not plan.gateway:  # batches only a gateway's call would collect
-                through = [b for b in ledger.open_batches(plan.table, plan.step) if b.source == plan.cfg.source]
-                if through:
-                    report.notes.append(
-                        f"{sum(b.rows for b in through):,} rows wait in {len(through)} batch(es) sent through "
-                        f"{plan.endpoint} as a gateway: pass gateway=True (--gateway) to collect them"
-                    )
-            if batches_at(plan.provider, plan.endpoint, plan.gateway) and ledger.open_batches(plan.table, plan.step):
-                interrupted = self._run_async(
-                    lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
-                    foreground=foreground,
-                )
-            if plan.definition is not None and plan.frame is not None:
-                selection = ledger.prepare(
-                    plan.definition,
-                    plan.frame,
-                    params,
-                    dedupe=plan.cfg.dedupe,
-                    source=plan.user_frame,
-                    inputs=plan.cfg.validate is not None,
-                )
-            else:
-                selection = ledger.resume(
-                    plan.table, plan.step, params, dedupe=plan.cfg.dedupe, inputs=plan.cfg.validate is not None
-                )
-            self._store_made()  # the store exists now, with the step: readers waiting for it go on
-            sent = selection.requests.get(selection.version)
-            problem = None if sent is None else step_refusal(plan, sent)
-            if problem is not None:  # apply_llm moved the step to another server since this call looked
-                raise InvalidInputError(problem)
-            self._take_counts(selection)
-            if plan.endpoint is not None and plan.gateway and selection.to_send:
-                report.notes.append(gateway_note(plan.endpoint, plan.provider))
-            elif plan.endpoint is not None and selection.to_send:
-                priced = sent is not None and price_of(sent.model) is not None
+        return waiting
+
+    def _collect_ended_batches(self, ledger: Ledger, claimant: Claimant, *, foreground: bool) -> bool:
+        """Prepare, first part: merge what the step's batches sent earlier hold, if they have ended (only the
+        provider's own API, or a gateway to it, has batches). True when Ctrl-C interrupted it."""
+        plan, report = self.plan, self.report
+        if plan.endpoint is not None and not plan.gateway:  # batches only a gateway's call would collect
+            through = [b for b in ledger.open_batches(plan.table, plan.step) if b.source == plan.cfg.source]
+            if through:
                 report.notes.append(
-                    compatible_note(plan.endpoint, plan.cfg.concurrency, priced=priced, provider=plan.provider)
+                    f"{sum(b.rows for b in through):,} rows wait in {len(through)} batch(es) sent through "
+                    f"{plan.endpoint} as a gateway: pass gateway=True (--gateway) to collect them"
                 )
-            done_before = selection.done_skipped - report.done  # not the rows just merged from batches
-            average = (
-                ledger.average_paid(plan.table, plan.step)
-                if done_before > 0 or plan.cfg.max_cost_usd is not None
-                else 0.0
+        if not (batches_at(plan.provider, plan.endpoint, plan.gateway) and ledger.open_batches(plan.table, plan.step)):
+            return False
+        display = self._display
+        return self._run_async(
+            lambda: run_batches(ledger, None, plan, claimant, report, self.stop_flag, display, wait=False),
+            foreground=foreground,
+        )
+
+    def _prepare(self, ledger: Ledger, started: Any) -> tuple[Selection, bool]:
+        """Prepare, second part: record the frame (apply_llm) or look at the store (resume), claim, count; the
+        selection, and whether it goes in batches."""
+        plan, report = self.plan, self.report
+        params = plan.params(started)
+        inputs = plan.cfg.validate is not None
+        if plan.definition is not None and plan.frame is not None:
+            selection = ledger.prepare(
+                plan.definition, plan.frame, params, dedupe=plan.cfg.dedupe, source=plan.user_frame, inputs=inputs
             )
-            report.done_saved_usd = max(done_before, 0) * average
-            report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
-            batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
-            report.mode = "batch" if batch else "online"
-            if plan.cfg.max_cost_usd is not None:
-                spent = ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0
-                cfg = dataclasses.replace(plan.cfg, average_before_usd=average, spent_before_usd=spent)
-                self.plan = plan = dataclasses.replace(plan, cfg=cfg)
-                report.spent_before_usd = plan.cfg.spent_before_usd
-            if selection.to_send or (batch and plan.wait):
-                selection.survey = None  # out of date once rows are sent (or batches merged); read back at the end
-            report.outcome = Outcome.RUNNING
-            report.started = time.monotonic()
-            if selection.to_send or (batch and plan.wait):  # it will send: a killed run leaves its row
-                self._record(ledger, selection, claimant, started, finished=False)
-            display.start()
-            started_view.set()
-            try:
-                if self.stop_flag.is_set():
-                    report.outcome = Outcome.INTERRUPTED
-                elif batch and (selection.to_send or plan.wait):
-                    interrupted = self._run_async(
-                        lambda: run_batches(
-                            ledger, selection, plan, claimant, report, self.stop_flag, display, wait=plan.wait
-                        ),
-                        foreground=foreground,
-                    )
-                elif selection.to_send:
-                    interrupted = self._run_async(
-                        lambda: send_all(ledger, selection, plan, claimant, report, self.stop_flag, display),
-                        foreground=foreground,
-                    )
-                if report.outcome == Outcome.RUNNING:
-                    report.outcome = Outcome.COMPLETED
-                if report.collected and not selection.to_send:
-                    report.mode = "batch"  # all it paid for came from batches sent earlier
-                if report.outcome == Outcome.INTERRUPTED and not foreground:
-                    report.outcome = Outcome.CANCELLED
-            except BaseException:
-                if report.outcome in (Outcome.PREPARING, Outcome.RUNNING):  # the view must not say "running"
-                    report.outcome = Outcome.ERROR
-                raise
-            finally:
-                report.seconds = time.monotonic() - report.started
-                display.close(report)
-                self._record(ledger, selection, claimant, started)
-            outputs = self._outputs(ledger, selection)
-            if plan.redo is not Redo.NONE and report.done:  # answers replaced: say what went stale downstream
-                report.downstream_stale = ledger.downstream_stale(plan.table, plan.step)
+        else:
+            selection = ledger.resume(plan.table, plan.step, params, dedupe=plan.cfg.dedupe, inputs=inputs)
+        self._store_made()  # the store exists now, with the step: readers waiting for it go on
+        sent = selection.requests.get(selection.version)
+        problem = None if sent is None else step_refusal(plan, sent)
+        if problem is not None:  # apply_llm moved the step to another server since this call looked
+            raise InvalidInputError(problem)
+        self._take_counts(selection)
+        if plan.endpoint is not None and plan.gateway and selection.to_send:
+            report.notes.append(gateway_note(plan.endpoint, plan.provider))
+        elif plan.endpoint is not None and selection.to_send:
+            priced = sent is not None and price_of(sent.model) is not None
+            report.notes.append(
+                compatible_note(plan.endpoint, plan.cfg.concurrency, priced=priced, provider=plan.provider)
+            )
+        done_before = selection.done_skipped - report.done  # not the rows just merged from batches
+        budget = plan.cfg.max_cost_usd is not None
+        average = ledger.average_paid(plan.table, plan.step) if done_before > 0 or budget else 0.0
+        report.done_saved_usd = max(done_before, 0) * average
+        report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
+        batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
+        report.mode = "batch" if batch else "online"
+        if budget:  # what the step had spent, and what a request costs, as the run starts: the budget's start
+            spent = ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0
+            cfg = dataclasses.replace(plan.cfg, average_before_usd=average, spent_before_usd=spent)
+            self.plan = dataclasses.replace(plan, cfg=cfg)
+            report.spent_before_usd = spent
+        return selection, batch
+
+    def _send(self, ledger: Ledger, selection: Selection, claimant: Claimant, batch: bool, *, foreground: bool) -> bool:
+        """Send: the claimed rows, online or in batches (and with wait=True, wait for the step's batches). True
+        when Ctrl-C interrupted it; a sender that stops the run early says why in `report.outcome`."""
+        plan, report, display = self.plan, self.report, self._display
+        if self.stop_flag.is_set():  # cancelled before anything was sent
+            report.outcome = Outcome.INTERRUPTED
+            return False
+        if batch and (selection.to_send or plan.wait):
+            return self._run_async(
+                lambda: run_batches(ledger, selection, plan, claimant, report, self.stop_flag, display, wait=plan.wait),
+                foreground=foreground,
+            )
+        if selection.to_send:
+            return self._run_async(
+                lambda: send_all(ledger, selection, plan, claimant, report, self.stop_flag, display),
+                foreground=foreground,
+            )
+        return False
+
+    def _conclude(self, selection: Selection, *, foreground: bool, failed: bool) -> None:
+        """Finish, first part: how the run ended, its time, and the view's last word."""
+        report = self.report
+        report.outcome = final_outcome(report.outcome, foreground=foreground, failed=failed)
+        if report.collected and not selection.to_send:
+            report.mode = "batch"  # all it paid for came from batches sent earlier
+        report.seconds = time.monotonic() - report.started
+        assert self._display is not None
+        self._display.close(report)
+
+    def _finish(self, outputs: Any, interrupted: bool) -> Any:
+        """Finish, last part: the summary (or the warning a quiet run owes), then the answers, or the error that
+        says why the run stopped early."""
+        plan, report = self.plan, self.report
+        assert self._display is not None
         if plan.progress or interrupted:  # after Ctrl-C the summary is the only word on what happened
-            display.summary(report)
+            self._display.summary(report)
         elif report.stale and outputs is not None:  # quiet, but stale answers are never passed off as fresh
             warn(report.hints()[0], StaleAnswersWarning)
         if interrupted:
