@@ -119,6 +119,17 @@ def test_bad_input_leaves_an_existing_store_unchanged(run, sim: Simulator, store
     assert sim.stats()["paid"] == 3
 
 
+def test_an_item_of_another_steps_answer_is_refused_like_an_item_of_a_column(run, sim: Simulator, store: Path) -> None:
+    # found in a trial: {s1[0]} reached DuckDB and came back as its raw binder error
+    run(frame(3), "s1", prompt="Summarize: {text}")
+    before = sql(store, "SELECT * FROM messages ORDER BY id")
+    for template in ("First: {s1[0]}", "First: {s1.label[0]}"):
+        with pytest.raises(PromptError, match=r"reads \{s1.*\[0\]\}.*'\[0\]'"):
+            run(frame(3), "s2", prompt=template)
+    assert sql(store, "SELECT * FROM messages ORDER BY id") == before
+    assert sim.stats()["paid"] == 3
+
+
 def test_a_file_that_is_not_duckdb_is_refused_untouched(run, tmp_path: Path) -> None:
     csv = tmp_path / "data.csv"
     csv.write_text("id,text\n1,a\n")

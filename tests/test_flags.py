@@ -93,6 +93,21 @@ def test_reset_starts_rows_over_and_keeps_their_answers_in_the_history(run, sim:
     assert sim.stats()["paid"] == 8 and last_report().calls == 2  # type: ignore[union-attr]
 
 
+def test_a_history_key_that_cannot_be_the_key_columns_type_is_refused(run, sim: Simulator, store: Path) -> None:
+    # found in a trial: key="notanint" on an integer key matched nothing and said nothing
+    run(frame(3), "summary", prompt=PROMPT)
+    llmledger.reset(store, "messages", "summary", where="id = 1")
+    with pytest.raises(InvalidInputError, match=r"key 'id' is BIGINT.*'notanint'"):
+        llmledger.history(store, "messages", "summary", key="notanint")
+    with pytest.raises(InvalidInputError, match=r"key 'id' is BIGINT.*1\.5"):
+        llmledger.history(store, "messages", "summary", key={"id": 1.5})
+    assert llmledger.history(store, "messages", "summary", key=1)["id"].to_list() == [1]
+    assert llmledger.history(store, "messages", "summary", key="1")["id"].to_list() == [1], "as the CLI passes it"
+    run(frame(3).with_columns(pl.col("id").cast(pl.String)), "summary", prompt=PROMPT, table="texts")
+    assert llmledger.history(store, "texts", "summary", key="notanint").is_empty(), "any value can be a text key"
+    assert llmledger.history(store, "texts", "summary", key=1).is_empty()
+
+
 def test_bad_flag_calls_are_refused_and_write_nothing(run, store: Path) -> None:
     run(frame(3), "summary", prompt=PROMPT)
     before = sql(store, "SELECT * FROM messages ORDER BY id")

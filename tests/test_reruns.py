@@ -46,6 +46,23 @@ def test_redo_resends_flagged_rows_and_keeps_the_old_answers(run, sim: Simulator
     assert sim.stats()["paid"] == 13, "redo='all' is redo=True (found in a trial: the CLI offered it, Python refused)"
 
 
+def test_a_refused_redo_of_a_done_row_is_paid_on_that_row(run, sim: Simulator, store: Path) -> None:
+    # found in a trial: the refusal was billed (llmledger_runs) and recorded on no row, so the rows did not add up
+    run(frame(3), "summary", prompt="Summarize: {text}")
+    (before,) = sql(store, "SELECT summary_cost_usd FROM messages WHERE id = 1")[0]
+    sim.configure(refuse="number 1")
+    run(frame(3), "summary", prompt="Summarize: {text}", where="id = 1", redo=True)
+    assert sim.stats()["paid"] == 4
+    (answer, cost, tokens) = sql(
+        store, "SELECT summary, summary_cost_usd, summary_output_tokens FROM messages WHERE id = 1"
+    )[0]
+    assert answer is not None, "a failed redo keeps the answer it had"
+    (rows,) = sql(store, "SELECT sum(summary_cost_usd) FROM messages")[0]
+    (runs,) = sql(store, "SELECT sum(cost_usd) FROM llmledger_runs WHERE step = 'summary'")[0]
+    assert cost > before and tokens > 0, "the refusal's cost and tokens are on its row"
+    assert rows == pytest.approx(runs), "the step's rows add up to what its runs paid"
+
+
 def test_changed_prompt_is_reported_stale_and_not_repaid(run, sim: Simulator, store: Path) -> None:
     df = frame(12)
     run(df, "summary", prompt="Summarize: {text}")

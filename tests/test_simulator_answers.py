@@ -83,3 +83,25 @@ def test_typed_fields_are_read_from_the_invoice_as_a_model_would(run: Any, tmp_p
               output={"vendor": str, "total_usd": float, "invoice_number": int})  # fmt: skip
     fields = out["extract"].struct.unnest().rows()
     assert fields == [("Acme Corp", 1234.5, 0), ("Globex Ltd", 87.1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("fault", "value", "message"),
+    [("error_rate", 5, "must be a share from 0 to 1"), ("drop_rate", -0.1, "must be a share from 0 to 1"),
+     ("latency", -1, "must be 0 or more"), ("rate_limit", 0, "must be more than 0"),
+     ("drop_next", 1.5, "is not an integer"), ("batch_max_requests", 0, "must be more than 0"),
+     ("error_status", "bogus", "must be an HTTP error status 400..599 or one of"),
+     ("fail_next", [529, "bogus"], "must be an HTTP error status 400..599 or one of"),
+     ("outage_for", float("inf"), "must be 0 or more"), ("compatible", "no", "pass true or false"),
+     ("today", "tomorrow", "must be a day as YYYY-MM-DD"), ("poison", 3, "must be a text")],
+)  # fmt: skip
+def test_a_fault_the_simulator_cannot_have_is_refused_in_python_as_on_the_command_line(
+    fault: str, value: Any, message: str
+) -> None:
+    # found in a trial: Simulator(error_rate=5) failed every request; only `llmledger simulator` checked its options
+    with pytest.raises(ValueError, match=f"{fault}=.*{message}"):
+        Simulator(**{fault: value})
+    sim = Simulator()
+    with pytest.raises(ValueError, match=f"{fault}=.*{message}"):
+        sim.configure(**{fault: value})
+    assert sim.faults == Simulator().faults, "a refused change changes nothing"

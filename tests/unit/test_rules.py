@@ -52,6 +52,30 @@ def test_a_where_that_could_escape_its_parentheses_is_refused(where: str) -> Non
         check_where_shape(where)
 
 
+@pytest.mark.parametrize(
+    "where",
+    ["CAST(price AS DECIMAL(10,2)) > 3", "price::NUMERIC(5) > 1", "price :: numeric ( 12 , 4 ) > 1",
+     "CAST(name AS VARCHAR(20)) = 'a'", "TRY_CAST(name AS character varying(3)) = 'a'",
+     "CAST(at AS TIMESTAMP(3)) > DATE '2020-01-01'"],
+)  # fmt: skip
+def test_a_type_with_modifiers_in_a_cast_is_no_function_call(where: str) -> None:
+    assert where_shape_problem(where) is None
+
+
+@pytest.mark.parametrize(
+    ("where", "named"),
+    [("length(repeat(text, 1000000000)) > 0", "repeat()"), ("length(lpad(text, 1000000000, 'x')) > 0", "lpad()"),
+     ("rpad(text, 1000000000) <> ''", "rpad()"), ("id IN (SELECT * FROM range(1000000000000))", "range()"),
+     ("id IN (SELECT generate_series(1, 1000000000000))", "generate_series()"),
+     ("CAST(x AS pg_sleep(3)) IS NULL", "pg_sleep()"), ("x::DECIMAL(pg_sleep(3)) IS NULL", "DECIMAL()")],
+)  # fmt: skip
+def test_a_function_whose_result_can_grow_without_bound_is_refused(where: str, named: str) -> None:
+    problem = where_shape_problem(where)
+    assert problem is not None and named in problem
+    with pytest.raises(WhereClauseError):
+        check_where_shape(where)
+
+
 @settings(UNIT)
 @given(st.integers(0, 10), st.integers(1, 10))
 def test_a_refused_row_needs_review_once_it_used_its_attempts(attempts: int, max_attempts: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._exec.batch_api import batch_api_for
+from llmledger._exec.apis import batch_api_for
 from llmledger._exec.client import CallFailed, Kind, known_reply
 from llmledger._exec.config import RunConfig
 from llmledger._exec.pacing import backoff

@@ -1,5 +1,5 @@
 """What the batch sender and collector ask of a provider's batch API, in one small interface: Anthropic's Message
-Batches (`apis/messages.py`), or OpenAI's Batch API (`apis/chat.py`), chosen by `batch_api_for`.
+Batches (`apis/messages.py`), or OpenAI's Batch API (`apis/openai_batches.py`), chosen by `apis.batch_api_for`.
 
 The sender, the collector and the merger (`batch.py`, `collect.py`, `merge.py`, `reconcile.py`) know batches only
 through `BatchApi`: make one of request lines, look at one or at all, read its results as `Item`s. How the two APIs
@@ -99,11 +99,3 @@ class BatchApi:
 
     def results(self, batch_id: str) -> AsyncIterator[Item]:
         raise NotImplementedError
-
-
-def batch_api_for(client: Any, api: str | None = None) -> BatchApi:
-    """The batch API of a client: the one of the `_exec/apis` module whose SDK made it (`api`: which of that SDK's
-    APIs the step's requests are written for, when not its default)."""
-    from llmledger._exec.apis import for_client  # each API's module imports this one
-
-    return for_client(client, api).batches(client)

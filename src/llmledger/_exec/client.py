@@ -176,23 +176,16 @@ def is_openai_client(client: Any) -> bool:
     return any(cls.__module__.split(".")[0] == "openai" for cls in client.__class__.__mro__)
 
 
-def api_for(client: Any) -> Api:
-    """The Api of a client: the module of `_exec/apis` whose SDK made it."""
-    from llmledger._exec.apis import for_client  # each API's module imports this one
-
-    return for_client(client).api()
-
-
 async def send(
-    client: Any, pacer: Pacer, body: dict[str, Any], go: Callable[[], bool] | None = None, api: Api | None = None
+    client: Any, pacer: Pacer, body: dict[str, Any], *, api: Api, go: Callable[[], bool] | None = None
 ) -> Reply:
     """One request with exactly `body`. Raises CallFailed with its kind on any failure.
 
     `go`, asked once the pacer lets the request start: False raises NotSent, so a run that stopped while
     its requests waited for their turn (a retry-after pause) starts none of them. `api`: the API the body is
-    written for (default: the client's SDK's default API).
+    written for (`_exec.apis.for_client(client, spec.api).api()`: the caller chooses it, so this module, which
+    every API's module builds on, names none of them).
     """
-    api = api or api_for(client)
     await pacer.wait()
     async with pacer.in_flight() as flight:
         if go is not None and not go():

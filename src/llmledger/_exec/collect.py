@@ -30,7 +30,7 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._exec.batch_api import batch_api_for
+from llmledger._exec.apis import batch_api_for
 from llmledger._exec.config import RunConfig
 from llmledger._exec.merge import BatchMerger
 from llmledger._exec.reconcile import Reading, Reconciler, Undecided

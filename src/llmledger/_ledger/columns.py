@@ -33,9 +33,11 @@ KEEP_UNLESS_ANSWERED = "keep"  # the new value when the result holds an answer, 
 # (a failed redo keeps the previous answer). A result holds an answer when its fingerprint is set: DONE rows,
 # and NEEDS_REVIEW rows whose answer was paid for but did not pass the schema or `validate=`.
 ANSWERED = "i.fingerprint IS NOT NULL"
-# The usage columns also take a paid failure's (a refusal, an answer left empty: no fingerprint, its usage set):
-# on a row showing no answer, added to what its earlier paid failures used, and carried into the answer that
-# follows them, so the row says what it cost; a row showing an answer (a failed redo) keeps that answer's.
+# The usage columns also take a paid failure's (a refusal, an answer left empty: no fingerprint, its usage set),
+# added to what the row shows: on a row showing no answer, to what its earlier paid failures used, carried into the
+# answer that follows them; on a row showing an answer (a refused redo), to that answer's. So a row says what it
+# cost, and the step's rows add up to what its runs paid (`llmledger_runs.cost_usd`; a refused redo's cost was
+# found on no row in a trial).
 PAID_USAGE = ("_input_tokens", "_output_tokens", "_cache_write_tokens", "_cache_read_tokens", "_cost_usd")
 FROM_RESULT = "result"  # always the result's value
 CLEAR = "clear"  # NULL (the claim is over)
@@ -338,8 +340,7 @@ def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
                 earlier = f"CASE WHEN {t['_fingerprint']} IS NULL THEN {t[c.suffix]} END"  # its failed tries
                 value = (
                     f"CASE WHEN {ANSWERED} THEN {value} + coalesce({earlier}, 0) "
-                    f"WHEN {value} IS NOT NULL AND {t['_fingerprint']} IS NULL "
-                    f"THEN coalesce({t[c.suffix]}, 0) + {value} ELSE {t[c.suffix]} END"
+                    f"WHEN {value} IS NOT NULL THEN coalesce({t[c.suffix]}, 0) + {value} ELSE {t[c.suffix]} END"
                 )
             elif c.commit == KEEP_UNLESS_ANSWERED:
                 value = f"CASE WHEN {ANSWERED} THEN {value} ELSE {t[c.suffix]} END"

@@ -8,7 +8,9 @@ the row had. `side_by_side` reads them back next to the current answers.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
+from numbers import Integral
 from typing import Any
 
 import polars as pl
@@ -88,7 +90,10 @@ def side_by_side(con: Con, layout: Layout, key: Any = None) -> pl.DataFrame:
     unknown = sorted(set(key or {}) - set(layout.key))
     if unknown:
         raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} ({layout.key})")
-    output_type = column_types(con, layout.table)[layout.step]
+    types = column_types(con, layout.table)
+    for column, value in (key or {}).items():
+        _check_key_value(layout.table, column, types[column], value)
+    output_type = types[layout.step]
     c = names(layout.step, "t")
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
     where = " AND ".join(
@@ -108,3 +113,23 @@ def side_by_side(con: Con, layout: Layout, key: Any = None) -> pl.DataFrame:
         params={**params, "table": layout.table, "step": layout.step},
     ).pl()
     return frame
+
+
+_INTEGER_TYPES = frozenset({
+    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
+})  # fmt: skip
+
+
+def _check_key_value(table: str, column: str, sql_type: str, value: Any) -> None:
+    """Refuse a key value that no row of an integer key column can have (`key="notanint"`): the rows are matched by
+    their text, so it would match none and say nothing. A text key takes any value, as its text."""
+    if sql_type.upper() not in _INTEGER_TYPES:
+        return
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):  # as the command line passes it
+        return
+    raise InvalidInputError(
+        f"key {column!r} is {sql_type} in table {table!r}, and key={value!r} is no integer: no row can have it. "
+        "Pass the row's integer key."
+    )

@@ -24,13 +24,27 @@ SAFE_FUNCTIONS = frozenset(
     """
     abs ceil ceiling floor round trunc mod sign sqrt power ln log exp greatest least coalesce nullif lower upper
     length char_length character_length octet_length trim ltrim rtrim btrim substr substring left right replace
-    concat concat_ws strpos position starts_with ends_with contains split_part reverse lpad rpad repeat
+    concat concat_ws strpos position starts_with ends_with contains split_part reverse
     regexp_matches regexp_replace regexp_like like_escape md5 hash date_trunc date_part extract age make_date
     to_char to_date to_timestamp epoch array_length cardinality len list_contains array_contains json_extract
     json_extract_string to_json chr ascii struct_extract json_extract_path_text jsonb_extract_path_text to_jsonb
     llmledger_jsonb isnan isinf
     """.split()  # noqa: SIM905
 )
+# Functions whose result grows with an argument, not with the row (`repeat(text, 1000000000)`: gigabytes of one
+# text, found in a trial): a condition that names one could take the database's memory, so it is refused by name.
+_UNBOUNDED = frozenset({
+    "repeat", "lpad", "rpad", "range", "generate_series", "generate_subscripts", "string_agg", "array_agg", "list",
+    "list_resize", "array_fill", "unnest",
+})  # fmt: skip
+# Types that take modifiers (`DECIMAL(10,2)`, `VARCHAR(20)`): after `::` or a CAST's `AS`, with integers alone
+# between the parentheses, such a name is a type, not a call.
+_MODIFIED_TYPES = frozenset({
+    "decimal", "numeric", "dec", "varchar", "char", "character", "varying", "bpchar", "nvarchar", "bit", "varbit",
+    "timestamp", "timestamptz", "time", "timetz", "interval", "float",
+})  # fmt: skip
+_TYPE_POSITION = re.compile(r"(?:::|\bas)\s*(?:[A-Za-z_][A-Za-z0-9_]*\s+)*$", re.IGNORECASE)
+_MODIFIERS = re.compile(r"\s*\d+\s*(?:,\s*\d+\s*)?\)")
 _SQL_WORDS = frozenset(
     """
     in and or not exists any all some cast try_cast values select from where is between like ilike similar case
@@ -93,14 +107,29 @@ def _call_problems(outside: str) -> list[str]:
         return ["it has a recursive query, which may run for ever; a condition reads the fact table's columns"]
     for match in _CALL.finditer(outside):
         name = match.group(1).lower()
-        if name in _SQL_WORDS or name in SAFE_FUNCTIONS:
+        if name in _SQL_WORDS or name in SAFE_FUNCTIONS or _type_modifiers(outside, match):
             continue
+        if name in _UNBOUNDED:
+            return [
+                f"it calls {match.group(1)}(), whose result can grow without bound (a text or a series as large as "
+                "a number asks for), so one condition could take the database's memory"
+            ]
         return [
             f"it calls {match.group(1)}(), and a condition may call only pure functions such as lower(), length(), "
             "coalesce(), date_trunc() (a function can do anything the database allows: sleep, lock, write; the "
             "list: llmledger._ledger.where.SAFE_FUNCTIONS)"
         ]
     return []
+
+
+def _type_modifiers(outside: str, call: re.Match[str]) -> bool:
+    """Whether what reads as a call is a type with its modifiers, as in `CAST(price AS DECIMAL(10,2))` or
+    `price::NUMERIC(5)`: a type that takes them, in a type's place, with integers alone between the parentheses."""
+    return (
+        call.group(1).lower() in _MODIFIED_TYPES
+        and _TYPE_POSITION.search(outside, 0, call.start()) is not None
+        and _MODIFIERS.match(outside, call.end()) is not None
+    )
 
 
 def check_where_shape(where: str | None) -> None:

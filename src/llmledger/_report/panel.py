@@ -1,13 +1,11 @@
 """A run's report drawn as one HTML panel (`run_html`): its step's rows as a bar, its pace, cost and errors; live
 while it runs, or as the summary when it ends.
 
-Its own module because it is presentation only: it reads a `RunReport` and draws with `_draw`'s pieces, and the
-numbers it draws are `run_report.py`'s.
+Its own module because it is presentation only: it reads a run's tally (`tally.RunTally`, which every `RunReport`
+is) and draws with `_draw`'s pieces, and the numbers it draws are `tally.py`'s.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from llmledger._draw import (
     FAILURE_COLOUR,
@@ -23,9 +21,7 @@ from llmledger._draw import (
     sparkline_svg,
     usd,
 )
-
-if TYPE_CHECKING:
-    from llmledger._report.run_report import RunReport
+from llmledger._report.tally import RunTally
 
 
 def _duration(seconds: float) -> str:
@@ -47,7 +43,7 @@ OUTCOME_COLOURS = {
 
 
 def run_html(
-    report: RunReport, *, timeline: Timeline | None = None, notes: list[str] | None = None, live: bool = False
+    report: RunTally, *, timeline: Timeline | None = None, notes: list[str] | None = None, live: bool = False
 ) -> str:
     """One run at a glance: its step's rows as a bar, its pace, cost and errors; live, or as the summary."""
     r = report

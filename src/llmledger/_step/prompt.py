@@ -85,6 +85,13 @@ def check_prompt(prompt: Prompt, columns: Sequence[str], steps: Collection[str] 
                 f"like ({{{name}:>10}}), or compute the value into a column first (df.with_columns(...)); a "
                 "callable prompt=lambda row: ... may do anything."
             )
+        if name in steps and "[" in field_name:  # the ledger renders `{step.field}` in SQL; an item it cannot
+            raise PromptError(
+                f"prompt template reads {{{field_name}}}: a field of another step names its answer, {{{name}}}, "
+                f"or a field of a structured answer, {{{name}.field}}; reading an item of it "
+                f"('{field_name[field_name.index('[') :]}') is not a field. Name the answer or its field, or "
+                "compute the value into a column first; a callable prompt=lambda row: ... may do anything."
+            )
         if name not in columns and name not in steps:
             close = difflib.get_close_matches(name, [*columns, *steps], n=1)
             hint = f" Did you mean {{{close[0]}}}?" if close else ""

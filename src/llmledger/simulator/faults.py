@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from datetime import date
 from typing import Any
 
 
@@ -187,3 +188,61 @@ class Faults:
     # `shutdowns`) gets the API's 404, as a retired model does; GET /v1/models says each model's shutdown_date
     today: str | None = None
     shutdowns: dict[str, str | None] = field(default_factory=dict)  # model id -> shutdown date, over prices.json's
+
+
+# What each fault's value must be, as `llmledger simulator`'s options say it (`_cli_parser._FAULT_OPTIONS`): checked
+# when a Simulator is made or configured, so `Simulator(error_rate=5)` is refused at once, not seen as every request
+# failing (found in a trial: only the command line checked).
+_SECONDS = ("latency", "jitter", "batch_delay", "outage_for")
+_COUNTS = ("drop_next", "batch_lose_response", "queue_limit", "seed")
+_RATES = (
+    "rate_limit", "burst", "input_tokens_per_minute", "output_tokens_per_minute", "tokens_per_minute", "token_burst",
+    "batch_expire_after",
+)  # fmt: skip
+_SIZES = ("batch_max_requests", "batch_max_bytes", "capacity")
+_SHARES = ("error_rate", "drop_rate")
+_STATUSES = ("error_status", "outage_status")
+_FLAGS = ("compatible", "usage", "resample")
+_TEXTS = ("poison", "refuse", "bad_json", "bad_json_once", "truncate", "api_key", "batch_expire", "batch_error")
+_OPTIONAL = {"rate_limit", "burst", "input_tokens_per_minute", "output_tokens_per_minute", "tokens_per_minute",
+             "capacity", "queue_limit", "today", *_TEXTS}  # fmt: skip
+
+
+def check_faults(values: dict[str, Any]) -> None:
+    """Refuse, with ValueError, a fault value the simulator cannot have (see above); None where it means none."""
+    for name, value in values.items():
+        problem = None if value is None and name in _OPTIONAL else _fault_problem(name, value)
+        if problem:
+            raise ValueError(f"{name}={value!r}: {problem}")
+
+
+def _fault_problem(name: str, value: Any) -> str | None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if name in _SECONDS or name in _COUNTS or name in _RATES or name in _SIZES:
+        whole = name in _COUNTS or name in _SIZES
+        if not number or (whole and not isinstance(value, int)):
+            return "is not an integer" if whole else "is not a number"
+        zero = name in _SECONDS or name in _COUNTS
+        if not math.isfinite(value) or not (value >= 0 if zero else value > 0):
+            return "must be 0 or more" if zero else "must be more than 0"
+    elif name in _SHARES and not (number and 0 <= value <= 1):  # NaN too
+        return "must be a share from 0 to 1 (0.05: one request in twenty)"
+    elif name in _STATUSES or name == "fail_next":
+        for fault in value if name == "fail_next" and isinstance(value, list | tuple) else [value]:
+            if not isinstance(fault, dict) and not (
+                (isinstance(fault, int) and not isinstance(fault, bool) and 400 <= fault <= 599) or fault in ERRORS
+            ):
+                named = ", ".join(sorted(str(n) for n in ERRORS if isinstance(n, str)))
+                return (
+                    f"{fault!r} is an unknown simulator fault: must be an HTTP error status 400..599 or one of " + named
+                )
+    elif name in _FLAGS and not isinstance(value, bool):
+        return "pass true or false"
+    elif name in _TEXTS and not isinstance(value, str):
+        return "must be a text (a prompt containing it is answered so)"
+    elif name == "today":
+        try:
+            date.fromisoformat(value)
+        except (TypeError, ValueError):
+            return "must be a day as YYYY-MM-DD, e.g. 2026-12-01"
+    return None

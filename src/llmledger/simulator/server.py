@@ -42,7 +42,7 @@ from typing import Any
 from llmledger._exec.client import SIMULATOR_PATH, use_session_simulator
 from llmledger.simulator.batches import SimBatches
 from llmledger.simulator.chat import AutomaticCache
-from llmledger.simulator.faults import ERRORS, ErrorSpec, Faults, error_spec
+from llmledger.simulator.faults import ERRORS, ErrorSpec, Faults, check_faults, error_spec
 from llmledger.simulator.http import QuietServer, make_handler
 from llmledger.simulator.limits import Bucket, PromptCache, TokenLimits
 from llmledger.simulator.media import count_tokens
@@ -60,6 +60,7 @@ class Simulator:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:  # 99999: an OverflowError
             raise ValueError(f"port must be 0 (any free port) to 65535, got {port!r}")
         self.responder = responder or default_reply
+        check_faults(faults)
         if "outage_for" in faults:  # seconds from now, as configure() takes it
             faults["outage_until"] = time.time() + float(faults.pop("outage_for"))
         unknown = set(faults) - {f.name for f in fields(Faults)}
@@ -133,6 +134,7 @@ class Simulator:
     # -- control -----------------------------------------------------------------------------
     def configure(self, **changes: Any) -> None:
         """Change faults while running, e.g. `configure(fail_next=[529] * 3)` or `outage_for=5`."""
+        check_faults(changes)
         with self._lock:
             if "outage_for" in changes:
                 changes["outage_until"] = time.time() + float(changes.pop("outage_for"))

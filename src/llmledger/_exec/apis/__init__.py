@@ -8,7 +8,9 @@
     read_shutdown_dates(c)  what the API says of its models' shutdown dates, learned once per process
     batch_refusal(c) why a run through client `c` cannot send batches (a cloud's client), or None
     api()            how one request is sent and read (`_exec.client.Api`: call, answer, usefulness, errors)
-    batches(c)       its batch API (`_exec.batch_api.BatchApi`)
+
+A batch API is the provider's, not one API's (`batch_api_for`): Anthropic's Message Batches are `messages.py`'s,
+OpenAI's Batch API (one for both of its APIs: a batch's answers are read by the API each is of) `openai_batches.py`.
 
 `messages` is Anthropic's Messages API (the `anthropic` SDK), `chat` OpenAI's Chat Completions and `responses` its
 Responses API (the `openai` SDK).
@@ -40,7 +42,6 @@ class SdkApi(Protocol):
     def read_shutdown_dates(self, client: Any) -> None: ...
     def batch_refusal(self, client: Any) -> str | None: ...
     def api(self) -> Api: ...
-    def batches(self, client: Any) -> BatchApi: ...
 
 
 def for_provider(provider: str, api: str | None = None) -> SdkApi:
@@ -60,3 +61,15 @@ def for_client(client: Any, api: str | None = None) -> SdkApi:
     """The module of the API a client sends to (its SDK told by its class, without importing an SDK it is not of;
     `api`: which of that SDK's APIs, when not its default)."""
     return for_provider(OPENAI if is_openai_client(client) else ANTHROPIC, api)
+
+
+def batch_api_for(client: Any, api: str | None = None) -> BatchApi:
+    """The batch API of a client's provider (`api`: which of its APIs the step's requests are written for, when not
+    its default)."""
+    if is_openai_client(client):
+        from llmledger._exec.apis import openai_batches
+
+        return openai_batches.batches(client, api)
+    from llmledger._exec.apis import messages
+
+    return messages.batches(client)

@@ -1,8 +1,8 @@
-"""OpenAI's Responses API (`/v1/responses`) through the `openai` SDK: one call, its answer, and the Batch API with
-`"url": "/v1/responses"`. OpenAI recommends it, and its newer models get features there first; a step on OpenAI's
-own API uses it unless the step was made with Chat Completions or asks for it (`api="chat"`). The client, its
-errors and the account's stops are Chat Completions' (`chat.py`): the same SDK, the same service. The pure values
-are `_step.apis.RESPONSES`.
+"""OpenAI's Responses API (`/v1/responses`) through the `openai` SDK: one call and its answer (its batches, OpenAI's
+Batch API with `"url": "/v1/responses"`, are `openai_batches.py`'s). OpenAI recommends it, and its newer models get
+features there first; a step on OpenAI's own API uses it unless the step was made with Chat Completions or asks for
+it (`api="chat"`). The client, its errors and the account's stops are Chat Completions' (`chat.py`): the same SDK,
+the same service. The pure values are `_step.apis.RESPONSES`.
 
 How the API says things, and what llmledger makes of them:
 
@@ -21,7 +21,6 @@ from typing import Any
 
 from llmledger._exec.apis.chat import (
     NO_ROOM,
-    OpenAIBatches,
     batch_refusal,
     classify,
     has_key,
@@ -32,7 +31,6 @@ from llmledger._exec.apis.chat import (
     split_prompt,
 )
 from llmledger._exec.apis.chat import read_shutdown_dates as read_shutdown_dates
-from llmledger._exec.batch_api import BatchApi
 from llmledger._exec.client import REFUSAL, Api, CallFailed, Kind, Reply, clean_text
 from llmledger._step.apis import RESPONSES
 
@@ -41,7 +39,6 @@ __all__ = [
     "SHAPE",
     "api",
     "batch_refusal",
-    "batches",
     "classify",
     "has_key",
     "is_client",
@@ -125,19 +122,9 @@ def api() -> Api:
     return openai_api(call, reply_from, useless)
 
 
-class ResponsesBatches(OpenAIBatches):
-    """OpenAI's Batch API with Responses lines: the same files and batches, another endpoint and answer type."""
-
-    endpoint = "/v1/responses"
-
-
 def answer(body: dict[str, Any]) -> Any:
     """A batch output line's response, built as the SDK builds an online answer (leniently: an SDK older than a
     field the API added, or than an output item's type, still reads the rest)."""
     from openai.types.responses import Response
 
     return Response.construct(**body)
-
-
-def batches(client: Any) -> BatchApi:
-    return ResponsesBatches(client, api())
