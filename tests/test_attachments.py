@@ -155,6 +155,31 @@ def test_a_bytes_column_is_sent_but_not_kept_in_the_ledger(client: Any, sim: Any
     assert sql(store, "SELECT DISTINCT caption_status FROM t") == [("DONE",)], "the rows keep their answers"
 
 
+def test_a_worker_stops_for_files_that_came_as_bytes_instead_of_waiting_for_ever(
+    client: Any, sim: Any, store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found in a trial: a worker waited for ever, idle, for rows whose files came as bytes. No later pass from the
+    store can send those (the ledger keeps no bytes), so it says why and returns, paying nothing."""
+    import threading
+
+    df = pl.DataFrame({"id": [1, 2], "image": [png(12, 12, seed=1), png(14, 14, seed=2)], "note": ["a", "b"]})
+    apply_llm(df, "caption", prompt="Caption ({note})", attach="image", client=client, store=store, table="t",
+              where="false", progress=False)  # fmt: skip
+    result: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: result.append(llmledger.work(store, "t", "caption", client=client, progress=False, poll=0.1)),
+        daemon=True,
+    )
+    with caplog.at_level("WARNING", logger="llmledger"):
+        worker.start()
+        worker.join(60)
+    assert not worker.is_alive(), "the worker still waits for files only the frame holds"
+    assert result[0].calls == 0 and sim.stats()["paid"] == 0
+    said = [r.getMessage() for r in caplog.records if "cannot be sent" in r.getMessage()]
+    assert len(said) == 1 and "apply_llm on that frame" in said[0], said
+    assert sql(store, "SELECT DISTINCT caption_status FROM t") == [("NOT_STARTED",)]
+
+
 def test_two_rows_with_the_same_file_and_text_share_one_call(run: Any, sim: Any, tmp_path: Path) -> None:
     path = tmp_path / "same.png"
     path.write_bytes(png(12, 12))

@@ -22,6 +22,7 @@ from typing import Any
 
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
+from llmledger._step.attach import BYTES_NOT_KEPT
 from llmledger.errors import InvalidInputError
 
 log = logging.getLogger("llmledger")
@@ -72,6 +73,20 @@ def work(
             total.running_elsewhere = report.running_elsewhere
         if report.outcome is not Outcome.COMPLETED:  # interrupted, an outage, a budget...: stop like a run does
             return total
+        if report.selected and report.unsent >= report.selected and BYTES_NOT_KEPT in report.unsent_why:
+            # their files came as bytes, which only the frame apply_llm was given holds: waiting would be for ever
+            if not report.running_elsewhere:
+                log.warning(
+                    "%s of %s.%s cannot be sent from the store: %s. This worker stops; finish them with apply_llm on "
+                    "that frame.",
+                    f"{report.unsent:,} row(s)",
+                    table,
+                    step,
+                    report.unsent_why.removeprefix("not sent: "),
+                )
+                return total
+            time.sleep(poll)  # rows are held elsewhere (an apply_llm with the frame may send these): look again
+            continue
         if report.selected and report.unsent >= report.selected:  # none could be sent (their files are not as
             if said is None:  # recorded): say why once (the first file named), and wait for them to be sendable
                 said = report.unsent_why

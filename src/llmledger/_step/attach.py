@@ -44,6 +44,8 @@ URL_TIMEOUT = 60.0
 
 
 NOT_SENT = "not sent: "  # the start of the error of a row whose file could not be sent (no attempt is counted)
+# in the error of a row whose file came as bytes: no later pass from the store can send it (a worker stops for it)
+BYTES_NOT_KEPT = "came as bytes in the frame, which the ledger does not keep"
 
 
 class AttachmentError(Exception):
@@ -320,9 +322,8 @@ class Attachments:
             problems.append(f"{place!r} holds other content now" if isinstance(place, str) else "changed bytes")
         if not places:
             raise AttachmentError(
-                f"the file recorded as sha256:{sha[:12]}… came as bytes in the frame, which the "
-                "ledger does not keep (it keeps paths and URLs): finish this step with apply_llm "
-                "on that frame"
+                f"the file recorded as sha256:{sha[:12]}… {BYTES_NOT_KEPT} (it keeps paths and URLs): "
+                "finish this step with apply_llm on that frame"
             )
         raise AttachmentError(
             f"the file recorded as sha256:{sha[:12]}… is not where it was ("
