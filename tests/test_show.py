@@ -122,6 +122,8 @@ def test_show_says_what_was_spent_and_what_the_current_answers_cost(
     sim.configure(usage=False)  # a server that says nothing of what its answers used: their cost is unknown
     apply(frame(3), "other", prompt="{text}")
     assert "other" in (text := str(llmledger.show(store))) and "spent cost unknown on 3 calls" in text, text
+    # found in a trial: the same line said "current answers $0 for 0 paid rows" of three answers of unknown cost
+    assert "spent cost unknown on 3 calls; current answers cost unknown for 3 rows" in text, text
 
 
 def test_dollars_read_with_significant_digits() -> None:

@@ -44,10 +44,11 @@ def _usage(con: Con, s: StepOverview, key_columns: list[str]) -> None:
     """Cost and paid rows; the processes holding claims; FAILED / NEEDS_REVIEW rows by kind of error."""
     t, status = q(s.table), q(s.step + "_status")
     cost = q(s.step + "_cost_usd")
-    answers_usd, paid = con.execute(
-        f"SELECT coalesce(sum({cost}), 0)::DOUBLE, count(*) FILTER (WHERE {cost} > 0) FROM {t}"
+    answers_usd, paid, unpriced = con.execute(  # an answer of no known cost: no price, or the server sent no usage
+        f"SELECT coalesce(sum({cost}), 0)::DOUBLE, count(*) FILTER (WHERE {cost} > 0), "
+        f"count(*) FILTER (WHERE {cost} IS NULL AND {q(s.step)} IS NOT NULL) FROM {t}"
     ).fetchall()[0]
-    s.cost_usd, s.paid_rows = float(answers_usd), int(paid)
+    s.cost_usd, s.paid_rows, s.unpriced_rows = float(answers_usd), int(paid), int(unpriced)
     if table_exists(con, RUNS_TABLE):
         calls, spent, unknown = con.execute(
             f"SELECT coalesce(sum(calls), 0)::BIGINT, coalesce(sum(cost_usd), 0)::DOUBLE, "

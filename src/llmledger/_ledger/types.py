@@ -312,6 +312,7 @@ class StepOverview:
     counts: dict[str, int]  # by status, plus "stale", "waiting" (None-free) and "total"
     cost_usd: float = 0.0
     paid_rows: int = 0  # rows whose answer was paid for (reused answers cost 0)
+    unpriced_rows: int = 0  # rows with an answer of no known cost (no price for the model, or no usage sent)
     spent_usd: float = 0.0  # what the step's runs paid in all (`llmledger_runs`): replaced answers, refusals too
     calls: int = 0  # the paid calls of those runs
     spent_unknown: bool = False  # some run paid calls of unknown cost (no known price, or no usage)

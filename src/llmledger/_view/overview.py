@@ -160,6 +160,11 @@ def _cost(step: StepOverview) -> str:
     """What the step's runs spent, and of it what its current answers cost (a redo's replaced answers, refusals
     and empty answers were paid too); "unknown" where a price or the usage is not known."""
     answers = f"{usd(step.cost_usd)} for {rows(step.paid_rows, 'paid row')}"
+    if step.unpriced_rows:  # answers of a cost no one can tell (no price for the model, no usage sent): never "$0"
+        known = f" and {answers}" if step.paid_rows else ""
+        answers = f"cost unknown for {rows(step.unpriced_rows)}{known}"
+    if step.unpriced_rows and not step.calls:
+        return f"current answers {answers}"
     if not step.calls:
         return "nothing spent" if not step.paid_rows else f"current answers {answers}"
     spent = usd(None if step.spent_unknown else step.spent_usd, "cost unknown")
