@@ -238,6 +238,7 @@ def test_history_keeps_the_answers_a_redo_replaces(ledger: Ledger) -> None:
     _commit(ledger, redo, [_result(row, "DONE", "second")])
     history = ledger.history("t", "s")
     assert history.select("id", "old_output", "output", "reason").rows() == [(2, "first", "second", "redo")]
+    assert history.columns[:4] == ["id", "reason", "old_output", "output"], "what was and what is come first"
     assert ledger.outputs(redo, FRAME.select("id"))["s"].to_list() == ["first", "second", "first", "first"]
 
 

@@ -204,7 +204,7 @@ def _main(argv: list[str] | None) -> int:
             if key is not None and key.lstrip("-").isdigit():
                 key = int(key)
             found = history(args.store, args.table, args.step, key=key)
-            keys = found.columns[: found.columns.index("replaced_at")]
+            keys = found.columns[: found.columns.index("reason")]  # the key columns come first
             if isinstance(key, str) and keys and found.schema[keys[0]].is_integer():  # found nothing, said nothing
                 raise InvalidInputError(f"--key {key!r} is not an integer, and {args.table}'s key {keys[0]} is")
             with pl.Config(**_TABLE_FORMAT):  # the whole frame is llmledger.history(); here what fits a terminal

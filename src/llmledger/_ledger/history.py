@@ -101,12 +101,13 @@ def side_by_side(con: Con, layout: Layout, key: Any = None) -> pl.DataFrame:
     )
     params = {"k" + str(i): v for i, v in enumerate((key or {}).values())}
     old_output = output_from_text("h.output", output_type)
+    # what was and what is beside the key, first: a notebook shows a wide frame's first columns (found in a trial:
+    # the current answer was the 14th column, off the screen)
     frame: pl.DataFrame = con.sql(
-        f"SELECT {keys}, h.replaced_at, h.reason, {old_output} AS old_output, h.output AS old_text, h.raw AS old_raw, "
-        f"h.status AS old_status, "
-        f"h.model AS old_model, h.fingerprint AS old_fingerprint, h.input_tokens AS old_input_tokens, "
-        f"h.output_tokens AS old_output_tokens, h.cost_usd AS old_cost_usd, h.finished_at AS old_finished_at, "
-        f"{c['']} AS output, {c['_status']} AS status, {c['_finished_at']} AS finished_at "
+        f"SELECT {keys}, h.reason, {old_output} AS old_output, {c['']} AS output, h.status AS old_status, "
+        f"{c['_status']} AS status, h.replaced_at, h.model AS old_model, h.cost_usd AS old_cost_usd, "
+        f"h.input_tokens AS old_input_tokens, h.output_tokens AS old_output_tokens, h.fingerprint AS old_fingerprint, "
+        f"h.output AS old_text, h.raw AS old_raw, h.finished_at AS old_finished_at, {c['_finished_at']} AS finished_at "
         f"FROM {HISTORY_TABLE} AS h JOIN {q(layout.table)} AS t ON h.row_key = {layout.key_json()} "
         f"WHERE h.table_name = $table AND h.step = $step{' AND ' + where if where else ''} "
         f"ORDER BY {keys}, h.replaced_at",
