@@ -15,14 +15,26 @@ from pathlib import Path
 PAGES = Path(__file__).parent / "pages" / "reference"
 CLI_INTRO = """# Command line
 
-Each verb is a thin twin of a Python function, named like it: `llmledger status` (or `show`) is `llmledger.show()`
-drawn as text, `run` (or `resume`) is `resume()`, `worker` (or `work`) is `work()`, and `sql`, `flag`, `reset`,
-`history`, `export`, `restore` and `copy` are the functions of the same names. STORE is a DuckDB file or a
-`postgresql://` URL. `--table` and `--step` may be left out when the store has only one. Without
-`ANTHROPIC_API_KEY`, `run` and `worker` say how to set it, or how to point them at `llmledger simulator`.
+Each verb is a thin twin of a Python function, named like it (the table below is made from the CLI's own table of
+verbs). STORE is a DuckDB file or a `postgresql://` URL. `--table` and `--step` may be left out when the store has
+only one. Without `ANTHROPIC_API_KEY`, `run` and `worker` say how to set it, or how to point them at
+`llmledger simulator`.
 
 This page is generated from `--help` (`python docs/gen_reference.py`); a test fails when it is out of date.
 """
+
+
+def cli_intro() -> str:
+    """CLI_INTRO, then every verb (aliases too) and its Python twin, from `_cli_parser.VERBS`."""
+    from llmledger._cli_parser import VERBS
+
+    rows = ["| verb | Python twin | what it does |", "|---|---|---|"]
+    for verb in VERBS:
+        names = " or ".join(f"`llmledger {name}`" for name in (verb.name, *verb.aliases))
+        twin = f"`{verb.twin}`" if verb.twin else "-"
+        rows.append(f"| {names} | {twin} | {verb.help.replace('|', chr(92) + '|')} |")
+    return CLI_INTRO + "\n" + "\n".join(rows) + "\n"
+
 
 TABLES = {
     "llmledger_steps": "every definition a step has had: model, system, max_tokens, template, request options, "
@@ -30,6 +42,9 @@ TABLES = {
     "llmledger_runs": "one row per run (apply_llm, resume, a worker's pass): when, its outcome, calls, retries, "
     "tokens and cost",
     "llmledger_history": "every answer that was replaced (by a redo, a reset or a new definition), with why",
+    "llmledger_verdicts": "every verdict a person gave on an answer (accept, flag, correct): the row (`row_key`), "
+    "the answer judged (its text, `fingerprint` and `source`), the correction, the reason, who and when; "
+    "`{step}_verdict` on the row is the verdict on its current answer",
     "llmledger_batches": "every Message Batch a run sent or meant to send: its intent, the API's id, its state",
     "llmledger_budget_reservations": "what live runs reserved under a step's shared budget",
     "llmledger_migrations": "the schema migrations applied to this store, with the llmledger version that did",
@@ -58,7 +73,7 @@ def verbs(top: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
 
 
 def _cli_reference(top: argparse.ArgumentParser) -> str:
-    out = [CLI_INTRO, "## llmledger", "", "```", top.format_help().rstrip(), "```", ""]
+    out = [cli_intro(), "## llmledger", "", "```", top.format_help().rstrip(), "```", ""]
     seen: set[int] = set()
     for name, sub in verbs(top).items():
         if id(sub) in seen:  # an alias

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from llmledger import Simulator
+from llmledger import Simulator, StaleAnswersWarning
 
 from .conftest import frame, subprocess_env
 
@@ -383,3 +383,43 @@ def test_the_simulators_printed_recipe_works_exactly_as_printed(tmp_path: Path, 
     finally:
         proc.terminate()
         proc.wait()
+
+
+def test_a_worker_says_what_all_its_passes_did_once_at_the_end(run, sim: Simulator, store: Path) -> None:
+    """`llmledger worker` printed each pass's summary (every pass of `work()` is a `resume()` that prints its own),
+    and each pass's hints again: a worker that ran two passes printed two report lines and the stale hint twice."""
+    run(frame(6), "summary", prompt="Summarize: {text}", where="id < 3")
+    with pytest.warns(StaleAnswersWarning):  # the 3 answers are stale now; nothing is sent
+        run(frame(6), "summary", prompt="Sum up: {text}", where="false")
+    env = subprocess_env(sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"}
+    done = _cli("worker", str(store), "--poll", "0.2", env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert not [line for line in lines if re.match(r"(\[\w+\] )?messages\.summary: ", line)], done.stdout
+    assert [line for line in lines if line.startswith("worker done")] == [
+        "worker done (completed), all its passes together: 3 rows DONE, 3 paid calls, 0 FAILED, 0 NEEDS_REVIEW"
+    ]
+    assert lines[0].startswith("worker done"), "the summary comes first, then what to do next"
+    assert sum("stale" in line for line in lines[1:]) == 1, done.stdout
+
+
+def test_history_of_a_key_the_table_lacks_or_of_another_type_says_what_to_pass(
+    tmp_path: Path, sim: Simulator, client: object
+) -> None:
+    """`history --key 999` printed an empty table and exited 0, as for a row without history; `--key notanint` on
+    an integer key named Python's key= to a shell user."""
+    from llmledger import apply_llm
+
+    store = tmp_path / "s.duckdb"
+    apply_llm(frame(30), "summary", prompt="Summarize: {text}", store=store, table="t", client=client, progress=False)
+    for key, said in [
+        ("999", "--key 999: table 't' has no row whose id is 999 (its id values run from 0 to 29); pass one it has"),
+        ("-3", "--key -3: table 't' has no row whose id is -3"),
+        ("notanint", "--key 'notanint' is not an integer, and the key of table 't' (id) is one"),
+        ("1.5", "pass a row's id, e.g. --key 0"),
+    ]:
+        done = _cli("history", str(store), "--key", key)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (key, done.stderr)
+        assert said in done.stderr and "key=" not in done.stderr, (key, done.stderr)
+    there = _cli("history", str(store), "--key", "7")  # a row without history: an empty table, as before
+    assert there.returncode == 0 and "replaced_at" in there.stdout, there.stderr

@@ -14,6 +14,8 @@ API returns to every worker of the account, and backs off with jitter, so a
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 import time
 from datetime import timedelta
@@ -47,6 +49,7 @@ def work(
     """
     from llmledger._run.api import resume
 
+    _check_names(options, takes=[*inspect.signature(resume).parameters, "poll"])
     if isinstance(poll, bool) or not isinstance(poll, int | float) or poll <= 0:
         raise InvalidInputError(f"poll must be a positive number of seconds, got {poll!r}")
     if options.get("redo", False) not in (False, "stale"):
@@ -106,3 +109,22 @@ def work(
         if not report.running_elsewhere:
             return total
         time.sleep(poll)  # other workers hold rows: wait for them to finish, or for their claims to lapse
+
+
+def _check_names(options: dict[str, Any], *, takes: list[str]) -> None:
+    """Refuse an option neither work() nor the resume() it runs takes, naming work() (the function called): the
+    error resume() raised named resume(), which the caller never called."""
+    from llmledger._run.api import _REQUEST_FIELDS
+
+    for name, value in options.items():
+        if name in takes:
+            continue
+        if name in _REQUEST_FIELDS:
+            raise InvalidInputError(
+                f"work() has no option {name}=: a field of the request is part of the step, and a worker sends each "
+                f"row with the request apply_llm recorded for it; change it there, e.g. apply_llm(..., "
+                f"request_options={{{name!r}: {value!r}}}) (see the docs' request options)"
+            )
+        close = difflib.get_close_matches(name, takes, n=1)
+        hint = f"; did you mean {close[0]}=?" if close else ""
+        raise InvalidInputError(f"work() has no option {name}={hint} (its options: help(work), help(resume))")
