@@ -191,22 +191,27 @@ def test_old_answers_have_no_source_and_count_as_real(old_store: Path, sim: Simu
     assert last_report().reused == 11, "old answers (9) and the 2 new ones serve identical requests of a real run"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(("version", "column"), [(11, "summary_latency_ms"), (12, "summary_verdict")])
 def test_an_upgrade_that_would_take_over_a_column_of_the_same_name_is_refused(
-    tmp_path: Path, client, sim: Simulator
+    tmp_path: Path, client, sim: Simulator, version: int, column: str
 ) -> None:
-    """A schema-10 store whose table already has `summary_latency_ms` (an input): migration 11 would take it for
-    step summary's latency column and write request times over the user's values. It is refused, and the store
-    stays as it was, byte for byte."""
-    store = tmp_path / "v10.duckdb"
+    """A store from before migration `version` whose table already has a column of the name that migration gives a
+    step's new column (an input, `summary_latency_ms`): the migration would take it for the step's and write over
+    the user's values. It is refused, and the store stays as it was, byte for byte."""
+    store = tmp_path / "old.duckdb"
     apply_llm(
         frame(3), "summary", prompt="Summarize: {text}", store=store, table="messages", client=client, progress=False
     )
-    with duckdb.connect(str(store)) as con:  # back to schema 10, with an input named like the new column
-        con.execute('ALTER TABLE messages DROP COLUMN "summary_latency_ms"')
-        con.execute('ALTER TABLE messages ADD COLUMN "summary_latency_ms" BIGINT DEFAULT 333')
-        con.execute("DELETE FROM llmledger_migrations WHERE version = 11")
+    with duckdb.connect(str(store)) as con:  # back to the schema before `version`, an input named like its column
+        for suffix, since in (("_latency_ms", 11), ("_verdict", 12), ("_verdict_by", 12)):
+            if since >= version:
+                con.execute(f'ALTER TABLE messages DROP COLUMN "summary{suffix}"')
+        if version <= 12:
+            con.execute("DROP TABLE llmledger_verdicts")
+        con.execute(f'ALTER TABLE messages ADD COLUMN "{column}" BIGINT DEFAULT 333')
+        con.execute("DELETE FROM llmledger_migrations WHERE version >= ?", [version])
     before = store.read_bytes()
-    with pytest.raises(StoreError, match=r"messages\.summary_latency_ms.*already has a column of that name"):
+    with pytest.raises(StoreError, match=rf"messages\.{column}.*already has a column of that name"):
         apply_llm(
             frame(3),
             "summary",

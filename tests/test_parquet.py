@@ -55,6 +55,7 @@ def test_export_and_restore_keep_everything_and_a_rerun_pays_nothing(
         "llmledger_history.parquet",
         "llmledger_runs.parquet",
         "llmledger_steps.parquet",
+        "llmledger_verdicts.parquet",  # the flag above is a person's verdict
         "messages.parquet",
     ]
     assert pl.read_parquet(folder / "messages.parquet").schema["extract"] == pl.Struct(

@@ -42,6 +42,7 @@ PAID_USAGE = ("_input_tokens", "_output_tokens", "_cache_write_tokens", "_cache_
 FROM_RESULT = "result"  # always the result's value
 CLEAR = "clear"  # NULL (the claim is over)
 CLEAR_IF_DONE = "clear_if_done"  # NULL once the row is DONE again (a flag is answered by a new answer)
+CLEAR_IF_ANSWERED = "clear_if_answered"  # NULL once the row holds a new answer (a verdict judged the one before)
 UNTOUCHED = "untouched"  # not written by a commit (the request columns, written when rows are prepared)
 
 
@@ -176,6 +177,14 @@ STEP_COLUMNS: tuple[Column, ...] = (
     Column("_flag", "VARCHAR", CLEAR_IF_DONE, doc="why a person flagged the answer for redo (llmledger.flag)"),
     Column("_flagged_at", "TIMESTAMP", CLEAR_IF_DONE, doc="when it was flagged (UTC)"),
     Column("_flagged_by", "VARCHAR", CLEAR_IF_DONE, doc="who flagged it"),
+    Column(
+        "_verdict",
+        "VARCHAR",
+        CLEAR_IF_ANSWERED,
+        doc="a person's verdict on the current answer: accepted, or corrected (the answer is theirs); every "
+        "verdict, flags too, is in llmledger_verdicts",
+    ),
+    Column("_verdict_by", "VARCHAR", CLEAR_IF_ANSWERED, doc="who gave that verdict"),
     Column("_prompt", "VARCHAR", UNTOUCHED, doc="the current request's user message"),
     Column("_request_fingerprint", "UUID", UNTOUCHED, doc="fingerprint of the current request"),
     Column(
@@ -327,6 +336,8 @@ def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
             value = "NULL"
         elif c.commit == CLEAR_IF_DONE:
             value = f"CASE WHEN i.status = 'DONE' THEN NULL ELSE {t[c.suffix]} END"
+        elif c.commit == CLEAR_IF_ANSWERED:
+            value = f"CASE WHEN {ANSWERED} THEN NULL ELSE {t[c.suffix]} END"
         else:
             value = f"i.{c.result}" + ("::UUID" if c.sql_type == "UUID" else "")
             if c.suffix == "":

@@ -24,6 +24,7 @@ from llmledger._ledger.schema import (
     HISTORY_TABLE,
     RUNS_TABLE,
     STEPS_TABLE,
+    VERDICTS_TABLE,
     current_output_spec,
     ensure_step_columns,
     list_steps,
@@ -34,7 +35,7 @@ from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
 CHUNK_ROWS = 100_000
-BOOKKEEPING = (STEPS_TABLE, RUNS_TABLE, HISTORY_TABLE, BATCHES_TABLE)
+BOOKKEEPING = (STEPS_TABLE, RUNS_TABLE, HISTORY_TABLE, BATCHES_TABLE, VERDICTS_TABLE)
 INCOMING = "llmledger_copy"
 
 

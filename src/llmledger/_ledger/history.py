@@ -81,25 +81,11 @@ def side_by_side(con: Con, layout: Layout, key: Any = None) -> pl.DataFrame:
 
     `key`: one row's key value (a dict of key columns when the key has several), or None for all rows.
     """
-    if key is not None and not isinstance(key, dict):
-        if len(layout.key) != 1:
-            raise InvalidInputError(
-                f"table {layout.table!r} is keyed by {layout.key}; pass key= as a dict of those columns"
-            )
-        key = {layout.key[0]: key}
-    unknown = sorted(set(key or {}) - set(layout.key))
-    if unknown:
-        raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} ({layout.key})")
+    where, params = key_match(con, layout, key)
     types = column_types(con, layout.table)
-    for column, value in (key or {}).items():
-        _check_key_value(layout.table, column, types[column], value)
     output_type = types[layout.step]
     c = names(layout.step, "t")
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
-    where = " AND ".join(
-        f"CAST(t.{q(k)} AS VARCHAR) = CAST(${'k' + str(i)} AS VARCHAR)" for i, k in enumerate(key or {})
-    )
-    params = {"k" + str(i): v for i, v in enumerate((key or {}).values())}
     old_output = output_from_text("h.output", output_type)
     # what was and what is beside the key, first: a notebook shows a wide frame's first columns (found in a trial:
     # the current answer was the 14th column, off the screen)
@@ -119,6 +105,28 @@ def side_by_side(con: Con, layout: Layout, key: Any = None) -> pl.DataFrame:
 _INTEGER_TYPES = frozenset({
     "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
 })  # fmt: skip
+
+
+def key_match(con: Con, layout: Layout, key: Any, alias: str = "t") -> tuple[str, dict[str, Any]]:
+    """SQL over the fact table (as `alias`) matching the row of `key` (its value, or a dict of key columns when the
+    key has several; None: every row), and its parameters. A key that names no key column, or a value no row of
+    that column's type can have, is refused, naming it."""
+    if key is None or key == {}:
+        return "", {}
+    if not isinstance(key, dict):
+        if len(layout.key) != 1:
+            raise InvalidInputError(
+                f"table {layout.table!r} is keyed by {layout.key}; pass key= as a dict of those columns"
+            )
+        key = {layout.key[0]: key}
+    unknown = sorted(set(key) - set(layout.key))
+    if unknown:
+        raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} ({layout.key})")
+    types = column_types(con, layout.table)
+    for column, value in key.items():
+        _check_key_value(layout.table, column, types[column], value)
+    where = " AND ".join(f"CAST({alias}.{q(k)} AS VARCHAR) = CAST($k{i} AS VARCHAR)" for i, k in enumerate(key))
+    return where, {f"k{i}": v for i, v in enumerate(key.values())}
 
 
 def _check_key_value(table: str, column: str, sql_type: str, value: Any) -> None:

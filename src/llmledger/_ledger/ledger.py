@@ -20,6 +20,7 @@ from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import lock_step
 from llmledger._ledger.looks import LookVerbs
+from llmledger._ledger.review import ReviewVerbs
 from llmledger._ledger.schema import (
     RUNS_TABLE,
 )
@@ -40,7 +41,7 @@ from llmledger._ledger.verbs import (
 from llmledger._step.sqltext import q
 
 
-class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs):
+class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs):
     """A ledger in one DuckDB file (`Connection`) or one PostgreSQL database (`PgConnection`).
 
     `path` is the DuckDB file, or for PostgreSQL where this machine journals answers before they commit.

@@ -8,11 +8,10 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._ledger.columns import names, output_as_text
 from llmledger._ledger.compare import ComparisonData, read_comparison
 from llmledger._ledger.counts import status_counts
 from llmledger._ledger.engine import Con, Database
-from llmledger._ledger.engine.shared import column_types, table_exists, writes_refused
+from llmledger._ledger.engine.shared import table_exists, writes_refused
 from llmledger._ledger.graph import StepGraph
 from llmledger._ledger.history import side_by_side
 from llmledger._ledger.overview import read_overview
@@ -25,7 +24,6 @@ from llmledger._ledger.survey import Layout, check_where
 from llmledger._ledger.types import Overview
 from llmledger._ledger.verbs import gone_holders, start_over
 from llmledger._step.request import sql_literal
-from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError, WhereClauseError
 
@@ -88,32 +86,7 @@ class LookVerbs:
     def migrated(self) -> None:
         migrate_for_readers(self.conn)
 
-    # -- what people do to rows ----------------------------------------------------------------------------
-    def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
-        """Mark the step's answers of rows matching `where` for redo (`redo="flagged"`), saying why and who."""
-
-        def work(con: Con) -> int:
-            layout = self._layout(con, table, step)
-            check_where(con, table, where)
-            c, t, o = names(step), names(step, "t"), names(step, "o")
-            kind = column_types(con, table)[step]
-            # Rows given the very same answer to the very same request (twins answered together, or reused) hold
-            # the answer the person rejected: they are flagged with it, so no row keeps showing it. (EXISTS, not
-            # a row-value IN: DuckDB 1.2 fails on (UUID, VARCHAR) IN (SELECT ...).)
-            return len(
-                con.execute(
-                    f"UPDATE {q(layout.table)} AS t SET {c['_flag']} = $reason, {c['_flagged_at']} = $now, "
-                    f"{c['_flagged_by']} = $by WHERE coalesce(({where}), false) OR ({t['_status']} = 'DONE' AND "
-                    f"EXISTS (SELECT 1 FROM {q(layout.table)} AS o WHERE {o['_status']} = 'DONE' "
-                    f"AND {o['_fingerprint']} = {t['_fingerprint']} "
-                    f"AND {output_as_text(o[''], kind)} = {output_as_text(t[''], kind)} "
-                    f"AND coalesce(({where}), false))) RETURNING 1",
-                    {"reason": reason, "now": now, "by": by},
-                ).fetchall()
-            )
-
-        return self.conn.transaction(work, wait=60.0, exclusive=True)
-
+    # -- what people do to rows (flags and other verdicts: review.py) --------------------------------------
     def reset(
         self, table: str, step: str, *, where: str, now: datetime, running_stale_after: timedelta | None = None
     ) -> int:

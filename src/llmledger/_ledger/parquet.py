@@ -41,6 +41,7 @@ from llmledger._ledger.schema import (
     HISTORY_TABLE,
     RUNS_TABLE,
     STEPS_TABLE,
+    VERDICTS_TABLE,
     ensure_step_columns,
     list_steps,
     migrate,
@@ -52,7 +53,7 @@ from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError, LedgerError
 
-_BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE)
+_BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE, VERDICTS_TABLE)  # each table's own rows go along
 _STEP_VIEW = (
     "",
     "_status",

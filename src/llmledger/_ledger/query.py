@@ -93,6 +93,61 @@ def reset(
     )
 
 
+def accept(
+    store: str | Path, table: str, step: str, *, key: Any = None, where: str | None = None, by: str | None = None
+) -> int:
+    """Record that a person judged the answers of `step` right: on the row `key` (its key value, or a dict of key
+    columns), or on the rows matching `where`. Returns how many rows took the verdict.
+
+    The verdict is kept with the answer it judged in `llmledger_verdicts`, and on the row (`{step}_verdict` is
+    "accepted") until a new answer replaces it. `redo="stale"` keeps an accepted answer (redo=True with `where=`
+    naming the row replaces it); a NEEDS_REVIEW answer a person accepts is DONE; a flag on it is lifted.
+    """
+    _check_rows(key, where)
+    return open_existing(store).judge(table, step, verdict="accept", key=key, where=where, by=_by(by), now=utcnow())
+
+
+def correct(
+    store: str | Path, table: str, step: str, *, key: Any, answer: Any, by: str | None = None, reason: str | None = None
+) -> int:
+    """Give the row `key` of `step` a person's answer: `answer` (text, or for a typed step a dict checked against
+    its output schema) becomes the row's answer, DONE, its source `person`, at no cost.
+
+    The answer it replaces goes to the history, and the verdict (with `reason`) to `llmledger_verdicts`. Steps that
+    read this one's answer turn stale on the row, as after any new answer. No redo replaces a person's answer but
+    `redo=True` with `where=` naming the row. Rows showing the same answer to the same request take it too.
+    """
+    if key is None:
+        raise InvalidInputError("correct() judges one row: pass key= its key value (a dict when the key has several)")
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidInputError(f"reason must be text, got {reason!r}")
+    return open_existing(store).judge(
+        table, step, verdict="correct", key=key, answer=answer, reason=reason, by=_by(by), now=utcnow()
+    )
+
+
+def verdicts(store: str | Path, table: str | None = None, step: str | None = None) -> pl.DataFrame:
+    """Every verdict a person gave (accept, flag, correct), oldest first: which row (`row_key`, as JSON), the answer
+    judged (`answer`, `fingerprint`, `source`), `corrected`, `reason`, `reviewer`, `judged_at`. The same rows as
+    `SELECT * FROM llmledger_verdicts`."""
+    return open_existing(store).verdicts(table, step)
+
+
+def _check_rows(key: Any, where: Any) -> None:
+    if (key is None) == (where is None):
+        raise InvalidInputError("name the rows judged with key= (one row) or where= (a SQL predicate), not both")
+    if where is not None:
+        _check_where(where)
+
+
+def _by(by: Any) -> str:
+    if by is None:
+        return _who()
+    if not isinstance(by, str) or not by.strip():
+        raise InvalidInputError(f"by= names who judged, e.g. by='ana'; got {by!r}")
+    return by
+
+
 def _check_where(where: Any) -> None:
     if not isinstance(where, str) or not where.strip():
         raise InvalidInputError(

@@ -35,6 +35,7 @@ STEPS_TABLE = "llmledger_steps"
 RUNS_TABLE = "llmledger_runs"
 HISTORY_TABLE = "llmledger_history"
 BATCHES_TABLE = "llmledger_batches"
+VERDICTS_TABLE = "llmledger_verdicts"
 LEGACY_FINGERPRINT_PREFIX = "llmledger-0.1:"  # fingerprints of 0.1.0 become md5(prefix || old)::UUID
 
 
@@ -177,19 +178,43 @@ def _v10_request_shapes(con: Con) -> None:
     con.execute(f"ALTER TABLE {STEPS_TABLE} ADD COLUMN IF NOT EXISTS skip_nulls VARCHAR[]")
 
 
-def _v11_providers(con: Con) -> None:
-    """A stored request may now be written for OpenAI's API (`llmledger_provider`), which an older llmledger
-    would send to Anthropic's, so the store is marked as one only this version reads; per step, how long each
-    answer's request took. A column of that name already in the table (an input, another step's) is not taken
-    for it: the upgrade is refused, naming it, and nothing changes."""
+def _refuse_taken(con: Con, suffixes: tuple[str, ...]) -> None:
+    """A column a migration would add to a step, already in its table (an input, another step's), is not taken for
+    it: the upgrade is refused, naming it, and nothing changes."""
     for table, step in con.execute(f"SELECT DISTINCT table_name, step FROM {STEPS_TABLE}").fetchall():
-        if table_exists(con, table) and step + "_latency_ms" in column_types(con, table):
+        taken = [step + s for s in suffixes if table_exists(con, table) and step + s in column_types(con, table)]
+        if taken:
             raise StoreError(
-                f"upgrading this store would add {table}.{step}_latency_ms for step {step!r}, and {table} already "
+                f"upgrading this store would add {table}.{taken[0]} for step {step!r}, and {table} already "
                 f"has a column of that name (an input or another step's): rename it with an older llmledger or in "
                 "SQL, then open the store again. Nothing was changed."
             )
+
+
+def _v11_providers(con: Con) -> None:
+    """A stored request may now be written for OpenAI's API (`llmledger_provider`), which an older llmledger
+    would send to Anthropic's, so the store is marked as one only this version reads; per step, how long each
+    answer's request took."""
+    _refuse_taken(con, ("_latency_ms",))
     _add_step_columns(con, {"_latency_ms": "BIGINT"})
+
+
+def _v12_verdicts(con: Con) -> None:
+    """A person's verdicts on answers: every one in `llmledger_verdicts` (which answer it judged, who, when, why,
+    the corrected value), and per step the verdict on the current answer (`_verdict`, `_verdict_by`), which a
+    redo reads to keep what a person accepted or wrote. An older llmledger would overwrite a person's answer, so
+    the store is marked as one only this version reads."""
+    _refuse_taken(con, ("_verdict", "_verdict_by"))
+    con.execute(
+        f"CREATE TABLE IF NOT EXISTS {VERDICTS_TABLE} (table_name VARCHAR, step VARCHAR, row_key VARCHAR, "
+        "verdict VARCHAR, answer VARCHAR, fingerprint VARCHAR, source VARCHAR, corrected VARCHAR, reason VARCHAR, "
+        "reviewer VARCHAR, judged_at TIMESTAMP, undone_at TIMESTAMP)"
+    )
+    if dialect_of(con).indexed:
+        con.execute(
+            f"CREATE INDEX IF NOT EXISTS llmledger_verdicts__row ON {VERDICTS_TABLE} (table_name, step, row_key)"
+        )
+    _add_step_columns(con, {"_verdict": "VARCHAR", "_verdict_by": "VARCHAR"})
 
 
 MIGRATIONS = (
@@ -206,6 +231,7 @@ MIGRATIONS = (
     Migration(9, "batch sources: where each Message Batch was sent", _v9_batch_sources),
     Migration(10, "requests with messages= prefixes and attached files", _v10_request_shapes),
     Migration(11, "providers and latency: requests for OpenAI's API, how long each answer took", _v11_providers),
+    Migration(12, "verdicts: a person's accepts, flags and corrections, and the verdict on each answer", _v12_verdicts),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -117,19 +117,25 @@ def prior_status_sql(col: dict[str, str]) -> str:
     )
 
 
-def eligible_sql(col: dict[str, str], stale: str | None = None) -> str:
+PERSON = "person"  # `{step}_source` of an answer a person wrote (a correction: review.py)
+
+
+def eligible_sql(col: dict[str, str], stale: str | None = None, *, named: bool = False) -> str:
     """SQL: this run may claim the row now (`$max_attempts`, `$redo`, `$run_started` bound).
 
     A redo never takes a row this very run has finished (`_finished_at < $run_started`). `stale`:
-    the staleness rule of a step fed by other steps (graph.py); the plain one otherwise.
+    the staleness rule of a step fed by other steps (graph.py); the plain one otherwise. An answer a person
+    accepted or wrote is kept by every redo but `redo=True` on rows the call names (`named`: it has `where=`).
     """
     s, a, f = col["_status"], col["_attempts"], col["_finished_at"]
+    kept = f"({col['_verdict']} IS NOT NULL OR coalesce({col['_source']} = '{PERSON}', false))"
     return (
         f"({s} = 'NOT_STARTED' OR ({s} = 'FAILED' AND {a} < $max_attempts) "
-        f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)) "
+        f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)"
+        f"{'' if named else f' AND NOT {kept}'}) "
         f"OR ($redo = 'flagged' AND {col['_flag']} IS NOT NULL AND {s} NOT IN ('RUNNING', 'SUBMITTED') "
-        f"AND ({f} IS NULL OR {f} < $run_started)) "
-        f"OR ($redo = 'stale' AND {stale or stale_sql(col)}))"
+        f"AND ({f} IS NULL OR {f} < $run_started) AND NOT {kept}) "
+        f"OR ($redo = 'stale' AND {stale or stale_sql(col)} AND NOT {kept}))"
     )
 
 

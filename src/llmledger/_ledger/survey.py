@@ -70,7 +70,7 @@ def flag_sql(layout: Layout, where: str | None) -> dict[str, str]:
         "current": f"coalesce({col['_version']} = $version, false)",
         "status": col["_status"],
         "stale": stale,
-        "eligible": f"({eligible_sql(col, stale)} AND {layout.ready})",
+        "eligible": f"({eligible_sql(col, stale, named=where is not None)} AND {layout.ready})",
         "waiting": f"(NOT {layout.ready} AND {col['_status']} IN ('NOT_STARTED', 'FAILED'))",
         "in_where": f"coalesce(({where}), false)" if where else "true",
         "output": col[""],

@@ -230,6 +230,20 @@ class Ledger(Protocol):
     def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame: ...
     def migrated(self) -> None: ...
     def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int: ...
+    def judge(
+        self,
+        table: str,
+        step: str,
+        *,
+        verdict: str,
+        by: str,
+        now: datetime,
+        key: Any = None,
+        where: str | None = None,
+        reason: str | None = None,
+        answer: Any = None,
+    ) -> int: ...
+    def verdicts(self, table: str | None = None, step: str | None = None) -> pl.DataFrame: ...
     def reset(
         self, table: str, step: str, *, where: str, now: datetime, running_stale_after: timedelta | None = None
     ) -> int: ...

@@ -57,7 +57,7 @@ def claim_rows(con: Con, selection: Selection, batch: pl.DataFrame, *, claimant:
     `FOR UPDATE SKIP LOCKED`: a row another process is claiming this instant is left to it, not waited for.
     """
     layout = selection.layout
-    flags = flag_sql(layout, None)
+    flags = flag_sql(layout, selection.where)  # its where= names rows: redo=True may replace a person's answers
     with registered(con, BATCH, batch):
         pick = f"{BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']}"
         lock = dialect_of(con).row_lock

@@ -1,0 +1,224 @@
+"""A person's verdicts on answers: accept, flag, correct. Mixed into `SQLLedger` like the other verbs.
+
+Every verdict is a row of `llmledger_verdicts` with the answer it judged (its text, its request's fingerprint and
+its source), who gave it, when and why, and a correction's value: a redo makes a new answer, which needs its own
+verdict, and the earlier ones stay. The verdict on a row's current answer is also on the row (`{step}_verdict`,
+`_verdict_by`), where a redo reads it cheaply and which a new answer clears:
+
+- accept: the answer is right. A NEEDS_REVIEW answer a person accepts is DONE; a flag on it is lifted.
+- flag: the answer is wrong (`{step}_flag`, which `redo="flagged"` re-sends).
+- correct: the person's value becomes the row's answer (source `person`, priced at 0, its request the current
+  one), the replaced answer goes to the history, and steps that read it turn stale like after any new answer.
+
+Rows showing the very same answer to the very same request (twins answered together, or reused) take the same
+verdict, as a flag always did, so no row keeps an answer a person rejected; the verdict is recorded once, on the
+row the person judged, so accuracy counts each judgement once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+
+from llmledger._ledger.columns import names, output_as_text, output_from_text
+from llmledger._ledger.engine import Con, Database
+from llmledger._ledger.engine.shared import column_types
+from llmledger._ledger.history import archive, key_match
+from llmledger._ledger.schema import VERDICTS_TABLE, current_output_spec, list_steps, migrate
+from llmledger._ledger.states import PERSON
+from llmledger._ledger.survey import Layout, check_where
+from llmledger._step.output import OutputError
+from llmledger._step.sqltext import q
+from llmledger._time import utcnow
+from llmledger.errors import InvalidInputError
+
+VERDICTS = ("accept", "flag", "correct")
+ACCEPTED, CORRECTED = "accepted", "corrected"  # `{step}_verdict`
+
+_VERDICT_COLUMNS = (
+    "table_name, step, row_key, verdict, answer, fingerprint, source, corrected, reason, reviewer, judged_at"
+)
+
+
+def layout_of(con: Con, table: str, step: str) -> Layout:
+    """The step's layout, or InvalidInputError naming the steps the store has."""
+    migrate(con, utcnow())
+    from llmledger._ledger.engine.shared import table_exists
+
+    found = [key for t, s, key in list_steps(con, table) if s == step]
+    if not found or not table_exists(con, table):
+        known = [f"{t}.{s}" for t, s, _ in list_steps(con)]
+        raise InvalidInputError(f"the store has no step {step!r} on table {table!r}; it has: {known or 'no steps'}")
+    return Layout(table, step, found[0], [])
+
+
+class ReviewVerbs:
+    """A person's verdicts (mixed into SQLLedger)."""
+
+    conn: Database
+
+    def judge(
+        self,
+        table: str,
+        step: str,
+        *,
+        verdict: str,
+        by: str,
+        now: datetime,
+        key: Any = None,
+        where: str | None = None,
+        reason: str | None = None,
+        answer: Any = None,
+    ) -> int:
+        """Record `verdict` on the step's answers of the row `key` (or the rows matching `where`); return how many
+        rows took it (twins included). One transaction: the verdicts and the rows' new state land together or not
+        at all. A flag also marks matching rows without an answer (a FAILED row to send again), as `flag` did."""
+
+        def work(con: Con) -> int:
+            layout = layout_of(con, table, step)
+            if where is not None:
+                check_where(con, table, where)
+            match, params = _matching(con, layout, key, where, "t")
+            twin_match, _ = _matching(con, layout, key, where, "o")
+            c, kind = names(step, "t"), column_types(con, table)[step]
+            shown = output_as_text(c[""], kind)
+            judged = con.execute(
+                f"SELECT {c['_status']}, {shown} IS NOT NULL FROM {q(table)} AS t WHERE {match}", params
+            ).fetchall()
+            if key is not None and not judged:
+                raise InvalidInputError(f"table {table!r} has no row with key {key!r}; pass the key of one of its rows")
+            busy = [s for s, _ in judged if s in ("RUNNING", "SUBMITTED")]
+            if key is not None and busy:
+                raise InvalidInputError(
+                    f"the row {key!r} is being answered ({busy[0]}); judge it once its run (or batch) has ended"
+                )
+            if verdict != "correct" and key is not None and not judged[0][1]:
+                raise InvalidInputError(
+                    f"the row {key!r} has no answer of step {step!r} to {verdict} (it is {judged[0][0]}); "
+                    "correct it to give it one"
+                )
+            corrected = _corrected(con, table, step, answer) if verdict == "correct" else None
+            values = {**params, "table": table, "step": step, "verdict": verdict, "by": by, "now": now,
+                      "reason": reason, "corrected": corrected}  # fmt: skip
+            answered = f"{shown} IS NOT NULL" if verdict != "correct" else "true"
+            idle = f"{c['_status']} NOT IN ('RUNNING', 'SUBMITTED')"
+            _run(
+                con,
+                f"INSERT INTO {VERDICTS_TABLE} ({_VERDICT_COLUMNS}) SELECT $table, $step, {layout.key_json()}, "
+                f"$verdict, {shown}, {c['_fingerprint']}::VARCHAR, {c['_source']}, $corrected, $reason, $by, $now "
+                f"FROM {q(table)} AS t WHERE ({match}) AND {answered} AND {idle}",
+                values,
+            )
+            o = names(step, "o")
+            twins = (  # rows showing the same answer to the same request as a judged row take its verdict
+                f"({c['_status']} IN ('DONE', 'NEEDS_REVIEW') AND EXISTS (SELECT 1 FROM {q(table)} AS o WHERE "
+                f"{o['_fingerprint']} = {c['_fingerprint']} AND {output_as_text(o[''], kind)} = {shown} "
+                f"AND ({twin_match})))"
+            )
+            target = f"(({match}) OR {twins}) AND {idle}"
+            if verdict == "correct":
+                archive(con, layout, now=now, reason="'corrected by ' || $by", condition=target,
+                        params={k: v for k, v in values.items() if k in {"by", *params}})  # fmt: skip
+            changed = _run(
+                con,
+                f"UPDATE {q(table)} AS t SET {_state(verdict, step, kind)} WHERE {target}"
+                + (f" AND {answered}" if verdict == "accept" else "")
+                + " RETURNING 1",
+                values,
+            )
+            return len(changed)
+
+        return int(self.conn.transaction(work, wait=60.0, exclusive=True))
+
+    def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
+        """Mark the step's answers of rows matching `where` for redo (`redo="flagged"`), saying why and who."""
+        return self.judge(table, step, verdict="flag", where=where, reason=reason, by=by, now=now)
+
+    def verdicts(self, table: str | None = None, step: str | None = None) -> pl.DataFrame:
+        """Every verdict recorded, oldest first (`llmledger_verdicts`), narrowed to a table and step."""
+        with self.conn.open(wait=60.0, read_only=True) as con:
+            from llmledger._ledger.engine.shared import table_exists
+
+            if not table_exists(con, VERDICTS_TABLE):
+                return _no_verdicts()
+            found: pl.DataFrame = con.sql(
+                f"SELECT {_VERDICT_COLUMNS}, undone_at FROM {VERDICTS_TABLE} "
+                "WHERE (CAST($table AS VARCHAR) IS NULL OR table_name = $table) "
+                "AND (CAST($step AS VARCHAR) IS NULL OR step = $step) "
+                "ORDER BY judged_at, table_name, step, row_key",
+                params={"table": table, "step": step},
+            ).pl()
+            return found
+
+
+def _run(con: Con, sql: str, values: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """`sql` run with the values it names (DuckDB refuses a parameter a statement does not use); the rows it
+    returns, if it returns any (`RETURNING`)."""
+    used = set(re.findall(r"\$(\w+)", sql))
+    cursor = con.execute(sql, {k: v for k, v in values.items() if k in used})
+    return list(cursor.fetchall()) if "RETURNING" in sql or sql.lstrip().startswith("SELECT") else []
+
+
+def _matching(con: Con, layout: Layout, key: Any, where: str | None, alias: str) -> tuple[str, dict[str, Any]]:
+    """SQL over the fact table (as `alias`): the rows a verdict names, by key or by `where`."""
+    if (key is None) == (where is None):
+        raise InvalidInputError("name the rows judged with key= (one row) or where= (a SQL predicate), not both")
+    if key is not None:
+        return key_match(con, layout, key, alias)
+    return f"coalesce(({where}), false)", {}
+
+
+def _corrected(con: Con, table: str, step: str, answer: Any) -> str:
+    """A correction as the step stores it: text, or for a typed step JSON checked against its schema."""
+    spec = current_output_spec(con, table, step)
+    if spec is None:
+        if not isinstance(answer, str) or not answer.strip():
+            raise InvalidInputError(f"step {step!r} answers text: correct it with answer= a non-empty string")
+        return answer.replace("\x00", "\ufffd")
+    text = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False, default=str)
+    try:
+        return spec.check(text)
+    except OutputError as exc:
+        raise InvalidInputError(
+            f"the correction does not fit step {step!r}'s output schema: {exc}. Nothing was written."
+        ) from None
+
+
+def _state(verdict: str, step: str, kind: str) -> str:
+    """The SET list that gives a row the state of `verdict`."""
+    c = names(step)
+    unflag = f"{c['_flag']} = NULL, {c['_flagged_at']} = NULL, {c['_flagged_by']} = NULL"
+    if verdict == "accept":  # a NEEDS_REVIEW answer a person accepts is DONE
+        return (
+            f"{c['_verdict']} = '{ACCEPTED}', {c['_verdict_by']} = $by, {unflag}, "
+            f"{c['_error']} = CASE WHEN {c['_status']} = 'NEEDS_REVIEW' THEN NULL ELSE {c['_error']} END, "
+            f"{c['_status']} = CASE WHEN {c['_status']} = 'NEEDS_REVIEW' THEN 'DONE' ELSE {c['_status']} END"
+        )
+    if verdict == "flag":
+        return (
+            f"{c['_flag']} = coalesce($reason, 'flagged by ' || $by), {c['_flagged_at']} = $now, "
+            f"{c['_flagged_by']} = $by, {c['_verdict']} = NULL, {c['_verdict_by']} = NULL"
+        )
+    usage = ", ".join(f"{c[s]} = 0" for s in ("_input_tokens", "_output_tokens", "_cache_write_tokens",
+                                              "_cache_read_tokens", "_cost_usd"))  # fmt: skip
+    cleared = ", ".join(f"{c[s]} = NULL" for s in ("_model", "_stop_reason", "_error", "_raw", "_latency_ms",
+                                                   "_batch_id", "_custom_id"))  # fmt: skip
+    return (
+        f"{c['']} = {output_from_text('$corrected', kind)}, {c['_status']} = 'DONE', {c['_source']} = '{PERSON}', "
+        f"{c['_fingerprint']} = {c['_request_fingerprint']}, {c['_finished_at']} = $now, {usage}, {cleared}, "
+        f"{c['_verdict']} = '{CORRECTED}', {c['_verdict_by']} = $by, {unflag}"
+    )
+
+
+def _no_verdicts() -> pl.DataFrame:
+    return pl.DataFrame(
+        schema={
+            **{name: pl.String for name in _VERDICT_COLUMNS.split(", ")},
+            "judged_at": pl.Datetime("us"),
+            "undone_at": pl.Datetime("us"),
+        }
+    )

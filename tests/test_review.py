@@ -1,0 +1,160 @@
+"""A person's verdicts live in the ledger: accept, flag, correct; recorded with the answer each judged, kept by
+every redo but one that names the rows, fed downstream like any answer, and carried by copy, export and restore."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+import llmledger
+from llmledger import InvalidInputError, accept, correct, verdicts
+from llmledger.simulator import Simulator
+
+from .conftest import frame, sql
+
+PROMPT = "Summarize: {text}"
+
+
+def test_an_accepted_answer_is_recorded_with_what_it_judged_and_kept_by_redo_stale(
+    run: Any, sim: Simulator, store: Path
+) -> None:
+    first = run(frame(4), "summary", prompt=PROMPT)
+    assert accept(store, "messages", "summary", key=1, by="ana") == 1
+    found = verdicts(store, "messages", "summary")
+    assert found.select("row_key", "verdict", "answer", "reviewer").rows() == [
+        ('{"id":1}', "accept", first["summary"][1], "ana")
+    ]
+    assert found["fingerprint"][0] == sql(store, "SELECT summary_fingerprint::VARCHAR FROM messages WHERE id = 1")[0][0]
+    judged = "SELECT id, summary_verdict, summary_verdict_by FROM messages WHERE summary_verdict IS NOT NULL"
+    assert sql(store, judged) == [(1, "accepted", "ana")]
+    paid = sim.stats()["paid"]
+    with pytest.warns(llmledger.StaleAnswersWarning):
+        run(frame(4), "summary", prompt="Summarize briefly: {text}")  # every answer turns stale
+    again = run(frame(4), "summary", prompt="Summarize briefly: {text}", redo="stale")
+    assert sim.stats()["paid"] == paid + 3, "the three stale answers no one accepted are redone, not the accepted one"
+    assert again["summary"][1] == first["summary"][1]
+    replaced = run(frame(4), "summary", prompt="Summarize briefly: {text}", redo=True, where="id = 1")
+    assert sim.stats()["paid"] == paid + 4 and not replaced["summary_stale"][1], "named: the accepted answer is redone"
+    assert sql(store, "SELECT summary_verdict FROM messages WHERE id = 1") == [(None,)], "a new answer, no verdict yet"
+    assert verdicts(store)["verdict"].to_list() == ["accept"], "the verdict on the earlier answer stays"
+
+
+def test_a_correction_becomes_the_answer_at_no_cost_and_no_redo_but_a_named_one_replaces_it(
+    run: Any, sim: Simulator, store: Path
+) -> None:
+    first = run(frame(5), "summary", prompt=PROMPT)
+    run(frame(5), "title", prompt="Title for: {summary}")
+    assert correct(store, "messages", "summary", key=2, answer="a person's summary", by="bo", reason="too long") == 1
+    row = sql(
+        store,
+        "SELECT summary, summary_status, summary_source, summary_cost_usd, summary_verdict, summary_verdict_by "
+        "FROM messages WHERE id = 2",
+    )
+    assert row == [("a person's summary", "DONE", "person", 0.0, "corrected", "bo")]
+    old = llmledger.history(store, "messages", "summary", key=2)
+    assert old.select("reason", "old_output", "output").rows() == [
+        ("corrected by bo", first["summary"][2], "a person's summary")
+    ]
+    (verdict,) = verdicts(store).select("verdict", "answer", "corrected", "reason").rows()
+    assert verdict == ("correct", first["summary"][2], "a person's summary", "too long")
+    paid = sim.stats()["paid"]
+    out = run(frame(5), "summary", prompt=PROMPT)
+    assert sim.stats()["paid"] == paid and out["summary"][2] == "a person's summary" and not out["summary_stale"][2]
+    titles = run(frame(5), "title", prompt="Title for: {summary}", redo="stale")  # fed downstream like any answer
+    assert sim.stats()["paid"] == paid + 1 and "a person's summary" in titles["title"][2]
+    for redo in ("stale", "flagged", True):
+        llmledger.flag(store, "messages", "summary", where="id = 2", reason="try again")
+        run(frame(5), "summary", prompt="Summarize again: {text}" if redo == "stale" else PROMPT, redo=redo)
+        assert sql(store, "SELECT summary FROM messages WHERE id = 2") == [("a person's summary",)], redo
+    run(frame(5), "summary", prompt=PROMPT, redo=True, where="id = 2")
+    assert sql(store, "SELECT summary_source FROM messages WHERE id = 2") != [("person",)], "named: replaced"
+
+
+def test_a_typed_correction_is_checked_against_the_schema_and_a_bad_one_writes_nothing(run: Any, store: Path) -> None:
+    run(frame(3), "facts", prompt="Extract: {text}", output={"company": str, "year": int | None})
+    before = sql(store, "SELECT * FROM messages ORDER BY id")
+    with pytest.raises(InvalidInputError, match="output schema"):
+        correct(store, "messages", "facts", key=0, answer={"company": "Acme", "year": "last year"})
+    assert sql(store, "SELECT * FROM messages ORDER BY id") == before and verdicts(store).height == 0
+    correct(store, "messages", "facts", key=0, answer={"company": "Acme", "year": 1999})
+    out = run(frame(3), "facts", prompt="Extract: {text}", output={"company": str, "year": int | None})
+    assert out["facts"][0] == {"company": "Acme", "year": 1999}
+
+
+def test_rows_showing_the_same_answer_to_the_same_request_take_the_verdict(run: Any, store: Path) -> None:
+    df = pl.DataFrame({"id": [1, 2, 3], "text": ["same", "same", "other"]})
+    run(df, "summary", prompt=PROMPT)
+    assert correct(store, "messages", "summary", key=1, answer="fixed") == 2  # its twin too
+    assert sql(store, "SELECT id, summary FROM messages ORDER BY id")[:2] == [(1, "fixed"), (2, "fixed")]
+    assert verdicts(store).height == 1, "one judgement, recorded once"
+
+
+def test_accepting_a_needs_review_answer_makes_it_done(run: Any, store: Path) -> None:
+    run(frame(3), "summary", prompt=PROMPT, validate=lambda row, out: "too short" if row["id"] == 1 else None)
+    assert sql(store, "SELECT summary_status FROM messages WHERE id = 1") == [("NEEDS_REVIEW",)]
+    accept(store, "messages", "summary", where="id = 1")
+    assert sql(store, "SELECT summary_status, summary_error FROM messages WHERE id = 1") == [("DONE", None)]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: accept(s, "messages", "summary"), "key= .* or where="),
+        (lambda s: accept(s, "messages", "summary", key=1, where="true"), "not both"),
+        (lambda s: accept(s, "messages", "summary", key=99), "no row with key 99"),
+        (lambda s: accept(s, "messages", "summary", key="x"), "no integer"),
+        (lambda s: accept(s, "messages", "nope", key=1), "no step 'nope'"),
+        (lambda s: accept(s, "messages", "summary", key=1, by=" "), "by= names who"),
+        (lambda s: correct(s, "messages", "summary", key=1, answer=3), "non-empty string"),
+        (lambda s: correct(s, "messages", "summary", key=None, answer="x"), "one row"),
+    ],
+)
+def test_a_bad_verdict_is_refused_and_writes_nothing(run: Any, store: Path, call: Any, message: str) -> None:
+    run(frame(3), "summary", prompt=PROMPT)
+    before = sql(store, "SELECT * FROM messages ORDER BY id")
+    with pytest.raises(InvalidInputError, match=message):
+        call(store)
+    assert sql(store, "SELECT * FROM messages ORDER BY id") == before and verdicts(store).height == 0
+
+
+def test_verdicts_go_along_with_copy_export_and_restore(run: Any, store: Path, tmp_path: Path) -> None:
+    run(frame(3), "summary", prompt=PROMPT)
+    accept(store, "messages", "summary", key=0, by="ana")
+    correct(store, "messages", "summary", key=1, answer="mine", by="bo")
+    expected = verdicts(store).drop("judged_at", "undone_at").rows()
+    copied = tmp_path / "copied.duckdb"
+    llmledger.copy(store, copied)
+    restored = tmp_path / "restored.duckdb"
+    llmledger.restore(llmledger.export(store, "messages", tmp_path / "out"), restored)
+    for other in (copied, restored):
+        assert verdicts(other).drop("judged_at", "undone_at").rows() == expected, other
+        assert sql(other, "SELECT summary_verdict FROM messages ORDER BY id") == [
+            ("accepted",),
+            ("corrected",),
+            (None,),
+        ]
+
+
+def test_two_reviewers_at_once_on_postgresql_both_land(client: Any, pg_url: str) -> None:
+    llmledger.apply_llm(frame(40), "summary", prompt=PROMPT, client=client, store=pg_url, table="m", progress=False)
+    errors: list[BaseException] = []
+
+    def review(name: str, keys: range) -> None:
+        try:
+            for k in keys:
+                accept(pg_url, "m", "summary", key=k, by=name)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=review, args=(n, range(i, 40, 2))) for i, n in enumerate(("ana", "bo"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    found = verdicts(pg_url, "m", "summary")
+    assert found.height == 40 and found.group_by("reviewer").len().sort("reviewer").rows() == [("ana", 20), ("bo", 20)]
