@@ -70,7 +70,11 @@ def test_a_batch_run_answers_every_row_at_half_the_online_price(
 
 
 def test_wait_false_returns_at_once_and_a_later_call_collects(run: Any, sim: Simulator, store: Path) -> None:
-    sim.configure(batch_delay=1.5)
+    # The batch must still be processing at the second call. It ended after 1.5 s, and on a loaded machine the two
+    # calls and progress() between them took longer (measured: 0.5 s quiet, 4-9 s at load 15 on two cores), so the
+    # second call collected it. 20 s is twice the worst seen; the test then waits for the API to say the batch has
+    # ended instead of sleeping a fixed time.
+    sim.configure(batch_delay=20.0)
     df = frame(20)
     out = run(df, "summary", prompt="Summarize: {text}", mode="batch", wait=False)
     assert out["summary_status"].to_list() == ["SUBMITTED"] * 20 and out["summary"].null_count() == 20
@@ -82,7 +86,12 @@ def test_wait_false_returns_at_once_and_a_later_call_collects(run: Any, sim: Sim
     again = run(df, "summary", prompt="Summarize: {text}", mode="batch", wait=False)  # still processing
     assert again["summary_status"].to_list() == ["SUBMITTED"] * 20 and sim.stats()["batches"] == 1
 
-    time.sleep(1.6)
+    batch_id = sql(store, "SELECT any_value(summary_batch_id) FROM messages")[0][0]
+    with anthropic.Anthropic(base_url=sim.base_url, api_key="k") as api:
+        deadline = time.monotonic() + 120
+        while api.messages.batches.retrieve(batch_id).processing_status != "ended":
+            assert time.monotonic() < deadline, "the batch never ended"
+            time.sleep(0.2)
     env = subprocess_env(sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"}
     done = subprocess.run(
         [sys.executable, "-m", "llmledger", "run", str(store), "--table", "messages", "--step", "summary"],
@@ -191,8 +200,9 @@ def test_errored_expired_and_canceled_items_are_classified(run: Any, sim: Simula
     assert out["late_status"].to_list() == ["DONE", "DONE", "SUBMITTED", "SUBMITTED"]
     assert sql(store, "SELECT count(late_cost_usd) FROM messages")[0][0] == 2
 
-    # a batch a person cancels: the same
-    sim.configure(batch_delay=5.0, batch_expire_after=86400)
+    # a batch a person cancels: the same. It processes its requests in order over batch_delay, so a cancel after a
+    # quarter of it finds one answered: an hour (not the 5 s it was, which a loaded machine used up) keeps all four
+    sim.configure(batch_delay=3600.0, batch_expire_after=86400)
     run(frame(4), "cancelled", prompt="Title: {text}", mode="batch", wait=False)
     batch_id = sql(store, "SELECT any_value(cancelled_batch_id) FROM messages")[0][0]
 

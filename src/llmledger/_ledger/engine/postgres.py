@@ -45,8 +45,19 @@ def is_url(store: object) -> bool:
 
 
 def pg_url(url: str) -> str:
-    """A PostgreSQL URL as psycopg takes it: `postgresql://` and the rest as given."""
-    return _PG_SCHEME.sub("postgresql://", url, count=1)
+    """A PostgreSQL URL as psycopg takes it: `postgresql://` and the rest as given. A port that is no number
+    (`db:abc`) is refused here: no server answers there, and a store that cannot be reached is otherwise waited for
+    (60 s, as a restarting server is) before the error says so."""
+    url = _PG_SCHEME.sub("postgresql://", url, count=1)
+    hosts = url.partition("://")[2].partition("/")[0].partition("?")[0].rpartition("@")[2]
+    for host in hosts.split(","):  # psycopg takes several hosts: h1:5432,h2:5433
+        port = host.rpartition("]")[2].partition(":")[2] if host.startswith("[") else host.partition(":")[2]
+        if port and not port.isdigit():
+            raise InvalidInputError(
+                f"store {redacted(url)!r} names port {port!r}, which is not a number: pass the server's port, "
+                "e.g. postgresql://user@host:5432/db. Nothing was written."
+            )
+    return url
 
 
 def not_a_store(url: str) -> InvalidInputError:
