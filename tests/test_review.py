@@ -158,3 +158,73 @@ def test_two_reviewers_at_once_on_postgresql_both_land(client: Any, pg_url: str)
     assert not errors, errors
     found = verdicts(pg_url, "m", "summary")
     assert found.height == 40 and found.group_by("reviewer").len().sort("reviewer").rows() == [("ana", 20), ("bo", 20)]
+
+
+def test_accuracy_on_reviewed_rows_beside_another_model_and_the_cheapest_good_enough(
+    client: Any, sim: Simulator, store: Path, sms: pl.DataFrame, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two models label 80 SMS; a person reviews the cheap one's first 50 answers against the data's own labels
+    (accepting right ones, correcting wrong ones). accuracy() then says, for each model, the share right on those
+    rows, with its interval, and which is the cheapest whose interval reaches the target: each figure checked
+    against the same count made here from the frames."""
+    sim.configure(accuracy={"claude-haiku-5-5": 0.7, "claude-fable-5-2": 0.97})
+    rows = sms.head(80)
+    prompt = "Is this SMS spam or ham? Answer spam or ham.\n\n{text}"
+    common = dict(client=client, store=store, table="sms", progress=False, prompt=prompt)
+    cheap = llmledger.apply_llm(rows, "label_cheap", **common)
+    strong = llmledger.apply_llm(rows, "label_strong", model="claude-fable-5-2", **common)
+    reviewed = cheap.head(50)
+    for r in reviewed.iter_rows(named=True):
+        if r["label_cheap"].strip().lower() == r["label"]:
+            accept(store, "sms", "label_cheap", key=r["id"], by="ana")
+        else:
+            correct(store, "sms", "label_cheap", key=r["id"], answer=r["label"], by="ana")
+    acc = llmledger.accuracy(store, "sms", "label_cheap", against=["label_strong"], target=0.8)
+    expected = {
+        "label_cheap": int((reviewed["label_cheap"].str.strip_chars().str.to_lowercase() == reviewed["label"]).sum()),
+        "label_strong": int(
+            (strong.head(50)["label_strong"].str.strip_chars().str.to_lowercase() == reviewed["label"]).sum()
+        ),
+    }
+    assert 20 < expected["label_cheap"] < 50 and expected["label_strong"] > expected["label_cheap"]
+    for r in acc.table.iter_rows(named=True):
+        assert (r["reviewed"], r["right"]) == (50, expected[r["step"]]), r
+        assert r["low"] <= r["accuracy"] == expected[r["step"]] / 50 <= r["high"]
+        ((per_row,),) = sql(store, f"SELECT avg({r['step']}_cost_usd) * 1000 FROM sms WHERE {r['step']}_source "
+                                   "IS DISTINCT FROM 'person'")  # fmt: skip
+        assert r["usd_per_1000_rows"] == pytest.approx(per_row)
+        assert r["meets_target"] == (r["low"] >= 0.8)
+    good = acc.table.filter("meets_target").sort("usd_per_1000_rows")
+    assert acc.cheapest == (good["step"][0] if good.height else None)
+    assert f"{acc.table['accuracy'][0]:.0%}" in str(acc) and "per 1,000 rows" in str(acc)
+    from llmledger.cli import main
+
+    main(["accuracy", str(store), "--table", "sms", "--step", "label_cheap", "--against", "label_strong",
+          "--target", "0.8"])  # fmt: skip
+    assert capsys.readouterr().out.strip() == str(acc)
+
+
+def test_a_typed_step_is_judged_field_by_field(run: Any, store: Path) -> None:
+    out = run(frame(4), "facts", prompt="Extract: {text}", output={"company": str, "year": int | None})
+    accept(store, "messages", "facts", where="id IN (0, 1)")
+    correct(store, "messages", "facts", key=2, answer={**out["facts"][2], "year": 1901})
+    llmledger.flag(store, "messages", "facts", where="id = 3", reason="wrong company")
+    acc = llmledger.accuracy(store, "messages", "facts")
+    assert acc.table.select("reviewed", "right").row(0) == (4, 2)
+    assert acc.fields is not None
+    fields = {r["field"]: (r["reviewed"], r["right"]) for r in acc.fields.iter_rows(named=True)}
+    assert fields == {"company": (3, 3), "year": (3, 2)}, "a flag says the answer is wrong, not which field"
+
+
+def test_accuracy_refuses_what_it_cannot_count(run: Any, store: Path) -> None:
+    run(frame(2), "summary", prompt=PROMPT)
+    for options, message in (
+        ({"target": 90}, "share between 0 and 1"),
+        ({"against": "summary2"}, "list of step names"),
+        ({"against": ["summary"]}, "twice"),
+        ({"against": ["nope"]}, "no step 'nope'"),
+        ({"confidence": 95}, "share such as 0.95"),
+    ):
+        with pytest.raises(InvalidInputError, match=message):
+            llmledger.accuracy(store, "messages", "summary", **options)
+    assert llmledger.accuracy(store, "messages", "summary").table["reviewed"].to_list() == [0]

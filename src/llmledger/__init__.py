@@ -21,6 +21,7 @@ from llmledger._step.models import ModelRetiringWarning, models
 from llmledger._step.prices import UnknownPriceWarning, prices, set_price
 from llmledger._step.request import fingerprint
 from llmledger._version import __version__
+from llmledger._view.accuracy import Accuracy, accuracy
 from llmledger._view.comparison import Comparison, compare
 from llmledger._view.overview import StoreView, show
 from llmledger.errors import (
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_STORE",
     "DEFAULT_TABLE",
+    "Accuracy",
     "AuthenticationFailed",
     "Comparison",
     "InvalidInputError",
@@ -79,6 +81,7 @@ __all__ = [
     "WhereClauseError",
     "__version__",
     "accept",
+    "accuracy",
     "apply_llm",
     "apply_llm_async",
     "compare",

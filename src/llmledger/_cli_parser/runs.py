@@ -192,6 +192,27 @@ def run_flag(args: argparse.Namespace) -> None:
     print(f"flag: {rows(n)} of {args.table}.{args.step}")
 
 
+def run_accept(args: argparse.Namespace) -> None:
+    from llmledger._ledger.query import accept
+
+    n = accept(args.store, args.table, args.step, where=args.where, by=args.by)
+    print(f"accept: {rows(n)} of {args.table}.{args.step}")
+
+
+def run_correct(args: argparse.Namespace) -> None:
+    from llmledger._ledger.query import correct
+
+    key = _history_key(args.store, args.table, args.key, whole="")
+    n = correct(args.store, args.table, args.step, key=key, answer=args.answer, reason=args.reason, by=args.by)
+    print(f"correct: {rows(n)} of {args.table}.{args.step}")
+
+
+def run_accuracy(args: argparse.Namespace) -> None:
+    from llmledger._view.accuracy import accuracy
+
+    print(accuracy(args.store, args.table, args.step, against=args.against, target=args.target))
+
+
 def run_reset(args: argparse.Namespace) -> None:
     from llmledger._ledger.query import reset
 
@@ -210,9 +231,12 @@ def run_history(args: argparse.Namespace) -> None:
         print(found.select(*keys, "replaced_at", "reason", "old_output", "output", "status"))
 
 
-def _history_key(store: str, table: str, text: str) -> Any:
-    """--key's value as `history(key=)` takes it, once the table has a row with it: else an error saying what is
-    wrong and what to pass (a key that matched no row printed an empty table, as a row without history does)."""
+def _history_key(
+    store: str, table: str, text: str, *, whole: str = ", or leave --key out for every row's history"
+) -> Any:
+    """--key's value as `history(key=)` (or `correct`) takes it, once the table has a row with it: else an error
+    saying what is wrong and what to pass (a key that matched no row printed an empty table, as a row without history
+    does). `whole`: what the verb does without --key, if anything."""
     from llmledger._ledger import known_table
     from llmledger._ledger.query import sql
 
@@ -220,7 +244,7 @@ def _history_key(store: str, table: str, text: str) -> Any:
     if len(key_columns) != 1:
         raise InvalidInputError(
             f"--key takes one value, and table {table!r} is keyed by {len(key_columns)} columns {key_columns}: "
-            "leave --key out for every row's history, or call llmledger.history(..., key={...}) from Python"
+            "call its Python twin with key={...} (a dict of the key columns)" + whole
         )
     column = key_columns[0]
     quoted, value = _quoted(column), text.strip()
@@ -242,7 +266,7 @@ def _history_key(store: str, table: str, text: str) -> Any:
     if not n:
         raise InvalidInputError(
             f"--key {text}: table {table!r} has no row whose {column} is {value if integer else repr(value)} "
-            f"({span}); pass one it has, or leave --key out for every row's history"
+            f"({span}); pass one it has{whole}"
         )
     return int(value) if integer else value
 

@@ -115,6 +115,28 @@ def _flag(p: Any) -> None:
     p.add_argument("--by", default=None, help="who flags them (default: the login name)")
 
 
+def _accept(p: Any) -> None:
+    _rows_where(p)
+    p.add_argument("--by", default=None, help="who judged them (default: the login name)")
+
+
+def _correct(p: Any) -> None:
+    p.add_argument("--key", required=True, help="the row's key (single-column keys)")
+    p.add_argument("--answer", required=True, help="the right answer: text, or JSON for a step with output=")
+    p.add_argument("--reason", default=None, help="what was wrong with the model's answer")
+    p.add_argument("--by", default=None, help="who corrected it (default: the login name)")
+
+
+def _accuracy(p: Any) -> None:
+    p.add_argument("--against", nargs="+", default=[], metavar="STEP", help="other steps answering the same question")
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="the accuracy wanted, as a share (0.9): names the cheapest step whose interval's low end reaches it",
+    )
+
+
 def _reset(p: Any) -> None:
     _rows_where(p)
     p.add_argument(
@@ -230,6 +252,27 @@ VERBS = (
         runs.run_flag,
         (STORE_TABLE_STEP, Group(_flag)),
         twin="llmledger.flag()",
+    ),
+    Verb(
+        "accept",
+        "record that a person judged a step's answers on matching rows right (kept by redo='stale')",
+        runs.run_accept,
+        (STORE_TABLE_STEP, Group(_accept)),
+        twin="llmledger.accept()",
+    ),
+    Verb(
+        "correct",
+        "give one row a person's answer: it replaces the step's answer, at no cost, and no redo overwrites it",
+        runs.run_correct,
+        (STORE_TABLE_STEP, Group(_correct)),
+        twin="llmledger.correct()",
+    ),
+    Verb(
+        "accuracy",
+        "how often a step is right on the rows a person reviewed, beside other steps and their cost per row",
+        runs.run_accuracy,
+        (STORE_TABLE_STEP, Group(_accuracy)),
+        twin="llmledger.accuracy()",
     ),
     Verb(
         "reset",

@@ -46,6 +46,14 @@ _SPACE = "chr(32) || chr(9) || chr(10) || chr(11) || chr(12) || chr(13)"
 _PUNCTUATION = "'" + string.punctuation.replace("'", "''") + "'"
 
 
+def normalized(text: str) -> str:
+    """`normalized_sql` in Python: an answer as compared."""
+    return text.lower().strip(_SPACE_CHARS).rstrip(_SPACE_CHARS + string.punctuation)
+
+
+_SPACE_CHARS = " \t\n\x0b\x0c\r"
+
+
 def normalized_sql(expr: str) -> str:
     """An answer as compared: lower case, without surrounding whitespace or trailing (ASCII) punctuation. rtrim and
     ltrim with a set of characters mean the same on both engines."""

@@ -26,7 +26,7 @@ import polars as pl
 
 from llmledger._ledger.columns import names, output_as_text, output_from_text
 from llmledger._ledger.engine import Con, Database
-from llmledger._ledger.engine.shared import column_types
+from llmledger._ledger.engine.shared import column_types, table_exists
 from llmledger._ledger.history import archive, key_match
 from llmledger._ledger.schema import VERDICTS_TABLE, current_output_spec, list_steps, migrate
 from llmledger._ledger.states import PERSON
@@ -45,10 +45,13 @@ _VERDICT_COLUMNS = (
 
 
 def layout_of(con: Con, table: str, step: str) -> Layout:
-    """The step's layout, or InvalidInputError naming the steps the store has."""
+    """The step's layout, or InvalidInputError naming the steps the store has (a store brought up to date first)."""
     migrate(con, utcnow())
-    from llmledger._ledger.engine.shared import table_exists
+    return layout_of_read(con, table, step)
 
+
+def layout_of_read(con: Con, table: str, step: str) -> Layout:
+    """`layout_of` for a reader, which writes nothing."""
     found = [key for t, s, key in list_steps(con, table) if s == step]
     if not found or not table_exists(con, table):
         known = [f"{t}.{s}" for t, s, _ in list_steps(con)]
@@ -138,11 +141,23 @@ class ReviewVerbs:
         """Mark the step's answers of rows matching `where` for redo (`redo="flagged"`), saying why and who."""
         return self.judge(table, step, verdict="flag", where=where, reason=reason, by=by, now=now)
 
+    def answers(self, table: str, steps: list[str]) -> pl.DataFrame:
+        """Per row of `table`: its key (`row_key`, as verdicts name it) and per step its current answer as text
+        (`{step}`), where it came from (`{step}_source`) and what it cost (`{step}_cost_usd`). Reads only."""
+        with self.conn.open(wait=60.0, read_only=True) as con:
+            layouts = [layout_of_read(con, table, step) for step in steps]
+            types = column_types(con, table)
+            columns = ", ".join(
+                f"{output_as_text(q(s), types[s])} AS {q(s)}, {q(s + '_source')}, {q(s + '_cost_usd')}" for s in steps
+            )
+            found: pl.DataFrame = con.sql(
+                f"SELECT {layouts[0].key_json()} AS row_key, {columns} FROM {q(table)} AS t"
+            ).pl()
+            return found
+
     def verdicts(self, table: str | None = None, step: str | None = None) -> pl.DataFrame:
         """Every verdict recorded, oldest first (`llmledger_verdicts`), narrowed to a table and step."""
         with self.conn.open(wait=60.0, read_only=True) as con:
-            from llmledger._ledger.engine.shared import table_exists
-
             if not table_exists(con, VERDICTS_TABLE):
                 return _no_verdicts()
             found: pl.DataFrame = con.sql(
