@@ -97,7 +97,8 @@ def test_accepting_a_needs_review_answer_makes_it_done(run: Any, store: Path) ->
     run(frame(3), "summary", prompt=PROMPT, validate=lambda row, out: "too short" if row["id"] == 1 else None)
     assert sql(store, "SELECT summary_status FROM messages WHERE id = 1") == [("NEEDS_REVIEW",)]
     accept(store, "messages", "summary", where="id = 1")
-    assert sql(store, "SELECT summary_status, summary_error FROM messages WHERE id = 1") == [("DONE", None)]
+    # DONE; the reason it needed review stays readable (and an undo puts it back under review)
+    assert sql(store, "SELECT summary_status, summary_error FROM messages WHERE id = 1") == [("DONE", "too short")]
 
 
 @pytest.mark.parametrize(
@@ -228,3 +229,38 @@ def test_accuracy_refuses_what_it_cannot_count(run: Any, store: Path) -> None:
         with pytest.raises(InvalidInputError, match=message):
             llmledger.accuracy(store, "messages", "summary", **options)
     assert llmledger.accuracy(store, "messages", "summary").table["reviewed"].to_list() == [0]
+
+
+def test_undo_takes_back_a_reviewers_latest_verdict_and_puts_the_row_back(client: Any, target: Any) -> None:
+    store = target
+
+    def run(df: pl.DataFrame, step: str, **options: Any) -> pl.DataFrame:
+        return llmledger.apply_llm(df, step, client=client, store=store, table="messages", progress=False, **options)
+
+    def sql(store: Any, query: str) -> list[tuple[Any, ...]]:
+        found = llmledger.sql(store, query)
+        assert found is not None
+        return found.rows()
+
+    df = pl.DataFrame({"id": [1, 2, 3, 4], "text": ["same", "same", "other", "third"]})
+    first = run(df, "summary", prompt=PROMPT, validate=lambda row, out: "check" if row["id"] == 4 else None)
+    state = (
+        "SELECT id, summary, summary_status, summary_source, summary_verdict, summary_flag FROM messages ORDER BY id"
+    )
+    before = sql(store, state)
+    correct(store, "messages", "summary", key=1, answer="fixed", by="ana")  # its twin 2 too
+    llmledger.flag(store, "messages", "summary", where="id = 3", reason="vague", by="ana")
+    accept(store, "messages", "summary", key=4, by="ana")
+    accept(store, "messages", "summary", key=3, by="bo")  # a second reviewer disagrees on row 3
+    assert llmledger.undo_verdict(store, "messages", "summary", key=4, by="ana") == "accept"
+    assert llmledger.undo_verdict(store, "messages", "summary", key=3, by="bo") == "accept"
+    assert sql(store, "SELECT summary_flag FROM messages WHERE id = 3") == [("vague",)], "ana's flag stands again"
+    assert llmledger.undo_verdict(store, "messages", "summary", key=3, by="ana") == "flag"
+    assert llmledger.undo_verdict(store, "messages", "summary", key=1, by="ana") == "correct"
+    assert llmledger.undo_verdict(store, "messages", "summary", key=1, by="ana") is None
+    assert sql(store, state) == before, "every row as it was, NEEDS_REVIEW again included"
+    assert llmledger.history(store, "messages", "summary", key=1)["reason"].to_list() == [
+        "corrected by ana", "correction undone by ana"
+    ]  # fmt: skip
+    assert verdicts(store)["undone_at"].null_count() == 0 and verdicts(store).height == 4
+    assert first["summary"][0] == sql(store, "SELECT summary FROM messages WHERE id = 1")[0][0]

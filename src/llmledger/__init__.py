@@ -9,7 +9,7 @@ from llmledger._exec.config import RetryPolicy
 from llmledger._ledger import DEFAULT_STORE, DEFAULT_TABLE
 from llmledger._ledger.copy import copy
 from llmledger._ledger.parquet import export, restore
-from llmledger._ledger.query import accept, correct, flag, history, progress, reset, sql, verdicts
+from llmledger._ledger.query import accept, correct, flag, history, progress, reset, sql, undo_verdict, verdicts
 from llmledger._ledger.states import Outcome, Redo, Status
 from llmledger._report import PipelineReport, RunReport
 from llmledger._run.api import apply_llm, apply_llm_async, resume
@@ -104,6 +104,7 @@ __all__ = [
     "show",
     "simulate",
     "sql",
+    "undo_verdict",
     "verdicts",
     "work",
 ]

@@ -126,6 +126,17 @@ def correct(
     )
 
 
+def undo_verdict(store: str | Path, table: str, step: str, *, key: Any, by: str | None = None) -> str | None:
+    """Take back the latest verdict `by` (default: the login name) gave on the row `key` of `step`, and put the row
+    back as it was before it: an accepted answer that needed review needs it again, a flag is lifted, a corrected
+    row shows the model's answer again (the person's goes to the history). The verdict stays in
+    `llmledger_verdicts`, marked `undone_at`. Returns the verdict taken back ("accept", "flag", "correct"), or None
+    when there was none."""
+    if key is None:
+        raise InvalidInputError("undo_verdict() takes back one row's verdict: pass key= its key value")
+    return open_existing(store).undo_verdict(table, step, key=key, by=_by(by), now=utcnow())
+
+
 def verdicts(store: str | Path, table: str | None = None, step: str | None = None) -> pl.DataFrame:
     """Every verdict a person gave (accept, flag, correct), oldest first: which row (`row_key`, as JSON), the answer
     judged (`answer`, `fingerprint`, `source`), `corrected`, `reason`, `reviewer`, `judged_at`. The same rows as

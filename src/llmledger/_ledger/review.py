@@ -40,7 +40,7 @@ VERDICTS = ("accept", "flag", "correct")
 ACCEPTED, CORRECTED = "accepted", "corrected"  # `{step}_verdict`
 
 _VERDICT_COLUMNS = (
-    "table_name, step, row_key, verdict, answer, fingerprint, source, corrected, reason, reviewer, judged_at"
+    "table_name, step, row_key, verdict, answer, fingerprint, source, status, corrected, reason, reviewer, judged_at"
 )
 
 
@@ -112,7 +112,8 @@ class ReviewVerbs:
             _run(
                 con,
                 f"INSERT INTO {VERDICTS_TABLE} ({_VERDICT_COLUMNS}) SELECT $table, $step, {layout.key_json()}, "
-                f"$verdict, {shown}, {c['_fingerprint']}::VARCHAR, {c['_source']}, $corrected, $reason, $by, $now "
+                f"$verdict, {shown}, {c['_fingerprint']}::VARCHAR, {c['_source']}, {c['_status']}, $corrected, "
+                "$reason, $by, $now "
                 f"FROM {q(table)} AS t WHERE ({match}) AND {answered} AND {idle}",
                 values,
             )
@@ -136,6 +137,63 @@ class ReviewVerbs:
             return len(changed)
 
         return int(self.conn.transaction(work, wait=60.0, exclusive=True))
+
+    def undo_verdict(self, table: str, step: str, *, key: Any, by: str, now: datetime) -> str | None:
+        """Take back `by`'s latest verdict on the row `key` (it stays in llmledger_verdicts, marked undone) and put
+        the row (and its twins) back as it was: an accepted NEEDS_REVIEW answer needs review again, a flag is
+        lifted, a corrected row shows the model's answer again (the person's goes to the history). Returns the
+        verdict taken back, or None when `by` has none on the row."""
+
+        def work(con: Con) -> str | None:
+            layout = layout_of(con, table, step)
+            match, params = key_match(con, layout, key, "t")
+            found = _run(
+                con,
+                f"SELECT v.verdict, v.judged_at, v.status, v.answer, v.fingerprint FROM {VERDICTS_TABLE} AS v "
+                f"WHERE v.table_name = $table AND v.step = $step AND v.reviewer = $by AND v.undone_at IS NULL "
+                f"AND v.row_key = (SELECT {layout.key_json()} FROM {q(table)} AS t WHERE {match}) "
+                "ORDER BY v.judged_at DESC LIMIT 1",
+                {**params, "table": table, "step": step, "by": by},
+            )
+            if not found:
+                return None
+            verdict, at, status, answer, fingerprint = found[0]
+            values = {**params, "table": table, "step": step, "by": by, "at": at, "now": now}
+            _run(
+                con,
+                f"UPDATE {VERDICTS_TABLE} SET undone_at = $now WHERE table_name = $table AND step = $step "
+                "AND reviewer = $by AND judged_at = $at",
+                values,
+            )
+            kind = column_types(con, table)[step]
+            c = names(step, "t")
+            if verdict == "correct":
+                _restore_corrected(con, layout, kind, values)
+                return str(verdict)
+            same = (  # the judged row and the twins that took its verdict: the same answer to the same request
+                f"{c['_fingerprint']}::VARCHAR = $fingerprint AND {output_as_text(c[''], kind)} = $answer "
+                f"AND {c['_source']} IS DISTINCT FROM '{PERSON}'"
+            )
+            back = _latest_standing(con, layout, match, params)
+            if back is not None:  # an earlier verdict on this answer stands again
+                sets = _state(back["verdict"], step, kind)
+                _run(con, f"UPDATE {q(table)} AS t SET {sets} WHERE {same}",
+                     {"by": back["reviewer"], "reason": back["reason"], "now": back["judged_at"],
+                      "fingerprint": fingerprint, "answer": answer})  # fmt: skip
+            else:
+                n = names(step)
+                was_review = "NEEDS_REVIEW" if verdict == "accept" and status == "NEEDS_REVIEW" else None
+                _run(
+                    con,
+                    f"UPDATE {q(table)} AS t SET {n['_verdict']} = NULL, {n['_verdict_by']} = NULL, "
+                    f"{n['_flag']} = NULL, {n['_flagged_at']} = NULL, {n['_flagged_by']} = NULL, "
+                    f"{n['_status']} = coalesce(CAST($was AS VARCHAR), {n['_status']}) WHERE {same}",
+                    {"was": was_review, "fingerprint": fingerprint, "answer": answer},
+                )
+            return str(verdict)
+
+        result = self.conn.transaction(work, wait=60.0, exclusive=True)
+        return None if result is None else str(result)
 
     def flag(self, table: str, step: str, *, where: str, reason: str, by: str, now: datetime) -> int:
         """Mark the step's answers of rows matching `where` for redo (`redo="flagged"`), saying why and who."""
@@ -178,6 +236,53 @@ def _run(con: Con, sql: str, values: dict[str, Any]) -> list[tuple[Any, ...]]:
     return list(cursor.fetchall()) if "RETURNING" in sql or sql.lstrip().startswith("SELECT") else []
 
 
+def _latest_standing(con: Con, layout: Layout, match: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The latest verdict not taken back on the row's current answer (any reviewer), or None."""
+    c = names(layout.step, "t")
+    kind = column_types(con, layout.table)[layout.step]
+    rows = _run(
+        con,
+        f"SELECT v.verdict, v.reviewer, v.reason, v.judged_at FROM {VERDICTS_TABLE} AS v JOIN {q(layout.table)} AS t "
+        f"ON v.row_key = {layout.key_json()} AND v.fingerprint = {c['_fingerprint']}::VARCHAR "
+        f"AND v.answer = {output_as_text(c[''], kind)} WHERE v.table_name = $table AND v.step = $step "
+        f"AND v.undone_at IS NULL AND v.verdict <> 'correct' AND {match} ORDER BY v.judged_at DESC LIMIT 1",
+        {**params, "table": layout.table, "step": layout.step},
+    )
+    if not rows:
+        return None
+    return dict(zip(("verdict", "reviewer", "reason", "judged_at"), rows[0], strict=True))
+
+
+def _restore_corrected(con: Con, layout: Layout, kind: str, values: dict[str, Any]) -> None:
+    """Put back the answers a correction replaced (on the row and its twins), from the history, where a person's
+    answer still stands; the person's answer goes to the history in turn."""
+    from llmledger._ledger.schema import HISTORY_TABLE
+
+    c = names(layout.step, "t")
+    replaced = (  # parameters of its own: PostgreSQL deduces one type per parameter, and archive's differ
+        f"EXISTS (SELECT 1 FROM {HISTORY_TABLE} AS h WHERE h.table_name = $h_table AND h.step = $h_step "
+        f"AND h.row_key = {layout.key_json()} AND h.reason = $h_reason AND h.replaced_at = $at) "
+        f"AND {c['_source']} = '{PERSON}'"
+    )
+    archive(con, layout, now=values["now"], reason="'correction undone by ' || $by", condition=replaced,
+            params={"by": values["by"], "at": values["at"], "h_table": layout.table, "h_step": layout.step,
+                    "h_reason": "corrected by " + values["by"]})  # fmt: skip
+    n = names(layout.step)
+    usage = ", ".join(f"{n[s]} = h.{s[1:]}" for s in ("_input_tokens", "_output_tokens", "_cost_usd"))
+    _run(
+        con,
+        f"UPDATE {q(layout.table)} AS t SET {n['']} = {output_from_text('h.output', kind)}, "
+        f"{n['_model']} = h.model, {n['_fingerprint']} = CAST(h.fingerprint AS UUID), {usage}, "
+        f"{n['_finished_at']} = h.finished_at, {n['_status']} = h.status, {n['_raw']} = h.raw, "
+        f"{n['_source']} = h.source, {n['_stop_reason']} = h.stop_reason, {n['_verdict']} = NULL, "
+        f"{n['_verdict_by']} = NULL, {n['_cache_write_tokens']} = NULL, {n['_cache_read_tokens']} = NULL "
+        f"FROM {HISTORY_TABLE} AS h WHERE h.table_name = $table AND h.step = $step "
+        f"AND h.row_key = {layout.key_json()} AND h.reason = 'corrected by ' || $by AND h.replaced_at = $at "
+        f"AND {c['_source']} = '{PERSON}'",
+        values,
+    )
+
+
 def _matching(con: Con, layout: Layout, key: Any, where: str | None, alias: str) -> tuple[str, dict[str, Any]]:
     """SQL over the fact table (as `alias`): the rows a verdict names, by key or by `where`."""
     if (key is None) == (where is None):
@@ -210,7 +315,6 @@ def _state(verdict: str, step: str, kind: str) -> str:
     if verdict == "accept":  # a NEEDS_REVIEW answer a person accepts is DONE
         return (
             f"{c['_verdict']} = '{ACCEPTED}', {c['_verdict_by']} = $by, {unflag}, "
-            f"{c['_error']} = CASE WHEN {c['_status']} = 'NEEDS_REVIEW' THEN NULL ELSE {c['_error']} END, "
             f"{c['_status']} = CASE WHEN {c['_status']} = 'NEEDS_REVIEW' THEN 'DONE' ELSE {c['_status']} END"
         )
     if verdict == "flag":

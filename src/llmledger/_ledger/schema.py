@@ -207,8 +207,8 @@ def _v12_verdicts(con: Con) -> None:
     _refuse_taken(con, ("_verdict", "_verdict_by"))
     con.execute(
         f"CREATE TABLE IF NOT EXISTS {VERDICTS_TABLE} (table_name VARCHAR, step VARCHAR, row_key VARCHAR, "
-        "verdict VARCHAR, answer VARCHAR, fingerprint VARCHAR, source VARCHAR, corrected VARCHAR, reason VARCHAR, "
-        "reviewer VARCHAR, judged_at TIMESTAMP, undone_at TIMESTAMP)"
+        "verdict VARCHAR, answer VARCHAR, fingerprint VARCHAR, source VARCHAR, status VARCHAR, corrected VARCHAR, "
+        "reason VARCHAR, reviewer VARCHAR, judged_at TIMESTAMP, undone_at TIMESTAMP)"
     )
     if dialect_of(con).indexed:
         con.execute(
