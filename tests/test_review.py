@@ -36,7 +36,11 @@ def test_an_accepted_answer_is_recorded_with_what_it_judged_and_kept_by_redo_sta
         run(frame(4), "summary", prompt="Summarize briefly: {text}")  # every answer turns stale
     again = run(frame(4), "summary", prompt="Summarize briefly: {text}", redo="stale")
     assert sim.stats()["paid"] == paid + 3, "the three stale answers no one accepted are redone, not the accepted one"
-    assert again["summary"][1] == first["summary"][1]
+    assert again["summary"][1] == first["summary"][1] and again["summary_stale"][1], "kept, and still stale"
+    report = llmledger.last_report()
+    assert report is not None and (report.stale, report.kept_stale) == (0, 1)
+    assert "1 stale answer kept: a person accepted or wrote it" in "\n".join(report.hints())
+    assert not any("Pass redo='stale'" in hint for hint in report.hints()), "redo='stale' would not re-send it"
     replaced = run(frame(4), "summary", prompt="Summarize briefly: {text}", redo=True, where="id = 1")
     assert sim.stats()["paid"] == paid + 4 and not replaced["summary_stale"][1], "named: the accepted answer is redone"
     assert sql(store, "SELECT summary_verdict FROM messages WHERE id = 1") == [(None,)], "a new answer, no verdict yet"

@@ -154,10 +154,11 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         return self.conn.transaction(lambda con: recover_claims(con, layout, params), wait=30.0)
 
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame:
-        """`{step}`, `{step}_status` and `{step}_stale` for the frame's keys, in frame order."""
+        """`{step}`, `{step}_status` and `{step}_stale` for the frame's keys, in frame order, and `_kept`: the
+        answer is one a person accepted or wrote (kept by every redo; the run's report counts those stale)."""
         found = self.conn.transaction(
             lambda con: survey(
-                con, selection.layout, frame, fields=("status", "output", "stale"), params={}, compare=False
+                con, selection.layout, frame, fields=("status", "output", "stale", "kept"), params={}, compare=False
             ),
             wait=30.0,
         )

@@ -53,7 +53,7 @@ from llmledger._step.request import RequestSpec, canonical_json
 from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError
 
-_PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output")
+_PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output", "kept")
 
 
 class SelectionVerbs:

@@ -24,7 +24,7 @@ from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.dialect import dialect_of
 from llmledger._ledger.engine.duckdb import JOIN_MEMORY_LIMIT, SCAN_MEMORY_LIMIT
 from llmledger._ledger.engine.shared import arrow_batches, column_types, db_errors, memory_limited, registered
-from llmledger._ledger.states import STATUSES, eligible_sql, stale_sql
+from llmledger._ledger.states import PERSON, STATUSES, eligible_sql, stale_sql
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.request import sql_literal
 from llmledger._step.sqltext import q
@@ -33,7 +33,7 @@ from llmledger.errors import WhereClauseError
 BATCH_ROWS = 250_000
 STATUS_TYPE = pl.Enum(STATUSES)
 FRAME = "llmledger_frame"
-_FLAGS = ("current", "stale", "eligible", "in_where", "waiting")
+_FLAGS = ("current", "stale", "eligible", "in_where", "waiting", "kept")
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ def flag_sql(layout: Layout, where: str | None) -> dict[str, str]:
         "waiting": f"(NOT {layout.ready} AND {col['_status']} IN ('NOT_STARTED', 'FAILED'))",
         "in_where": f"coalesce(({where}), false)" if where else "true",
         "output": col[""],
+        # a person accepted or wrote the answer: every redo keeps it (states.eligible_sql), stale or not
+        "kept": f"({col['_verdict']} IS NOT NULL OR coalesce({col['_source']} = '{PERSON}', false))",
     }
 
 

@@ -361,6 +361,9 @@ def from_legacy(con: Con) -> bool:
     return bool(one(con, f"SELECT count(*) FROM {MIGRATIONS_TABLE} WHERE llmledger = '0.1.0'")[0])
 
 
+KEPT = "_kept"  # in `named_outputs`: the row's answer is one a person accepted or wrote
+
+
 def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
     """The columns apply_llm appends: the answer, its status, and whether that DONE answer is stale (made for a
     request that has changed since: `redo='stale'` re-sends it)."""
@@ -368,4 +371,6 @@ def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
         pl.col("output").alias(step),
         pl.col("status").alias(f"{step}_status"),
         pl.col("stale").fill_null(False).alias(f"{step}_stale"),
+        # not appended to the user's frame: which stale answers a person's verdict keeps (the run's report says so)
+        (pl.col("kept").fill_null(False) if "kept" in found.columns else pl.lit(False)).alias(KEPT),
     )

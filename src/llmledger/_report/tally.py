@@ -28,6 +28,7 @@ class RunTally:
     needs_review: int = 0  # rows this run moved to NEEDS_REVIEW
     skipped: int = 0  # rows already DONE (or left for review) that cost nothing
     stale: int = 0  # DONE rows whose request (or an upstream step's answer) changed, left alone
+    kept_stale: int = 0  # of such rows, those a person accepted or wrote: every redo but a named one keeps them
     waiting: int = 0  # rows that need an answer but wait for the steps their prompt reads
     running_elsewhere: int = 0
     unprepared: int = 0  # (resume) rows whose request is not the current definition's: apply_llm must prepare them
@@ -311,6 +312,12 @@ class RunTally:
                 f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
                 "model, system, prompt, options, or the row's input or files); they were not re-sent. Pass "
                 "redo='stale' to re-send exactly those."
+            )
+        if self.kept_stale:
+            out.append(
+                f"{rows(self.kept_stale, 'stale answer')} kept: a person accepted or wrote "
+                f"{'it' if self.kept_stale == 1 else 'them'}, and no redo replaces that but redo=True with where= "
+                "naming the rows."
             )
         if self.downstream_stale:
             made = ", ".join(f"{rows(n)} of step {s!r}" for s, n in self.downstream_stale.items())
