@@ -202,6 +202,9 @@ def test_accuracy_on_reviewed_rows_beside_another_model_and_the_cheapest_good_en
     good = acc.table.filter("meets_target").sort("usd_per_1000_rows")
     assert acc.cheapest == (good["step"][0] if good.height else None)
     assert f"{acc.table['accuracy'][0]:.0%}" in str(acc) and "per 1,000 rows" in str(acc)
+    comparison = llmledger.compare(store, "sms", ["label_cheap", "label_strong"])
+    assert comparison.accuracy(target=0.8).table.equals(acc.table)
+    assert "accuracy on reviewed rows" in comparison._repr_html_(), "drawn next to the agreement matrix"
     from llmledger.cli import main
 
     main(["accuracy", str(store), "--table", "sms", "--step", "label_cheap", "--against", "label_strong",
@@ -233,6 +236,8 @@ def test_accuracy_refuses_what_it_cannot_count(run: Any, store: Path) -> None:
         with pytest.raises(InvalidInputError, match=message):
             llmledger.accuracy(store, "messages", "summary", **options)
     assert llmledger.accuracy(store, "messages", "summary").table["reviewed"].to_list() == [0]
+    run(frame(2), "summary2", prompt=PROMPT)
+    assert "accuracy" not in llmledger.compare(store, "messages", ["summary", "summary2"])._repr_html_()
 
 
 def test_undo_takes_back_a_reviewers_latest_verdict_and_puts_the_row_back(client: Any, target: Any) -> None:

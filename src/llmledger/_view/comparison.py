@@ -14,6 +14,7 @@ from llmledger._draw import esc, usd
 from llmledger._ledger import open_existing
 from llmledger._ledger.compare import ComparisonData
 from llmledger._ledger.query import flag
+from llmledger._view.accuracy import Accuracy, accuracy
 from llmledger.errors import InvalidInputError
 
 
@@ -81,6 +82,13 @@ class Comparison:
             out[row["step"]] = sum(shares) / len(shares) if shares else None
         return out
 
+    def accuracy(self, *, target: float | None = None, confidence: float = 0.95) -> Accuracy:
+        """Each compared step's accuracy on the rows a person reviewed (`llmledger.accuracy`), beside its cost per
+        row, and with `target` the cheapest step whose interval reaches it."""
+        return accuracy(
+            self.store, self.table, self.steps[0], against=self.steps[1:], target=target, confidence=confidence
+        )
+
     def flag(self, step: str, *, reason: str, by: str | None = None) -> int:
         """Flag `step`'s answers on the rows where it differs from another compared step (then `apply_llm(...,
         redo="flagged")`). The rows are found again now, so after a redo only what still differs is flagged; as
@@ -128,8 +136,16 @@ class Comparison:
             f'<div class="llmledger-compare"><b>{esc(self.table)}</b>: agreement on {esc(", ".join(self.fields))}'
             f"<table><tr><th></th>{head}</tr>{body}</table>{self._chart()}"
             f"<div>{self.differences.height:,} rows differ (<code>.differences</code>; "
-            "<code>.flag(step, reason=...)</code> to redo them)</div></div>"
+            "<code>.flag(step, reason=...)</code> to redo them)</div>"
+            f"{self._reviewed_html()}</div>"
         )
+
+    def _reviewed_html(self) -> str:
+        """Next to the agreement matrix, how often each step is right where a person judged, if anyone has."""
+        judged = self.accuracy()
+        if not int(judged.table["reviewed"].sum()):
+            return ""
+        return judged._repr_html_()
 
     def _chart(self) -> str:
         """Cost per row (x) against agreement with the other steps (y): the cheapest step that agrees enough.
