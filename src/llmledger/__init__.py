@@ -15,6 +15,7 @@ from llmledger._report import PipelineReport, RunReport
 from llmledger._run.api import apply_llm, apply_llm_async, resume
 from llmledger._run.estimate import estimate
 from llmledger._run.pipeline import pipeline
+from llmledger._run.review import review
 from llmledger._run.run import Run, last_report
 from llmledger._run.worker import work
 from llmledger._step.models import ModelRetiringWarning, models
@@ -100,6 +101,7 @@ __all__ = [
     "reset",
     "restore",
     "resume",
+    "review",
     "set_price",
     "show",
     "simulate",

@@ -207,6 +207,21 @@ def run_correct(args: argparse.Namespace) -> None:
     print(f"correct: {rows(n)} of {args.table}.{args.step}")
 
 
+def run_review(args: argparse.Namespace) -> None:
+    from llmledger._view.review_text import review_in_terminal
+
+    review_in_terminal(
+        args.store,
+        args.table,
+        args.step,
+        where=args.where,
+        queue="needs" if args.sample is None else "sample",
+        sample=args.sample,
+        by=args.by,
+        compare_with=args.compare_with,
+    )
+
+
 def run_accuracy(args: argparse.Namespace) -> None:
     from llmledger._view.accuracy import accuracy
 

@@ -127,6 +127,18 @@ def _correct(p: Any) -> None:
     p.add_argument("--by", default=None, help="who corrected it (default: the login name)")
 
 
+def _review(p: Any) -> None:
+    p.add_argument(
+        "--sample",
+        type=positive(int),
+        default=None,
+        metavar="N",
+        help="review a random sample of N DONE rows no one judged (default: the rows that need it first)",
+    )
+    p.add_argument("--by", default=None, help="who judges (default: the login name)")
+    p.add_argument("--compare-with", nargs="+", default=[], metavar="STEP", help="other steps' answers to show beside")
+
+
 def _accuracy(p: Any) -> None:
     p.add_argument("--against", nargs="+", default=[], metavar="STEP", help="other steps answering the same question")
     p.add_argument(
@@ -266,6 +278,14 @@ VERBS = (
         runs.run_correct,
         (STORE_TABLE_STEP, Group(_correct)),
         twin="llmledger.correct()",
+    ),
+    Verb(
+        "review",
+        "judge a step's answers one row at a time, one key per line from stdin (a accept, f flag, c correct, "
+        "s skip, u undo, q quit; a reason or answer on the next line)",
+        runs.run_review,
+        (STORE_TABLE_STEP, WHERE, Group(_review)),
+        twin="llmledger.review()",
     ),
     Verb(
         "accuracy",

@@ -1,0 +1,184 @@
+"""The review view (`llmledger.review`), driven as the browser drives it: key by key into its command box, Enter
+as the front end reports it; the ledger then holds exactly the verdicts given. And its terminal twin."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+import llmledger
+from llmledger import verdicts
+from llmledger._view.accuracy import sample_size
+from llmledger._view.review_text import review_in_terminal
+
+from .conftest import frame, sql
+
+PROMPT = "Summarize: {text}"
+FACTS = {"company": str, "year": int | None}
+
+
+def press(view: Any, keys: str) -> None:
+    """Type `keys` into the command box one keystroke at a time ("\\n" is Enter), as the browser does."""
+    for key in keys:
+        if key == "\n":
+            view.box._handle_string_msg(None, {"event": "submit"}, [])  # what the front end sends on Enter
+        else:
+            view.box.value += key
+
+
+def given(store: Path, step: str) -> list[tuple[Any, ...]]:
+    found = verdicts(store, "messages", step).filter(pl.col("undone_at").is_null())
+    return [(json.loads(k)["id"], v, r) for k, v, r in found.select("row_key", "verdict", "reason").rows()]
+
+
+def test_keys_accept_flag_skip_undo_and_move_and_the_ledger_holds_exactly_those_verdicts(run: Any, store: Path) -> None:
+    run(frame(6), "summary", prompt=PROMPT)
+    view = llmledger.review(store, "messages", "summary", by="ana")
+    assert view.session.keys == [0, 1, 2, 3, 4, 5] and view.box.continuous_update
+    assert "hello message number 0" in view.body.value and "a accept" not in view.body.value
+    assert "<kbd>a</kbd> accept" in view.legend.value
+    press(view, "a")  # row 0 accepted
+    assert view.box.value == "" and view.session.key == 1
+    press(view, "fmade up\n")  # row 1 flagged with a reason
+    press(view, "s")  # row 2 skipped
+    press(view, "f\n")  # row 3 flagged, no reason
+    press(view, "a")  # row 4 accepted ...
+    press(view, "u")  # ... and taken back: row 4 shows again
+    assert view.session.key == 4 and "undone: accept" in view.message.value
+    press(view, "kk")  # back to row 2
+    assert view.session.key == 2
+    press(view, "a")  # row 2 accepted after all
+    press(view, "j")  # past 3 to row 4
+    assert view.session.key == 4
+    press(view, "z")
+    assert "not a key" in view.message.value
+    assert given(store, "summary") == [
+        (0, "accept", None),
+        (1, "flag", "made up"),
+        (3, "flag", None),
+        (2, "accept", None),
+    ]
+    assert sql(store, "SELECT id, summary_verdict, summary_flag FROM messages WHERE id IN (1, 4) ORDER BY id") == [
+        (1, None, "made up"),
+        (4, None, None),
+    ]
+    assert "4 reviewed, 2 left" in view.header.value, view.header.value
+    assert "accuracy 50% (15%–85%) on 4" in view.header.value, "2 accepted of 4 judged, with Wilson's interval"
+
+
+def test_a_typed_answer_is_corrected_field_by_field_and_a_bad_value_shows_the_error_and_stays(
+    run: Any, store: Path
+) -> None:
+    out = run(frame(3), "facts", prompt="Extract: {text}", output=FACTS)
+    view = llmledger.review(store, "messages", "facts", by="bo")
+    assert 'data-field="company"' in view.body.value and 'data-field="year"' in view.body.value
+    press(view, "c")
+    assert "company" in view.prompt.value and "field 1 of 2" in view.prompt.value
+    press(view, "Acme\nlast year\n")  # year is an integer: refused, nothing written, still correcting
+    assert view.mode == "correct" and view.session.key == 0 and "output schema" in view.message.value
+    assert verdicts(store).height == 0
+    press(view, "\n1999\n")  # Enter keeps company ("Acme"), then a year that fits
+    assert view.mode == "key" and view.session.key == 1
+    assert out["facts"][0] != {"company": "Acme", "year": 1999}
+    assert sql(store, "SELECT facts.company, facts.year, facts_source FROM messages WHERE id = 0") == [
+        ("Acme", 1999, "person")
+    ]
+    assert given(store, "facts") == [(0, "correct", None)]
+    press(view, "u")  # the correction is taken back: the model's answer shows again
+    assert view.session.key == 0 and sql(store, "SELECT facts_source FROM messages WHERE id = 0") != [("person",)]
+    assert given(store, "facts") == []
+
+
+def test_the_needs_queue_puts_needs_review_failed_and_flagged_rows_before_done_ones(
+    run: Any, sim: Any, store: Path
+) -> None:
+    sim.configure(refuse="number 7")
+    run(frame(8), "summary", prompt=PROMPT, validate=lambda row, out: "too short" if row["id"] == 5 else None)
+    llmledger.flag(store, "messages", "summary", where="id = 6", reason="wrong")
+    llmledger.accept(store, "messages", "summary", key=2)
+    llmledger.reset(store, "messages", "summary", where="id = 1")  # NOT_STARTED: nothing to review
+    keys = llmledger.review(store, "messages", "summary").session.keys
+    assert sql(store, "SELECT summary_status FROM messages WHERE id = 7") == [("FAILED",)]
+    assert keys == [5, 7, 6, 0, 3, 4], "NEEDS_REVIEW, FAILED, flagged, then DONE rows no one judged; no accepted row"
+    assert llmledger.review(store, "messages", "summary", where="id > 3").session.keys == [5, 7, 6, 4]
+
+
+def test_a_failed_row_comes_first_and_a_disagreeing_row_before_agreeing_ones(
+    client: Any, sim: Any, store: Path
+) -> None:
+    df = frame(4)
+    llmledger.apply_llm(df, "a", prompt=PROMPT, client=client, store=store, table="messages", progress=False)
+    llmledger.apply_llm(df, "b", prompt=PROMPT, client=client, store=store, table="messages", progress=False)
+    llmledger.correct(store, "messages", "b", key=2, answer="something else entirely")
+    keys = llmledger.review(store, "messages", "a", compare_with=["b"]).session.keys
+    assert keys == [2, 0, 1, 3], "the row where b answers otherwise first"
+    view = llmledger.review(store, "messages", "a", compare_with=["b"])
+    assert "something else entirely" in view.body.value, "the other step's answer is shown beside"
+
+
+def test_a_sample_is_seeded_sized_by_the_margin_and_leaves_out_judged_rows(run: Any, store: Path) -> None:
+    run(frame(30), "summary", prompt=PROMPT)
+    llmledger.accept(store, "messages", "summary", where="id < 5")
+    first = llmledger.review(store, "messages", "summary", queue="sample", sample=10).session.keys
+    again = llmledger.review(store, "messages", "summary", queue="sample", sample=10).session.keys
+    assert first == again and len(first) == 10 and len(set(first)) == 10 and min(first) >= 5
+    assert first != sorted(first), "a random sample, not the first rows"
+    other = llmledger.review(store, "messages", "summary", queue="sample", sample=10, seed=1).session.keys
+    assert other != first
+    assert sample_size(0.05) == 385 and sample_size(0.2) == 25
+    wide = llmledger.review(store, "messages", "summary", queue="sample", margin=0.2).session.keys
+    assert len(wide) == 25
+    assert len(llmledger.review(store, "messages", "summary", queue="sample", margin=0.05).session.keys) == 25
+    with pytest.raises(llmledger.InvalidInputError, match="not both"):
+        llmledger.review(store, "messages", "summary", queue="sample")
+    with pytest.raises(llmledger.InvalidInputError, match="queue='sample'"):
+        llmledger.review(store, "messages", "summary", sample=3)
+
+
+def test_redo_flagged_from_the_view_redoes_the_flagged_rows_and_they_come_back(
+    run: Any, sim: Any, client: Any, store: Path
+) -> None:
+    run(frame(5), "summary", prompt=PROMPT)
+    view = llmledger.review(store, "messages", "summary", by="ana", client=client)
+    press(view, "fbad\nafworse\n")  # rows 0 and 2 flagged, 1 accepted
+    paid = sim.stats()["paid"]
+    press(view, "r")
+    assert view.run is not None
+    view.run.wait(60)
+    for _ in range(100):  # the view puts them back once the run has ended (a thread waits for it)
+        if view.session.keys[3:5] == [0, 2]:
+            break
+        import time
+
+        time.sleep(0.05)
+    assert sim.stats()["paid"] == paid + 2, "exactly the flagged rows are paid for"
+    assert view.session.keys == [0, 1, 2, 0, 2, 3, 4] and view.session.key == 0
+    assert sql(store, "SELECT count(*) FROM messages WHERE summary_flag IS NOT NULL") == [(0,)]
+
+
+def test_the_terminal_twin_reads_one_key_per_line(run: Any, store: Path, capsys: Any) -> None:
+    run(frame(5), "summary", prompt=PROMPT)
+    script = "a\nf\nnot what it says\ns\nc\na person's summary\nu\nc\nmine\nq\n"
+    out = io.StringIO()
+    tally = review_in_terminal(store, "messages", "summary", by="cy", stdin=io.StringIO(script), stdout=out)
+    assert given(store, "summary") == [(0, "accept", None), (1, "flag", "not what it says"), (3, "correct", None)]
+    assert sql(store, "SELECT summary FROM messages WHERE id = 3") == [("mine",)]
+    assert tally["reviewed"] == 3
+    text = out.getvalue()
+    assert "a accept · f flag" in text and "hello message number 0" in text and "undone: correct" in text
+
+
+def test_the_cli_verb_reviews_from_stdin(run: Any, store: Path, monkeypatch: Any, capsys: Any) -> None:
+    from llmledger.cli import main
+
+    run(frame(4), "summary", prompt=PROMPT)
+    monkeypatch.setattr("sys.stdin", io.StringIO("a\na\nf\nwrong\n"))
+    main(["review", str(store), "--sample", "3", "--by", "dee"])
+    found = verdicts(store, "messages", "summary")
+    assert found["verdict"].to_list() == ["accept", "accept", "flag"] and set(found["reviewer"]) == {"dee"}
+    assert "review messages.summary: 3 reviewed, 0 left" in capsys.readouterr().out
