@@ -30,8 +30,9 @@ def same_source_sql(column: str, source: str | None) -> str:
 
 # How a commit writes a column. `i` is the results chunk, `t` the fact table.
 KEEP_UNLESS_ANSWERED = "keep"  # the new value when the result holds an answer, the old one otherwise
-# (a failed redo keeps the previous answer). A result holds an answer when its fingerprint is set: DONE rows,
-# and NEEDS_REVIEW rows whose answer was paid for but did not pass the schema or `validate=`.
+# (a failed redo keeps the previous answer, unless a person flagged it: `rejected_sql`). A result holds an answer
+# when its fingerprint is set: DONE rows, and NEEDS_REVIEW rows whose answer was paid for but did not pass the
+# schema or `validate=`.
 ANSWERED = "i.fingerprint IS NOT NULL"
 # The usage columns also take a paid failure's (a refusal, an answer left empty: no fingerprint, its usage set),
 # added to what the row shows: on a row showing no answer, to what its earlier paid failures used, carried into the
@@ -325,9 +326,23 @@ def output_as_text(expr: str, output_type: str) -> str:
     return expr if output_type == "VARCHAR" else f"to_json({expr})::VARCHAR"
 
 
+def rejected_sql(step: str) -> str:
+    """SQL: a result `i` holding no answer, for a row `t` showing an answer a person flagged (llmledger.flag).
+
+    A failed try of such a row (a `redo="flagged"` refused or erring up to its attempts) does not leave the
+    rejected answer showing as the row's: it goes to the history (`commit_results`), the row shows this try's
+    error, and its flag stays, so that `redo="flagged"` still finds it until a new answer replaces it. Its usage
+    columns keep adding up as on any row showing no answer (PAID_USAGE), so the step's rows still add up to
+    what its runs paid.
+    """
+    t = names(step, "t")
+    return f"(NOT {ANSWERED} AND {t['_flag']} IS NOT NULL AND {t['_fingerprint']} IS NOT NULL)"
+
+
 def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
     """The SET list writing a results chunk `i` into the fact table `t`."""
     t = names(step, "t")
+    rejected = rejected_sql(step)
     sets = []
     for c in STEP_COLUMNS:
         if c.commit == UNTOUCHED:
@@ -354,6 +369,6 @@ def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
                     f"WHEN {value} IS NOT NULL THEN coalesce({t[c.suffix]}, 0) + {value} ELSE {t[c.suffix]} END"
                 )
             elif c.commit == KEEP_UNLESS_ANSWERED:
-                value = f"CASE WHEN {ANSWERED} THEN {value} ELSE {t[c.suffix]} END"
+                value = f"CASE WHEN {ANSWERED} OR {rejected} THEN {value} ELSE {t[c.suffix]} END"
         sets.append(f"{q(step + c.suffix)} = {value}")
     return ", ".join(sets)

@@ -57,6 +57,11 @@ def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, b
     The flag (`{step}_flag`, `_flagged_at`, `_flagged_by`) is plain SQL to query; `apply_llm(...,
     redo="flagged")` re-sends exactly the flagged rows and clears each flag when its row is DONE again
     (the replaced answer goes to the history with the flag's reason).
+
+    If the re-ask fails (the model refuses, the request errs), the rejected answer is no longer shown as the
+    row's: it goes to the history all the same, and the row becomes FAILED (attempts left: a plain rerun asks
+    again) or NEEDS_REVIEW with the new error. The flag stays until a new answer replaces it, so a person's
+    flag is never lost and `redo="flagged"` (or `WHERE {step}_flag IS NOT NULL`) still finds the row.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("flag needs a reason= saying what is wrong, e.g. reason='company name is wrong'")

@@ -12,6 +12,7 @@ from typing import Any
 
 import polars as pl
 
+from llmledger._ledger.batch_join import join_open_batches
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.dialect import dialect_of
 from llmledger._ledger.engine.shared import column_types, one, registered, table_exists
@@ -143,8 +144,22 @@ class SelectionVerbs:
                     compare=False,
                     wrote=True,
                 )
-            status = found["status"]
             chosen = found["eligible"] & found["in_where"]
+            if dedupe and params.redo.reuses_answers:  # identical requests in a batch still processing: wait for it
+                joined = join_open_batches(
+                    con, layout, frame.select(layout.key).filter(chosen), validated=inputs, source=params.source
+                )
+                if joined.height:
+                    into = (
+                        frame.select(layout.key)
+                        .join(joined.with_columns(pl.lit(True).alias("_joined")), on=layout.key, how="left")["_joined"]
+                        .is_not_null()
+                    )
+                    chosen = chosen & ~into
+                    found = found.with_columns(
+                        pl.when(into).then(pl.lit(Status.SUBMITTED)).otherwise("status").alias("status")
+                    )
+            status = found["status"]
             selection = _selection(
                 con,
                 layout,

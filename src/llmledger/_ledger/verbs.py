@@ -19,6 +19,7 @@ from llmledger._ledger.columns import (
     SIMULATOR,
     commit_assignments,
     names,
+    rejected_sql,
 )
 from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.dialect import dialect_of
@@ -170,7 +171,7 @@ def commit_results(
             layout,
             now=now,
             reason=redo_reason(layout),
-            condition=f"{ANSWERED}{guard}",
+            condition=f"({ANSWERED} OR {rejected_sql(layout.step)}){guard}",
             join=f"JOIN {RESULTS} AS i ON {layout.key_join()}",
             output_type=output_type,
         )

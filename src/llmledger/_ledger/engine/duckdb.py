@@ -26,6 +26,7 @@ from typing import TypeVar
 import duckdb
 
 from llmledger._ledger.engine.dialect import DUCKDB
+from llmledger._ledger.engine.interrupts import CtrlCHeld, interrupts_kept, load_pyarrow
 from llmledger._ledger.engine.shared import Patience, unlimited
 from llmledger._ledger.liveness import host_name, is_abandoned, process_start
 from llmledger.errors import InvalidInputError, StoreBusy, StoreError, StoreNotFound
@@ -305,10 +306,11 @@ class Connection:
 
         A DuckDB error that means the file is damaged or cannot be written becomes a `StoreError` naming it.
         """
-        with self._lock:
-            con = self._connect(wait, read_only)
+        with CtrlCHeld() as held, self._lock, interrupts_kept():  # see CtrlCHeld: no Ctrl-C leaves the lock taken
+            con = self._connect(wait, read_only, held)
             try:
                 _open_in[self.path] = threading.get_ident()
+                held.con = con
                 yield con
             except duckdb.Error as exc:
                 error = store_error(self.path, exc)
@@ -316,19 +318,25 @@ class Connection:
                     raise
                 raise error from exc
             finally:
+                held.con = None
                 _open_in.pop(self.path, None)
                 con.close()
 
-    def _connect(self, wait: float | None, read_only: bool) -> duckdb.DuckDBPyConnection:
+    def _connect(self, wait: float | None, read_only: bool, held: CtrlCHeld) -> duckdb.DuckDBPyConnection:
+        load_pyarrow()
         if not read_only and not self.path.parent.exists():
             self.made = make_folders(self.path)
         patience = Patience(wait, self.should_stop, self.on_wait, longest=0.5)
         while True:
             try:
                 con = duckdb.connect(str(self.path), read_only=read_only)
-                con.execute("SET enable_progress_bar = false")  # DuckDB's own bar went to stdout on a slow export
-                if MEMORY_LIMIT:
-                    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+                try:
+                    con.execute("SET enable_progress_bar = false")  # DuckDB's bar went to stdout on a slow export
+                    if MEMORY_LIMIT:
+                        con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+                except BaseException:
+                    con.close()
+                    raise
                 return con
             except duckdb.ConnectionException as exc:
                 if not _is_other_configuration(exc):
@@ -346,7 +354,7 @@ class Connection:
                     raise store_error(self.path, exc) or StoreError(
                         f"cannot open store {str(self.path)!r}: {exc}"
                     ) from exc
-                if not patience.again(f"waiting for {self.path.name}: {lock_holder(exc)}"):
+                if held.noted or not patience.again(f"waiting for {self.path.name}: {lock_holder(exc)}"):
                     raise StoreBusy(
                         f"store {str(self.path)!r}: {lock_holder(exc)} (waited {patience.waited:.0f}s)"
                     ) from exc
