@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
@@ -102,3 +103,31 @@ def test_models_are_compared_and_the_cheapest_that_agrees_answers_the_rest(tmp_p
     assert "chosen: sentiment_haiku" in text, "the cheapest model agreeing on 95 % or more"
     assert "300 rows were DONE already (the comparison's); 2,450 requests paid for the other 2,700" in text
     assert "│ claude-haiku-5-5 ┆ 3000" in text
+
+
+@pytest.mark.slow
+def test_review_notebook_chooses_the_cheaper_model_a_persons_verdicts_find_good_enough(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """08_review: two models label 300 messages, a sample of the cheaper one's answers is judged, accuracy() names
+    the cheaper model as good enough, it labels the rest, and the redo of flagged rows pays for those alone."""
+    store = tmp_path / "review.duckdb"
+    text = text_of(execute("08_review.ipynb", store, monkeypatch))
+    assert "cheapest whose low end reaches 90%: label_haiku" in text and "chosen: label_haiku" in text
+    import llmledger
+
+    verdicts = llmledger.verdicts(store, "sms")
+    judged = verdicts.filter(pl.col("verdict") != "flag")
+    assert judged.height == int(re.search(r"(\d+) answers reviewed", text).group(1))  # type: ignore[union-attr]
+    accuracy = llmledger.accuracy(store, "sms", "label_haiku", against=["label_fable"], target=0.9)
+    reviewed = dict(accuracy.table.select("step", "reviewed").iter_rows())
+    assert accuracy.cheapest == "label_haiku" and reviewed["label_haiku"] == verdicts.height, "a flag is a verdict"
+    assert reviewed["label_fable"] >= judged.height
+    redone = re.search(r"(\d+) answers flagged \((\d+) rows.*the redo paid (\d+) calls", text)
+    assert redone, text[-2000:]
+    flags, rows, paid = (int(g) for g in redone.groups())
+    assert flags == verdicts.filter(pl.col("verdict") == "flag").height and 0 < paid <= rows
+    still = llmledger.sql(store, "SELECT count(*) FROM sms WHERE label_haiku_flag IS NOT NULL").item()
+    assert still == 0, "every flagged row was asked again"
+    person = llmledger.sql(store, "SELECT count(*) FROM sms WHERE label_haiku_source = 'person'").item()
+    assert person >= judged.filter(pl.col("verdict") == "correct").height, "no redo replaced a correction"
