@@ -1,5 +1,6 @@
-"""The review view (`llmledger.review`), driven as the browser drives it: key by key into its command box, Enter
-as the front end reports it; the ledger then holds exactly the verdicts given. And its terminal twin."""
+"""The review view (`llmledger.review`), driven as the browser drives it: key by key into its command box, each
+keystroke sending the box's whole value (Enter a newline in it); the ledger then holds exactly the verdicts given.
+And its terminal twin."""
 
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ PROMPT = "Summarize: {text}"
 FACTS = {"company": str, "year": int | None}
 
 
+def send(view: Any, value: str) -> None:
+    """What the browser sends: the box's whole value, through the comm's path into the widget."""
+    view.box.set_state({"value": value})
+
+
 def press(view: Any, keys: str) -> None:
-    """Type `keys` into the command box one keystroke at a time ("\\n" is Enter), as the browser does."""
+    """Type `keys` into the command box one keystroke at a time ("\\n" is Enter), as the browser does: after each,
+    the box's whole value (a text area's, so Enter is a newline in it)."""
     for key in keys:
-        if key == "\n":
-            view.box._handle_string_msg(None, {"event": "submit"}, [])  # what the front end sends on Enter
-        else:
-            view.box.value += key
+        send(view, view.box.value + key)
 
 
 def given(store: Path, step: str) -> list[tuple[Any, ...]]:
@@ -43,7 +47,7 @@ def test_keys_accept_flag_skip_undo_and_move_and_the_ledger_holds_exactly_those_
     assert "hello message number 0" in view.body.value and "a accept" not in view.body.value
     assert "<kbd>a</kbd> accept" in view.legend.value
     press(view, "a")  # row 0 accepted
-    assert view.box.value == "" and view.session.key == 1
+    assert view.box.value == "a" and view.session.key == 1, "the kernel never writes the box"
     press(view, "fmade up\n")  # row 1 flagged with a reason
     press(view, "s")  # row 2 skipped
     press(view, "f\n")  # row 3 flagged, no reason
@@ -69,6 +73,35 @@ def test_keys_accept_flag_skip_undo_and_move_and_the_ledger_holds_exactly_those_
     ]
     assert "4 reviewed, 2 left" in view.header.value, view.header.value
     assert "accuracy 50% (15%–85%) on 4" in view.header.value, "2 accepted of 4 judged, with Wilson's interval"
+
+
+def test_keystrokes_the_browser_held_back_and_sent_at_once_act_as_if_sent_one_by_one(run: Any, store: Path) -> None:
+    """While the kernel is busy the browser holds a widget's updates back and then sends only the latest value, so
+    several keys, an Enter and the keys after it can arrive in one update; a backspace or a selection typed over
+    shortens the value. None of it is acted on twice, and nothing typed is lost."""
+    out = run(frame(6), "facts", prompt="Extract: {text}", output=FACTS)
+    view = llmledger.review(store, "messages", "facts", by="ana")
+    send(view, "a")  # row 0 accepted
+    send(view, "afwrong yaer\x08\x08")  # row 1: a flag, its reason still being typed ...
+    send(view, "afwrong y")  # ... two backspaces and one more (the browser sent the value, not the keys) ...
+    send(view, "afwrong year\naa")  # ... "ear", Enter, and rows 2 and 3 accepted, in one update
+    assert view.session.key == 4 and view.mode == "key"
+    send(view, "afwrong year\naac\n1999\n")  # row 4: company kept, year 1999
+    send(view, "afwrong year\naac\n1999\nX")  # not a key; nothing else replayed
+    assert "not a key" in view.message.value and view.session.key == 5
+    send(view, "")  # everything selected and deleted: nothing to act on
+    send(view, "s")  # then a skip typed into the empty box
+    assert view.session.key is None and "5 reviewed, 1 left" in view.header.value, "row 5 skipped"
+    assert given(store, "facts") == [
+        (0, "accept", None),
+        (1, "flag", "wrong year"),
+        (2, "accept", None),
+        (3, "accept", None),
+        (4, "correct", None),
+    ]
+    assert sql(store, "SELECT facts.company, facts.year FROM messages WHERE id = 4") == [
+        (out["facts"][4]["company"], 1999)
+    ]
 
 
 def test_a_typed_answer_is_corrected_field_by_field_and_a_bad_value_shows_the_error_and_stays(
@@ -158,6 +191,7 @@ def test_redo_flagged_from_the_view_redoes_the_flagged_rows_and_they_come_back(
         time.sleep(0.05)
     assert sim.stats()["paid"] == paid + 2, "exactly the flagged rows are paid for"
     assert view.session.keys == [0, 1, 2, 0, 2, 3, 4] and view.session.key == 0
+    assert "1 reviewed, 4 left" in view.header.value, "each row counted once, a redone one too"
     assert sql(store, "SELECT count(*) FROM messages WHERE summary_flag IS NOT NULL") == [(0,)]
 
 

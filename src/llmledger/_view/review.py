@@ -1,12 +1,18 @@
 """`llmledger.review(store, table, step)`: a person judges a step's answers one row at a time in the notebook,
 keyboard first.
 
-ipywidgets has no key events, so the keys go through a focused text box (`continuous_update=True`): each keystroke
-changes its value, the view reads the key and clears the box. `f` (flag) and `c` (correct) then take text in the
-same box, Enter submitting it: a flag's optional reason, a text answer, or a typed answer one field at a time
-(Enter keeps a field's value), checked against the step's schema when the last field is in. Every verdict is one
-call into the ledger (`Session`), then the next row shows. "redo flagged" (or `r`) re-sends the flagged rows in the
-background with the run's live view; when it ends they come back into the queue.
+ipywidgets has no key events, so the keys go through a focused one-line text area (`continuous_update=True`): each
+keystroke sends the box's whole value, Enter included (a newline), in the order typed. The kernel never writes the
+box: a write would race the person's typing (the browser has typed more by the time it arrives, so keys are lost,
+or replayed when the browser's newer value comes in), and the browser sends a Text's Enter (`on_submit`) as a
+message of its own that can overtake the last keystrokes. So the view keeps the value it last saw and acts on what
+was typed since (`edit`): in key mode each new character is a key; `f` (flag) and `c` (correct) then take the text
+typed after them up to Enter: a flag's optional reason, a text answer, or a typed answer one field at a time (Enter
+keeps a field's value), checked against the step's schema when the last field is in. The box's value only grows;
+its text is not shown (what it holds is not what the person reads: the keys before a reason, say), and the text
+being typed for a flag or a correction is shown in the prompt line instead, drawn by the kernel. Every verdict is
+one call into the ledger (`Session`), then the next row shows. "redo flagged" (or `r`) re-sends the flagged rows
+in the background with the run's live view; when it ends they come back into the queue.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,11 @@ KEYS = (
 _IMAGES = {b"\x89PNG": "png", b"\xff\xd8\xff": "jpeg", b"GIF8": "gif", b"RIFF": "webp"}
 _SUFFIXES = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".gif": "gif", ".webp": "webp"}
 _MAX_IMAGE = 4_000_000
+# the command box's text is hidden (its caret and placeholder are not): one line, never wrapped, never resized
+_BOX_STYLE = (
+    "<style>.llmledger-review-box textarea{color:transparent;caret-color:#333;white-space:pre;overflow:hidden;"
+    "resize:none}</style>"
+)
 
 
 def _thumbnail(value: Any) -> str | None:
@@ -109,6 +119,23 @@ def row_html(shape: Shape, row: Row) -> str:
     return "".join(parts)
 
 
+def edit(seen: str, value: str) -> tuple[int, str]:
+    """How the box went from `seen` to `value`: the length of the start both share and the characters typed there.
+
+    Typing appends to the end (several keystrokes at once when the browser held them back while the kernel was
+    busy); a backspace or a selection typed over shortens the shared start; a key typed with the caret moved back
+    inserts in the middle. Only the inserted characters are new: the rest was seen before and is never acted on
+    again."""
+    kept = 0
+    limit = min(len(seen), len(value))
+    while kept < limit and seen[kept] == value[kept]:
+        kept += 1
+    tail = 0  # what both end with, after the shared start
+    while tail < limit - kept and seen[len(seen) - 1 - tail] == value[len(value) - 1 - tail]:
+        tail += 1
+    return kept, value[kept : len(value) - tail]
+
+
 class ReviewView:
     """The review view: the row, the keys, the command box, the counter, "redo flagged"."""
 
@@ -120,18 +147,20 @@ class ReviewView:
         self.field = 0  # the typed field being corrected
         self.draft: dict[str, Any] = {}
         self.run: Any = None
+        self.seen = ""  # the box's value as last seen: what was typed before it is handled
+        self.start = 0  # in flag and correct mode: where in the box the text being typed begins
+        self._lock = threading.RLock()  # keys, and the redo's thread putting rows back
         self.header = w.HTML()
         self.body = w.HTML()
         self.prompt = w.HTML()
         self.message = w.HTML()
-        self.box = w.Text(value="", placeholder="press a key", continuous_update=True)
+        # never written by the kernel (see the module's docstring); one line: each Enter starts a new one
+        self.box = w.Textarea(value="", placeholder="keys", rows=1, continuous_update=True)
         self.box.add_class("llmledger-review-box")
+        self.box.layout.width = "8em"
         self.box.observe(self._typed, names="value")
-        with warnings.catch_warnings():  # on_submit is the only Enter a Text widget reports
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self.box.on_submit(lambda _: self.submit())
         legend = " · ".join(f"<kbd>{esc(k)}</kbd> {esc(what)}" for k, what in KEYS)
-        self.legend = w.HTML(f'<div class="llmledger-keys" style="color:#555">{legend}</div>')
+        self.legend = w.HTML(f'<div class="llmledger-keys" style="color:#555">{legend}</div>{_BOX_STYLE}')
         self.redo_button = w.Button(description="redo flagged", disabled=redo is None)
         self.redo_button.on_click(lambda _: self.redo_flagged())
         self.live = w.Output()
@@ -147,14 +176,31 @@ class ReviewView:
 
     # -- keys -------------------------------------------------------------------------------------
     def _typed(self, change: dict[str, Any]) -> None:
-        value = change["new"]
-        if self.mode != "key" or not value:
-            return
-        self.box.value = ""
-        self.key(value[-1])
+        self.typed(change["new"])
 
-    def key(self, key: str) -> None:
-        """Act on one key (what the command box does with each keystroke)."""
+    def typed(self, value: str) -> None:
+        """The box's whole value, as the browser sends it after a keystroke: act on what was typed since."""
+        with self._lock:
+            kept, new = edit(self.seen, value)
+            self.seen = value
+            if self.mode != "key" and kept < self.start:  # the text's beginning was deleted or typed over
+                self.start = kept
+            acted = False
+            for at, char in enumerate(new, start=kept):
+                if self.mode == "key":
+                    if char != "\n":  # Enter between keys does nothing
+                        self.key(char, draw=False)
+                        self.start, acted = at + 1, True
+                elif char == "\n":  # Enter: the text typed since the mode began (an Enter in its middle ends it)
+                    text, self.start, acted = value[self.start : at].replace("\n", " "), at + 1, True
+                    self.submit(text, draw=False)
+            if acted:
+                self.draw()
+            elif self.mode != "key":  # the text being typed, shown where the person reads
+                self.prompt.value = self.prompt_html(self.session.row())
+
+    def key(self, key: str, *, draw: bool = True) -> None:
+        """Act on one key (what the command box does with each key typed in key mode)."""
         s, key = self.session, key.lower()
         self.message.value = ""
         try:
@@ -171,9 +217,9 @@ class ReviewView:
             elif key == "u":
                 undone = s.undo()
                 self.note(f"undone: {undone}" if undone else "nothing to undo")
-            elif key in "jn":
+            elif key in ("j", "n"):
                 s.next()
-            elif key in "kp":
+            elif key in ("k", "p"):
                 s.previous()
             elif key == "r":
                 self.redo_flagged()
@@ -181,11 +227,11 @@ class ReviewView:
                 self.note(f"{key!r} is not a key: {', '.join(k for k, _ in KEYS)}")
         except InvalidInputError as exc:
             self.note(str(exc), error=True)
-        self.draw()
+        if draw:
+            self.draw()
 
-    def submit(self) -> None:
-        """Enter: the flag's reason, or the answer (a typed step's field) in the box."""
-        text, self.box.value = self.box.value, ""
+    def submit(self, text: str, *, draw: bool = True) -> None:
+        """Enter in flag or correct mode: `text` is the flag's reason, or the answer (a typed step's field)."""
         s = self.session
         try:
             if self.mode == "flag":
@@ -195,7 +241,8 @@ class ReviewView:
                 self._correct(text)
         except InvalidInputError as exc:
             self.note(str(exc), error=True)
-        self.draw()
+        if draw:
+            self.draw()
 
     def _correct(self, text: str) -> None:
         s, fields = self.session, self.session.shape.fields
@@ -216,8 +263,10 @@ class ReviewView:
         self.mode = "key"
 
     def cancel(self) -> None:
-        self.mode, self.box.value = "key", ""
-        self.draw()
+        """Back to key mode; what was typed for the flag or correction is dropped (the box is left as it is)."""
+        with self._lock:
+            self.mode = "key"
+            self.draw()
 
     # -- redo flagged -----------------------------------------------------------------------------
     def redo_flagged(self) -> None:
@@ -241,9 +290,10 @@ class ReviewView:
             run.wait()
         except BaseException as exc:  # the run's own view says what stopped it
             self.note(f"the redo stopped: {exc}", error=True)
-        back = self.session.redone()
-        self.note(f"{len(back)} redone rows are back in the queue")
-        self.draw()
+        with self._lock:
+            back = self.session.redone()
+            self.note(f"{len(back)} redone rows are back in the queue")
+            self.draw()
 
     # -- drawing ----------------------------------------------------------------------------------
     def note(self, text: str, *, error: bool = False) -> None:
@@ -261,7 +311,15 @@ class ReviewView:
         self.body.value = (
             row_html(s.shape, row) if row is not None else '<div data-field="done"><b>nothing left to review</b></div>'
         )
-        self.prompt.value = f'<div class="llmledger-prompt">{esc(self.prompt_text(row))}</div>'
+        self.prompt.value = self.prompt_html(row)
+
+    def prompt_html(self, row: Row | None) -> str:
+        """What the keys do now, and in flag or correct mode the text typed so far (the box itself hides it)."""
+        typed = ""
+        if self.mode != "key":
+            text = self.seen[self.start :].replace("\n", " ")
+            typed = f' <span class="llmledger-typed" style="background:#e3f2fd">{esc(text)}</span>▏'
+        return f'<div class="llmledger-prompt">{esc(self.prompt_text(row))}{typed}</div>'
 
     def prompt_text(self, row: Row | None) -> str:
         if self.mode == "flag":

@@ -147,7 +147,7 @@ class Session:
         judged = [v for v, had in self.given.values() if had]
         right = sum(v == "accept" for v in judged)
         low, high = wilson(right, len(judged))
-        left = sum(key_id(k) not in self.given for k in self.keys)
+        left = len({key_id(k) for k in self.keys} - set(self.given))  # a redone row is in the queue twice
         return {"reviewed": len(self.given), "left": left, "right": right, "judged": len(judged),
                 "accuracy": right / len(judged) if judged else None, "low": low, "high": high}  # fmt: skip
 
