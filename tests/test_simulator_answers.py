@@ -22,7 +22,10 @@ SPAM = "Is this SMS spam or ham? Answer with one word.\n\nSMS: {text}"
 
 @pytest.fixture
 def messages(sms: pl.DataFrame) -> pl.DataFrame:
-    return sms.sample(600, seed=7)  # both kinds, in the collection's proportion (13 % spam)
+    # both kinds, in the collection's proportion (13 % spam: about 40 of them). 300 tell a label that follows the
+    # message (>= 90 %) from a coin (51.5 % once) and 20 % wrong from none or all (0.12-0.28 is +-3.4 standard
+    # errors); 600 took twice the time for the same verdicts (the answers are the same every run)
+    return sms.sample(300, seed=7)
 
 
 def agreement(out: pl.DataFrame, column: str) -> float:
