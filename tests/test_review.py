@@ -273,3 +273,18 @@ def test_undo_takes_back_a_reviewers_latest_verdict_and_puts_the_row_back(client
     ]  # fmt: skip
     assert verdicts(store)["undone_at"].null_count() == 0 and verdicts(store).height == 4
     assert first["summary"][0] == sql(store, "SELECT summary FROM messages WHERE id = 1")[0][0]
+
+
+def test_two_reviewers_agreement_is_counted_on_the_answers_both_judged(run: Any, store: Path) -> None:
+    out = run(frame(5), "summary", prompt=PROMPT)
+    for key in range(4):
+        accept(store, "messages", "summary", key=key, by="ana")
+    accept(store, "messages", "summary", key=0, by="bo")
+    accept(store, "messages", "summary", key=1, by="bo")
+    llmledger.flag(store, "messages", "summary", where="id = 2", reason="no", by="bo")
+    correct(store, "messages", "summary", key=4, answer=out["summary"][4] + ".", by="bo")  # the same, once normalized
+    acc = llmledger.accuracy(store, "messages", "summary")
+    assert acc.reviewers is not None
+    assert acc.reviewers.select("reviewer_a", "reviewer_b", "both", "agree").rows() == [("ana", "bo", 3, 2)]
+    assert "ana and bo judged 3 answers of summary both: alike on 2 (67%)" in str(acc)
+    assert acc.table.select("reviewed", "right").row(0) == (5, 4), "the latest verdict on a row counts"

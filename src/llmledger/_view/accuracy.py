@@ -83,7 +83,12 @@ def accuracy(
     verdicts = ledger.verdicts(table).filter(pl.col("step").is_in(steps) & pl.col("undone_at").is_null())
     judged = _judgements(steps, answers, verdicts)
     return Accuracy(
-        table, steps, _summary(steps, judged, answers, confidence, target), _fields(judged, confidence), target
+        table,
+        steps,
+        _summary(steps, judged, answers, confidence, target),
+        _fields(judged, confidence),
+        target,
+        _reviewers(verdicts),
     )
 
 
@@ -96,6 +101,7 @@ class Accuracy:
     table: pl.DataFrame
     fields: pl.DataFrame | None
     target: float | None
+    reviewers: pl.DataFrame | None = None  # per pair of reviewers: answers both judged, and how many alike
 
     @property
     def cheapest(self) -> str | None:
@@ -115,6 +121,11 @@ class Accuracy:
             out.append(
                 f"{r['step']} is {r['accuracy']:.0%} ({r['low']:.0%}–{r['high']:.0%}) right on {r['reviewed']:,} "
                 f"reviewed rows, at {cost}"
+            )
+        for r in self.reviewers.iter_rows(named=True) if self.reviewers is not None else ():
+            out.append(
+                f"{r['reviewer_a']} and {r['reviewer_b']} judged {r['both']:,} answers of {r['step']} both: alike on "
+                f"{r['agree']:,} ({r['share']:.0%})"
             )
         if self.target is not None:
             best = self.cheapest
@@ -225,6 +236,30 @@ def _summary(
         rows,
         schema={"step": pl.String, "reviewed": pl.Int64, "right": pl.Int64, "accuracy": pl.Float64, "low": pl.Float64,
                 "high": pl.Float64, "usd_per_1000_rows": pl.Float64, "meets_target": pl.Boolean},
+    )  # fmt: skip
+
+
+def _reviewers(verdicts: pl.DataFrame) -> pl.DataFrame | None:
+    """How often two reviewers judged the same answer alike (right, or wrong), per pair and step: where their
+    verdicts disagree, the latest one counts for accuracy, and this says how much that choice matters."""
+    latest = verdicts.sort("judged_at").group_by("step", "row_key", "answer", "reviewer", maintain_order=True).last()
+    said: dict[tuple[str, str, str], dict[str, bool]] = {}
+    for r in latest.iter_rows(named=True):
+        right = r["verdict"] == "accept" or (
+            r["verdict"] == "correct" and _value(r["corrected"]) == _value(r["answer"])
+        )
+        said.setdefault((r["step"], r["row_key"], r["answer"]), {})[r["reviewer"]] = right
+    pairs: dict[tuple[str, str, str], list[bool]] = {}
+    for (step, _, _), by in said.items():
+        names = sorted(by)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                pairs.setdefault((step, a, b), []).append(by[a] == by[b])
+    if not pairs:
+        return None
+    return pl.DataFrame(
+        [{"step": step, "reviewer_a": a, "reviewer_b": b, "both": len(alike), "agree": sum(alike),
+          "share": sum(alike) / len(alike)} for (step, a, b), alike in pairs.items()]
     )  # fmt: skip
 
 
