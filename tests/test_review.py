@@ -288,3 +288,18 @@ def test_two_reviewers_agreement_is_counted_on_the_answers_both_judged(run: Any,
     assert acc.reviewers.select("reviewer_a", "reviewer_b", "both", "agree").rows() == [("ana", "bo", 3, 2)]
     assert "ana and bo judged 3 answers of summary both: alike on 2 (67%)" in str(acc)
     assert acc.table.select("reviewed", "right").row(0) == (5, 4), "the latest verdict on a row counts"
+
+
+def test_skip_nulls_does_not_count_as_naming_rows_for_a_redo(run: Any, client: Any, store: Path) -> None:
+    """skip_nulls=True narrows the rows with a predicate of its own; only the call's where= names rows."""
+    df = frame(3).with_columns(note=pl.Series(["a", None, "c"]))
+    run(df, "summary", prompt="{text} ({note})", skip_nulls=True)
+    correct(store, "messages", "summary", key=0, answer="mine")
+    run(df, "summary", prompt="{text} ({note})", skip_nulls=True, redo=True)
+    assert sql(store, "SELECT summary FROM messages WHERE id = 0") == [("mine",)]
+    llmledger.resume(
+        store, "messages", "summary", redo=True, client=client, progress=False
+    )  # skip_nulls recorded with the step
+    assert sql(store, "SELECT summary FROM messages WHERE id = 0") == [("mine",)]
+    run(df, "summary", prompt="{text} ({note})", skip_nulls=True, redo=True, where="id = 0")
+    assert sql(store, "SELECT summary_source FROM messages WHERE id = 0") != [("person",)]

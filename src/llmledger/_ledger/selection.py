@@ -128,7 +128,14 @@ class SelectionVerbs:
             sql_params = params.sql(definition.version)
             altered = column_types(con, layout.table).keys() != columns_before.keys()  # a new table version to hold
             found = survey(
-                con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where, wrote=altered
+                con,
+                layout,
+                frame,
+                fields=_PREPARE_FIELDS,
+                params=sql_params,
+                where=params.where,
+                named=params.named,
+                wrote=altered,
             )
             if params.guard_inputs and columns_before and bool((found["changed"] & found["exists"]).any()):
                 _refuse_rewriting_answered_inputs(con, layout, frame, list(columns_before))
@@ -141,6 +148,7 @@ class SelectionVerbs:
                     fields=_PREPARE_FIELDS,
                     params=sql_params,
                     where=params.where,
+                    named=params.named,
                     compare=False,
                     wrote=True,
                 )
@@ -176,8 +184,9 @@ class SelectionVerbs:
                 waiting=int((found["waiting"] & found["in_where"]).sum()),
                 in_batches=int((status == Status.SUBMITTED).sum()),
                 done_skipped=int(((status == Status.DONE) & ~chosen).sum()),
-                survey=found.select("status", "output", "stale"),
+                survey=found.select("status", "output", "stale", "kept"),
                 where=params.where,
+                named=params.named,
                 unsimulated=unsimulated[0],
                 recovered=recovered[0],
             )
@@ -277,7 +286,7 @@ class SelectionVerbs:
             merged[:], recovered = merge_journals(con, layout, self.path, key_types)
             recover_claims(con, layout, params)
             unsimulated = set_aside_simulated(con, layout, params.source, params.run_started)
-            flags = flag_sql(layout, where)
+            flags = flag_sql(layout, where, named=params.named)
             open_ended = dialect_of(con).claims_from_table  # no list of keys to hold
             work = con.sql(
                 f"SELECT {key_list} FROM {q(table)} AS t WHERE {flags['current']} "
@@ -317,6 +326,7 @@ class SelectionVerbs:
                 open_ended=open_ended,
                 pending=int(pending),
                 where=where,
+                named=params.named,
                 reuse=open_ended and dedupe and params.redo.reuses_answers,
                 unsimulated=unsimulated,
                 recovered=recovered,

@@ -62,15 +62,17 @@ class Layout:
         return f"('{{' || {parts} || '}}')"
 
 
-def flag_sql(layout: Layout, where: str | None) -> dict[str, str]:
-    """Per-row facts, as SQL over the fact table `t` (parameters: version, max_attempts, redo, run_started)."""
+def flag_sql(layout: Layout, where: str | None, *, named: bool | None = None) -> dict[str, str]:
+    """Per-row facts, as SQL over the fact table `t` (parameters: version, max_attempts, redo, run_started).
+    `named`: the call's own where= names the rows (by default, when there is a `where`)."""
     col = names(layout.step)
+    named = where is not None if named is None else named
     stale = layout.stale or stale_sql(col)
     return {
         "current": f"coalesce({col['_version']} = $version, false)",
         "status": col["_status"],
         "stale": stale,
-        "eligible": f"({eligible_sql(col, stale, named=where is not None)} AND {layout.ready})",
+        "eligible": f"({eligible_sql(col, stale, named=named)} AND {layout.ready})",
         "waiting": f"(NOT {layout.ready} AND {col['_status']} IN ('NOT_STARTED', 'FAILED'))",
         "in_where": f"coalesce(({where}), false)" if where else "true",
         "output": col[""],
@@ -118,13 +120,14 @@ def survey(
     fields: Sequence[str],
     params: dict[str, Any],
     where: str | None = None,
+    named: bool | None = None,
     compare: bool = True,
     wrote: bool = False,
 ) -> pl.DataFrame:
     """`fields` of `flag_sql`, plus `exists` (and, with `compare`, `changed`), for every frame row in frame order.
 
     Read under a small memory limit, unless the transaction `wrote` rows (see `memory_limited`)."""
-    flags = flag_sql(layout, where)
+    flags = flag_sql(layout, where, named=named)
     exprs = {name: flags[name] for name in fields}
     parts: list[pl.DataFrame] = []
     with memory_limited(con, 0 if wrote else SCAN_MEMORY_LIMIT):

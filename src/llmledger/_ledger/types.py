@@ -56,6 +56,9 @@ class RunParams:
     run_started: datetime
     stale_before: datetime
     where: str | None = None
+    # the call's own where= names rows (not only skip_nulls=True's nulls): redo=True may then replace answers a
+    # person accepted or wrote (states.eligible_sql)
+    named: bool = False
     # Where this run's answers come from (`answer_source`): "simulator" or an endpoint's base URL. Simulated
     # answers never stand in for a real run's. None (a caller that does not say; runs always say): reuses real
     # answers only, and sets no simulated answer aside.
@@ -111,6 +114,7 @@ class Selection:
     open_ended: bool = False
     pending: int = 0
     where: str | None = None
+    named: bool = False  # RunParams.named
     reuse: bool = False
     lease: timedelta = timedelta(minutes=30)  # how long each claim stays the run's without renewal (RunParams)
     source: str | None = None  # the run's (RunParams.source)

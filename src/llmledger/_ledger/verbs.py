@@ -58,7 +58,9 @@ def claim_rows(con: Con, selection: Selection, batch: pl.DataFrame, *, claimant:
     `FOR UPDATE SKIP LOCKED`: a row another process is claiming this instant is left to it, not waited for.
     """
     layout = selection.layout
-    flags = flag_sql(layout, selection.where)  # its where= names rows: redo=True may replace a person's answers
+    flags = flag_sql(
+        layout, selection.where, named=selection.named
+    )  # its where= names rows: redo=True may replace a person's answers
     with registered(con, BATCH, batch):
         pick = f"{BATCH} AS i WHERE {layout.key_join('t', 'i')} AND {flags['current']} AND {flags['eligible']}"
         lock = dialect_of(con).row_lock
@@ -76,7 +78,7 @@ def claim_open(con: Con, selection: Selection, n: int, *, claimant: str, now: da
     """PostgreSQL, open-ended: claim up to `n` of the step's current, eligible rows matching `where`, straight from
     the table (`FOR UPDATE SKIP LOCKED`). The status filter in front lets the status index find them."""
     layout = selection.layout
-    flags = flag_sql(layout, selection.where)
+    flags = flag_sql(layout, selection.where, named=selection.named)
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
     statuses = ", ".join(f"'{s}'" for s in CLAIMABLE[selection.params["redo"]])
     got = _claim(
@@ -110,7 +112,7 @@ def claim_twins(con: Con, selection: Selection, got: pl.DataFrame, *, claimant: 
     if not got.height:
         return got
     layout = selection.layout
-    flags = flag_sql(layout, selection.where)
+    flags = flag_sql(layout, selection.where, named=selection.named)
     keys = ", ".join(f"t.{q(k)}" for k in layout.key)
     lock = dialect_of(con).row_lock
     fps = got.select(pl.col("fingerprint").drop_nulls().unique().alias("fp"))

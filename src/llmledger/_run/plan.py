@@ -94,6 +94,7 @@ class Plan:
             run_started=started,
             stale_before=started - (timedelta(days=36500) if rehearsal else self.stale),
             where=self.where,
+            named=self.options.where is not None,
             source=self.cfg.source,
             lease=self.stale,
             guard_inputs=self.default_table and not rehearsal,
