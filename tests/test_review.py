@@ -303,3 +303,67 @@ def test_skip_nulls_does_not_count_as_naming_rows_for_a_redo(run: Any, client: A
     assert sql(store, "SELECT summary FROM messages WHERE id = 0") == [("mine",)]
     run(df, "summary", prompt="{text} ({note})", skip_nulls=True, redo=True, where="id = 0")
     assert sql(store, "SELECT summary_source FROM messages WHERE id = 0") != [("person",)]
+
+
+def test_a_verdict_spreads_only_to_rows_asked_the_same_request_now(run: Any, store: Path) -> None:
+    """Found in an attack: twins answered together, then given other texts, took one row's correction."""
+    run(pl.DataFrame({"id": [1, 2], "text": ["great product", "great product"]}), "summary", prompt=PROMPT)
+    with pytest.warns(llmledger.StaleAnswersWarning):
+        run(pl.DataFrame({"id": [1, 2], "text": ["awful", "meh"]}), "summary", prompt=PROMPT)
+    assert correct(store, "messages", "summary", key=1, answer="negative") == 1
+    assert accept(store, "messages", "summary", key=2) == 1
+    assert sql(store, "SELECT id, summary_source, summary_verdict FROM messages ORDER BY id") == [
+        (1, "person", "corrected"), (2, "simulator", "accepted")
+    ]  # fmt: skip
+
+
+def test_a_key_that_names_part_of_a_several_column_key_is_refused(run: Any, store: Path) -> None:
+    df = pl.DataFrame({"shop": ["A", "A", "B"], "n": [1, 2, 1], "text": ["good", "awful", "ok"]})
+    run(df, "summary", prompt=PROMPT, key=["shop", "n"])
+    for call in (
+        lambda: correct(store, "messages", "summary", key={"shop": "A"}, answer="positive"),
+        lambda: accept(store, "messages", "summary", key={"n": 1}),
+        lambda: llmledger.undo_verdict(store, "messages", "summary", key={"shop": "A"}),
+    ):
+        with pytest.raises(InvalidInputError, match="every key column"):
+            call()
+    assert verdicts(store).height == 0
+    assert correct(store, "messages", "summary", key={"shop": "A", "n": 2}, answer="negative") == 1
+
+
+def test_undo_keeps_what_other_reviewers_did_on_twins(run: Any, store: Path) -> None:
+    """Found in an attack: one reviewer's undo wiped another's standing correction or accept on a twin row."""
+    run(pl.DataFrame({"id": [1, 2], "text": ["same", "same"]}), "summary", prompt=PROMPT)
+    correct(store, "messages", "summary", key=1, answer="X-ana", by="ana")
+    correct(store, "messages", "summary", key=2, answer="Y-bob", by="bo")
+    llmledger.undo_verdict(store, "messages", "summary", key=1, by="ana")
+    assert sql(store, "SELECT summary, summary_verdict_by FROM messages ORDER BY id") == [("Y-bob", "bo")] * 2
+
+    run(pl.DataFrame({"id": [3, 4], "text": ["twin", "twin"]}), "summary", prompt=PROMPT)
+    accept(store, "messages", "summary", key=4, by="ana")
+    llmledger.flag(store, "messages", "summary", where="id = 3", reason="no", by="bo")
+    llmledger.undo_verdict(store, "messages", "summary", key=3, by="bo")
+    on_twins = "SELECT summary_verdict, summary_verdict_by, summary_flag FROM messages WHERE id IN (3, 4)"
+    assert sql(store, on_twins) == [("accepted", "ana", None)] * 2, "ana's accept stands again on both"
+
+
+def test_undoing_the_correction_of_an_unanswered_row_leaves_it_unanswered(run: Any, store: Path) -> None:
+    run(frame(2), "summary", prompt=PROMPT, where="id = 0")
+    correct(store, "messages", "summary", key=1, answer="typo", by="ana")
+    assert llmledger.undo_verdict(store, "messages", "summary", key=1, by="ana") == "correct"
+    row = "SELECT summary, summary_status, summary_source, summary_verdict FROM messages WHERE id = 1"
+    assert sql(store, row) == [(None, "NOT_STARTED", None, None)]
+
+
+def test_accuracy_judges_the_models_answers_not_a_persons(run: Any, store: Path) -> None:
+    """Found in an attack: a reviewer accepting another's correction counted as the model being right, and a
+    corrected row the model never answered as the model being wrong."""
+    out = run(frame(4), "summary", prompt=PROMPT, where="id < 3")
+    correct(store, "messages", "summary", key=0, answer="right one", by="ana")
+    accept(store, "messages", "summary", key=0, by="bo")  # bo accepts ana's answer: nothing about the model
+    correct(store, "messages", "summary", key=1, answer="oops", by="ana")
+    correct(store, "messages", "summary", key=1, answer=out["summary"][1], by="ana")  # back to the model's
+    accept(store, "messages", "summary", key=2, by="ana")
+    correct(store, "messages", "summary", key=3, answer="never answered", by="ana")
+    acc = llmledger.accuracy(store, "messages", "summary")
+    assert acc.table.select("reviewed", "right").row(0) == (3, 2)

@@ -107,7 +107,9 @@ _INTEGER_TYPES = frozenset({
 })  # fmt: skip
 
 
-def key_match(con: Con, layout: Layout, key: Any, alias: str = "t") -> tuple[str, dict[str, Any]]:
+def key_match(
+    con: Con, layout: Layout, key: Any, alias: str = "t", *, whole: bool = False
+) -> tuple[str, dict[str, Any]]:
     """SQL over the fact table (as `alias`) matching the row of `key` (its value, or a dict of key columns when the
     key has several; None: every row), and its parameters. A key that names no key column, or a value no row of
     that column's type can have, is refused, naming it."""
@@ -120,6 +122,10 @@ def key_match(con: Con, layout: Layout, key: Any, alias: str = "t") -> tuple[str
             )
         key = {layout.key[0]: key}
     unknown = sorted(set(key) - set(layout.key))
+    if whole and not unknown and set(key) != set(layout.key):  # one row, not every row sharing part of its key
+        raise InvalidInputError(
+            f"key= must name every key column of {layout.table!r} ({layout.key}) to name one row; got {sorted(key)}"
+        )
     if unknown:
         raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} ({layout.key})")
     types = column_types(con, layout.table)

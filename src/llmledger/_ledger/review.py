@@ -118,9 +118,10 @@ class ReviewVerbs:
                 values,
             )
             o = names(step, "o")
-            twins = (  # rows showing the same answer to the same request as a judged row take its verdict
+            twins = (  # rows asked the same request now and showing the same answer as a judged row take its verdict
                 f"({c['_status']} IN ('DONE', 'NEEDS_REVIEW') AND EXISTS (SELECT 1 FROM {q(table)} AS o WHERE "
-                f"{o['_fingerprint']} = {c['_fingerprint']} AND {output_as_text(o[''], kind)} = {shown} "
+                f"{o['_request_fingerprint']} = {c['_request_fingerprint']} "
+                f"AND {o['_fingerprint']} = {c['_fingerprint']} AND {output_as_text(o[''], kind)} = {shown} "
                 f"AND ({twin_match})))"
             )
             target = f"(({match}) OR {twins}) AND {idle}"
@@ -146,40 +147,42 @@ class ReviewVerbs:
 
         def work(con: Con) -> str | None:
             layout = layout_of(con, table, step)
-            match, params = key_match(con, layout, key, "t")
+            match, params = key_match(con, layout, key, "t", whole=True)
             found = _run(
                 con,
-                f"SELECT v.verdict, v.judged_at, v.status, v.answer, v.fingerprint FROM {VERDICTS_TABLE} AS v "
+                f"SELECT v.verdict, v.judged_at, v.status, v.answer, v.fingerprint, "
+                f"{layout.col('_request_fingerprint', 't')}::VARCHAR FROM {VERDICTS_TABLE} AS v "
+                f"JOIN {q(table)} AS t ON v.row_key = {layout.key_json()} "
                 f"WHERE v.table_name = $table AND v.step = $step AND v.reviewer = $by AND v.undone_at IS NULL "
-                f"AND v.row_key = (SELECT {layout.key_json()} FROM {q(table)} AS t WHERE {match}) "
-                "ORDER BY v.judged_at DESC LIMIT 1",
+                f"AND {match} ORDER BY v.judged_at DESC LIMIT 1",
                 {**params, "table": table, "step": step, "by": by},
             )
             if not found:
                 return None
-            verdict, at, status, answer, fingerprint = found[0]
-            values = {**params, "table": table, "step": step, "by": by, "at": at, "now": now}
+            verdict, at, status, answer, fingerprint, request = found[0]
             _run(
                 con,
                 f"UPDATE {VERDICTS_TABLE} SET undone_at = $now WHERE table_name = $table AND step = $step "
                 "AND reviewer = $by AND judged_at = $at",
-                values,
+                {"table": table, "step": step, "by": by, "at": at, "now": now},
             )
             kind = column_types(con, table)[step]
             c = names(step, "t")
+            # the judged row and the twins that took its verdict: asked the same request now
+            group = f"{c['_request_fingerprint']}::VARCHAR = $request"
             if verdict == "correct":
-                _restore_corrected(con, layout, kind, values)
+                _restore_corrected(con, layout, kind, group, by=by, at=at, request=request, status=status, now=now)
                 return str(verdict)
-            same = (  # the judged row and the twins that took its verdict: the same answer to the same request
-                f"{c['_fingerprint']}::VARCHAR = $fingerprint AND {output_as_text(c[''], kind)} = $answer "
+            same = (  # of those, the rows still showing the answer judged
+                f"{group} AND {c['_fingerprint']}::VARCHAR = $fingerprint AND {output_as_text(c[''], kind)} = $answer "
                 f"AND {c['_source']} IS DISTINCT FROM '{PERSON}'"
             )
-            back = _latest_standing(con, layout, match, params)
-            if back is not None:  # an earlier verdict on this answer stands again
+            judged = {"request": request, "fingerprint": fingerprint, "answer": answer}
+            back = _latest_standing(con, layout, kind, same, judged)
+            if back is not None:  # an earlier verdict on this answer (on any of those rows) stands again
                 sets = _state(back["verdict"], step, kind)
-                _run(con, f"UPDATE {q(table)} AS t SET {sets} WHERE {same}",
-                     {"by": back["reviewer"], "reason": back["reason"], "now": back["judged_at"],
-                      "fingerprint": fingerprint, "answer": answer})  # fmt: skip
+                again = {**judged, "by": back["reviewer"], "reason": back["reason"], "now": back["judged_at"]}
+                _run(con, f"UPDATE {q(table)} AS t SET {sets} WHERE {same}", again)
             else:
                 n = names(step)
                 was_review = "NEEDS_REVIEW" if verdict == "accept" and status == "NEEDS_REVIEW" else None
@@ -188,7 +191,7 @@ class ReviewVerbs:
                     f"UPDATE {q(table)} AS t SET {n['_verdict']} = NULL, {n['_verdict_by']} = NULL, "
                     f"{n['_flag']} = NULL, {n['_flagged_at']} = NULL, {n['_flagged_by']} = NULL, "
                     f"{n['_status']} = coalesce(CAST($was AS VARCHAR), {n['_status']}) WHERE {same}",
-                    {"was": was_review, "fingerprint": fingerprint, "answer": answer},
+                    {**judged, "was": was_review},
                 )
             return str(verdict)
 
@@ -236,38 +239,41 @@ def _run(con: Con, sql: str, values: dict[str, Any]) -> list[tuple[Any, ...]]:
     return list(cursor.fetchall()) if "RETURNING" in sql or sql.lstrip().startswith("SELECT") else []
 
 
-def _latest_standing(con: Con, layout: Layout, match: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    """The latest verdict not taken back on the row's current answer (any reviewer), or None."""
-    c = names(layout.step, "t")
-    kind = column_types(con, layout.table)[layout.step]
+def _latest_standing(con: Con, layout: Layout, kind: str, same: str, judged: dict[str, Any]) -> dict[str, Any] | None:
+    """The latest verdict not taken back (any reviewer, any of the rows `same` names) on the answer judged."""
     rows = _run(
         con,
         f"SELECT v.verdict, v.reviewer, v.reason, v.judged_at FROM {VERDICTS_TABLE} AS v JOIN {q(layout.table)} AS t "
-        f"ON v.row_key = {layout.key_json()} AND v.fingerprint = {c['_fingerprint']}::VARCHAR "
-        f"AND v.answer = {output_as_text(c[''], kind)} WHERE v.table_name = $table AND v.step = $step "
-        f"AND v.undone_at IS NULL AND v.verdict <> 'correct' AND {match} ORDER BY v.judged_at DESC LIMIT 1",
-        {**params, "table": layout.table, "step": layout.step},
+        f"ON v.row_key = {layout.key_json()} WHERE v.table_name = $v_table AND v.step = $v_step "
+        f"AND v.fingerprint = $fingerprint AND v.answer = $answer AND v.undone_at IS NULL AND v.verdict <> 'correct' "
+        f"AND {same} ORDER BY v.judged_at DESC LIMIT 1",
+        {**judged, "v_table": layout.table, "v_step": layout.step},
     )
     if not rows:
         return None
     return dict(zip(("verdict", "reviewer", "reason", "judged_at"), rows[0], strict=True))
 
 
-def _restore_corrected(con: Con, layout: Layout, kind: str, values: dict[str, Any]) -> None:
-    """Put back the answers a correction replaced (on the row and its twins), from the history, where a person's
-    answer still stands; the person's answer goes to the history in turn."""
+def _restore_corrected(
+    con: Con, layout: Layout, kind: str, group: str, *, by: str, at: Any, request: str, status: str | None, now: Any
+) -> None:
+    """Take back `by`'s correction made at `at`: on the rows of `group` that still show it (a later correction by
+    someone else stands), the answer it replaced comes back from the history, or, where the model had given none,
+    the row goes back to the status it had; the person's answer goes to the history in turn."""
     from llmledger._ledger.schema import HISTORY_TABLE
 
-    c = names(layout.step, "t")
-    replaced = (  # parameters of its own: PostgreSQL deduces one type per parameter, and archive's differ
-        f"EXISTS (SELECT 1 FROM {HISTORY_TABLE} AS h WHERE h.table_name = $h_table AND h.step = $h_step "
-        f"AND h.row_key = {layout.key_json()} AND h.reason = $h_reason AND h.replaced_at = $at) "
-        f"AND {c['_source']} = '{PERSON}'"
+    c, n = names(layout.step, "t"), names(layout.step)
+    showing = (  # parameters of its own: PostgreSQL deduces one type per parameter, and archive's differ
+        f"{group} AND {c['_source']} = '{PERSON}' AND {c['_verdict_by']} = $c_by AND {c['_finished_at']} = $c_at"
     )
-    archive(con, layout, now=values["now"], reason="'correction undone by ' || $by", condition=replaced,
-            params={"by": values["by"], "at": values["at"], "h_table": layout.table, "h_step": layout.step,
-                    "h_reason": "corrected by " + values["by"]})  # fmt: skip
-    n = names(layout.step)
+    from_history = (
+        f"h.table_name = $h_table AND h.step = $h_step AND h.row_key = {layout.key_json()} "
+        f"AND h.reason = $h_reason AND h.replaced_at = $c_at"
+    )
+    own = {"request": request, "c_by": by, "c_at": at, "h_table": layout.table, "h_step": layout.step,
+           "h_reason": "corrected by " + by}  # fmt: skip
+    archive(con, layout, now=now, reason="'correction undone by ' || $by", condition=showing,
+            params={**{k: own[k] for k in ("request", "c_by", "c_at")}, "by": by})  # fmt: skip
     usage = ", ".join(f"{n[s]} = h.{s[1:]}" for s in ("_input_tokens", "_output_tokens", "_cost_usd"))
     _run(
         con,
@@ -276,10 +282,17 @@ def _restore_corrected(con: Con, layout: Layout, kind: str, values: dict[str, An
         f"{n['_finished_at']} = h.finished_at, {n['_status']} = h.status, {n['_raw']} = h.raw, "
         f"{n['_source']} = h.source, {n['_stop_reason']} = h.stop_reason, {n['_verdict']} = NULL, "
         f"{n['_verdict_by']} = NULL, {n['_cache_write_tokens']} = NULL, {n['_cache_read_tokens']} = NULL "
-        f"FROM {HISTORY_TABLE} AS h WHERE h.table_name = $table AND h.step = $step "
-        f"AND h.row_key = {layout.key_json()} AND h.reason = 'corrected by ' || $by AND h.replaced_at = $at "
-        f"AND {c['_source']} = '{PERSON}'",
-        values,
+        f"FROM {HISTORY_TABLE} AS h WHERE {from_history} AND {showing}",
+        own,
+    )
+    cleared = ", ".join(f"{n[s]} = NULL" for s in ("", "_model", "_fingerprint", "_input_tokens", "_output_tokens",
+                                                   "_cache_write_tokens", "_cache_read_tokens", "_cost_usd",
+                                                   "_finished_at", "_source", "_verdict", "_verdict_by"))  # fmt: skip
+    _run(  # a row the model had not answered: back to the status it had, with no answer
+        con,
+        f"UPDATE {q(layout.table)} AS t SET {cleared}, {n['_status']} = coalesce(CAST($was AS VARCHAR), "
+        f"'NOT_STARTED') WHERE {showing}",
+        {**{k: own[k] for k in ("request", "c_by", "c_at")}, "was": status},
     )
 
 
@@ -288,7 +301,7 @@ def _matching(con: Con, layout: Layout, key: Any, where: str | None, alias: str)
     if (key is None) == (where is None):
         raise InvalidInputError("name the rows judged with key= (one row) or where= (a SQL predicate), not both")
     if key is not None:
-        return key_match(con, layout, key, alias)
+        return key_match(con, layout, key, alias, whole=True)
     return f"coalesce(({where}), false)", {}
 
 

@@ -178,40 +178,42 @@ def _value(text: Any) -> Any:
 
 
 def _judgements(steps: list[str], answers: pl.DataFrame, verdicts: pl.DataFrame) -> list[dict[str, Any]]:
-    """One judgement per (step, reviewed row): right or wrong, and per field for typed answers."""
-    latest = verdicts.sort("judged_at").group_by("step", "row_key", maintain_order=True).last()
-    own = {(r["step"], r["row_key"]): r for r in latest.iter_rows(named=True)}
+    """One judgement per (step, reviewed row): right or wrong, and per field for typed answers.
+
+    The person's truth for a row is the latest verdict on it (any step, any reviewer): the answer accepted, the
+    value corrected to, or after a flag only "not this answer". A step is judged by the model's answer a person
+    last judged on the row (a verdict on a person's own answer says nothing of the model), else by its current
+    answer; a row the model never answered is left out."""
     truth: dict[str, dict[str, Any]] = {}
-    for r in verdicts.sort("judged_at").iter_rows(named=True):  # the latest verdict on the row, any step
+    model: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in verdicts.sort("judged_at").iter_rows(named=True):
         truth[r["row_key"]] = r
+        if r["answer"] is not None and r["source"] != PERSON:
+            model[(r["step"], r["row_key"])] = r
     current = {r["row_key"]: r for r in answers.filter(pl.col("row_key").is_in(list(truth))).iter_rows(named=True)}
     out = []
     for row_key, said in truth.items():
-        known = _value(said["answer"] if said["verdict"] == "accept" else said["corrected"])
+        flagged = said["verdict"] == "flag"
+        known = None if flagged else _value(said["answer"] if said["verdict"] == "accept" else said["corrected"])
         for step in steps:
-            mine = own.get((step, row_key))
-            if mine is not None:  # the step's own answer, judged
+            mine = model.get((step, row_key))
+            if mine is not None:
                 judged = _value(mine["answer"])
-                if mine["verdict"] == "flag":
-                    out.append({"step": step, "right": False, "fields": None})
-                    continue
-                truth_value = judged if mine["verdict"] == "accept" else _value(mine["corrected"])
             else:
                 answer = current.get(row_key, {})
                 if answer.get(step) is None or answer.get(step + "_source") == PERSON:
                     continue
                 judged = _value(answer[step])
-                if said["verdict"] == "flag":  # only "not this answer" is known
-                    if judged == _value(said["answer"]) and said["step"] != step:
-                        out.append({"step": step, "right": False, "fields": None})
-                    continue
-                truth_value = known
+            if flagged:  # only "not this answer" is known
+                if judged == _value(said["answer"]):
+                    out.append({"step": step, "right": False, "fields": None})
+                continue
             fields = (
-                {f: judged.get(f) == v for f, v in truth_value.items()}
-                if isinstance(truth_value, dict) and isinstance(judged, dict)
+                {f: judged.get(f) == v for f, v in known.items()}
+                if isinstance(known, dict) and isinstance(judged, dict)
                 else None
             )
-            out.append({"step": step, "right": judged == truth_value, "fields": fields})
+            out.append({"step": step, "right": judged == known, "fields": fields})
     return out
 
 
