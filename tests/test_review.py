@@ -105,6 +105,11 @@ def test_accepting_a_needs_review_answer_makes_it_done(run: Any, store: Path) ->
     assert sql(store, "SELECT summary_status, summary_error FROM messages WHERE id = 1") == [("DONE", "too short")]
 
 
+def run_with(store: Path, **options: Any) -> Any:
+    """Found in an attack: key=5 gave a raw TypeError, cache=1 was taken for True."""
+    return llmledger.apply_llm(frame(3), "summary", prompt=PROMPT, store=store, table="messages", **options)
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -116,6 +121,11 @@ def test_accepting_a_needs_review_answer_makes_it_done(run: Any, store: Path) ->
         (lambda s: accept(s, "messages", "summary", key=1, by=" "), "by= names who"),
         (lambda s: correct(s, "messages", "summary", key=1, answer=3), "non-empty string"),
         (lambda s: correct(s, "messages", "summary", key=None, answer="x"), "one row"),
+        (lambda s: llmledger.flag(s, "messages", "summary", where="id = 1", reason="r", by=""), "by= names who"),
+        (lambda s: llmledger.flag(s, "messages", "summary", where="id = 1", reason="r", by=5), "by= names who"),
+        (lambda s: verdicts(s, 5), "table must be a table name"),
+        (lambda s: run_with(s, key=5), "key= names a column"),
+        (lambda s: run_with(s, cache=1), "cache must be"),
     ],
 )
 def test_a_bad_verdict_is_refused_and_writes_nothing(run: Any, store: Path, call: Any, message: str) -> None:

@@ -70,6 +70,8 @@ def test_a_call_naming_no_option_runs_with_the_defaults() -> None:
         ("redo", "some"),
         ("where", "  "),
         ("commit_every", math.nan),
+        ("commit_every", math.inf),
+        ("redo", 1),
         ("max_cost_usd", math.inf),
         ("budget_scope", "month"),
         ("mode", "offline"),

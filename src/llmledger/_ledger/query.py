@@ -66,7 +66,7 @@ def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, b
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("flag needs a reason= saying what is wrong, e.g. reason='company name is wrong'")
     _check_where(where)
-    return open_existing(store).flag(table, step, where=where, reason=reason, by=by or _who(), now=utcnow())
+    return open_existing(store).flag(table, step, where=where, reason=reason, by=_by(by), now=utcnow())
 
 
 def reset(
@@ -146,6 +146,9 @@ def verdicts(store: str | Path, table: str | None = None, step: str | None = Non
     """Every verdict a person gave (accept, flag, correct), oldest first: which row (`row_key`, as JSON), the answer
     judged (`answer`, `fingerprint`, `source`), `corrected`, `reason`, `reviewer`, `judged_at`. The same rows as
     `SELECT * FROM llmledger_verdicts`."""
+    for name, value in (("table", table), ("step", step)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise InvalidInputError(f"{name} must be a {name} name (or None for every one), got {value!r}")
     return open_existing(store).verdicts(table, step)
 
 

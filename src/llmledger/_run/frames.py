@@ -184,6 +184,8 @@ def resolve_key(
             )
         keys = ["id"]
     else:
+        if not isinstance(key, str) and not (isinstance(key, list | tuple) and all(isinstance(k, str) for k in key)):
+            raise KeyColumnError(f"key= names a column, or a list of columns, e.g. key='review_id'; got {key!r}")
         keys = [key] if isinstance(key, str) else list(key)
     if not keys:
         raise KeyColumnError("key= is empty; name at least one column")

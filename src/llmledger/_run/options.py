@@ -94,14 +94,14 @@ class RunOptions:
         for name in ("dedupe", "wait", "gateway", "background"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidInputError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.redo not in (False, True, "all", "stale", "flagged"):  # "all" is True, as the CLI's --redo all
+        if not isinstance(self.redo, bool) and self.redo not in ("all", "stale", "flagged"):  # "all" is True (CLI)
             raise InvalidInputError(f"redo must be False, True (or 'all'), 'stale' or 'flagged', got {self.redo!r}")
         where = self.where
         if where is not None and (not isinstance(where, str) or not where.strip()):
             raise InvalidInputError(f"where must be a SQL predicate string such as \"label = 'spam'\", got {where!r}")
         check_where_shape(where)
         every = self.commit_every
-        if isinstance(every, bool) or not isinstance(every, int | float) or not every > 0:  # NaN too
+        if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every < float("inf"):  # NaN too
             raise InvalidInputError(f"commit_every must be a positive number of seconds, got {every!r}")
         cost = self.max_cost_usd
         if cost is not None and (

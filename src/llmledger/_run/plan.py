@@ -192,7 +192,7 @@ def check_budget_countable(max_cost_usd: float | None, model: str) -> None:
 def cache_ttl(cache: Any, model: str, system: str | None, prefix: tuple[dict[str, Any], ...] = ()) -> str | None:
     """The ttl the static part of the request (system prompt and `messages=` prefix) is cached with: none when
     caching is off or that part is too short to cache."""
-    if cache not in (True, False, "5m", "1h"):
+    if not isinstance(cache, bool) and cache not in ("5m", "1h"):  # 1 == True, but is no setting
         raise InvalidInputError(f"cache must be True (a 5-minute cache), '5m', '1h' or False, got {cache!r}")
     static = (system or "") + "".join(message_text(m) for m in prefix)
     if cache is False or not static or estimate_tokens(static) < min_cacheable_tokens(model):
