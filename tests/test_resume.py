@@ -185,7 +185,9 @@ def test_resume_needs_a_step_that_apply_llm_prepared(run, client, store: Path, t
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_llmledger_run_commits_and_releases(run, store: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_on_llmledger_run_commits_and_releases(run, store: Path, stop: signal.Signals) -> None:
+    """SIGTERM (kill, docker, systemd) stops like Ctrl-C: found in an attack, it left rows RUNNING, paid again."""
     run(frame(200), "summary", prompt="Summarize: {text}", where="false")
     with Simulator(latency=0.3) as sim:
         env = subprocess_env(sim.base_url)
@@ -194,7 +196,7 @@ def test_ctrl_c_on_llmledger_run_commits_and_releases(run, store: Path) -> None:
         while sim.stats()["paid"] < 16:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         out, err = proc.communicate(timeout=15)
     assert proc.returncode == 130, err
     assert "[interrupted]" in out

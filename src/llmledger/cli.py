@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
+import threading
 
 from llmledger._cli_parser import parser
 from llmledger._cli_parser.runs import SIMULATED_KEY, exports, status
@@ -28,11 +30,25 @@ def entry() -> None:
     """The `llmledger` command: `main`, then an exit without the interpreter's last collection of every object
     (`gc.freeze`). With the SDKs imported, that collection takes a third of a second of CPU on every command,
     a Ctrl-C'd `llmledger run` included; the process is ending, so nothing is left uncollected for long."""
+    _stop_on_sigterm()
     try:
         code = main()
     finally:
         gc.freeze()
     sys.exit(code)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (what `kill`, docker and systemd send) stops a command as Ctrl-C does: the answers in flight are
+    waited for and committed, the other claims given back. Found in a trial: it killed `llmledger run` like
+    SIGKILL, leaving rows RUNNING and the requests in flight to be paid again. Only the command installs this;
+    `import llmledger` in a notebook leaves the process's signals alone."""
+
+    def as_ctrl_c(signum: int, frame: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # through whatever handles Ctrl-C at that moment
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, as_ctrl_c)
 
 
 def main(argv: list[str] | None = None) -> int:
