@@ -125,6 +125,9 @@ def run_with(store: Path, **options: Any) -> Any:
         (lambda s: llmledger.flag(s, "messages", "summary", where="id = 1", reason="r", by=5), "by= names who"),
         (lambda s: verdicts(s, 5), "table must be a table name"),
         (lambda s: run_with(s, key=5), "key= names a column"),
+        (lambda s: accept(s, "messages", "summary", key=1, by="a\x00b"), "by= names who"),
+        (lambda s: llmledger.flag(s, "messages", "summary", where="id = 1", reason="x\x00"), "NUL"),
+        (lambda s: llmledger.review(s, "messages", "summary", where="nope = 1"), "does not work on table"),
         (lambda s: run_with(s, cache=1), "cache must be"),
     ],
 )

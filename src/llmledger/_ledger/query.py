@@ -65,6 +65,7 @@ def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, b
     """
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("flag needs a reason= saying what is wrong, e.g. reason='company name is wrong'")
+    _check_reason(reason)
     _check_where(where)
     return open_existing(store).flag(table, step, where=where, reason=reason, by=_by(by), now=utcnow())
 
@@ -126,6 +127,7 @@ def correct(
         raise InvalidInputError("correct() judges one row: pass key= its key value (a dict when the key has several)")
     if reason is not None and not isinstance(reason, str):
         raise InvalidInputError(f"reason must be text, got {reason!r}")
+    _check_reason(reason)
     return open_existing(store).judge(
         table, step, verdict="correct", key=key, answer=answer, reason=reason, by=_by(by), now=utcnow()
     )
@@ -159,11 +161,17 @@ def _check_rows(key: Any, where: Any) -> None:
         _check_where(where)
 
 
+def _check_reason(reason: str | None) -> None:
+    """A reason is stored as text, which PostgreSQL cannot hold with a NUL in it (a store may move there)."""
+    if reason is not None and "\x00" in reason:
+        raise InvalidInputError("reason= holds a NUL character (\\x00), which the store cannot keep; remove it")
+
+
 def _by(by: Any) -> str:
     if by is None:
         return _who()
-    if not isinstance(by, str) or not by.strip():
-        raise InvalidInputError(f"by= names who judged, e.g. by='ana'; got {by!r}")
+    if not isinstance(by, str) or not by.strip() or "\x00" in by or len(by) > 200:
+        raise InvalidInputError(f"by= names who judged, e.g. by='ana' (a name, at most 200 characters); got {by!r:.60}")
     return by
 
 

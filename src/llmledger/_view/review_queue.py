@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmledger._ledger import known_table, stored_outputs
+from llmledger._ledger import db_errors, known_table, stored_outputs
 from llmledger._ledger.columns import STEP_COLUMNS, names
 from llmledger._ledger.query import history, sql
 from llmledger._ledger.states import stale_sql
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.sqltext import q
 from llmledger._view.accuracy import _value, sample_size
-from llmledger.errors import InvalidInputError
+from llmledger.errors import InvalidInputError, WhereClauseError
 
 QUEUES = ("needs", "sample")
 # why a row is in the "needs" queue, in the order it is shown
@@ -170,7 +170,14 @@ def queue_keys(
         raise InvalidInputError(f"queue is 'needs' (rows that need a person first) or 'sample', got {queue!r}")
     if queue == "needs" and (sample is not None or margin is not None):
         raise InvalidInputError("sample= and margin= size a random sample: pass queue='sample' with them")
-    records = _records(shape, where, inputs=False)
+    try:
+        records = _records(shape, where, inputs=False)
+    except db_errors() as exc:  # the predicate does not fit the table: said as apply_llm says it
+        if where is None:
+            raise
+        raise WhereClauseError(
+            f"where={where!r} does not work on table {shape.table!r}: {str(exc).splitlines()[0]}"
+        ) from None
     typed = shape.schema is not None
     if queue == "needs":
         ranked = [(REASONS.index(r), i, rec) for i, rec in enumerate(records)
