@@ -15,6 +15,7 @@ import pytest
 import llmledger
 from llmledger import verdicts
 from llmledger._view.accuracy import sample_size
+from llmledger._view.review_session import Session
 from llmledger._view.review_text import review_in_terminal
 
 from .conftest import frame, sql
@@ -199,7 +200,8 @@ def test_the_terminal_twin_reads_one_key_per_line(run: Any, store: Path, capsys:
     run(frame(5), "summary", prompt=PROMPT)
     script = "a\nf\nnot what it says\ns\nc\na person's summary\nu\nc\nmine\nq\n"
     out = io.StringIO()
-    tally = review_in_terminal(store, "messages", "summary", by="cy", stdin=io.StringIO(script), stdout=out)
+    session = Session(store, "messages", "summary", by="cy")
+    tally = review_in_terminal(session, stdin=io.StringIO(script), stdout=out)
     assert given(store, "summary") == [(0, "accept", None), (1, "flag", "not what it says"), (3, "correct", None)]
     assert sql(store, "SELECT summary FROM messages WHERE id = 3") == [("mine",)]
     assert tally["reviewed"] == 3

@@ -208,18 +208,13 @@ def run_correct(args: argparse.Namespace) -> None:
 
 
 def run_review(args: argparse.Namespace) -> None:
+    from llmledger._view.review_session import Session
     from llmledger._view.review_text import review_in_terminal
 
-    review_in_terminal(
-        args.store,
-        args.table,
-        args.step,
-        where=args.where,
-        queue="needs" if args.sample is None else "sample",
-        sample=args.sample,
-        by=args.by,
-        compare_with=args.compare_with,
-    )
+    session = Session(args.store, args.table, args.step, where=args.where, by=args.by,
+                      queue="needs" if args.sample is None else "sample", sample=args.sample,
+                      compare_with=args.compare_with)  # fmt: skip
+    review_in_terminal(session)
 
 
 def run_accuracy(args: argparse.Namespace) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from llmledger._run.api import resume
-from llmledger._view.review import ReviewView, review_view
+from llmledger._view.review import ReviewView
+from llmledger._view.review_session import Session
 
 
 def review(
@@ -51,5 +52,6 @@ def review(
     def redo() -> Any:
         return resume(store, table, step, where=where, redo="flagged", background=True, progress=True, client=client)
 
-    return review_view(store, table, step, where=where, queue=queue, sample=sample, margin=margin, by=by,
-                       compare_with=compare_with, seed=seed, redo=redo)  # fmt: skip
+    session = Session(store, table, step, where=where, queue=queue, sample=sample, margin=margin, by=by,
+                      compare_with=compare_with, seed=seed)  # fmt: skip
+    return ReviewView(session, redo=redo)

@@ -332,23 +332,3 @@ class ReviewView:
             now = json.dumps(self.draft.get(name), ensure_ascii=False, default=str)
             return f"correct field {self.field + 1} of {len(fields)}, {name} (now {now}; Enter keeps it):"
         return "press a key" if row is not None else "done: u undoes the last verdict, k goes back"
-
-
-def review_view(
-    store: str | Path,
-    table: str,
-    step: str,
-    *,
-    where: str | None = None,
-    queue: str = "needs",
-    sample: int | None = None,
-    margin: float | None = None,
-    by: str | None = None,
-    compare_with: Any = (),
-    seed: int = 0,
-    redo: Callable[[], Any] | None = None,
-) -> ReviewView:
-    """The view over a new `Session` (see `llmledger.review`); `redo` starts "redo flagged" and returns its run."""
-    session = Session(store, table, step, where=where, queue=queue, sample=sample, margin=margin, by=by,
-                      compare_with=compare_with, seed=seed)  # fmt: skip
-    return ReviewView(session, redo=redo)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 
 from llmledger._view.review_queue import Row, Shape
@@ -43,26 +42,13 @@ def _short(value: Any) -> str:
 
 
 def review_in_terminal(
-    store: str | Path,
-    table: str,
-    step: str,
-    *,
-    where: str | None = None,
-    queue: str = "needs",
-    sample: int | None = None,
-    margin: float | None = None,
-    by: str | None = None,
-    compare_with: Any = (),
-    seed: int = 0,
-    stdin: TextIO | None = None,
-    stdout: TextIO | None = None,
+    session: Session, *, stdin: TextIO | None = None, stdout: TextIO | None = None
 ) -> dict[str, Any]:
-    """Review `step` reading one key per line from `stdin` (a|f|c|s|u|j|n|k|p|q; after f the reason and after c
-    the answer on the next line, JSON for a typed step) until q, the end of input, or nothing is left. Returns the
-    session's tally (reviewed, left, accuracy)."""
+    """Review the session's rows reading one key per line from `stdin` (a|f|c|s|u|j|n|k|p|q; after f the reason
+    and after c the answer on the next line, JSON for a typed step) until q, the end of input, or nothing is left.
+    Returns the session's tally (reviewed, left, accuracy)."""
     read, out = stdin or sys.stdin, stdout or sys.stdout
-    session = Session(store, table, step, where=where, queue=queue, sample=sample, margin=margin, by=by,
-                      compare_with=compare_with, seed=seed)  # fmt: skip
+    table, step = session.shape.table, session.shape.step
 
     def say(*lines: str) -> None:
         print(*lines, sep="\n", file=out, flush=True)
