@@ -178,7 +178,7 @@ class ReviewVerbs:
                 f"AND {c['_source']} IS DISTINCT FROM '{PERSON}'"
             )
             judged = {"request": request, "fingerprint": fingerprint, "answer": answer}
-            back = _latest_standing(con, layout, kind, same, judged)
+            back = _latest_standing(con, layout, same, judged)
             if back is not None:  # an earlier verdict on this answer (on any of those rows) stands again
                 sets = _state(back["verdict"], step, kind)
                 again = {**judged, "by": back["reviewer"], "reason": back["reason"], "now": back["judged_at"]}
@@ -239,7 +239,7 @@ def _run(con: Con, sql: str, values: dict[str, Any]) -> list[tuple[Any, ...]]:
     return list(cursor.fetchall()) if "RETURNING" in sql or sql.lstrip().startswith("SELECT") else []
 
 
-def _latest_standing(con: Con, layout: Layout, kind: str, same: str, judged: dict[str, Any]) -> dict[str, Any] | None:
+def _latest_standing(con: Con, layout: Layout, same: str, judged: dict[str, Any]) -> dict[str, Any] | None:
     """The latest verdict not taken back (any reviewer, any of the rows `same` names) on the answer judged."""
     rows = _run(
         con,

@@ -127,31 +127,17 @@ class SelectionVerbs:
             unsimulated[0] = set_aside_simulated(con, layout, params.source, now)
             sql_params = params.sql(definition.version)
             altered = column_types(con, layout.table).keys() != columns_before.keys()  # a new table version to hold
-            found = survey(
-                con,
-                layout,
-                frame,
-                fields=_PREPARE_FIELDS,
-                params=sql_params,
-                where=params.where,
-                named=params.named,
-                wrote=altered,
-            )
+
+            def look(**how: bool) -> pl.DataFrame:  # the frame's rows as the ledger holds them now
+                return survey(con, layout, frame, fields=_PREPARE_FIELDS, params=sql_params, where=params.where,
+                              named=params.named, **how)  # fmt: skip
+
+            found = look(wrote=altered)
             if params.guard_inputs and columns_before and bool((found["changed"] & found["exists"]).any()):
                 _refuse_rewriting_answered_inputs(con, layout, frame, list(columns_before))
             wrote = self._write_frame(con, layout, definition, frame, found, frame if source is None else source, graph)
             if wrote:
-                found = survey(
-                    con,
-                    layout,
-                    frame,
-                    fields=_PREPARE_FIELDS,
-                    params=sql_params,
-                    where=params.where,
-                    named=params.named,
-                    compare=False,
-                    wrote=True,
-                )
+                found = look(compare=False, wrote=True)
             chosen = found["eligible"] & found["in_where"]
             if dedupe and params.redo.reuses_answers:  # identical requests in a batch still processing: wait for it
                 joined = join_open_batches(

@@ -164,7 +164,7 @@ def _check(table: Any, step: Any, against: Any, target: Any, confidence: Any) ->
     return steps
 
 
-def _value(text: Any) -> Any:
+def as_compared(text: Any) -> Any:
     """An answer as compared: a typed one's fields, normalized; text normalized."""
     if text is None:
         return None
@@ -194,18 +194,18 @@ def _judgements(steps: list[str], answers: pl.DataFrame, verdicts: pl.DataFrame)
     out = []
     for row_key, said in truth.items():
         flagged = said["verdict"] == "flag"
-        known = None if flagged else _value(said["answer"] if said["verdict"] == "accept" else said["corrected"])
+        known = None if flagged else as_compared(said["answer"] if said["verdict"] == "accept" else said["corrected"])
         for step in steps:
             mine = model.get((step, row_key))
             if mine is not None:
-                judged = _value(mine["answer"])
+                judged = as_compared(mine["answer"])
             else:
                 answer = current.get(row_key, {})
                 if answer.get(step) is None or answer.get(step + "_source") == PERSON:
                     continue
-                judged = _value(answer[step])
+                judged = as_compared(answer[step])
             if flagged:  # only "not this answer" is known
-                if judged == _value(said["answer"]):
+                if judged == as_compared(said["answer"]):
                     out.append({"step": step, "right": False, "fields": None})
                 continue
             fields = (
@@ -248,7 +248,7 @@ def _reviewers(verdicts: pl.DataFrame) -> pl.DataFrame | None:
     said: dict[tuple[str, str, str], dict[str, bool]] = {}
     for r in latest.iter_rows(named=True):
         right = r["verdict"] == "accept" or (
-            r["verdict"] == "correct" and _value(r["corrected"]) == _value(r["answer"])
+            r["verdict"] == "correct" and as_compared(r["corrected"]) == as_compared(r["answer"])
         )
         said.setdefault((r["step"], r["row_key"], r["answer"]), {})[r["reviewer"]] = right
     pairs: dict[tuple[str, str, str], list[bool]] = {}

@@ -20,7 +20,7 @@ from llmledger._ledger.query import history, sql
 from llmledger._ledger.states import stale_sql
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.sqltext import q
-from llmledger._view.accuracy import _value, sample_size
+from llmledger._view.accuracy import as_compared, sample_size
 from llmledger.errors import InvalidInputError, WhereClauseError
 
 QUEUES = ("needs", "sample")
@@ -140,10 +140,10 @@ def reason_of(record: dict[str, Any], others: list[str], typed: bool) -> str | N
         return None
     if record["__stale"]:
         return "stale"
-    mine = _value(_text(_answer(record["__answer"], typed)))
+    mine = as_compared(_text(_answer(record["__answer"], typed)))
     for other in others:
         theirs = record["__other_" + other]
-        if theirs is not None and _value(_text(theirs)) != mine:
+        if theirs is not None and as_compared(_text(theirs)) != mine:
             return "disagrees"
     return "unreviewed"
 
