@@ -194,6 +194,15 @@ def test_a_pandas_frame_keyed_by_a_named_index_is_told_to_reset_it(run, sim: Sim
     assert not store.exists()
 
 
+def test_a_pandas_frame_with_a_column_name_twice_is_refused(run, sim: Simulator, store: Path) -> None:
+    """Found in an attack: columns ["id", "id", "text"] raised a bare AttributeError from inside llmledger."""
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame([[1, 2, "a"], [3, 4, "b"]], columns=["id", "id", "text"])
+    with pytest.raises(InvalidInputError, match=r"more than one column named 'id': rename or drop the repeats"):
+        run(df, "s", prompt="{text}")
+    assert not store.exists() and sim.stats()["paid"] == 0
+
+
 @pytest.mark.parametrize(
     "url",
     ["mysql://me:secret@db/ledger", "s3://bucket/ledger.duckdb", "sqlite:///x.db", " postgresql://me:secret@db/x",

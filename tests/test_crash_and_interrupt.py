@@ -69,6 +69,12 @@ def test_kill_9_loses_at_most_what_was_in_flight(store: Path, model: str | None)
         assert (bad_done, output_without_done) == (0, 0), "output and status were committed together"
         assert 60 <= done < rows
         paid_before = sim.stats()["paid"]
+        # found in an attack: the killed run's row in llmledger_runs said 0 calls and $0, though its committed
+        # answers were paid; its figures are now written with each chunk, in the chunk's transaction
+        (calls, cost, outcome), *others = _read(store, "SELECT calls, cost_usd, outcome FROM llmledger_runs")  # type: ignore[misc]
+        (row_cost,) = _read(store, "SELECT sum(summary_cost_usd) FROM messages")[0]  # type: ignore[index]
+        assert (outcome, others) == ("running", [])
+        assert done <= calls <= paid_before and cost >= row_cost > 0, (calls, cost, row_cost, done, paid_before)
 
         openai = pytest.importorskip("openai") if model else None
         out = apply_llm(
@@ -83,6 +89,8 @@ def test_kill_9_loses_at_most_what_was_in_flight(store: Path, model: str | None)
         )
         assert out["summary_status"].to_list() == ["DONE"] * rows
         repaid = sim.stats()["paid"] - rows
+        (counted,) = _read(store, "SELECT sum(calls) FROM llmledger_runs")[0]  # type: ignore[index]
+        assert sim.stats()["paid"] - concurrency <= counted <= sim.stats()["paid"], "the runs' rows add up to the bill"
         # answers that arrived but were not committed yet were journaled: only requests in flight are lost
         assert 0 <= repaid <= concurrency, (repaid, paid_before, done)
         assert not list(store.parent.glob("*.journal/*.jsonl")), "the dead run's journal was merged and removed"

@@ -27,7 +27,8 @@ Every `RunStopped` carries the run's `report` (rows remaining, calls paid, ...).
 
 Warnings (`warnings.warn`, shown once per place by Python's default filter) say what a run did that the user
 should know but that is not an error: `StaleAnswersWarning` (answers returned for requests that have changed
-since, when the run was quiet) and `llmledger.UnknownPriceWarning` (a model with no known price).
+since, when the run was quiet), `RunningElsewhereWarning` (rows returned without answers because another run is
+answering them, when the run was quiet) and `llmledger.UnknownPriceWarning` (a model with no known price).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ import warnings
 class StaleAnswersWarning(UserWarning):
     """A quiet run (`progress=False`) returned DONE answers whose request has changed since they were made (the
     `{step}_stale` column says which); `redo='stale'` re-sends them."""
+
+
+class RunningElsewhereWarning(UserWarning):
+    """A quiet run (`progress=False`) returned rows that another run on the store is answering right now: they show
+    RUNNING and no answer; the same call, once that run ends, returns their answers at no cost."""
 
 
 def warn(message: str, category: type[Warning]) -> None:
@@ -135,6 +141,7 @@ __all__ = [
     "RequestRefused",
     "RetryRefused",
     "RunStopped",
+    "RunningElsewhereWarning",
     "SpendLimitReached",
     "StaleAnswersWarning",
     "StepNameError",

@@ -135,7 +135,7 @@ class Scheduler(BudgetGuard):
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
         """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""
         result = self.recorder.result(row, reply, error, reused=reused)
-        self.journal.append(result)
+        self.journal.append(result, self.report.paid_figures())
         if self.oldest is None:
             self.oldest = time.monotonic()
         self.buffer.append(result)
@@ -243,7 +243,7 @@ class Scheduler(BudgetGuard):
             if reserve:
                 await self._reserve()
             if flush:
-                settled = await asyncio.to_thread(self._commit, *self._take_buffer())
+                settled = await asyncio.to_thread(self._commit, *self._take_buffer(), self.report.paid_figures())
                 self.budget_committed += settled  # in the fact table now, and out of the reservation
                 self.budget_held = max(0.0, self.budget_held - settled)
             if want:
@@ -266,9 +266,10 @@ class Scheduler(BudgetGuard):
         batch, self.buffer, self.oldest = self.buffer, [], None
         return batch, self.journal.rotate()
 
-    def _commit(self, batch: list[dict[str, Any]], journal: Path | None) -> float:
-        """One chunk in one transaction; its journal file goes once the commit is in. Returns what its answers
-        cost when that left this run's budget reservation with them (0 otherwise)."""
+    def _commit(self, batch: list[dict[str, Any]], journal: Path | None, figures: dict[str, Any]) -> float:
+        """One chunk in one transaction, with the run's figures so far (`figures`, taken on the loop as the
+        chunk was); its journal file goes once the commit is in. Returns what its answers cost when that left
+        this run's budget reservation with them (0 otherwise)."""
         schema = {k: self.selection.key_types[k] for k in self.selection.layout.key} | RESULT_SCHEMA
         results = pl.from_dicts(batch, schema=schema)
         cost = sum(r["cost_usd"] or 0.0 for r in batch) if self.shared_budget else 0.0
@@ -279,6 +280,7 @@ class Scheduler(BudgetGuard):
                 now=utcnow(),
                 wait=None if self.stopping is None else 30.0,
                 settled=(str(self.claimant), cost) if self.shared_budget else None,
+                run=(self.claimant.run_id, figures),
             )
         except StoreBusy:
             self.report.message += (

@@ -45,7 +45,11 @@ class Journal:
         self._fh: IO[str] | None = None
         self._path: Path | None = None
 
-    def append(self, result: dict[str, Any]) -> None:
+    def append(self, result: dict[str, Any], figures: dict[str, Any] | None = None) -> None:
+        """One answer, and the run's paid figures after it (`RUN_FIGURES`): if the run dies before its next
+        commit, the run that merges this journal gives the dead run's row in llmledger_runs what it had paid."""
+        if figures is not None:
+            result = {**result, RUN_FIGURES: figures}
         if self._fh is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.seq += 1
@@ -61,6 +65,21 @@ class Journal:
         if fh is not None:
             fh.close()
         return path
+
+
+RUN_FIGURES = "_run"  # the key of a journal line's run figures (never a result column)
+
+
+def last_figures(path: Path) -> dict[str, Any] | None:
+    """The run's figures on the last whole line of a journal file that has them (None: none has)."""
+    for line in reversed(path.read_text(encoding="utf-8", errors="replace").split("\n")):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get(RUN_FIGURES), dict):
+            return cast(dict[str, Any], row[RUN_FIGURES])
+    return None
 
 
 def pending(store_path: Path, table: str, step: str) -> list[tuple[Path, str]]:

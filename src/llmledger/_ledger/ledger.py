@@ -21,9 +21,7 @@ from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import lock_step
 from llmledger._ledger.looks import LookVerbs
 from llmledger._ledger.review import ReviewVerbs
-from llmledger._ledger.schema import (
-    RUNS_TABLE,
-)
+from llmledger._ledger.run_rows import raise_run, write_run
 from llmledger._ledger.selection import SelectionVerbs
 from llmledger._ledger.survey import Layout, survey
 from llmledger._ledger.types import RunParams, Selection
@@ -104,15 +102,19 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         now: datetime,
         wait: float | None = None,
         settled: tuple[str, float] | None = None,
+        run: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
         """One chunk of results. `settled` (claimant, dollars): those answers' cost leaves the claimant's budget
-        reservation in the same transaction, as it enters the fact table."""
+        reservation in the same transaction, as it enters the fact table. `run` (run id, figures): the run's row
+        in llmledger_runs takes its figures so far with them, so a run killed later still shows what it paid."""
         layout = selection.layout
 
         def work(con: Con) -> None:
             commit_results(con, layout, results, now=now)
             if settled is not None:
                 settle(con, layout.table, layout.step, claimant=settled[0], committed_usd=settled[1], now=now)
+            if run is not None:
+                raise_run(con, run[0], layout.table, layout.step, run[1])
 
         self.conn.transaction(work, wait=wait)
 
@@ -167,15 +169,4 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
     def record_run(self, row: dict[str, Any]) -> None:
         """Write the run's row, replacing the one it wrote when it started (same run_id and step)."""
 
-        def work(con: Con) -> None:
-            con.execute(
-                f"DELETE FROM {RUNS_TABLE} WHERE run_id = ? AND table_name = ? AND step = ?",
-                [row["run_id"], row["table_name"], row["step"]],
-            )
-            cols = list(row)
-            con.execute(
-                f"INSERT INTO {RUNS_TABLE} ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
-                list(row.values()),
-            )
-
-        self.conn.transaction(work, wait=30.0)
+        self.conn.transaction(lambda con: write_run(con, row), wait=30.0)

@@ -26,10 +26,12 @@ from llmledger._ledger.engine.dialect import dialect_of
 from llmledger._ledger.engine.shared import column_types, one, registered
 from llmledger._ledger.graph import StepGraph
 from llmledger._ledger.history import SIMULATED, archive, redo_reason
+from llmledger._ledger.journal import last_figures as last_journal_figures
 from llmledger._ledger.journal import pending as pending_journals
 from llmledger._ledger.journal import read as read_journal
-from llmledger._ledger.liveness import is_abandoned, is_alive_here
+from llmledger._ledger.liveness import Claimant, is_abandoned, is_alive_here
 from llmledger._ledger.reuse import answers_to, upgrade_fingerprint
+from llmledger._ledger.run_rows import raise_run
 from llmledger._ledger.schema import (
     MIGRATIONS_TABLE,
     owned_columns,
@@ -339,6 +341,10 @@ def merge_journals(
                 )
                 commit_results(con, layout, results, now=utcnow(), only_unfinished=True)
                 answers += results.height
+            dead = Claimant.parse(holder)
+            figures = last_journal_figures(path)
+            if dead is not None and figures:  # what the dead run paid after its last commit
+                raise_run(con, dead.run_id, layout.table, layout.step, figures)
             merged.append(path)
     return merged, answers
 

@@ -16,6 +16,18 @@ import polars as pl
 from llmledger._draw import ErrorLine, Parts, error_kind, parts, rows, usd
 from llmledger._ledger.states import Outcome
 
+PAID_FIGURES = (
+    "done",
+    "failed",
+    "needs_review",
+    "calls",
+    "reused",
+    "retries",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+)
+
 
 @dataclass(repr=False)
 class RunTally:
@@ -247,6 +259,11 @@ class RunTally:
     def __repr__(self) -> str:
         return str(self)
 
+    def paid_figures(self) -> dict[str, Any]:
+        """The columns of the run's row in `llmledger_runs` that grow as it goes: written with every chunk it
+        commits (so a run killed mid-way still shows what it paid) and once more when it ends."""
+        return {name: getattr(self, name) for name in PAID_FIGURES}
+
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "outcome": str(self.outcome)}
 
@@ -292,6 +309,22 @@ class RunTally:
             line = f"[{self.outcome}] " + line
         return line
 
+    def stale_hint(self) -> str:
+        verb = "is" if self.stale == 1 else "are"
+        return (
+            f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
+            "model, system, prompt, options, or the row's input or files); they were not re-sent. Pass "
+            "redo='stale' to re-send exactly those."
+        )
+
+    def elsewhere_hint(self) -> str:
+        verb = "is" if self.running_elsewhere == 1 else "are"
+        return (
+            f"{rows(self.running_elsewhere)} {verb} being answered by another run on this store right now (another "
+            "kernel, process or worker): they were left to it, and show RUNNING without an answer here. Run the "
+            "same call again once that run ends to get their answers at no cost; llmledger.show(store) follows it."
+        )
+
     def hints(self) -> list[str]:
         """Next steps worth telling the user about."""
         out = []
@@ -307,12 +340,9 @@ class RunTally:
                 "with the frame to record the files as they are now; then they are sent."
             )
         if self.stale:
-            verb = "is" if self.stale == 1 else "are"
-            out.append(
-                f"{rows(self.stale, 'DONE row')} {verb} stale (their request changed since they were answered: "
-                "model, system, prompt, options, or the row's input or files); they were not re-sent. Pass "
-                "redo='stale' to re-send exactly those."
-            )
+            out.append(self.stale_hint())
+        if self.running_elsewhere:
+            out.append(self.elsewhere_hint())
         if self.kept_stale:
             out.append(
                 f"{rows(self.kept_stale, 'stale answer')} kept: a person accepted or wrote "

@@ -23,6 +23,12 @@ def as_polars(df: Any) -> tuple[pl.DataFrame, bool]:
     if isinstance(df, pl.LazyFrame):
         return df.collect(), False
     if type(df).__module__.split(".")[0] == "pandas" and type(df).__name__ == "DataFrame":
+        twice = sorted({str(c) for c in df.columns[df.columns.duplicated()]})
+        if twice:  # df[c] would be a frame, and the ledger's columns are named by the frame's
+            raise InvalidInputError(
+                f"the pandas frame has more than one column named {', '.join(map(repr, twice))}: rename or drop "
+                "the repeats (df.loc[:, ~df.columns.duplicated()] keeps the first of each)"
+            )
         paths = [
             c for c in df.columns if df[c].dtype == object and df[c].map(lambda v: isinstance(v, os.PathLike)).any()
         ]  # pathlib.Path values (attach=), which Arrow cannot hold

@@ -43,6 +43,7 @@ from llmledger.errors import (
     OutageError,
     RequestRefused,
     RetryRefused,
+    RunningElsewhereWarning,
     SpendLimitReached,
     StaleAnswersWarning,
     StoreBusy,
@@ -330,8 +331,11 @@ class Run:
         assert self._display is not None
         if plan.progress or interrupted:  # after Ctrl-C the summary is the only word on what happened
             self._display.summary(report)
-        elif report.stale and outputs is not None:  # quiet, but stale answers are never passed off as fresh
-            warn(report.hints()[0], StaleAnswersWarning)
+        elif outputs is not None:  # quiet, but stale answers are never passed off as fresh, nor missing ones
+            if report.stale:  # as merely absent
+                warn(report.stale_hint(), StaleAnswersWarning)
+            if report.running_elsewhere:
+                warn(report.elsewhere_hint(), RunningElsewhereWarning)
         if interrupted:
             raise KeyboardInterrupt(str(report))
         stopped = _STOPPED.get(report.outcome)
@@ -383,16 +387,8 @@ class Run:
             "outcome": str(report.outcome),
             "rows_in_frame": report.rows,
             "rows_selected": report.selected,
-            "done": report.done,
-            "failed": report.failed,
-            "needs_review": report.needs_review,
             "stale": report.stale,
-            "calls": report.calls,
-            "reused": report.reused,
-            "retries": report.retries,
-            "input_tokens": report.input_tokens,
-            "output_tokens": report.output_tokens,
-            "cost_usd": report.cost_usd,
+            **report.paid_figures(),
             "version": selection.version,
             "entry": plan.entry,
             "mode": report.mode,
