@@ -142,6 +142,15 @@ def test_the_needs_queue_puts_needs_review_failed_and_flagged_rows_before_done_o
     assert llmledger.review(store, "messages", "summary", where="id > 3").session.keys == [5, 7, 6, 4]
 
 
+def test_a_row_stale_because_the_step_it_reads_answered_anew_needs_review(run: Any, store: Path) -> None:
+    """Found in a review: only a row's own changed request made it stale in the queue, not a new upstream answer."""
+    run(frame(4), "summary", prompt=PROMPT)
+    run(frame(4), "title", prompt="Title for: {summary}")
+    llmledger.correct(store, "messages", "summary", key=2, answer="a person's summary")  # title of row 2 is stale now
+    view = llmledger.review(store, "messages", "title")
+    assert view.session.keys == [2, 0, 1, 3] and view.session.row().stale
+
+
 def test_a_failed_row_comes_first_and_a_disagreeing_row_before_agreeing_ones(
     client: Any, sim: Any, store: Path
 ) -> None:
@@ -181,6 +190,10 @@ def test_redo_flagged_from_the_view_redoes_the_flagged_rows_and_they_come_back(
     view = llmledger.review(store, "messages", "summary", by="ana", client=client)
     press(view, "fbad\nafworse\n")  # rows 0 and 2 flagged, 1 accepted
     paid = sim.stats()["paid"]
+    press(view, "r")  # found in a review: one stray `r` spent money; it asks for a second now
+    assert view.run is None and "r again to re-send the 2 flagged rows (paid)" in view.message.value
+    press(view, "xr")  # any other key in between: not sent
+    assert view.run is None and sim.stats()["paid"] == paid
     press(view, "r")
     assert view.run is not None
     view.run.wait(60)
@@ -218,3 +231,18 @@ def test_the_cli_verb_reviews_from_stdin(run: Any, store: Path, monkeypatch: Any
     found = verdicts(store, "messages", "summary")
     assert found["verdict"].to_list() == ["accept", "accept", "flag"] and set(found["reviewer"]) == {"dee"}
     assert "review messages.summary: 3 reviewed, 0 left" in capsys.readouterr().out
+
+
+def test_a_background_run_is_reviewed_by_passing_it(sim: Any, client: Any, store: Path) -> None:
+    """From a Run: its store, table and step; its client redoes the flagged rows."""
+    started = llmledger.apply_llm(frame(3), "summary", prompt=PROMPT, store=store, table="messages", client=client,
+                                  background=True, progress=False)  # fmt: skip
+    started.wait(60)
+    view = llmledger.review(started, by="ana")
+    press(view, "af")
+    press(view, "no\nrr")
+    view.run.wait(60)
+    assert given(store, "summary") == [(0, "accept", None), (1, "flag", "no")]
+    assert sim.stats()["paid"] == 4, "the flagged row again, through the run's client"
+    with pytest.raises(llmledger.InvalidInputError, match=r"review\(\) needs the table and the step"):
+        llmledger.review(store)

@@ -34,6 +34,7 @@ from llmledger._ledger.open import (
     open_ledger,
     short_name,
     shown,
+    stale_condition,
     stored_outputs,
     stored_requests,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "open_ledger",
     "short_name",
     "shown",
+    "stale_condition",
     "stored_outputs",
     "stored_requests",
 ]

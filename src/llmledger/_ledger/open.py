@@ -138,6 +138,15 @@ def stored_requests(store: str | Path, table: str) -> dict[str, Any]:
     return {step: None if f is None else RequestSpec.from_json(f[1]) for step, f in found.items()}
 
 
+def stale_condition(store: str | Path, table: str, step: str) -> str:
+    """SQL over the fact table as `t`: the row's answer to `step` is stale, because its own request changed or
+    because a step its prompt reads has a new answer since (what `redo="stale"` re-sends); read without writing."""
+    from llmledger._ledger.graph import StepGraph
+
+    with open_ledger(locate(store)).conn.open(wait=60.0, read_only=True) as con:
+        return StepGraph.load(con, table, step).stale_sql(step)
+
+
 def open_ledger(
     store: str | Path, *, on_wait: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None
 ) -> Ledger:

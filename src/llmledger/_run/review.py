@@ -7,14 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from llmledger._run.api import resume
+from llmledger._run.run import Run
 from llmledger._view.review import ReviewView
 from llmledger._view.review_session import Session
+from llmledger.errors import InvalidInputError
 
 
 def review(
-    store: str | Path,
-    table: str,
-    step: str,
+    store: str | Path | Run,
+    table: str | None = None,
+    step: str | None = None,
     *,
     where: str | None = None,
     queue: str = "needs",
@@ -29,16 +31,19 @@ def review(
 
         llmledger.review("ledger.duckdb", "sms", "label", compare_with=["label_sonnet"])
         llmledger.review("ledger.duckdb", "sms", "label", queue="sample", margin=0.05)
+        llmledger.review(run)  # the Run apply_llm(..., background=True) returned: its store, table and step
+
 
     Each row shows its inputs (image paths or bytes as thumbnails), the answer (a typed answer one field per line),
     its status, verdict and flag, its earlier answers, and the same row's answers of the `compare_with` steps.
     Keys, typed into the focused box: `a` accept, `f` flag (then an optional reason, Enter), `c` correct (type the
     right answer, Enter; a typed answer one field at a time, Enter keeping a field, checked against the step's
-    schema), `s` skip, `u` undo (this reviewer's latest verdict), `j`/`n` next, `k`/`p` previous, `r` redo
-    flagged. Every verdict is written to the ledger at once (`accept`, `flag`, `correct`, `undo_verdict`), as
-    `by` (default: the login name).
+    schema), `s` skip, `u` undo (this reviewer's latest verdict), `j`/`n` next, `k`/`p` previous, `r` twice
+    redo flagged (the second `r` confirms: it pays). Every verdict is written to the ledger at once (`accept`,
+    `flag`, `correct`, `undo_verdict`), as `by` (default: the login name).
 
-    - `queue="needs"`: NEEDS_REVIEW, FAILED, flagged and stale rows first, then rows where a `compare_with` step
+    - `queue="needs"`: NEEDS_REVIEW, FAILED, flagged and stale rows first (stale: the row's request changed, or a
+      step its prompt reads has answered anew), then rows where a `compare_with` step
       answers otherwise, then DONE rows no one judged. `queue="sample"` with `sample=n`, or `margin=0.05` (the
       rows an accuracy within ±5 points at 95 % needs): a random sample (`seed`) of DONE rows no one judged.
     - `where=`: a SQL predicate narrowing the rows, as everywhere.
@@ -49,9 +54,21 @@ def review(
     `llmledger review STORE` is the terminal twin.
     """
 
-    def redo() -> Any:
-        return resume(store, table, step, where=where, redo="flagged", background=True, progress=True, client=client)
+    at: str | Path
+    if isinstance(store, Run):  # its store, table, step (unless named) and client
+        plan = store.plan
+        table, step, client, at = table or plan.table, step or plan.step, client or plan.client, plan.store
+    else:
+        at = store
+    if table is None or step is None:
+        raise InvalidInputError(
+            f"review() needs the table and the step: review(store, table, step), got table={table!r}, "
+            f"step={step!r} (or pass the Run that apply_llm(..., background=True) returned)"
+        )
 
-    session = Session(store, table, step, where=where, queue=queue, sample=sample, margin=margin, by=by,
+    def redo() -> Any:
+        return resume(at, table, step, where=where, redo="flagged", background=True, progress=True, client=client)
+
+    session = Session(at, table, step, where=where, queue=queue, sample=sample, margin=margin, by=by,
                       compare_with=compare_with, seed=seed)  # fmt: skip
     return ReviewView(session, redo=redo)

@@ -11,7 +11,7 @@ typed after them up to Enter: a flag's optional reason, a text answer, or a type
 keeps a field's value), checked against the step's schema when the last field is in. The box's value only grows;
 its text is not shown (what it holds is not what the person reads: the keys before a reason, say), and the text
 being typed for a flag or a correction is shown in the prompt line instead, drawn by the kernel. Every verdict is
-one call into the ledger (`Session`), then the next row shows. "redo flagged" (or `r`) re-sends the flagged rows
+one call into the ledger (`Session`), then the next row shows. "redo flagged" (or `r` twice) re-sends the flagged rows
 in the background with the run's live view; when it ends they come back into the queue.
 """
 
@@ -37,7 +37,7 @@ KEYS = (
     ("u", "undo"),
     ("j / n", "next"),
     ("k / p", "previous"),
-    ("r", "redo flagged"),
+    ("r r", "redo flagged (r twice: it pays)"),
 )
 _IMAGES = {b"\x89PNG": "png", b"\xff\xd8\xff": "jpeg", b"GIF8": "gif", b"RIFF": "webp"}
 _SUFFIXES = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".gif": "gif", ".webp": "webp"}
@@ -147,6 +147,7 @@ class ReviewView:
         self.field = 0  # the typed field being corrected
         self.draft: dict[str, Any] = {}
         self.run: Any = None
+        self.armed = False  # `r` pressed once: the next `r` re-sends the flagged rows (paid), any other key does not
         self.seen = ""  # the box's value as last seen: what was typed before it is handled
         self.start = 0  # in flag and correct mode: where in the box the text being typed begins
         self._lock = threading.RLock()  # keys, and the redo's thread putting rows back
@@ -203,6 +204,7 @@ class ReviewView:
         """Act on one key (what the command box does with each key typed in key mode)."""
         s, key = self.session, key.lower()
         self.message.value = ""
+        armed, self.armed = self.armed, False
         try:
             if key == "a":
                 s.accept()
@@ -221,8 +223,17 @@ class ReviewView:
                 s.next()
             elif key in ("k", "p"):
                 s.previous()
-            elif key == "r":
+            elif key == "r" and armed:
                 self.redo_flagged()
+            elif key == "r":  # one stray key must not spend money: a second `r` confirms
+                self.armed = self._redo is not None
+                flagged = s.flagged()
+                self.note(
+                    f"r again to re-send the {flagged:,} flagged row{'s' if flagged != 1 else ''} (paid); "
+                    "any other key does not"
+                    if self._redo is not None
+                    else "redo flagged is not available here"
+                )
             else:
                 self.note(f"{key!r} is not a key: {', '.join(k for k, _ in KEYS)}")
         except InvalidInputError as exc:

@@ -1,7 +1,8 @@
 """Which rows the review view shows, and a row as it stands now: read from the store, never written.
 
-`queue="needs"` orders the rows that need a person first: NEEDS_REVIEW, FAILED, flagged, stale, rows where a
-`compare_with` step answers otherwise, then DONE rows no one has judged (rows with a verdict are left out).
+`queue="needs"` orders the rows that need a person first: NEEDS_REVIEW, FAILED, flagged, stale (their own request
+changed, or a step their prompt reads answered anew), rows where a `compare_with` step answers otherwise, then DONE
+rows no one has judged (rows with a verdict are left out).
 `queue="sample"` draws a seeded random sample of DONE rows no one has judged, sized by `sample=` or by the
 margin wanted for the accuracy estimate (`accuracy.sample_size`). `where=` narrows both.
 """
@@ -14,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmledger._ledger import db_errors, known_table, stored_outputs
+from llmledger._ledger import db_errors, known_table, stale_condition, stored_outputs
 from llmledger._ledger.columns import STEP_COLUMNS, names
 from llmledger._ledger.query import history, sql
-from llmledger._ledger.states import stale_sql
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.sqltext import q
 from llmledger._view.accuracy import as_compared, sample_size
@@ -39,6 +39,7 @@ class Shape:
     inputs: list[str]
     schema: dict[str, Any] | None
     others: list[str] = field(default_factory=list)
+    stale: str = "false"  # SQL over `t`: the answer is stale, by its own request or a step its prompt reads
 
     @property
     def fields(self) -> list[str]:
@@ -78,7 +79,8 @@ def shape_of(store: str | Path, table: str, step: str, compare_with: Any = ()) -
     owned = {s + c.suffix for s in steps for c in STEP_COLUMNS}
     inputs = [c for c in columns if c not in keys and c not in owned and not c.startswith("_")]
     spec = stored_outputs(store, table).get(step)
-    return Shape(store, table, step, keys, inputs, None if spec is None else spec.schema, list(compare_with))
+    stale = stale_condition(store, table, step)
+    return Shape(store, table, step, keys, inputs, None if spec is None else spec.schema, list(compare_with), stale)
 
 
 def key_id(key: Any) -> str:
@@ -107,7 +109,7 @@ def _select(shape: Shape, *, inputs: bool) -> str:
     cols = [q(k) for k in shape.keys] + ([q(i) for i in shape.inputs] if inputs else [])
     cols += [f"{c['']} AS __answer", f"{c['_status']} AS __status", f"{c['_verdict']} AS __verdict",
              f"{c['_verdict_by']} AS __verdict_by", f"{c['_flag']} AS __flag", f"{c['_error']} AS __error",
-             f"{c['_source']} AS __source", f"coalesce({stale_sql(c)}, false) AS __stale"]  # fmt: skip
+             f"{c['_source']} AS __source", f"coalesce({shape.stale}, false) AS __stale"]  # fmt: skip
     cols += [f"{names(o, 't')['']} AS {q('__other_' + o)}" for o in shape.others]
     return ", ".join(cols)
 

@@ -129,6 +129,10 @@ class Session:
         self._row = None
         return undone
 
+    def flagged(self) -> int:
+        """How many rows `redo="flagged"` would send again (flagged by anyone, within `where`)."""
+        return len(flagged_keys(self.shape, self.where))
+
     def redone(self) -> list[Any]:
         """After `redo="flagged"`: the rows the session flagged (now answered again) come back next in the queue."""
         still = {key_id(k) for k in flagged_keys(self.shape, self.where)}
