@@ -217,7 +217,12 @@ def test_accuracy_on_reviewed_rows_beside_another_model_and_the_cheapest_good_en
     assert f"{acc.table['accuracy'][0]:.0%}" in str(acc) and "per 1,000 rows" in str(acc)
     comparison = llmledger.compare(store, "sms", ["label_cheap", "label_strong"])
     assert comparison.accuracy(target=0.8).table.equals(acc.table)
-    assert "accuracy on reviewed rows" in comparison._repr_html_(), "drawn next to the agreement matrix"
+    html = comparison._repr_html_()
+    assert "accuracy on reviewed rows" in html, "drawn next to the agreement matrix"
+    assert html.count('class="llmledger-chart"') == 2, "agreement's chart, and accuracy's"
+    drawn = acc.chart()
+    assert drawn.count("llmledger-chart-interval") == 2 and "target 80%" in drawn
+    assert all(f">{step}</text>" in drawn for step in ("label_cheap", "label_strong"))
     from llmledger.cli import main
 
     main(["accuracy", str(store), "--table", "sms", "--step", "label_cheap", "--against", "label_strong",

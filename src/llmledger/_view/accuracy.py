@@ -30,6 +30,7 @@ from llmledger._draw import esc, usd
 from llmledger._ledger import open_existing
 from llmledger._ledger.compare import normalized
 from llmledger._ledger.states import PERSON
+from llmledger._view.chart import chart_svg
 from llmledger.errors import InvalidInputError
 
 
@@ -89,6 +90,7 @@ def accuracy(
         _fields(judged, confidence),
         target,
         _reviewers(verdicts),
+        confidence,
     )
 
 
@@ -102,6 +104,7 @@ class Accuracy:
     fields: pl.DataFrame | None
     target: float | None
     reviewers: pl.DataFrame | None = None  # per pair of reviewers: answers both judged, and how many alike
+    confidence: float = 0.95  # of the intervals
 
     @property
     def cheapest(self) -> str | None:
@@ -144,7 +147,22 @@ class Accuracy:
     def _repr_html_(self) -> str:
         rows = "".join(f"<li>{esc(line)}</li>" for line in self.lines())
         head = f"<b>{esc(self.table_name)}</b>: accuracy on reviewed rows"
-        return f'<div class="llmledger-accuracy">{head}<ul>{rows}</ul></div>'
+        return f'<div class="llmledger-accuracy">{head}<ul>{rows}</ul>{self.chart()}</div>'
+
+    def chart(self) -> str:
+        """Each reviewed step with a known cost: its cost per 1,000 rows (x) against the share right (y), with its
+        interval and the target as a dashed line: the cheapest good enough is the left-most whose bar clears it."""
+        drawn = self.table.filter((pl.col("reviewed") > 0) & pl.col("usd_per_1000_rows").is_not_null())
+        if drawn.is_empty():
+            return ""
+        rows = list(drawn.iter_rows(named=True))
+        return chart_svg(
+            [(r["step"], float(r["usd_per_1000_rows"]), float(r["accuracy"])) for r in rows],
+            x_title="cost per 1,000 rows",
+            y_title=f"right on reviewed rows ({self.confidence:.0%} interval)",
+            intervals={r["step"]: (float(r["low"]), float(r["high"])) for r in rows},
+            target=self.target,
+        )
 
 
 def _check(table: Any, step: Any, against: Any, target: Any, confidence: Any) -> list[str]:

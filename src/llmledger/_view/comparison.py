@@ -15,6 +15,7 @@ from llmledger._ledger import open_existing
 from llmledger._ledger.compare import ComparisonData
 from llmledger._ledger.query import flag
 from llmledger._view.accuracy import Accuracy, accuracy
+from llmledger._view.chart import chart_svg
 from llmledger.errors import InvalidInputError
 
 
@@ -148,10 +149,7 @@ class Comparison:
         return judged._repr_html_()
 
     def _chart(self) -> str:
-        """Cost per row (x) against agreement with the other steps (y): the cheapest step that agrees enough.
-
-        Axes with ticks; each point's name placed beside it where it overlaps no other text and stays inside the
-        figure (a trial found names on top of each other and of the axis title, the right-most one cut off)."""
+        """Cost per row (x) against agreement with the other steps (y): the cheapest step that agrees enough."""
         agree = self.agreement_with_others()
         points = [
             (str(r["step"]), float(r["cost_usd_per_row"]), float(share))
@@ -160,70 +158,4 @@ class Comparison:
         ]
         if not points:
             return "<div>cost against agreement: no step has a known cost (llmledger.set_price names one)</div>"
-        return chart_svg(points)
-
-
-CHART_W, CHART_H = 440, 250
-LEFT, RIGHT, TOP, BOTTOM = 48, 16, 24, 44  # room for the y ticks, the right-most name, the y title, the x ticks
-FONT = 11
-
-
-def _text_box(x: float, y: float, text: str, anchor: str = "start") -> tuple[float, float, float, float]:
-    """(left, top, right, bottom) of a text drawn at (x, y) (its baseline), at about 0.62 em per character."""
-    width = len(text) * FONT * 0.62
-    left = x - width if anchor == "end" else x - width / 2 if anchor == "middle" else x
-    return left, y - FONT, left + width, y + 3
-
-
-def _overlaps(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
-    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
-def chart_svg(points: list[tuple[str, float, float]]) -> str:
-    """The cost-against-agreement chart of `points` (name, cost per row, share agreeing) as SVG."""
-    top = max(cost for _, cost, _ in points) or 1.0
-    plot_w, plot_h = CHART_W - LEFT - RIGHT, CHART_H - TOP - BOTTOM
-
-    def at(cost: float, share: float) -> tuple[float, float]:
-        return LEFT + plot_w * cost / top, TOP + plot_h * (1 - share)
-
-    parts, taken = [], []
-
-    def text(x: float, y: float, label: str, anchor: str = "start", kind: str = "tick") -> None:
-        taken.append(_text_box(x, y, label, anchor))
-        parts.append(
-            f'<text class="llmledger-chart-{kind}" x="{x:.1f}" y="{y:.1f}" font-size="{FONT}" '
-            f'text-anchor="{anchor}">{esc(label)}</text>'
-        )
-
-    base, left_x = TOP + plot_h, LEFT
-    parts.append(f'<line x1="{left_x}" y1="{base}" x2="{LEFT + plot_w}" y2="{base}" stroke="#999"/>')
-    parts.append(f'<line x1="{left_x}" y1="{TOP}" x2="{left_x}" y2="{base}" stroke="#999"/>')
-    for share in (0.0, 0.5, 1.0):
-        _, y = at(0, share)
-        parts.append(f'<line x1="{left_x - 4}" y1="{y:.1f}" x2="{left_x}" y2="{y:.1f}" stroke="#999"/>')
-        text(left_x - 6, y + 4, f"{share:.0%}", "end")
-    for fraction in (0.0, 0.5, 1.0):
-        x, _ = at(top * fraction, 0)
-        parts.append(f'<line x1="{x:.1f}" y1="{base}" x2="{x:.1f}" y2="{base + 4}" stroke="#999"/>')
-        text(x, base + 16, usd(top * fraction), "end" if fraction == 1.0 else "middle" if fraction else "start")
-    text(LEFT + plot_w / 2, CHART_H - 6, "cost per row", "middle", "title")
-    text(4, TOP - 10, "agreement with the other steps", "start", "title")
-    for name, cost, share in sorted(points, key=lambda p: (p[1], -p[2])):
-        x, y = at(cost, share)
-        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#4a7"><title>{esc(name)}</title></circle>')
-        taken.append((x - 4, y - 4, x + 4, y + 4))
-        spots = [(x + 7, y - 5, "start"), (x + 7, y + 13, "start"), (x - 7, y - 5, "end"), (x - 7, y + 13, "end")]
-        spots += [(x, y - 9 - 13 * k, "middle") for k in range(4)] + [(x, y + 19 + 13 * k, "middle") for k in range(4)]
-        inside = [s for s in spots if _inside(_text_box(*s[:2], name, s[2]))]
-        free = [s for s in inside if not any(_overlaps(_text_box(*s[:2], name, s[2]), box) for box in taken)]
-        lx, ly, anchor = (free or inside or spots)[0]
-        text(lx, ly, name, anchor, "point")
-    return (
-        f'<svg class="llmledger-chart" width="{CHART_W}" height="{CHART_H}" viewBox="0 0 {CHART_W} {CHART_H}" '
-        f'role="img">{"".join(parts)}</svg>'
-    )
-
-
-def _inside(box: tuple[float, float, float, float]) -> bool:
-    return box[0] >= 0 and box[1] >= 0 and box[2] <= CHART_W and box[3] <= CHART_H
+        return chart_svg(points, x_title="cost per row", y_title="agreement with the other steps")
