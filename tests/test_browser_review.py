@@ -118,6 +118,12 @@ def test_a_keyboard_session_reviews_30_rows_in_under_a_minute(lab: dict[str, Any
         assert head.inner_text().startswith("30 reviewed, 0 left")
         assert "row 30 of 30" in view.locator("[data-field='position']").inner_text()
         assert "not a key" not in view.inner_text() and view.locator("[data-field='done']").count() == 1
+        # "redo flagged" from the view: a first r says what a second would pay for, the second sends row 3 again
+        typed("r")
+        said = "document.querySelector('.llmledger-review').innerText.includes"
+        wait("the confirmation", f"{said}('r again to re-send the 1 flagged row (paid)')")
+        typed("r")
+        page.wait_for_function(f"{said}('1 redone rows are back in the queue')", timeout=60_000)
     finally:
         shut_down_kernels(lab)
     found = llmledger.verdicts(store, "t", "facts")
@@ -130,3 +136,10 @@ def test_a_keyboard_session_reviews_30_rows_in_under_a_minute(lab: dict[str, Any
     assert undone.select("row_key", "verdict").rows() == [('{"id":8}', "flag")]
     corrected = llmledger.sql(store, "SELECT facts.year, facts_source FROM t WHERE id = 5")
     assert corrected is not None and corrected.rows() == [(1999, "person")]
+    redo = llmledger.sql(store, "SELECT calls, rows_selected FROM llmledger_runs ORDER BY started_at DESC LIMIT 1")
+    assert redo is not None and redo.rows() == [(1, 1)], "the redo paid for the flagged row alone"
+    latest = (
+        "SELECT id, facts_flag, facts_source FROM t WHERE facts_finished_at = (SELECT max(facts_finished_at) FROM t)"
+    )
+    again = llmledger.sql(store, latest)
+    assert again is not None and again.rows() == [(3, None, "simulator")], "row 3 answered anew, its flag gone"
