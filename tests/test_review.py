@@ -74,6 +74,10 @@ def test_a_correction_becomes_the_answer_at_no_cost_and_no_redo_but_a_named_one_
         llmledger.flag(store, "messages", "summary", where="id = 2", reason="try again")
         run(frame(5), "summary", prompt="Summarize again: {text}" if redo == "stale" else PROMPT, redo=redo)
         assert sql(store, "SELECT summary FROM messages WHERE id = 2") == [("a person's summary",)], redo
+        if redo == "flagged":  # found in a review: the flag stayed and the run said nothing
+            report = llmledger.last_report()
+            assert report is not None and report.kept_flagged == 1
+            assert "1 flagged row kept: a person wrote its answer" in "\n".join(report.hints())
     run(frame(5), "summary", prompt=PROMPT, redo=True, where="id = 2")
     assert sql(store, "SELECT summary_source FROM messages WHERE id = 2") != [("person",)], "named: replaced"
 

@@ -157,10 +157,16 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
 
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame:
         """`{step}`, `{step}_status` and `{step}_stale` for the frame's keys, in frame order, and `_kept`: the
-        answer is one a person accepted or wrote (kept by every redo; the run's report counts those stale)."""
+        answer is one a person accepted or wrote (kept by every redo; the run's report counts those stale), and
+        `_kept_flagged`: such an answer is flagged (redo='flagged' keeps it; the report says so)."""
         found = self.conn.transaction(
             lambda con: survey(
-                con, selection.layout, frame, fields=("status", "output", "stale", "kept"), params={}, compare=False
+                con,
+                selection.layout,
+                frame,
+                fields=("status", "output", "stale", "kept", "kept_flagged"),
+                params={},
+                compare=False,
             ),
             wait=30.0,
         )

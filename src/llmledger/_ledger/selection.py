@@ -54,7 +54,7 @@ from llmledger._step.request import RequestSpec, canonical_json
 from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError
 
-_PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output", "kept")
+_PREPARE_FIELDS = ("current", "status", "stale", "eligible", "waiting", "in_where", "output", "kept", "kept_flagged")
 
 
 class SelectionVerbs:
@@ -170,7 +170,7 @@ class SelectionVerbs:
                 waiting=int((found["waiting"] & found["in_where"]).sum()),
                 in_batches=int((status == Status.SUBMITTED).sum()),
                 done_skipped=int(((status == Status.DONE) & ~chosen).sum()),
-                survey=found.select("status", "output", "stale", "kept"),
+                survey=found.select("status", "output", "stale", "kept", "kept_flagged"),
                 where=params.where,
                 named=params.named,
                 unsimulated=unsimulated[0],

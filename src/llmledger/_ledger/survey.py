@@ -33,7 +33,7 @@ from llmledger.errors import WhereClauseError
 BATCH_ROWS = 250_000
 STATUS_TYPE = pl.Enum(STATUSES)
 FRAME = "llmledger_frame"
-_FLAGS = ("current", "stale", "eligible", "in_where", "waiting", "kept")
+_FLAGS = ("current", "stale", "eligible", "in_where", "waiting", "kept", "kept_flagged")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ def flag_sql(layout: Layout, where: str | None, *, named: bool | None = None) ->
     col = names(layout.step)
     named = where is not None if named is None else named
     stale = layout.stale or stale_sql(col)
+    kept = f"({col['_verdict']} IS NOT NULL OR coalesce({col['_source']} = '{PERSON}', false))"
     return {
         "current": f"coalesce({col['_version']} = $version, false)",
         "status": col["_status"],
@@ -77,7 +78,9 @@ def flag_sql(layout: Layout, where: str | None, *, named: bool | None = None) ->
         "in_where": f"coalesce(({where}), false)" if where else "true",
         "output": col[""],
         # a person accepted or wrote the answer: every redo keeps it (states.eligible_sql), stale or not
-        "kept": f"({col['_verdict']} IS NOT NULL OR coalesce({col['_source']} = '{PERSON}', false))",
+        "kept": kept,
+        # flagged, yet kept by redo='flagged': a person wrote the answer (a flag does not undo a correction)
+        "kept_flagged": f"({col['_flag']} IS NOT NULL AND {kept})",
     }
 
 

@@ -371,6 +371,7 @@ def from_legacy(con: Con) -> bool:
 
 
 KEPT = "_kept"  # in `named_outputs`: the row's answer is one a person accepted or wrote
+KEPT_FLAGGED = "_kept_flagged"  # and: it is flagged, yet redo='flagged' keeps it (a person wrote it)
 
 
 def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
@@ -381,5 +382,8 @@ def named_outputs(found: pl.DataFrame, step: str) -> pl.DataFrame:
         pl.col("status").alias(f"{step}_status"),
         pl.col("stale").fill_null(False).alias(f"{step}_stale"),
         # not appended to the user's frame: which stale answers a person's verdict keeps (the run's report says so)
-        (pl.col("kept").fill_null(False) if "kept" in found.columns else pl.lit(False)).alias(KEPT),
+        *(
+            (pl.col(name).fill_null(False) if name in found.columns else pl.lit(False)).alias(alias)
+            for name, alias in (("kept", KEPT), ("kept_flagged", KEPT_FLAGGED))
+        ),
     )

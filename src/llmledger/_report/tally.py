@@ -41,6 +41,7 @@ class RunTally:
     skipped: int = 0  # rows already DONE (or left for review) that cost nothing
     stale: int = 0  # DONE rows whose request (or an upstream step's answer) changed, left alone
     kept_stale: int = 0  # of such rows, those a person accepted or wrote: every redo but a named one keeps them
+    kept_flagged: int = 0  # flagged rows redo='flagged' kept: a person wrote their answers
     waiting: int = 0  # rows that need an answer but wait for the steps their prompt reads
     running_elsewhere: int = 0
     unprepared: int = 0  # (resume) rows whose request is not the current definition's: apply_llm must prepare them
@@ -348,6 +349,12 @@ class RunTally:
                 f"{rows(self.kept_stale, 'stale answer')} kept: a person accepted or wrote "
                 f"{'it' if self.kept_stale == 1 else 'them'}, and no redo replaces that but redo=True with where= "
                 "naming the rows."
+            )
+        if self.kept_flagged:
+            out.append(
+                f"{rows(self.kept_flagged, 'flagged row')} kept: a person wrote "
+                f"{'its answer' if self.kept_flagged == 1 else 'their answers'}, which no redo replaces but "
+                "redo=True with where= naming the rows; llmledger.undo_verdict takes a correction back."
             )
         if self.downstream_stale:
             made = ", ".join(f"{rows(n)} of step {s!r}" for s, n in self.downstream_stale.items())

@@ -26,7 +26,7 @@ from llmledger._ledger.columns import SIMULATOR
 from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.open import expect_store
 from llmledger._ledger.states import Outcome, Redo
-from llmledger._ledger.verbs import KEPT, named_outputs
+from llmledger._ledger.verbs import KEPT, KEPT_FLAGGED, named_outputs
 from llmledger._report import PipelineReport, RunReport, Watcher
 from llmledger._run.drive import run_batches, send_all
 from llmledger._run.endpoints import compatible_note, gateway_note
@@ -411,7 +411,9 @@ class Run:
         stale, kept = found[f"{step}_stale"], found[KEPT]
         self.report.stale = int((stale & ~kept).sum())  # after the run: what a redo='stale' would re-send
         self.report.kept_stale = int((stale & kept).sum())  # and what it keeps: a person accepted or wrote them
-        found = found.drop(KEPT)
+        if plan.redo is Redo.FLAGGED:  # flags it did not act on: a person wrote those answers
+            self.report.kept_flagged = int(found[KEPT_FLAGGED].sum())
+        found = found.drop(KEPT, KEPT_FLAGGED)
         if found[step].dtype == pl.Null:  # no row has an answer yet, so nothing said its type
             found = found.with_columns(pl.col(step).cast(pl.String))
         return with_answers(plan, found)
