@@ -203,6 +203,20 @@ def test_a_pandas_frame_with_a_column_name_twice_is_refused(run, sim: Simulator,
     assert not store.exists() and sim.stats()["paid"] == 0
 
 
+def test_a_pandas_column_named_by_a_number_may_hold_paths(run, sim: Simulator, store: Path, tmp_path: Path) -> None:
+    """Found in an attack: such a column was refused as "non-unique column names" (a twin named "5" was made)."""
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"id": [1, 2], "text": ["a", "b"], 5: [tmp_path / "x.txt", tmp_path / "y.txt"]})
+    out = run(df, "s", prompt="{text}")
+    assert list(out.columns[:3]) == ["id", "text", 5] and out["s_status"].tolist() == ["DONE", "DONE"]
+
+
+def test_a_store_in_a_folder_that_cannot_be_made_is_a_store_error(run) -> None:
+    """Found in an attack: a bare FileNotFoundError."""
+    with pytest.raises(StoreError, match=r"cannot create the folder '/proc/nope' for store"):
+        run(frame(2), "s", prompt="{text}", store="/proc/nope/x.duckdb")
+
+
 @pytest.mark.parametrize(
     "url",
     ["mysql://me:secret@db/ledger", "s3://bucket/ledger.duckdb", "sqlite:///x.db", " postgresql://me:secret@db/x",

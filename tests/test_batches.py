@@ -446,3 +446,38 @@ def test_a_batch_collected_later_is_counted_once_and_reset_rows_are_still_paid_f
     )[0]
     assert unused == 2 and unused_cost == pytest.approx(cost / 2, rel=0.2), "the two answers nobody took are paid"
     assert report.calls == 6 and report.cost_usd == pytest.approx(cost + unused_cost)
+
+
+STALLS_AFTER_ITS_FIRST_MERGE = """
+import sys, time
+import anthropic, polars as pl
+from llmledger import apply_llm
+from llmledger._ledger.ledger import SQLLedger
+
+merge = SQLLedger.merge_batch
+def merge_then_stall(self, *args, **kwargs):  # as a run waiting hours for its second batch
+    out = merge(self, *args, **kwargs)
+    print("merged", flush=True)
+    time.sleep(60)
+    return out
+SQLLedger.merge_batch = merge_then_stall
+df = pl.DataFrame({"id": list(range(40)), "text": [f"hello message number {i}" for i in range(40)]})
+apply_llm(df, "summary", prompt="Summarize: {text}", store=sys.argv[1], table="messages",
+          client=anthropic.AsyncAnthropic(api_key="k"), progress=False, mode="batch", batch_size=20)
+"""
+
+
+def test_a_run_killed_after_merging_a_batch_shows_what_that_batch_paid(store: Path) -> None:
+    """Found in an attack: a batch run killed while it waited for its second batch kept 0 calls in llmledger_runs,
+    though the first batch's 20 answers were merged and paid; the merge now raises the run's row with them."""
+    with Simulator(batch_delay=0.5) as sim:
+        child = [sys.executable, "-c", STALLS_AFTER_ITS_FIRST_MERGE, str(store)]
+        env = subprocess_env(sim.base_url)
+        proc = subprocess.Popen(child, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "merged", proc.communicate()
+        finally:
+            proc.kill()
+            proc.communicate()
+        runs = sql(store, "SELECT outcome, mode, calls, done, cost_usd > 0 FROM llmledger_runs")
+        assert runs == [("running", "batch", 20, 20, True)] and sim.stats()["paid"] == 40

@@ -246,3 +246,40 @@ def test_a_background_run_is_reviewed_by_passing_it(sim: Any, client: Any, store
     assert sim.stats()["paid"] == 4, "the flagged row again, through the run's client"
     with pytest.raises(llmledger.InvalidInputError, match=r"review\(\) needs the table and the step"):
         llmledger.review(store)
+
+
+def test_redo_flagged_from_the_view_pays_for_the_rows_it_announced_and_no_others(
+    run: Any, sim: Any, client: Any, store: Path
+) -> None:
+    """Found in an attack: r r ran redo='flagged', which also sends rows never answered (here 4, left unsent by
+    where=; in the attack 45 a budget had stopped), after announcing 2; and a single r after a redo paid."""
+    run(frame(8), "summary", prompt=PROMPT, where="id < 4")  # rows 4-7 recorded, not answered
+    view = llmledger.review(store, "messages", "summary", by="ana", client=client)
+    press(view, "r")
+    assert "no flagged row to redo" in view.message.value and not view.armed
+    press(view, "fa\nfb\n")  # rows 0 and 1 flagged
+    paid = sim.stats()["paid"]
+    press(view, "r")
+    assert "r again to re-send the 2 flagged rows (paid)" in view.message.value
+    press(view, "r")
+    view.run.wait(60)
+    for _ in range(100):
+        if "redone rows are back" in view.message.value:
+            break
+        import time
+
+        time.sleep(0.05)
+    assert sim.stats()["paid"] == paid + 2, "the two flagged rows, no others"
+    assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'NOT_STARTED'") == [(4,)]
+    assert not view.armed
+    llmledger.flag(store, "messages", "summary", where="id = 2", reason="a colleague")
+    press(view, "r")
+    assert view.run.done and sim.stats()["paid"] == paid + 2, "one r after the redo ended only asks"
+    assert "r again to re-send the 1 flagged row (paid)" in view.message.value
+
+
+def test_reviewing_a_store_that_is_not_there_says_so(tmp_path: Path) -> None:
+    """Found in an attack: "table 'm' has no step 's'; it has: no steps"."""
+    with pytest.raises(llmledger.StoreNotFound):
+        llmledger.review(tmp_path / "none.duckdb", "m", "s")
+    assert not (tmp_path / "none.duckdb").exists()

@@ -48,3 +48,15 @@ def test_the_y_axis_starts_near_the_points_when_they_all_sit_high() -> None:
     ticks = [label for kind, _, _, _, label in TEXT.findall(svg) if kind == "tick" and label.endswith("%")]
     assert ticks == ["80%", "90%", "100%"]
     assert "target 90%" in svg and svg.count("llmledger-chart-interval") == 2
+
+
+def test_the_interval_named_in_the_title_is_the_one_drawn() -> None:
+    """Found in an attack: confidence=0.999 was titled "100% interval"."""
+    import polars as pl
+
+    from llmledger._view.accuracy import Accuracy
+
+    table = pl.DataFrame({"step": ["a"], "reviewed": [50], "right": [45], "accuracy": [0.9], "low": [0.79],
+                          "high": [0.96], "usd_per_1000_rows": [0.02], "meets_target": [False]})  # fmt: skip
+    assert "99.9% interval" in Accuracy("t", ["a"], table, None, None, None, 0.999).chart()
+    assert "95% interval" in Accuracy("t", ["a"], table, None, None, None, 0.95).chart()

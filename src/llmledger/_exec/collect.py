@@ -67,8 +67,10 @@ class BatchCollector(BatchMerger):
         output_model: Any = None,
         on_progress: Callable[[RunReport, int], None] | None = None,
         stale_after: timedelta = timedelta(minutes=30),
+        run_id: str | None = None,
     ) -> None:
         self.ledger, self.table, self.step, self.cfg = ledger, table, step, cfg
+        self.run_id = run_id  # the run's row in llmledger_runs takes each merged batch's figures as it commits
         self.api = batch_api_for(client, cfg.api)
         self.report, self.stop_flag, self.on_progress, self.stale_after = report, stop_flag, on_progress, stale_after
         self.version, self.output_model = version, output_model  # apply_llm's definition: its pydantic model

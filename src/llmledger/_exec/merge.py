@@ -59,6 +59,7 @@ class BatchMerger:
     stuck: set[str]
     failures: Counter[str]
     reconciler: Reconciler
+    run_id: str | None
     output_for: Callable[[str, OutputSpec | None], OutputSpec | None]
     _hand_over: Callable[..., Awaitable[None]]
     _failed: Callable[[list[BatchRecord], str], None]
@@ -162,6 +163,7 @@ class BatchMerger:
                 now=utcnow(),
                 expected_rows=rows.rows.height,
                 unused=unused,
+                run=None if self.run_id is None else (self.run_id, self.report.paid_figures(plus=counted)),
             )
         except BatchChanged:  # rows joined it meanwhile: merge it again at the next look, with them
             return False

@@ -27,6 +27,7 @@ import polars as pl
 from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import column_types, one, registered, table_exists
+from llmledger._ledger.run_rows import raise_run
 from llmledger._ledger.schema import BATCHES_TABLE, STEPS_TABLE
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import BatchRecord, BatchRows
@@ -339,13 +340,15 @@ class BatchVerbs:
         now: datetime,
         expected_rows: int,
         unused: tuple[int, float] = (0, 0.0),
+        run: tuple[str, dict[str, Any]] | None = None,
     ) -> pl.DataFrame | None:
         """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns the keys of the
         rows given back, or None when another run merged the batch first (then nothing is written).
 
         `unused`: answers (and their cost) to requests no row holds any more (reset while the batch ran):
         paid for, so recorded with the batch. Raises BatchChanged when the batch no longer holds the
-        `expected_rows` rows the results were matched against (rows joined it meanwhile).
+        `expected_rows` rows the results were matched against (rows joined it meanwhile). `run` (run id, figures):
+        the merging run's row in llmledger_runs takes its figures with the batch's, as `commit` does.
         """
 
         def work(con: Con) -> pl.DataFrame | None:
@@ -361,6 +364,8 @@ class BatchVerbs:
                 raise BatchChanged(batch.batch_id)
             if results.height:
                 commit_results(con, layout, results, now=now, only_batch=batch.batch_id)
+            if run is not None:
+                raise_run(con, run[0], layout.table, layout.step, run[1])
             back = give_back(
                 con,
                 layout,

@@ -260,10 +260,14 @@ class RunTally:
     def __repr__(self) -> str:
         return str(self)
 
-    def paid_figures(self) -> dict[str, Any]:
-        """The columns of the run's row in `llmledger_runs` that grow as it goes: written with every chunk it
-        commits (so a run killed mid-way still shows what it paid) and once more when it ends."""
-        return {name: getattr(self, name) for name in PAID_FIGURES}
+    def paid_figures(self, *, plus: RunTally | None = None) -> dict[str, Any]:
+        """The columns of the run's row in `llmledger_runs` that grow as it goes (with `plus`'s added: a batch
+        being merged): written with every chunk it commits (so a run killed mid-way still shows what it paid) and
+        once more when it ends. A cost unknown on either side is unknown."""
+        mine = {name: getattr(self, name) for name in PAID_FIGURES}
+        if plus is None:
+            return mine
+        return {k: None if v is None or getattr(plus, k) is None else v + getattr(plus, k) for k, v in mine.items()}
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "outcome": str(self.outcome)}

@@ -87,6 +87,7 @@ async def run_batches(
             output_model=plan.cfg.output_model,
             on_progress=display.update,
             stale_after=plan.stale,
+            run_id=claimant.run_id,
         )
         if selection is None:
             await collector.collect()

@@ -32,10 +32,10 @@ def as_polars(df: Any) -> tuple[pl.DataFrame, bool]:
         paths = [
             c for c in df.columns if df[c].dtype == object and df[c].map(lambda v: isinstance(v, os.PathLike)).any()
         ]  # pathlib.Path values (attach=), which Arrow cannot hold
-        if paths:
-            df = df.assign(
-                **{str(c): df[c].map(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v) for c in paths}
-            )
+        if paths:  # by label, not `assign(**{str(c): ...})`: a column named 5 would gain a twin named "5"
+            df = df.copy(deep=False)
+            for c in paths:
+                df[c] = df[c].map(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)
         try:
             return pl.from_pandas(df), True
         except (TypeError, ValueError, pl.exceptions.PolarsError) as exc:  # pyarrow's errors are ValueErrors

@@ -26,6 +26,7 @@ def review(
     compare_with: Any = (),
     seed: int = 0,
     client: Any = None,
+    max_cost_usd: float | None = None,
 ) -> ReviewView:
     """Review the answers of `step` one row at a time in the notebook, keyboard first.
 
@@ -47,8 +48,9 @@ def review(
       answers otherwise, then DONE rows no one judged. `queue="sample"` with `sample=n`, or `margin=0.05` (the
       rows an accuracy within ±5 points at 95 % needs): a random sample (`seed`) of DONE rows no one judged.
     - `where=`: a SQL predicate narrowing the rows, as everywhere.
-    - "redo flagged" runs `resume(store, table, step, redo="flagged", background=True)` (with `client=`, if
-      given) and, when it ends, puts the redone rows back into the queue.
+    - "redo flagged" runs `resume(store, table, step, redo="flagged", background=True)` on exactly the flagged rows
+      (with `client=` and `max_cost_usd=`, if given; a Run's own, when reviewing one) and, when it ends, puts the
+      redone rows back into the queue.
 
     The counter shows the rows reviewed and left, and the share accepted with its Wilson interval.
     `llmledger review STORE` is the terminal twin.
@@ -57,7 +59,11 @@ def review(
     at: str | Path
     if isinstance(store, Run):  # its store, table, step (unless named) and client
         plan = store.plan
-        table, step, client, at = table or plan.table, step or plan.step, client or plan.client, plan.store
+        table = plan.table if table is None else table
+        step = plan.step if step is None else step
+        client = plan.client if client is None else client
+        max_cost_usd = plan.cfg.max_cost_usd if max_cost_usd is None else max_cost_usd
+        at = plan.store
     else:
         at = store
     if table is None or step is None:
@@ -66,9 +72,11 @@ def review(
             f"step={step!r} (or pass the Run that apply_llm(..., background=True) returned)"
         )
 
-    def redo() -> Any:
-        return resume(at, table, step, where=where, redo="flagged", background=True, progress=True, client=client)
-
     session = Session(at, table, step, where=where, queue=queue, sample=sample, margin=margin, by=by,
                       compare_with=compare_with, seed=seed)  # fmt: skip
+
+    def redo() -> Any:
+        return resume(at, session.shape.table, session.shape.step, where=session.redo_where(), redo="flagged",
+                      background=True, progress=True, client=client, max_cost_usd=max_cost_usd)  # fmt: skip
+
     return ReviewView(session, redo=redo)

@@ -411,6 +411,8 @@ class Run:
         stale, kept = found[f"{step}_stale"], found[KEPT]
         self.report.stale = int((stale & ~kept).sum())  # after the run: what a redo='stale' would re-send
         self.report.kept_stale = int((stale & kept).sum())  # and what it keeps: a person accepted or wrote them
+        # rows still RUNNING now are another run's (this one gave its claims back): what the frame shows unanswered
+        self.report.running_elsewhere = int((found[f"{step}_status"] == "RUNNING").sum())
         if plan.redo is Redo.FLAGGED:  # flags it did not act on: a person wrote those answers
             self.report.kept_flagged = int(found[KEPT_FLAGGED].sum())
         found = found.drop(KEPT, KEPT_FLAGGED)

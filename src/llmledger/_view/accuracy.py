@@ -159,7 +159,7 @@ class Accuracy:
         return chart_svg(
             [(r["step"], float(r["usd_per_1000_rows"]), float(r["accuracy"])) for r in rows],
             x_title="cost per 1,000 rows",
-            y_title=f"right on reviewed rows ({self.confidence:.0%} interval)",
+            y_title=f"right on reviewed rows ({self.confidence * 100:g}% interval)",
             intervals={r["step"]: (float(r["low"]), float(r["high"])) for r in rows},
             target=self.target,
         )

@@ -17,6 +17,7 @@ in the background with the run's live view; when it ends they come back into the
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import threading
@@ -226,14 +227,7 @@ class ReviewView:
             elif key == "r" and armed:
                 self.redo_flagged()
             elif key == "r":  # one stray key must not spend money: a second `r` confirms
-                self.armed = self._redo is not None
-                flagged = s.flagged()
-                self.note(
-                    f"r again to re-send the {flagged:,} flagged row{'s' if flagged != 1 else ''} (paid); "
-                    "any other key does not"
-                    if self._redo is not None
-                    else "redo flagged is not available here"
-                )
+                self._ask_to_redo()
             else:
                 self.note(f"{key!r} is not a key: {', '.join(k for k, _ in KEYS)}")
         except InvalidInputError as exc:
@@ -280,6 +274,19 @@ class ReviewView:
             self.draw()
 
     # -- redo flagged -----------------------------------------------------------------------------
+    def _ask_to_redo(self) -> None:
+        """The first `r`: say what a second one sends and pays for (nothing to send, or a redo running: no ask)."""
+        if self._redo is None:
+            self.note("redo flagged is not available here")
+        elif self.run is not None and not getattr(self.run, "done", True):
+            self.note("the redo is still running")
+        elif not (flagged := self.session.flagged()):
+            self.note("no flagged row to redo (f flags the row shown)")
+        else:
+            self.armed = True
+            self.note(f"r again to re-send the {flagged:,} flagged row{'s' if flagged != 1 else ''} (paid); any "
+                      "other key does not")  # fmt: skip
+
     def redo_flagged(self) -> None:
         if self._redo is None:
             self.note("redo flagged is not available here")
@@ -294,9 +301,12 @@ class ReviewView:
 
             display(self.run)
         self.note("redoing the flagged rows in the background; they come back here when it ends")
-        threading.Thread(target=self._after_redo, args=(self.run,), daemon=True, name="llmledger-review").start()
+        after = threading.Thread(target=self._after_redo, args=(self.run,), daemon=True, name="llmledger-review")
+        after.start()
+        atexit.register(after.join, 30)  # a script ending now must not tear the store down under its last read
 
     def _after_redo(self, run: Any) -> None:
+        self.armed = False  # a `r` asked before the redo ended does not carry over to rows flagged since
         try:
             run.wait()
         except BaseException as exc:  # the run's own view says what stopped it

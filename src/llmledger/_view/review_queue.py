@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmledger._ledger import db_errors, known_table, stale_condition, stored_outputs
+from llmledger._ledger import db_errors, known_table, open_existing, stale_condition, stored_outputs
 from llmledger._ledger.columns import STEP_COLUMNS, names
 from llmledger._ledger.query import history, sql
+from llmledger._ledger.states import PERSON
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.sqltext import q
 from llmledger._view.accuracy import as_compared, sample_size
@@ -70,6 +71,7 @@ def shape_of(store: str | Path, table: str, step: str, compare_with: Any = ()) -
         raise InvalidInputError(f"table and step are names, got {table!r} and {step!r}")
     if isinstance(compare_with, str) or not all(isinstance(s, str) and s for s in compare_with):
         raise InvalidInputError(f"compare_with is a list of step names, e.g. ['label_sonnet'], got {compare_with!r}")
+    open_existing(store)  # a store that is not there is StoreNotFound, not "no such step"
     steps, columns, keys = known_table(store, table)
     for name in [step, *compare_with]:
         if name not in steps:
@@ -229,6 +231,20 @@ def load_row(shape: Shape, key: Any) -> Row | None:
             {"reason": e.get("reason"), "answer": e.get("old_output"), "model": e.get("old_model")} for e in earlier
         ],
     )
+
+
+def redo_where(shape: Shape, where: str | None) -> str:
+    """The rows the view's "redo flagged" sends, as `where=`: the flagged ones within `where`. `redo="flagged"`
+    alone also sends rows never answered (or FAILED with tries left), which the view never asked about (an attack
+    found 47 rows paid, past the budget that had stopped them, after the view announced 2)."""
+    flagged = f"{q(shape.step + '_flag')} IS NOT NULL"
+    return f"({where}) AND {flagged}" if where else flagged
+
+
+def resendable(shape: Shape, where: str | None) -> int:
+    """How many rows that redo pays for: flagged, not in flight, and not a person's answer (no redo replaces one)."""
+    rows = _records(shape, redo_where(shape, where), inputs=False)
+    return sum(r["__source"] != PERSON and r["__status"] not in ("RUNNING", "SUBMITTED") for r in rows)
 
 
 def flagged_keys(shape: Shape, where: str | None = None) -> list[Any]:

@@ -14,7 +14,17 @@ from llmledger._ledger import open_existing
 from llmledger._ledger.query import accept, correct, undo_verdict
 from llmledger._time import utcnow
 from llmledger._view.accuracy import wilson
-from llmledger._view.review_queue import Row, Shape, flagged_keys, key_id, load_row, queue_keys, shape_of
+from llmledger._view.review_queue import (
+    Row,
+    Shape,
+    flagged_keys,
+    key_id,
+    load_row,
+    queue_keys,
+    redo_where,
+    resendable,
+    shape_of,
+)
 from llmledger.errors import InvalidInputError
 
 
@@ -130,8 +140,12 @@ class Session:
         return undone
 
     def flagged(self) -> int:
-        """How many rows `redo="flagged"` would send again (flagged by anyone, within `where`)."""
-        return len(flagged_keys(self.shape, self.where))
+        """How many rows the view's "redo flagged" sends (and pays for): flagged by anyone, within `where`."""
+        return resendable(self.shape, self.where)
+
+    def redo_where(self) -> str:
+        """`where=` of that redo: exactly those rows."""
+        return redo_where(self.shape, self.where)
 
     def redone(self) -> list[Any]:
         """After `redo="flagged"`: the rows the session flagged (now answered again) come back next in the queue."""

@@ -207,7 +207,13 @@ def make_folders(path: Path) -> list[Path]:
     while not folder.exists() and folder != folder.parent:
         missing.append(folder)
         folder = folder.parent
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a folder that cannot be made (/proc/..., no permission, a file in the way)
+        raise StoreError(
+            f"cannot create the folder {str(path.parent)!r} for store {str(path)!r}: {exc.strerror or exc}; pass a "
+            "store in a folder you can write to"
+        ) from None
     return missing
 
 
