@@ -283,3 +283,16 @@ def test_reviewing_a_store_that_is_not_there_says_so(tmp_path: Path) -> None:
     with pytest.raises(llmledger.StoreNotFound):
         llmledger.review(tmp_path / "none.duckdb", "m", "s")
     assert not (tmp_path / "none.duckdb").exists()
+
+
+def test_a_pdf_shows_its_name_pages_and_first_pages_text(run: Any, store: Path, tmp_path: Path) -> None:
+    from llmledger.simulator.samples import pdf
+
+    doc = tmp_path / "invoice.pdf"
+    doc.write_bytes(pdf(["ACME Corp invoice 2024\nTotal 120 EUR", "Terms and conditions"]))
+    df = pl.DataFrame({"id": [1], "question": ["Who sent it?"], "path": [str(doc)]})
+    run(df, "who", prompt="{question}", attach="path")
+    body = llmledger.review(store, "messages", "who").body.value
+    shown = body[body.index('class="llmledger-pdf"') :].split("</div></div>")[0]
+    assert "invoice.pdf</b> · 2 pages" in shown and "ACME Corp invoice 2024" in shown
+    assert "Terms and conditions" not in shown, "the first page only"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from llmledger._draw import esc
+from llmledger._step.formats import pdf_pages
 from llmledger._view.review_queue import Row, Shape
 from llmledger._view.review_session import Session, field_value
 from llmledger.errors import InvalidInputError
@@ -43,6 +44,7 @@ KEYS = (
 _IMAGES = {b"\x89PNG": "png", b"\xff\xd8\xff": "jpeg", b"GIF8": "gif", b"RIFF": "webp"}
 _SUFFIXES = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".gif": "gif", ".webp": "webp"}
 _MAX_IMAGE = 4_000_000
+_MAX_PDF, _PDF_TEXT = 32_000_000, 600  # the API's own PDF limit; the first page's text shown, at most
 # the command box's text is hidden (its caret and placeholder are not): one line, never wrapped, never resized
 _BOX_STYLE = (
     "<style>.llmledger-review-box textarea{color:transparent;caret-color:#333;white-space:pre;overflow:hidden;"
@@ -67,6 +69,30 @@ def _thumbnail(value: Any) -> str | None:
     return f'<img class="llmledger-thumb" src="{src}" style="max-height:140px;max-width:240px">'
 
 
+def _pdf_preview(value: Any) -> str | None:
+    """A PDF given as bytes or as the path of a .pdf file: its name, its pages, and its first page's text (what the
+    standard library reads cheaply, `_step.formats.pdf_pages`; no rendering), or None when it is no PDF."""
+    if isinstance(value, bytes | bytearray) and bytes(value[:1024]).lstrip().startswith(b"%PDF-"):
+        raw, name = bytes(value), f"a PDF of {len(value):,} bytes"
+    elif isinstance(value, str) and value.lower().endswith(".pdf") and len(value) < 1000:
+        path = Path(value).expanduser()
+        if not path.is_file() or path.stat().st_size > _MAX_PDF:
+            return None
+        raw, name = path.read_bytes(), path.name
+    else:
+        return None
+    pages = pdf_pages(raw)
+    if pages is None:
+        return f'<div class="llmledger-pdf">{esc(name)}: a PDF whose text cannot be read here</div>'
+    first = pages[0].strip() if pages else ""
+    text = (first[:_PDF_TEXT] + " ...") if len(first) > _PDF_TEXT else first
+    return (
+        f'<div class="llmledger-pdf"><b>{esc(name)}</b> · {len(pages)} page{"s" if len(pages) != 1 else ""}'
+        f'<div style="white-space:pre-wrap;border-left:3px solid #ddd;padding-left:6px;color:#333">'
+        f"{esc(text) or '<i>no text on the first page</i>'}</div></div>"
+    )
+
+
 def _answer_html(answer: Any, fields: list[str]) -> str:
     if answer is None:
         return "<i>no answer</i>"
@@ -81,10 +107,11 @@ def _answer_html(answer: Any, fields: list[str]) -> str:
 
 
 def row_html(shape: Shape, row: Row) -> str:
-    """One row: key, inputs (images as thumbnails), the answer, its state, earlier answers, other steps' answers."""
+    """One row: key, inputs (images as thumbnails, a PDF's name, pages and first page's text), the answer, its
+    state, earlier answers, other steps' answers."""
     inputs = "".join(
         f"<tr><th style='text-align:left;vertical-align:top'>{esc(name)}</th><td style='white-space:pre-wrap'>"
-        f"{_thumbnail(value) or esc(value)}</td></tr>"
+        f"{_thumbnail(value) or _pdf_preview(value) or esc(value)}</td></tr>"
         for name, value in row.inputs.items()
     )
     state = [f'<span data-field="status">{esc(row.status)}</span>']

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from llmledger.simulator.formats import image_size, pdf_pages
+from llmledger._step.formats import image_size, pdf_pages
 
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 MAX_IMAGE_BYTES = 5 * 1024 * 1024

@@ -1,8 +1,9 @@
 """Image and PDF files read by hand with the standard library: an image's type and size from its header
 (`image_size`), a PDF's pages and their text (`pdf_pages`).
 
-Its own module because it is byte-level parsing, with no notion of a request: `media.py` uses it to refuse, bill
-and mark files as the API does, and the simulator stays free of imaging and PDF packages.
+Its own module because it is byte-level parsing, with no notion of a request: the simulator's `media.py` uses it
+to refuse, bill and mark files as the API does, and the review view to show a PDF's pages and first page's text,
+both free of imaging and PDF packages.
 """
 
 from __future__ import annotations
