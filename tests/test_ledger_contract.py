@@ -96,11 +96,11 @@ def test_commit_writes_outputs_and_statuses_and_release_gives_the_rest_back(ledg
     assert [(e.example_key, e.example) for e in ledger.overview("t").steps[0].errors] == [('{"id":2}', "400 bad")]
     out = ledger.outputs(selection, FRAME.select("id").reverse())
     assert out.rows() == [
-        (None, "NOT_STARTED", False, False),
-        (None, "NOT_STARTED", False, False),
-        (None, "FAILED", False, False),
-        ("A", "DONE", False, False),
-    ], "outputs come back in the frame's order (the last column: a person's answer, kept by every redo)"
+        (None, "NOT_STARTED", False, False, False),
+        (None, "NOT_STARTED", False, False, False),
+        (None, "FAILED", False, False, False),
+        ("A", "DONE", False, False, False),
+    ], "outputs come back in the frame's order (then: a person's answer, kept by every redo; flagged, yet kept)"
 
 
 def test_a_second_prepare_selects_only_what_still_needs_work(ledger: Ledger) -> None:
