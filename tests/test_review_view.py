@@ -296,3 +296,22 @@ def test_a_pdf_shows_its_name_pages_and_first_pages_text(run: Any, store: Path, 
     shown = body[body.index('class="llmledger-pdf"') :].split("</div></div>")[0]
     assert "invoice.pdf</b> · 2 pages" in shown and "ACME Corp invoice 2024" in shown
     assert "Terms and conditions" not in shown, "the first page only"
+
+
+def test_rows_of_a_frame_and_a_runs_own_rows_are_the_ones_reviewed(run: Any, client: Any, store: Path) -> None:
+    """The issue's "from a Run/frame": rows= narrows the review to a frame's keys; a Run brings its own frame."""
+    run(frame(10), "summary", prompt=PROMPT)
+    picked = frame(10).filter(pl.col("id").is_in([7, 2, 5]))
+    assert llmledger.review(store, "messages", "summary", rows=picked).session.keys == [2, 5, 7]
+    assert llmledger.review(store, "messages", "summary", rows=picked.to_pandas(), where="id > 3").session.keys == [
+        5,
+        7,
+    ]
+    started = llmledger.apply_llm(frame(10).head(4), "summary", prompt=PROMPT, store=store, table="messages",
+                                  client=client, background=True, progress=False)  # fmt: skip
+    started.wait(60)
+    assert llmledger.review(started).session.keys == [0, 1, 2, 3]
+    with pytest.raises(llmledger.InvalidInputError, match=r"rows= is a frame with the key column\(s\) of table"):
+        llmledger.review(store, "messages", "summary", rows=picked.select("text"))
+    with pytest.raises(llmledger.InvalidInputError, match="names no row"):
+        llmledger.review(store, "messages", "summary", rows=picked.clear())

@@ -120,6 +120,12 @@ def prior_status_sql(col: dict[str, str]) -> str:
 PERSON = "person"  # `{step}_source` of an answer a person wrote (a correction: review.py)
 
 
+def kept_sql(col: dict[str, str]) -> str:
+    """SQL: a person accepted or wrote the row's answer, so no redo replaces it but `redo=True` on rows the call
+    names (a flag clears an acceptance, not a correction: `{step}_source` stays `person`)."""
+    return f"({col['_verdict']} IS NOT NULL OR coalesce({col['_source']} = '{PERSON}', false))"
+
+
 def eligible_sql(col: dict[str, str], stale: str | None = None, *, named: bool = False) -> str:
     """SQL: this run may claim the row now (`$max_attempts`, `$redo`, `$run_started` bound).
 
@@ -128,7 +134,7 @@ def eligible_sql(col: dict[str, str], stale: str | None = None, *, named: bool =
     accepted or wrote is kept by every redo but `redo=True` on rows the call names (`named`: it has `where=`).
     """
     s, a, f = col["_status"], col["_attempts"], col["_finished_at"]
-    kept = f"({col['_verdict']} IS NOT NULL OR coalesce({col['_source']} = '{PERSON}', false))"
+    kept = kept_sql(col)
     return (
         f"({s} = 'NOT_STARTED' OR ({s} = 'FAILED' AND {a} < $max_attempts) "
         f"OR ($redo = 'all' AND {s} IN ('DONE', 'FAILED', 'NEEDS_REVIEW') AND ({f} IS NULL OR {f} < $run_started)"

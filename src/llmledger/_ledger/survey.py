@@ -24,7 +24,7 @@ from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.dialect import dialect_of
 from llmledger._ledger.engine.duckdb import JOIN_MEMORY_LIMIT, SCAN_MEMORY_LIMIT
 from llmledger._ledger.engine.shared import arrow_batches, column_types, db_errors, memory_limited, registered
-from llmledger._ledger.states import PERSON, STATUSES, eligible_sql, stale_sql
+from llmledger._ledger.states import STATUSES, eligible_sql, kept_sql, stale_sql
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.request import sql_literal
 from llmledger._step.sqltext import q
@@ -68,7 +68,7 @@ def flag_sql(layout: Layout, where: str | None, *, named: bool | None = None) ->
     col = names(layout.step)
     named = where is not None if named is None else named
     stale = layout.stale or stale_sql(col)
-    kept = f"({col['_verdict']} IS NOT NULL OR coalesce({col['_source']} = '{PERSON}', false))"
+    kept = kept_sql(col)
     return {
         "current": f"coalesce({col['_version']} = $version, false)",
         "status": col["_status"],

@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from llmledger._ledger import known_table
 from llmledger._run.api import resume
+from llmledger._run.frames import as_polars
 from llmledger._run.run import Run
+from llmledger._step.request import sql_literal
+from llmledger._step.sqltext import q
 from llmledger._view.review import ReviewView
 from llmledger._view.review_session import Session
 from llmledger.errors import InvalidInputError
@@ -27,13 +31,14 @@ def review(
     seed: int = 0,
     client: Any = None,
     max_cost_usd: float | None = None,
+    rows: Any = None,
 ) -> ReviewView:
     """Review the answers of `step` one row at a time in the notebook, keyboard first.
 
         llmledger.review("ledger.duckdb", "sms", "label", compare_with=["label_sonnet"])
         llmledger.review("ledger.duckdb", "sms", "label", queue="sample", margin=0.05)
-        llmledger.review(run)  # the Run apply_llm(..., background=True) returned: its store, table and step
-
+        llmledger.review(run)  # the Run apply_llm(..., background=True) returned: its store, table, step, rows
+        llmledger.review("ledger.duckdb", "sms", "label", rows=sample)  # only the rows of a frame (its keys)
 
     Each row shows its inputs (image paths or bytes as thumbnails), the answer (a typed answer one field per line),
     its status, verdict and flag, its earlier answers, and the same row's answers of the `compare_with` steps.
@@ -44,10 +49,12 @@ def review(
     `flag`, `correct`, `undo_verdict`), as `by` (default: the login name).
 
     - `queue="needs"`: NEEDS_REVIEW, FAILED, flagged and stale rows first (stale: the row's request changed, or a
-      step its prompt reads has answered anew), then rows where a `compare_with` step
-      answers otherwise, then DONE rows no one judged. `queue="sample"` with `sample=n`, or `margin=0.05` (the
+      step its prompt reads has answered anew), then rows where a `compare_with` step answers otherwise, then DONE
+      rows no one judged. `queue="sample"` with `sample=n`, or `margin=0.05` (the
       rows an accuracy within ±5 points at 95 % needs): a random sample (`seed`) of DONE rows no one judged.
-    - `where=`: a SQL predicate narrowing the rows, as everywhere.
+    - `where=`: a SQL predicate narrowing the rows, as everywhere. `rows=`: a frame (polars or pandas, say the one
+      apply_llm was given or returned) whose key columns name the only rows to review; a Run's own frame, when
+      reviewing a Run that had one.
     - "redo flagged" runs `resume(store, table, step, redo="flagged", background=True)` on exactly the flagged rows
       (with `client=` and `max_cost_usd=`, if given; a Run's own, when reviewing one) and, when it ends, puts the
       redone rows back into the queue.
@@ -63,6 +70,7 @@ def review(
         step = plan.step if step is None else step
         client = plan.client if client is None else client
         max_cost_usd = plan.cfg.max_cost_usd if max_cost_usd is None else max_cost_usd
+        rows = plan.user_frame if rows is None else rows
         at = plan.store
     else:
         at = store
@@ -72,6 +80,8 @@ def review(
             f"step={step!r} (or pass the Run that apply_llm(..., background=True) returned)"
         )
 
+    if rows is not None:
+        where = rows_where(at, table, rows, where)
     session = Session(at, table, step, where=where, queue=queue, sample=sample, margin=margin, by=by,
                       compare_with=compare_with, seed=seed)  # fmt: skip
 
@@ -80,3 +90,34 @@ def review(
                       background=True, progress=True, client=client, max_cost_usd=max_cost_usd)  # fmt: skip
 
     return ReviewView(session, redo=redo)
+
+
+MAX_ROWS = 20_000  # a review names its rows in its SQL: more than a person reviews in a week
+
+
+def rows_where(store: str | Path, table: str, rows: Any, where: str | None) -> str:
+    """`where`, narrowed to the rows whose key the frame `rows` holds (the table's key columns, as its own)."""
+    frame, _ = as_polars(rows)
+    _, _, keys = known_table(store, table)
+    missing = [k for k in keys if k not in frame.columns]
+    if not keys or missing:
+        raise InvalidInputError(
+            f"rows= is a frame with the key column(s) of table {table!r} ({', '.join(keys) or 'none found'}); it "
+            f"lacks {', '.join(map(repr, missing)) or 'them'}"
+        )
+    named = frame.select(keys).unique(maintain_order=True)
+    if named.height > MAX_ROWS:
+        raise InvalidInputError(
+            f"rows= names {named.height:,} rows; review at most {MAX_ROWS:,} at once (a sample: "
+            f"rows=df.sample({min(1_000, MAX_ROWS):,}), or queue='sample')"
+        )
+    if not named.height:
+        raise InvalidInputError("rows= is an empty frame: it names no row to review")
+    values = ", ".join(
+        "(" + ", ".join("NULL" if v is None else str(v) if isinstance(v, int) and not isinstance(v, bool)
+                        else sql_literal(str(v)) for v in row) + ")"
+        for row in named.iter_rows()
+    )  # fmt: skip
+    columns = ", ".join(q(k) for k in keys)
+    narrowed = f"({columns}) IN ({values})"
+    return f"({where}) AND {narrowed}" if where else narrowed
