@@ -315,3 +315,17 @@ def test_rows_of_a_frame_and_a_runs_own_rows_are_the_ones_reviewed(run: Any, cli
         llmledger.review(store, "messages", "summary", rows=picked.select("text"))
     with pytest.raises(llmledger.InvalidInputError, match="names no row"):
         llmledger.review(store, "messages", "summary", rows=picked.clear())
+
+
+def test_text_that_merely_ends_like_a_file_name_is_shown_as_text(run: Any, store: Path) -> None:
+    """Found in an attack: a long message ending "see invoice.pdf" (ENAMETOOLONG) or "~notes.pdf" (no such user's
+    home) broke the view."""
+    long = "Customer writes: charged twice " * 10 + "see invoice.pdf"
+    df = pl.DataFrame({"id": [1, 2, 3], "text": [long, "~notes.pdf", "~nosuchuser_zz/pic.png"]})
+    run(df, "summary", prompt=PROMPT)
+    view = llmledger.review(store, "messages", "summary")
+    bodies = [view.body.value]
+    for _ in range(2):
+        press(view, "a")
+        bodies.append(view.body.value)
+    assert "see invoice.pdf" in bodies[0] and "~notes.pdf" in bodies[1] and "~nosuchuser_zz/pic.png" in bodies[2]

@@ -54,7 +54,7 @@ def review(
       rows an accuracy within ±5 points at 95 % needs): a random sample (`seed`) of DONE rows no one judged.
     - `where=`: a SQL predicate narrowing the rows, as everywhere. `rows=`: a frame (polars or pandas, say the one
       apply_llm was given or returned) whose key columns name the only rows to review; a Run's own frame, when
-      reviewing a Run that had one.
+      reviewing a Run that had one (of at most 20,000 rows; a larger one's rows are narrowed by `where=` alone).
     - "redo flagged" runs `resume(store, table, step, redo="flagged", background=True)` on exactly the flagged rows
       (with `client=` and `max_cost_usd=`, if given; a Run's own, when reviewing one) and, when it ends, puts the
       redone rows back into the queue.
@@ -70,7 +70,8 @@ def review(
         step = plan.step if step is None else step
         client = plan.client if client is None else client
         max_cost_usd = plan.cfg.max_cost_usd if max_cost_usd is None else max_cost_usd
-        rows = plan.user_frame if rows is None else rows
+        if rows is None and plan.user_frame is not None and plan.user_frame.height <= MAX_ROWS:
+            rows = plan.user_frame  # its own rows; a larger frame is reviewed by where= and the queue alone
         at = plan.store
     else:
         at = store

@@ -43,7 +43,9 @@ def image_size(raw: bytes) -> tuple[str, int, int] | None:
     return None
 
 
-_OBJECT = re.compile(rb"(?<![0-9])(\d+)\s+\d+\s+obj\b")
+_MAX_PAGES = 100_000  # far above the API's 100: such a file is refused for its pages, not read into memory
+_MAX_INFLATED = 64_000_000  # bytes one compressed stream may inflate to
+_OBJECT = re.compile(rb"(?<![0-9])(\d{1,9})\s+\d+\s+obj\b")
 _PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
 _STRING = rb"\((?:\\.|[^\\)])*\)"
 _SHOWN = re.compile(rb"(" + _STRING + rb")\s*(?:Tj|'|\")|\[((?:" + _STRING + rb"|[^\]()])*)\]\s*TJ", re.S)
@@ -65,11 +67,11 @@ def pdf_pages(raw: bytes) -> list[str] | None:
         head, data = raw[start:end], b""
         if stream >= 0:
             head, begin = raw[start:stream], stream + 6 + (2 if raw[stream + 6 : stream + 8] == b"\r\n" else 1)
-            length = re.search(rb"/Length\s+(\d+)(?!\s+\d+\s+R)", head)
+            length = re.search(rb"/Length\s+(\d{1,12})(?!\s+\d+\s+R)", head)
             data = raw[begin : begin + int(length.group(1))] if length else raw[begin : raw.find(b"endstream", begin)]
             if b"/FlateDecode" in head:
                 try:
-                    data = zlib.decompress(data)
+                    data = zlib.decompressobj().decompress(data, _MAX_INFLATED)  # a zip bomb stops here
                 except zlib.error:
                     data = b""
         objects[int(found.group(1))] = (head, data)
@@ -77,8 +79,8 @@ def pdf_pages(raw: bytes) -> list[str] | None:
         [head for head, _ in objects.values()] + [data for head, data in objects.values() if b"/ObjStm" in head]
     )
     pages = [head for _, (head, _) in sorted(objects.items()) if _PAGE.search(head)]
-    count = len(_PAGE.findall(dicts)) or max((int(n) for n in re.findall(rb"/Count\s+(\d+)", dicts)), default=0)
-    if count < 1:
+    count = len(_PAGE.findall(dicts)) or max((int(n) for n in re.findall(rb"/Count\s+(\d{1,9})\b", dicts)), default=0)
+    if not 1 <= count <= _MAX_PAGES:  # no page, or a count no PDF the API reads has (a 64-byte file said 30 million)
         return None
     texts = [_page_text(head, objects) for head in pages]
     return (texts + [""] * count)[:count]
@@ -86,7 +88,7 @@ def pdf_pages(raw: bytes) -> list[str] | None:
 
 def _page_text(page: bytes, objects: dict[int, tuple[bytes, bytes]]) -> str:
     contents = re.search(rb"/Contents\s*(\[[^\]]*\]|\d+\s+\d+\s+R)", page)
-    refs = [int(n) for n in re.findall(rb"(\d+)\s+\d+\s+R", contents.group(1))] if contents else []
+    refs = [int(n) for n in re.findall(rb"(\d{1,9})\s+\d+\s+R", contents.group(1))] if contents else []
     lines = []
     for shown in _SHOWN.finditer(b"\n".join(objects.get(ref, (b"", b""))[1] for ref in refs)):
         parts = re.findall(_STRING, shown.group(1) or shown.group(2) or b"")

@@ -60,9 +60,12 @@ def _thumbnail(value: Any) -> str | None:
         data = bytes(value)
         kind = next((k for magic, k in _IMAGES.items() if data.startswith(magic)), None)
     elif isinstance(value, str) and Path(value).suffix.lower() in _SUFFIXES and len(value) < 1000:
-        path = Path(value).expanduser()
-        if path.is_file() and path.stat().st_size <= _MAX_IMAGE:
-            data, kind = path.read_bytes(), _SUFFIXES[path.suffix.lower()]
+        try:  # text that merely ends like a file name: too long a name, "~who", no permission
+            path = Path(value).expanduser()
+            if path.is_file() and path.stat().st_size <= _MAX_IMAGE:
+                data, kind = path.read_bytes(), _SUFFIXES[path.suffix.lower()]
+        except (OSError, RuntimeError, ValueError):
+            return None
     if data is None or kind is None or len(data) > _MAX_IMAGE:
         return None
     src = f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
@@ -75,10 +78,13 @@ def _pdf_preview(value: Any) -> str | None:
     if isinstance(value, bytes | bytearray) and bytes(value[:1024]).lstrip().startswith(b"%PDF-"):
         raw, name = bytes(value), f"a PDF of {len(value):,} bytes"
     elif isinstance(value, str) and value.lower().endswith(".pdf") and len(value) < 1000:
-        path = Path(value).expanduser()
-        if not path.is_file() or path.stat().st_size > _MAX_PDF:
+        try:  # text that merely ends like a file name: too long a name, "~who", no permission
+            path = Path(value).expanduser()
+            if not path.is_file() or path.stat().st_size > _MAX_PDF:
+                return None
+            raw, name = path.read_bytes(), path.name
+        except (OSError, RuntimeError, ValueError):
             return None
-        raw, name = path.read_bytes(), path.name
     else:
         return None
     pages = pdf_pages(raw)
