@@ -23,7 +23,8 @@ def _price() -> Iterator[None]:
 
 
 def test_a_run_stops_at_its_budget_and_leaves_the_rest_unsent(run, sim: Simulator, store: Path) -> None:
-    out = run(frame(30), "summary", prompt="Summarize: {text}", model=MODEL, max_cost_usd=0.1, concurrency=2)
+    with pytest.warns(llmledger.BudgetReachedWarning, match=r"budget of \$0.1000 is reached.* rows were not sent"):
+        out = run(frame(30), "summary", prompt="Summarize: {text}", model=MODEL, max_cost_usd=0.1, concurrency=2)
     report = last_report()
     assert report is not None and report.outcome == "budget" and "budget of $0.1000 is reached" in str(report.message)
     _adds_up(str(report.message))

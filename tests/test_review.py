@@ -389,3 +389,14 @@ def test_accuracy_judges_the_models_answers_not_a_persons(run: Any, store: Path)
     correct(store, "messages", "summary", key=3, answer="never answered", by="ana")
     acc = llmledger.accuracy(store, "messages", "summary")
     assert acc.table.select("reviewed", "right").row(0) == (3, 2)
+
+
+@pytest.mark.filterwarnings("ignore::llmledger.UnknownPriceWarning")
+def test_a_reviewed_step_of_unknown_cost_is_named_under_the_chart_not_dropped(run: Any, store: Path) -> None:
+    run(frame(3), "summary", prompt=PROMPT)
+    run(frame(3), "summary2", prompt=PROMPT, model="claude-from-the-future")
+    for step in ("summary", "summary2"):
+        accept(store, "messages", step, key=1, by="ana")
+    drawn = llmledger.accuracy(store, "messages", "summary", against=["summary2"]).chart()
+    assert ">summary</text>" in drawn and ">summary2</text>" not in drawn
+    assert "not drawn, its cost unknown: summary2" in drawn

@@ -27,6 +27,7 @@ from llmledger._view.comparison import Comparison, compare
 from llmledger._view.overview import StoreView, show
 from llmledger.errors import (
     AuthenticationFailed,
+    BudgetReachedWarning,
     InvalidInputError,
     KeyColumnError,
     LedgerError,
@@ -53,6 +54,7 @@ __all__ = [
     "DEFAULT_TABLE",
     "Accuracy",
     "AuthenticationFailed",
+    "BudgetReachedWarning",
     "Comparison",
     "InvalidInputError",
     "KeyColumnError",

@@ -48,6 +48,11 @@ class RunningElsewhereWarning(UserWarning):
     RUNNING and no answer; the same call, once that run ends, returns their answers at no cost."""
 
 
+class BudgetReachedWarning(UserWarning):
+    """A quiet run (`progress=False`) stopped at its `max_cost_usd`: the rows it did not send are returned without
+    an answer, as they were; a larger budget (or `resume`) goes on from there."""
+
+
 def warn(message: str, category: type[Warning]) -> None:
     """`warnings.warn` pointing at the first caller outside llmledger (the user's cell or script), so the warning
     names the user's line, not an internal one."""

@@ -38,6 +38,7 @@ from llmledger._step.prices import price_of
 from llmledger._time import utcnow
 from llmledger.errors import (
     AuthenticationFailed,
+    BudgetReachedWarning,
     InvalidInputError,
     ModelNotFound,
     OutageError,
@@ -336,6 +337,9 @@ class Run:
                 warn(report.stale_hint(), StaleAnswersWarning)
             if report.running_elsewhere:
                 warn(report.elsewhere_hint(), RunningElsewhereWarning)
+            if report.outcome is Outcome.BUDGET:  # rows left unanswered on purpose, which a quiet run must say
+                warn(f"{report.message} {report.remaining:,} of {report.selected:,} selected rows were not sent.",
+                     BudgetReachedWarning)  # fmt: skip
         if interrupted:
             raise KeyboardInterrupt(str(report))
         stopped = _STOPPED.get(report.outcome)

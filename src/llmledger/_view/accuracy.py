@@ -152,11 +152,18 @@ class Accuracy:
     def chart(self) -> str:
         """Each reviewed step with a known cost: its cost per 1,000 rows (x) against the share right (y), with its
         interval and the target as a dashed line: the cheapest good enough is the left-most whose bar clears it."""
-        drawn = self.table.filter((pl.col("reviewed") > 0) & pl.col("usd_per_1000_rows").is_not_null())
+        reviewed = self.table.filter(pl.col("reviewed") > 0)
+        drawn = reviewed.filter(pl.col("usd_per_1000_rows").is_not_null())
+        unknown = reviewed.filter(pl.col("usd_per_1000_rows").is_null())["step"].to_list()
+        note = (
+            f"<div>not drawn, its cost unknown: {esc(', '.join(unknown))} (llmledger.set_price sets a price)</div>"
+            if unknown
+            else ""
+        )
         if drawn.is_empty():
-            return ""
+            return note
         rows = list(drawn.iter_rows(named=True))
-        return chart_svg(
+        return note + chart_svg(
             [(r["step"], float(r["usd_per_1000_rows"]), float(r["accuracy"])) for r in rows],
             x_title="cost per 1,000 rows",
             y_title=f"right on reviewed rows ({self.confidence * 100:g}% interval)",
