@@ -45,6 +45,9 @@ TABLES = {
     "llmledger_verdicts": "every verdict a person gave on an answer (accept, flag, correct): the row (`row_key`), "
     "the answer judged (its text, `fingerprint` and `source`), the correction, the reason, who and when; "
     "`{step}_verdict` on the row is the verdict on its current answer",
+    "llmledger_packs": "every request that carried several rows (`rows_per_request=`): the rows' keys in the order "
+    "of its items (`row_keys`), the whole request and answer, why an entry was not kept (`problems`, by item id; those "
+    "rows were asked again alone), what it used and cost; `{step}_pack` on a row names the pack its answer came in",
     "llmledger_batches": "every Message Batch a run sent or meant to send: its intent, the API's id, its state",
     "llmledger_budget_reservations": "what live runs reserved under a step's shared budget",
     "llmledger_migrations": "the schema migrations applied to this store, with the llmledger version that did",

@@ -72,3 +72,12 @@ def test_adaptive_concurrency_benchmark_runs(tmp_path: Path) -> None:
     result = bench_servers.compare(60, tmp_path, server={"capacity": 4, "latency": 0.02}, ceiling=8)
     assert [r["concurrency"] for r in result["fixed"]] == [2, 4, 8]
     assert result["adaptive"]["adaptive"] and result["adaptive"]["max_at_once"] <= 8, result
+
+
+def test_packing_benchmark_keeps_every_row_its_own_answer(tmp_path: Path, sms: Any) -> None:
+    from .benchmarks import bench_packing
+
+    result = bench_packing.faults(60, tmp_path, size=10, share=0.5)
+    assert result["rows_holding_another_rows_answer"] == 0 and result["rows_not_done"] == 0, result
+    assert result["asked_again_alone"] > 0 and result["rows_add_up_to_packs"], result
+    assert bench_packing.tokens(40, tmp_path, size=10)["system"]["input_ratio"] < 0.5

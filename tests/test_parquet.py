@@ -53,6 +53,7 @@ def test_export_and_restore_keep_everything_and_a_rerun_pays_nothing(
     folder = llmledger.export(store, "messages", tmp_path / "archive")
     assert sorted(p.name for p in folder.iterdir()) == [
         "llmledger_history.parquet",
+        "llmledger_packs.parquet",  # none here: every bookkeeping table goes along
         "llmledger_runs.parquet",
         "llmledger_steps.parquet",
         "llmledger_verdicts.parquet",  # the flag above is a person's verdict

@@ -31,6 +31,7 @@ CLEAR = {
     "latency": 0.02,
     "batch_lose_response": 0,
 }
+PACK_FAULTS = {"pack_drop": 0.2, "pack_duplicate": 0.2, "pack_swap": 0.2, "pack_invalid": 0.2}  # on all along
 OPENAI_MODEL = "openai:gpt-6.1-terra"
 WORKER_STALE_AFTER = 3.0  # seconds: a killed worker's rows come back this soon (each worker is its own machine)
 
@@ -41,7 +42,7 @@ class Books:
 
     in_flight_at_stops: int = 0  # Σ over kills and Ctrl-Cs of the requests the stopped process could have had out
     stops: int = 0
-    reasked: int = 0  # DONE rows reset or flagged and redone: each is billed once more, on purpose
+    reasked: int = 0  # DONE rows reset or flagged and redone, rows a pack did not answer well: each billed again
     log: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # broken promises seen during an action (a budget overrun)
 
@@ -73,6 +74,8 @@ class Scenario:
             "--distinct",
             str(self.plan.distinct),
             *(["--model", self.model["model"]] if self.model else []),
+            "--rows-per-request",
+            str(self.plan.rows_per_request),
             *extra,
         )
         return [
@@ -135,7 +138,7 @@ class Scenario:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(sig)
-                self.books.in_flight_at_stops += action.concurrency
+                self.books.in_flight_at_stops += action.concurrency * self.plan.rows_per_request
                 self.books.stops += 1
         self._wait(procs)
 
@@ -163,6 +166,7 @@ class Scenario:
             table=TABLE,
             client=self.client,
             progress=False,
+            rows_per_request=self.plan.rows_per_request,
             **self.model,
             **options,
         )
@@ -180,7 +184,7 @@ class Scenario:
             return
         spent = self._spent()
         dearest = llmledger.sql(self.store, f"SELECT coalesce(max({STEP}_cost_usd), 0) AS c FROM {TABLE}")["c"][0]
-        slack = action.runs * (action.concurrency + 1) * float(dearest)
+        slack = action.runs * (action.concurrency + 1) * float(dearest) * self.plan.rows_per_request
         if spent > budget + slack + 1e-9:
             self.books.problems.append(
                 f"{action.describe()}: the step spent ${spent:.4f}, over its budget "
@@ -196,7 +200,7 @@ class Scenario:
         time.sleep(action.delay)
         if procs[0].poll() is None:
             procs[0].kill()
-            self.books.in_flight_at_stops += action.concurrency + action.chunk_size
+            self.books.in_flight_at_stops += action.concurrency * self.plan.rows_per_request + action.chunk_size
             self.books.stops += 1
         self._wait(procs[1:])
         procs[0].wait()
@@ -253,11 +257,14 @@ class Scenario:
             self._wait(procs)
 
     def run(self) -> Books:
-        self.sim.configure(**CLEAR)
+        self.sim.configure(**CLEAR, **(PACK_FAULTS if self.plan.rows_per_request > 1 else {}))
         for action in self.plan.actions:
             self.do(action)
         self.sim.configure(**CLEAR)
         self._in_process()  # the clean final run: every row must end DONE
+        if self.plan.rows_per_request > 1:  # rows a pack did not answer well were asked again alone, paid again
+            found = llmledger.sql(self.store, "SELECT coalesce(sum(rows - kept), 0)::BIGINT AS n FROM llmledger_packs")
+            self.books.reasked += int(found["n"][0])
         return self.books
 
 

@@ -82,6 +82,7 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     distinct: int = 0  # row i's text is row (i % distinct)'s: duplicate texts, each to be paid once; 0: all differ
     provider: str = "anthropic"  # whose API the step's model speaks: "anthropic", or "openai" (model="openai:...")
+    rows_per_request: int = 1  # rows packed into one request; above 1 the simulator also gets packs wrong at times
 
     def text_of(self, row: int) -> str:
         return f"hello message number {row % self.distinct if self.distinct else row}"
@@ -90,6 +91,7 @@ class Plan:
         lines = [
             f"seed {self.seed}: {self.engine}, {self.provider}, {self.rows} rows"
             + (f", {self.distinct} distinct texts" if self.distinct else "")
+            + (f", {self.rows_per_request} rows a request" if self.rows_per_request > 1 else "")
         ]
         lines += [f"  {i + 1}. {a.describe()}" for i, a in enumerate(self.actions)]
         return "\n".join(lines)
@@ -102,7 +104,11 @@ def make_plan(seed: int, engine: str) -> Plan:
     actions: list[Action] = []
     # a third of the scenarios run an OpenAI model (drawn apart, so the other seeds' plans stay as they were)
     provider = random.Random(f"provider {seed}").choice(["anthropic", "anthropic", "openai"])
+    # a quarter pack rows into requests (drawn apart too); packed steps are sent online, so they draw no batches
+    packing = random.Random(f"packing {seed}").choice([1, 1, 1, 1, 1, 1, 5, 20])
     kinds = ["run", "kill", "kill", "sigint", "fault", "flag_redo", "reset", "skew", "batch", "budget"]
+    if packing > 1:
+        kinds.remove("batch")
     if engine == "postgresql":
         kinds += ["restart_db", "crash_db", "workers", "workers"]
     for _ in range(rng.randrange(2, 7)):
@@ -131,4 +137,7 @@ def make_plan(seed: int, engine: str) -> Plan:
                 extra_usd=round(rng.uniform(0.05, 0.6), 2) if kind == "budget" else 0.0,
             )
         )
-    return Plan(seed=seed, engine=engine, rows=rows, actions=actions, distinct=distinct, provider=provider)
+    return Plan(
+        seed=seed, engine=engine, rows=rows, actions=actions, distinct=distinct, provider=provider,
+        rows_per_request=packing,
+    )  # fmt: skip

@@ -2,7 +2,7 @@
 
 usage: run_step.py STORE ROWS [--concurrency N] [--chunk-size N] [--commit-every S] [--step NAME]
                    [--mode online|batch] [--no-wait] [--die-before create|confirm] [--distinct N]
-                   [--clock-skew SECONDS] [--max-cost USD] [--model MODEL]
+                   [--clock-skew SECONDS] [--max-cost USD] [--model MODEL] [--rows-per-request N]
 Talks to ANTHROPIC_BASE_URL with the key in LLMLEDGER_TEST_KEY. `--die-before` kills the process (no cleanup,
 as a crash or a lost kernel would) just before a batch is sent to the API, or just after the API took it and
 before the ledger records its id. `--distinct N`: row i's text is that of row i % N (duplicate texts).
@@ -36,6 +36,7 @@ p.add_argument("--die-before", choices=["create", "confirm"])
 p.add_argument("--distinct", type=int, default=0)
 p.add_argument("--clock-skew", type=float, default=0.0)
 p.add_argument("--max-cost", type=float, default=None)
+p.add_argument("--rows-per-request", type=int, default=1)
 p.add_argument("--model", default=None)  # "openai:...": the openai SDK, at ANTHROPIC_BASE_URL + "/v1"
 a = p.parse_args()
 
@@ -102,6 +103,7 @@ try:
         progress=a.progress,
         mode=a.mode,
         wait=not a.no_wait,
+        rows_per_request=a.rows_per_request,
         **budget,
         **chosen,
     )

@@ -56,6 +56,7 @@ class Reply:
     flex: bool = False  # answered at OpenAI's flex processing tier (`service_tier: "flex"`), billed at its rate
     useless: bool = False  # paid for, but nothing to keep (a refusal, an answer left empty): its row fails, its
     # tokens and cost recorded on it
+    pack: str | None = None  # the request that carried this row with others (`llmledger_packs.pack_id`), if any
 
     def plus(self, later: Reply) -> Reply:
         """`later` (an answer to a follow-up request), carrying the usage of both."""
@@ -72,6 +73,7 @@ class Reply:
             later.batch,
             None if self.latency_ms is None or later.latency_ms is None else self.latency_ms + later.latency_ms,
             flex=later.flex,
+            pack=later.pack,
         )
 
 

@@ -54,7 +54,7 @@ class Recorder:
         rep = self.report
         attempts = attempts_after(row["attempts"], was_done=row["was_done"])
         result: dict[str, Any] = {k: row[k] for k in self.selection.layout.key}
-        result.update(batch_id=row.get("batch_id"), custom_id=row.get("custom_id"))
+        result.update(batch_id=row.get("batch_id"), custom_id=row.get("custom_id"), pack_id=None)
         now = utcnow()
         refused_by_validate = False
         if reply is not None and error is None and self.cfg.validate is not None:
@@ -105,6 +105,7 @@ class Recorder:
                 fingerprint=row["fingerprint"],
                 finished_at=now,
                 source=self.cfg.source,
+                pack_id=reply.pack,
             )
         else:
             self._failed(result, row, attempts, error)

@@ -29,6 +29,7 @@ import polars as pl
 from llmledger._exec.client import Reply
 from llmledger._exec.config import RunConfig
 from llmledger._exec.online import OnlineSender
+from llmledger._exec.packed import PackedSender
 from llmledger._exec.recorder import Recorder
 from llmledger._exec.spending import BudgetGuard
 from llmledger._ledger import Ledger, Selection
@@ -92,8 +93,13 @@ class Scheduler(BudgetGuard):
             attachments=cfg.attachments,
         )
         layout = selection.layout
+        sent = selection.requests.get(selection.version)
+        self.pack_size = sent.rows_per_request if sent is not None else 1  # rows one request carries
+        self.packer = PackedSender(self.sender, output=output, key=list(layout.key))
         self.journal = Journal(ledger.path, layout.table, layout.step, str(claimant))
         self.buffer: list[dict[str, Any]] = []
+        self.packs: list[dict[str, Any]] = []  # pack records for the next commit
+        self.unjournaled: list[dict[str, Any]] = []  # and those not yet in the journal
         self.oldest: float | None = None
         self.stopping: Outcome | None = None
         self.in_flight = 0
@@ -132,10 +138,19 @@ class Scheduler(BudgetGuard):
     def bill(self, reply: Reply) -> float | None:
         return self.recorder.bill(reply)
 
+    def note_pack(self, record: dict[str, Any]) -> None:
+        """A request that carried rows together: recorded in llmledger_packs with the next commit, and journaled
+        with the next answer."""
+        layout = self.selection.layout
+        record = {**record, "table_name": layout.table, "step": layout.step, "run_id": self.claimant.run_id}
+        self.packs.append(record)
+        self.unjournaled.append(record)
+
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
         """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""
         result = self.recorder.result(row, reply, error, reused=reused)
-        self.journal.append(result, self.report.paid_figures())
+        packs, self.unjournaled = self.unjournaled, []
+        self.journal.append(result, self.report.paid_figures(), packs or None)
         if self.oldest is None:
             self.oldest = time.monotonic()
         self.buffer.append(result)
@@ -206,7 +221,19 @@ class Scheduler(BudgetGuard):
             row = await self.queue.get()
             if row is None:
                 return
-            await self.sender.process(row)
+            if self.pack_size == 1:
+                await self.sender.process(row)
+                continue
+            rows, last = [row], False  # a pack: what the queue holds now, up to its size (no waiting for more)
+            while len(rows) < self.pack_size and not self.queue.empty():
+                more = self.queue.get_nowait()
+                if more is None:  # this worker's end: send what it took, then stop
+                    last = True
+                    break
+                rows.append(more)
+            await self.packer.process(rows)
+            if last:
+                return
 
     async def _store_loop(self) -> None:
         """Claim ahead and commit until the workers are done; then commit the rest and give back what is left.
@@ -221,7 +248,7 @@ class Scheduler(BudgetGuard):
             self.report.released = await asyncio.to_thread(self._release)
 
     async def _claim_and_commit(self) -> None:
-        low_water = max(self.cfg.concurrency, 1)
+        low_water = max(self.cfg.concurrency, 1) * self.pack_size  # every worker can take a whole pack
         exhausted = False
         renewed = time.monotonic()
         while True:
@@ -238,12 +265,14 @@ class Scheduler(BudgetGuard):
             )
             want = 0
             if not exhausted and self.stopping is None and self.queue.qsize() < low_water:
-                want = max(self.cfg.chunk_size, 2 * self.cfg.concurrency)
+                want = max(self.cfg.chunk_size, 2 * low_water)
             reserve = self.budget_ask and self.stopping is None
             if reserve:
                 await self._reserve()
             if flush:
-                settled = await asyncio.to_thread(self._commit, *self._take_buffer(), self.report.paid_figures())
+                taken, journal = self._take_buffer()
+                packs, self.packs = self.packs, []
+                settled = await asyncio.to_thread(self._commit, taken, journal, self.report.paid_figures(), packs)
                 self.budget_committed += settled  # in the fact table now, and out of the reservation
                 self.budget_held = max(0.0, self.budget_held - settled)
             if want:
@@ -266,7 +295,9 @@ class Scheduler(BudgetGuard):
         batch, self.buffer, self.oldest = self.buffer, [], None
         return batch, self.journal.rotate()
 
-    def _commit(self, batch: list[dict[str, Any]], journal: Path | None, figures: dict[str, Any]) -> float:
+    def _commit(
+        self, batch: list[dict[str, Any]], journal: Path | None, figures: dict[str, Any], packs: list[dict[str, Any]]
+    ) -> float:
         """One chunk in one transaction, with the run's figures so far (`figures`, taken on the loop as the
         chunk was); its journal file goes once the commit is in. Returns what its answers cost when that left
         this run's budget reservation with them (0 otherwise)."""
@@ -281,6 +312,7 @@ class Scheduler(BudgetGuard):
                 wait=None if self.stopping is None else 30.0,
                 settled=(str(self.claimant), cost) if self.shared_budget else None,
                 run=(self.claimant.run_id, figures),
+                packs=packs,
             )
         except StoreBusy:
             self.report.message += (

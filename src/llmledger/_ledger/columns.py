@@ -175,6 +175,15 @@ STEP_COLUMNS: tuple[Column, ...] = (
         pl.String(),
         doc="the row's custom_id in that batch (rows with identical requests share one)",
     ),
+    Column(
+        "_pack",
+        "VARCHAR",
+        KEEP_UNLESS_ANSWERED,
+        "pack_id",
+        pl.String(),
+        doc="the request (llmledger_packs.pack_id) the answer came in when rows_per_request= sent rows together; "
+        "NULL for a request of its own",
+    ),
     Column("_flag", "VARCHAR", CLEAR_IF_DONE, doc="why a person flagged the answer for redo (llmledger.flag)"),
     Column("_flagged_at", "TIMESTAMP", CLEAR_IF_DONE, doc="when it was flagged (UTC)"),
     Column("_flagged_by", "VARCHAR", CLEAR_IF_DONE, doc="who flagged it"),

@@ -22,6 +22,7 @@ from llmledger._ledger.prepare import create_fact_table
 from llmledger._ledger.schema import (
     BATCHES_TABLE,
     HISTORY_TABLE,
+    PACKS_TABLE,
     RUNS_TABLE,
     STEPS_TABLE,
     VERDICTS_TABLE,
@@ -35,7 +36,7 @@ from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
 CHUNK_ROWS = 100_000
-BOOKKEEPING = (STEPS_TABLE, RUNS_TABLE, HISTORY_TABLE, BATCHES_TABLE, VERDICTS_TABLE)
+BOOKKEEPING = (STEPS_TABLE, RUNS_TABLE, HISTORY_TABLE, BATCHES_TABLE, VERDICTS_TABLE, PACKS_TABLE)
 INCOMING = "llmledger_copy"
 
 

@@ -45,11 +45,17 @@ class Journal:
         self._fh: IO[str] | None = None
         self._path: Path | None = None
 
-    def append(self, result: dict[str, Any], figures: dict[str, Any] | None = None) -> None:
+    def append(
+        self, result: dict[str, Any], figures: dict[str, Any] | None = None, packs: list[dict[str, Any]] | None = None
+    ) -> None:
         """One answer, and the run's paid figures after it (`RUN_FIGURES`): if the run dies before its next
-        commit, the run that merges this journal gives the dead run's row in llmledger_runs what it had paid."""
+        commit, the run that merges this journal gives the dead run's row in llmledger_runs what it had paid.
+        `packs`: records (`packs.PACK_SCHEMA`) of requests that carried rows together, journaled with the next
+        answer, so the merge keeps the audit of what it merges."""
         if figures is not None:
             result = {**result, RUN_FIGURES: figures}
+        if packs:
+            result = {**result, PACK_RECORD: packs}
         if self._fh is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.seq += 1
@@ -68,6 +74,23 @@ class Journal:
 
 
 RUN_FIGURES = "_run"  # the key of a journal line's run figures (never a result column)
+PACK_RECORD = "_pack"  # the key of a journal line's pack record
+
+
+def pack_records(path: Path) -> list[dict[str, Any]]:
+    """The pack records a journal file holds, on whole lines (their times back as datetimes)."""
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        records = row.get(PACK_RECORD) if isinstance(row, dict) else None
+        for record in records if isinstance(records, list) else []:
+            at = record.get("answered_at") if isinstance(record, dict) else None
+            if isinstance(record, dict):
+                out.append({**record, "answered_at": datetime.fromisoformat(at) if isinstance(at, str) else None})
+    return out
 
 
 def last_figures(path: Path) -> dict[str, Any] | None:

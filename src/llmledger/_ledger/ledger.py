@@ -20,6 +20,7 @@ from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import lock_step
 from llmledger._ledger.looks import LookVerbs
+from llmledger._ledger.packs import record_packs
 from llmledger._ledger.review import ReviewVerbs
 from llmledger._ledger.run_rows import raise_run, write_run
 from llmledger._ledger.selection import SelectionVerbs
@@ -103,14 +104,17 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         wait: float | None = None,
         settled: tuple[str, float] | None = None,
         run: tuple[str, dict[str, Any]] | None = None,
+        packs: list[dict[str, Any]] | None = None,
     ) -> None:
         """One chunk of results. `settled` (claimant, dollars): those answers' cost leaves the claimant's budget
         reservation in the same transaction, as it enters the fact table. `run` (run id, figures): the run's row
-        in llmledger_runs takes its figures so far with them, so a run killed later still shows what it paid."""
+        in llmledger_runs takes its figures so far with them, so a run killed later still shows what it paid.
+        `packs`: the requests that carried rows together, whose answers these are (`packs.PACK_SCHEMA`)."""
         layout = selection.layout
 
         def work(con: Con) -> None:
             commit_results(con, layout, results, now=now)
+            record_packs(con, packs or [])
             if settled is not None:
                 settle(con, layout.table, layout.step, claimant=settled[0], committed_usd=settled[1], now=now)
             if run is not None:

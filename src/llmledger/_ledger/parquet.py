@@ -39,6 +39,7 @@ from llmledger._ledger.engine.shared import column_types, frames, table_exists
 from llmledger._ledger.open import open_existing, open_ledger
 from llmledger._ledger.schema import (
     HISTORY_TABLE,
+    PACKS_TABLE,
     RUNS_TABLE,
     STEPS_TABLE,
     VERDICTS_TABLE,
@@ -53,7 +54,7 @@ from llmledger._step.sqltext import q
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError, LedgerError
 
-_BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE, VERDICTS_TABLE)  # each table's own rows go along
+_BOOKKEEPING = (STEPS_TABLE, HISTORY_TABLE, RUNS_TABLE, VERDICTS_TABLE, PACKS_TABLE)  # each table's own rows go along
 _STEP_VIEW = (
     "",
     "_status",

@@ -338,7 +338,7 @@ def _state(verdict: str, step: str, kind: str) -> str:
     usage = ", ".join(f"{c[s]} = 0" for s in ("_input_tokens", "_output_tokens", "_cache_write_tokens",
                                               "_cache_read_tokens", "_cost_usd"))  # fmt: skip
     cleared = ", ".join(f"{c[s]} = NULL" for s in ("_model", "_stop_reason", "_error", "_raw", "_latency_ms",
-                                                   "_batch_id", "_custom_id"))  # fmt: skip
+                                                   "_batch_id", "_custom_id", "_pack"))  # fmt: skip
     return (
         f"{c['']} = {output_from_text('$corrected', kind)}, {c['_status']} = 'DONE', {c['_source']} = '{PERSON}', "
         f"{c['_fingerprint']} = {c['_request_fingerprint']}, {c['_finished_at']} = $now, {usage}, {cleared}, "

@@ -36,6 +36,7 @@ RUNS_TABLE = "llmledger_runs"
 HISTORY_TABLE = "llmledger_history"
 BATCHES_TABLE = "llmledger_batches"
 VERDICTS_TABLE = "llmledger_verdicts"
+PACKS_TABLE = "llmledger_packs"
 LEGACY_FINGERPRINT_PREFIX = "llmledger-0.1:"  # fingerprints of 0.1.0 become md5(prefix || old)::UUID
 
 
@@ -217,6 +218,22 @@ def _v12_verdicts(con: Con) -> None:
     _add_step_columns(con, {"_verdict": "VARCHAR", "_verdict_by": "VARCHAR"})
 
 
+def _v13_packs(con: Con) -> None:
+    """Rows packed into one request (`rows_per_request=`): every pack's whole request and answer, what it used and
+    cost, and which rows it carried, in `llmledger_packs`; per step, the pack the current answer came in (`_pack`).
+    A packed step's stored request names its pack size (`llmledger_rows_per_request`), which an older llmledger
+    would ignore, sending each row alone and filing the answer as packed, so the store is marked as one only this
+    version reads."""
+    _refuse_taken(con, ("_pack",))
+    con.execute(
+        f"CREATE TABLE IF NOT EXISTS {PACKS_TABLE} (pack_id VARCHAR, table_name VARCHAR, step VARCHAR, "
+        "run_id VARCHAR, rows INTEGER, kept INTEGER, row_keys VARCHAR, request VARCHAR, answer VARCHAR, "
+        "problems VARCHAR, model VARCHAR, input_tokens BIGINT, output_tokens BIGINT, cache_write_tokens BIGINT, "
+        "cache_read_tokens BIGINT, cost_usd DOUBLE, latency_ms BIGINT, answered_at TIMESTAMP)"
+    )
+    _add_step_columns(con, {"_pack": "VARCHAR"})
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
@@ -232,6 +249,7 @@ MIGRATIONS = (
     Migration(10, "requests with messages= prefixes and attached files", _v10_request_shapes),
     Migration(11, "providers and latency: requests for OpenAI's API, how long each answer took", _v11_providers),
     Migration(12, "verdicts: a person's accepts, flags and corrections, and the verdict on each answer", _v12_verdicts),
+    Migration(13, "packs: rows sent together in one request, each pack's request and answer", _v13_packs),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -27,9 +27,11 @@ from llmledger._ledger.engine.shared import column_types, one, registered
 from llmledger._ledger.graph import StepGraph
 from llmledger._ledger.history import SIMULATED, archive, redo_reason
 from llmledger._ledger.journal import last_figures as last_journal_figures
+from llmledger._ledger.journal import pack_records
 from llmledger._ledger.journal import pending as pending_journals
 from llmledger._ledger.journal import read as read_journal
 from llmledger._ledger.liveness import Claimant, is_abandoned, is_alive_here
+from llmledger._ledger.packs import record_packs
 from llmledger._ledger.reuse import answers_to, upgrade_fingerprint
 from llmledger._ledger.run_rows import raise_run
 from llmledger._ledger.schema import (
@@ -341,6 +343,7 @@ def merge_journals(
                 )
                 commit_results(con, layout, results, now=utcnow(), only_unfinished=True)
                 answers += results.height
+            record_packs(con, pack_records(path))
             dead = Claimant.parse(holder)
             figures = last_journal_figures(path)
             if dead is not None and figures:  # what the dead run paid after its last commit

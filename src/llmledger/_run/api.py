@@ -54,6 +54,7 @@ from llmledger._step.attach import absolute_paths
 from llmledger._step.messages import attachments as attachments_of
 from llmledger._step.messages import cached, check_prefix, prompt_and_prefix
 from llmledger._step.output import output_spec
+from llmledger._step.packing import check_rows_per_request
 from llmledger._step.prices import warn_unpriced
 from llmledger._step.prompt import Prompt, check_prompt, plan_prompt
 from llmledger._step.request import (
@@ -119,6 +120,7 @@ def apply_llm(
     model: str = DEFAULT_MODEL,
     system: str | None = None,
     max_tokens: int = 1024,
+    rows_per_request: int = 1,
     chunk_size: int = 200,
     concurrency: int = 16,
     where: str | None = None,
@@ -175,6 +177,11 @@ def apply_llm(
     - `request_options`: other fields of the API's request body (`temperature`, `stop_sequences`, `reasoning`,
       ...), as the API spells them; they are part of each row's request and of its fingerprint.
     - `max_tokens`: the most tokens an answer may have (default 1,024).
+    - `rows_per_request`: rows sent together in one request (default 1, at most 100), each answered on its own:
+      the request asks for one JSON entry per row, and an entry that is missing, duplicated, misaligned or out of
+      shape fails only its row, which is asked again alone. Each row pays its share of the request. The setting is
+      part of each row's request: changing it makes the step's answers stale. Online only, for now; not with
+      `attach=`. The how-to *Pack rows into one request* says when it pays and when it hurts.
 
     **Where rows live**
 
@@ -295,6 +302,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     shape = shape_of(provider, api)
     if shape.caches_itself:
         check_no_cache_ttl(o["cache"], shape)
+    check_rows_per_request(o["rows_per_request"], attach=o.get("attach"), mode=o["mode"])
     frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys, shape.name)
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
@@ -338,6 +346,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         # Azure OpenAI, keeps the provider's own rules
         endpoint=plan.endpoint,
         own_rules=plan.endpoint is not None and (plan.gateway or (provider == OPENAI and own_rules_of(plan.client))),
+        rows_per_request=o["rows_per_request"],
     )
     stored = storable(exact_keys(frame, keys))
     if attachments is not None:  # the ledger keeps a file's hash, not its bytes; a path, made absolute
@@ -448,6 +457,7 @@ def resume(
     check_credentials(plan.client)
     if recorded is not None:
         check_budget_countable(plan.cfg.max_cost_usd, recorded.model)
+        check_rows_per_request(recorded.rows_per_request, attach=None, mode=plan.mode)
         warn_if_retiring(
             recorded.model, provider=recorded.provider, client=plan.client, endpoint=plan.endpoint, gateway=gateway
         )

@@ -26,6 +26,7 @@ from llmledger._run.api import apply_llm, checked_plan
 from llmledger._run.plan import Plan
 from llmledger._step.apis import batches_at
 from llmledger._step.attach import tokens_of
+from llmledger._step.packing import ENTRY_GUESS, pack_request
 from llmledger._step.prices import estimate_tokens, price_of
 from llmledger._step.prompt import render
 from llmledger._step.request import RequestSpec
@@ -40,7 +41,8 @@ GUESS_CAP = 200  # before a step's first answer: half of min(max_tokens, this) o
 def estimate(df: Any, step: str | Mapping[str, Mapping[str, Any]], **options: Any) -> pl.DataFrame:
     """What `apply_llm(df, step, **options)` would send and cost, as a one-row frame; nothing is sent or written.
 
-    Columns: rows, to_send, calls (requests after identical ones share an answer), reused, done (current answers;
+    Columns: rows, to_send, calls (requests after identical ones share an answer; with `rows_per_request=`, the
+    packs they make), reused, done (current answers;
     stale ones are counted apart, as in `progress()`), stale,
     waiting, needs_review, in_batches (rows in Message Batches still processing), input_tokens, output_tokens,
     output_basis, cost_usd (online), cost_usd_batch.
@@ -197,11 +199,13 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
         per_call, basis = min(request.max_tokens, GUESS_CAP) / 2, "a guess (the step has no answers yet)"
     fixed = _schema_tokens(request)
     blobs = plan.cfg.attachments.blobs if plan.cfg.attachments is not None else {}
-    plain = (
-        sum(tokens_of(json.loads(p) if request.attach and p else p, blobs, estimate_tokens) for p in prompts.values())
-        + fixed * calls
-    )
-    usage = _priced(request, calls, plain, per_call, gateway=plan.gateway)
+    if request.rows_per_request > 1:  # the requests as packs would be: the instructions said once a pack
+        usage = _packed(request, list(prompts.values()), per_call, answered=bool(answered), gateway=plan.gateway)
+    else:
+        plain = sum(
+            tokens_of(json.loads(p) if request.attach and p else p, blobs, estimate_tokens) for p in prompts.values()
+        )
+        usage = _priced(request, calls, plain + fixed * calls, per_call, gateway=plan.gateway)
     survey = (
         selection.survey
         if selection.survey is not None
@@ -211,7 +215,7 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
     return {
         "rows": plan.frame.height,
         "to_send": selection.work.height,
-        "calls": calls,
+        "calls": -(-calls // request.rows_per_request),  # requests: packs of rows_per_request distinct rows
         "reused": selection.work.height - calls,
         "done": int(((status == "DONE") & ~stale).sum()),
         "stale": selection.stale,
@@ -225,6 +229,21 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
         "cost_usd_batch": usage["cost_usd_batch"],
         PER_CALL: per_call,
     }
+
+
+def _packed(
+    request: RequestSpec, prompts: list[str], per_row: float, *, answered: bool, gateway: bool
+) -> dict[str, Any]:
+    """Tokens and cost of `prompts` sent `rows_per_request` to a request (`_step/packing.py`): each pack's message
+    and schema, its instructions once a pack (or cached), each row's answer with its entry's id and first words."""
+    size = request.rows_per_request
+    packs = [pack_request(request, prompts[i : i + size], ids=["xxxxxx"] * len(prompts[i : i + size]))
+             for i in range(0, len(prompts), size)]  # fmt: skip
+    if not packs:
+        return _priced(request, 0, 0, per_row, gateway=gateway)
+    plain = sum(estimate_tokens(p.message) + _schema_tokens(p.spec) for p in packs)
+    per_pack = (per_row + (0 if answered else ENTRY_GUESS)) * len(prompts) / len(packs)
+    return _priced(packs[0].spec, len(packs), plain, per_pack, gateway=gateway)
 
 
 def _schema_tokens(request: RequestSpec) -> int:

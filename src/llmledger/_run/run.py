@@ -287,11 +287,13 @@ class Run:
         average = ledger.average_paid(plan.table, plan.step) if done_before > 0 or budget else 0.0
         report.done_saved_usd = max(done_before, 0) * average
         report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
-        batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
+        packed = sent is not None and sent.rows_per_request > 1  # packs go online (checked up front for "batch")
+        batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS and not packed)
         report.mode = "batch" if batch else "online"
         if budget:  # what the step had spent, and what a request costs, as the run starts: the budget's start
             spent = ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0
-            cfg = dataclasses.replace(plan.cfg, average_before_usd=average, spent_before_usd=spent)
+            per_request = average * (sent.rows_per_request if sent is not None else 1)  # a pack pays for its rows
+            cfg = dataclasses.replace(plan.cfg, average_before_usd=per_request, spent_before_usd=spent)
             self.plan = dataclasses.replace(plan, cfg=cfg)
             report.spent_before_usd = spent
         return selection, batch

@@ -47,6 +47,7 @@ ATTACH_KEY = "llmledger_attach"  # in a stored request: the columns whose files 
 ENDPOINT_KEY = "llmledger_endpoint"  # in a stored and fingerprinted request: the server it is sent to, if not Anthropic
 PROVIDER_KEY = "llmledger_provider"  # in a stored and fingerprinted request: the API it speaks, if not Anthropic's
 API_KEY = "llmledger_api"  # in a stored and fingerprinted request: the API, if not its provider's default ("responses")
+PACK_KEY = "llmledger_rows_per_request"  # and the rows one request carries, when more than one (packing.py)
 
 
 def split_model(model: str) -> tuple[str, str]:
@@ -156,6 +157,7 @@ class RequestSpec:
     api: str | None = None  # another API of the provider's than its default: "responses" (OpenAI's)
     # the provider's own rules at another endpoint (a gateway to it, Azure OpenAI): its own field bounds the answer
     own_rules: bool = False
+    rows_per_request: int = 1  # rows packed into one request (`_step/packing.py`); 1: each row its own request
 
     @property
     def shape(self) -> ApiShape:
@@ -195,6 +197,8 @@ class RequestSpec:
             marks[PROVIDER_KEY] = self.provider
         if self.api is not None:
             marks[API_KEY] = self.api
+        if self.rows_per_request > 1:
+            marks[PACK_KEY] = self.rows_per_request
         return marks
 
     @property
@@ -239,6 +243,7 @@ class RequestSpec:
         body = json.loads(text)
         provider, endpoint = body.pop(PROVIDER_KEY, ANTHROPIC), body.pop(ENDPOINT_KEY, None)
         api = body.pop(API_KEY, None)
+        rows_per_request = int(body.pop(PACK_KEY, 1))
         model = body.pop("model")
         shape = shape_of(provider, api)
         bound = shape.tokens_field(None) if shape.tokens_field(None) in body else "max_tokens"
@@ -262,6 +267,7 @@ class RequestSpec:
             provider=provider,
             api=api,
             own_rules=endpoint is not None and bound != "max_tokens",
+            rows_per_request=rows_per_request,
         )
 
     def fingerprint(self, prompt: str) -> str:

@@ -184,6 +184,12 @@ class Faults:
     capacity: int | None = None
     queue_limit: int | None = None
     seed: int = 0
+    # rows_per_request packs gone wrong as peers' did (Ondine #251/#254/#255): the share of packs answered with an
+    # entry dropped, an entry given twice, two entries' ids swapped, or an answer out of the step's shape
+    pack_drop: float = 0.0
+    pack_duplicate: float = 0.0
+    pack_swap: float = 0.0
+    pack_invalid: float = 0.0
     # the day the simulator lives on (YYYY-MM-DD; None: today): a model past its shutdown date (prices.json, or
     # `shutdowns`) gets the API's 404, as a retired model does; GET /v1/models says each model's shutdown_date
     today: str | None = None
@@ -200,7 +206,7 @@ _RATES = (
     "batch_expire_after",
 )  # fmt: skip
 _SIZES = ("batch_max_requests", "batch_max_bytes", "capacity")
-_SHARES = ("error_rate", "drop_rate")
+_SHARES = ("error_rate", "drop_rate", "pack_drop", "pack_duplicate", "pack_swap", "pack_invalid")
 _STATUSES = ("error_status", "outage_status")
 _FLAGS = ("compatible", "usage", "resample")
 _TEXTS = ("poison", "refuse", "bad_json", "bad_json_once", "truncate", "api_key", "batch_expire", "batch_error")

@@ -47,6 +47,7 @@ from llmledger.simulator.http import QuietServer, make_handler
 from llmledger.simulator.limits import Bucket, PromptCache, TokenLimits
 from llmledger.simulator.media import count_tokens
 from llmledger.simulator.openai_batches import SimOpenAIBatches
+from llmledger.simulator.packs import answer_pack, is_pack, own_system
 from llmledger.simulator.replies import choices, default_reply, fake_json
 from llmledger.simulator.request import output_schema, request_tokens, user_text
 
@@ -322,6 +323,22 @@ class Simulator:
         headers = self._bucket.openai_headers("requests") if self._bucket is not None else {}
         return {**headers, **self._tokens.openai_headers()}
 
+    def _answer_item(self, body: dict[str, Any], system: str | None, request: str, schema: Any) -> Any:
+        """One item of a pack answered as its request alone would be (the caller holds the lock): text, or the
+        JSON value of the step's schema; asked again, another answer, as sampling would give."""
+        own = own_system(system)
+        same = json.dumps([body.get("model"), own, request, schema], sort_keys=True, default=str)
+        asked_before = self._asked[same]
+        self._asked[same] += 1
+        if schema is not None and self.responder is default_reply:
+            return json.loads(fake_json(schema, request, asked_before))
+        mine = self.responder is default_reply
+        options = choices(f"{own or ''}\n{request}") if mine else []
+        f = self.faults
+        text = misread(self.responder(request, own), str(body.get("model")), request, f.accuracy, options,
+                       asked_before if mine and f.resample else 0)  # fmt: skip
+        return json.loads(text) if schema is not None else text
+
     def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = user_text(body)
         system = body.get("system")
@@ -334,7 +351,15 @@ class Simulator:
         with self._lock:  # the same request asked before gets another answer, as sampling would
             asked_before = self._asked[same]
             self._asked[same] += 1
-        if schema is not None and self.responder is default_reply:
+        paid = [prompt]  # the requests this answer pays for: a pack's items, each as if sent alone
+        if is_pack(schema):
+            assert schema is not None
+            with self._lock:
+                text, paid = answer_pack(
+                    prompt, schema, lambda request, inner: self._answer_item(body, system, request, inner),
+                    faults=f, rng=self._rng,
+                )  # fmt: skip
+        elif schema is not None and self.responder is default_reply:
             text = fake_json(schema, first, asked_before)
         else:
             own = self.responder is default_reply  # a test's own responder answers as it likes, asked again or not
@@ -370,7 +395,8 @@ class Simulator:
             self._stats["cache_read_tokens"] += read
             self._stats["input_tokens"] += usage_in
             self._stats["output_tokens"] += usage_out
-            self._stats["prompts"][prompt] += 1
+            for request in paid:
+                self._stats["prompts"][request] += 1
         usage: dict[str, Any] = {"input_tokens": usage_in, "output_tokens": usage_out}
         if not f.compatible:
             usage.update(

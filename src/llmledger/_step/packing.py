@@ -1,0 +1,261 @@
+"""Several rows in one request, each answer its own (`rows_per_request=`): the pack's request and how its answer is
+read, as pure values.
+
+Why: for short rows (a label for an SMS, a field from a sentence) the request limit, not tokens, bounds the work, and
+every request pays the instructions again. A pack sends up to N rows in one request and asks for one JSON entry per
+row. Peers that pack rows (Ondine) were caught putting answers on the wrong rows or losing them, so a pack's answer
+is trusted entry by entry, never by position:
+
+- Each row goes in as an item with an id drawn afresh for every request (`new_ids`): six letters and digits that no
+  row's content, no count (1..N) and no other pack shares.
+- Each entry must give the id, the first words of its item (`start`) and the answer. An entry is kept only when its
+  id came back exactly once, its `start` is the beginning of that item's text and of no other item's (different)
+  text, and its answer passes the step's output schema (`output=`) or is text. So a model that swaps ids, drops or
+  duplicates an entry, or answers out of shape fails only those rows (`read_pack`), which the sender asks again
+  alone; the rows answered correctly keep their answers.
+- Text every item's request shares (the prompt template around the row's own text) is said once: the longest common
+  prefix and suffix of the items, cut at a word (`common_frame`).
+
+A packed row's stored request and fingerprint carry the pack size (`request.PACK_KEY`, a mark like the provider's),
+so its answer is reused only in the same packing setting, and a changed size makes the rows stale, reported and not
+paid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from llmledger._step.output import OutputError, OutputSpec
+from llmledger.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from llmledger._step.request import RequestSpec
+
+MAX_ROWS_PER_REQUEST = 100
+PACK_MAX_TOKENS = 32_000  # a pack's answer bound: below every current model's output limit
+ENTRY_TOKENS = 48  # what one entry's id, start and JSON may add to an answer, in tokens: its share of max_tokens
+ENTRY_GUESS = 16  # and what they add, as an estimate reckons before a step has answers (about 15 measured)
+_ID_LETTERS = "bcdfghjkmnpqrstvwxz23456789"  # no vowels (no words), no 0/1/l/o to misread
+PLACEHOLDER = "<<ITEM>>"
+
+INSTRUCTIONS = (
+    "You are given several items at once. Answer each item separately, exactly as if it were the only one: an "
+    "item's answer must never depend on another item.\n"
+    'Reply with JSON {"answers": [...]}, one entry per item, each an object with:\n'
+    '- "id": the item\'s id, copied exactly;\n'
+    '- "start": the first words of the item\'s text (up to six), copied exactly;\n'
+    '- "answer": your answer to that item.'
+)
+
+
+def new_ids(n: int) -> list[str]:
+    """`n` distinct ids for one pack's items, random so that no row's text and no other pack carries them."""
+    ids: list[str] = []
+    while len(ids) < n:
+        candidate = "".join(secrets.choice(_ID_LETTERS) for _ in range(6))
+        if candidate not in ids and not candidate.isdigit():
+            ids.append(candidate)
+    return ids
+
+
+def common_frame(texts: list[str]) -> tuple[str, str]:
+    """The prefix and suffix every text shares (a prompt template around each row's own text), cut at whitespace so
+    no word is split, and leaving each text something of its own; ("", "") for fewer than two texts."""
+    if len(texts) < 2:
+        return "", ""
+    first, shortest = texts[0], min(len(t) for t in texts)
+    n = 0
+    while n < shortest and all(t[n] == first[n] for t in texts):
+        n += 1
+    prefix = first[:n]
+    if n < len(first) and not prefix[-1:].isspace():  # ends inside a word: back to the whitespace before it
+        cut = max(prefix.rfind(" "), prefix.rfind("\n"))
+        prefix = prefix[: cut + 1] if cut >= 0 else ""
+    rest = [t[len(prefix) :] for t in texts]
+    m, shortest = 0, min(len(t) for t in rest)
+    while m < shortest and all(t[-1 - m] == rest[0][-1 - m] for t in rest):
+        m += 1
+    suffix = rest[0][len(rest[0]) - m :] if m else ""
+    if suffix and not suffix[0].isspace():  # starts inside a word: on to the whitespace after it
+        cut = min((i for i in (suffix.find(" "), suffix.find("\n")) if i >= 0), default=-1)
+        suffix = suffix[cut:] if cut >= 0 else ""
+    if any(not t[: len(t) - len(suffix)].strip() for t in rest):  # an item would be left empty: say it whole
+        suffix = ""
+    if any(not t.strip() for t in rest):
+        return "", ""
+    return prefix, suffix
+
+
+def pack_schema(answer: dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON schema of a pack's answer: {"answers": [{"id", "start", "answer"}]}, the answer in the step's own
+    shape (`output=`'s schema, its $defs lifted to the top) or text."""
+    inner = {"type": "string"} if answer is None else {k: v for k, v in answer.items() if k != "$defs"}
+    entry = {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "start": {"type": "string"}, "answer": inner},
+        "required": ["id", "start", "answer"],
+        "additionalProperties": False,
+    }
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"answers": {"type": "array", "items": entry}},
+        "required": ["answers"],
+        "additionalProperties": False,
+    }
+    if answer is not None and answer.get("$defs"):
+        schema["$defs"] = answer["$defs"]
+    return schema
+
+
+def user_message(prefix: str, suffix: str, ids: list[str], own: list[str]) -> str:
+    """The pack's one user message: the shared frame once (if any), then one JSON line per item."""
+    lines = [json.dumps({"id": i, "text": text}, ensure_ascii=False) for i, text in zip(ids, own, strict=True)]
+    if prefix or suffix:
+        head = (
+            f"Each item is one request: the text between the lines below, with {PLACEHOLDER} replaced by the "
+            f"item's text.\n-----\n{prefix}{PLACEHOLDER}{suffix}\n-----\n"
+        )
+    else:
+        head = "Each item's text is one whole request.\n"
+    return head + "Items, one JSON object a line:\n" + "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pack:
+    """One request carrying several rows: its body, each item's id and own text (the frame taken off)."""
+
+    body: dict[str, Any]
+    ids: list[str]
+    own: list[str]
+    shared_chars: int  # characters said once for every item: instructions, system prompt, frame
+    spec: RequestSpec  # the request's own spec (the step's, with the packing instructions and schema)
+    message: str  # its user message
+
+
+def pack_request(spec: RequestSpec, prompts: list[str], ids: list[str] | None = None) -> Pack:
+    """The request for rows whose stored user messages are `prompts` (of one step version)."""
+    ids = new_ids(len(prompts)) if ids is None else ids
+    prefix, suffix = common_frame(prompts)
+    own = [p[len(prefix) : len(p) - len(suffix)] for p in prompts]
+    answer = spec.output_spec()
+    shape, field = spec.shape, spec.shape.structured_field
+    asked = shape.structured(OutputSpec(pack_schema(None if answer is None else answer.schema)))
+    options = {k: v for k, v in spec.options.items() if k != field}
+    earlier = spec.options.get(field)
+    if isinstance(earlier, dict) and field == "text":  # Responses' `text` may carry more than its format
+        asked = {**earlier, **asked}
+    bound = min(PACK_MAX_TOKENS, len(prompts) * (spec.max_tokens + ENTRY_TOKENS))
+    system = INSTRUCTIONS if not spec.system else f"{spec.system}\n\n{INSTRUCTIONS}"
+    packed = dataclasses.replace(
+        spec, system=system, options={**options, field: asked}, max_tokens=bound, rows_per_request=1
+    )
+    message = user_message(prefix, suffix, ids, own)
+    shared = len(system) + len(message) - sum(len(json.dumps(t, ensure_ascii=False)) for t in own)
+    return Pack(packed.body(message), ids, own, max(shared, 0), packed, message)
+
+
+def _words(text: str) -> str:
+    """Text as a `start` is compared: letters and digits only, case folded (a model may copy punctuation, quotes
+    and spaces loosely, not words)."""
+    return re.sub(r"\W+", "", text.casefold())
+
+
+def read_pack(text: str, pack: Pack, output: OutputSpec | None) -> tuple[dict[int, str], dict[int, str]]:
+    """A pack's answer, item by item: ({item index: its answer, as stored}, {item index: why its entry is not
+    kept}). Every item is in exactly one of the two."""
+    n = len(pack.ids)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {}, dict.fromkeys(range(n), f"the pack's answer is not JSON ({exc.msg} at character {exc.pos})")
+    entries = data.get("answers") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return {}, dict.fromkeys(range(n), 'the pack\'s answer has no list of "answers"')
+    index = {item_id: i for i, item_id in enumerate(pack.ids)}
+    found: dict[int, list[dict[str, Any]]] = {}
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"].strip() in index:
+            found.setdefault(index[entry["id"].strip()], []).append(entry)
+    words = [_words(t) for t in pack.own]
+    answers: dict[int, str] = {}
+    problems: dict[int, str] = {}
+    for i in range(n):
+        got = found.get(i, [])
+        if not got:
+            problems[i] = "its entry was missing from the pack's answer"
+            continue
+        if len(got) > 1:
+            problems[i] = f"its id came back {len(got)} times in the pack's answer"
+            continue
+        entry = got[0]
+        start = _words(str(entry.get("start", "")))
+        if not words[i].startswith(start) or any(
+            words[j].startswith(start) and pack.own[j] != pack.own[i] for j in range(n) if j != i
+        ):
+            shown = str(entry.get("start", ""))[:60]
+            problems[i] = f"its entry's start {shown!r} does not name its own text alone: answers may be misaligned"
+            continue
+        try:
+            answers[i] = _answer_text(entry.get("answer"), output)
+        except OutputError as exc:
+            problems[i] = f"its answer in the pack does not match the output schema: {exc}"
+    return answers, problems
+
+
+def _answer_text(value: Any, output: OutputSpec | None) -> str:
+    if output is not None:
+        return output.check(json.dumps(value, ensure_ascii=False))
+    if not isinstance(value, str):
+        raise OutputError(f"the answer should be text, got {json.dumps(value, ensure_ascii=False)[:80]}")
+    return value
+
+
+def apportion(total: int, weights: list[float]) -> list[int]:
+    """`total` split in proportion to `weights` into integers that add up to it exactly (largest remainder)."""
+    if not weights:
+        return []
+    whole = sum(weights)
+    exact = [total * w / whole for w in weights] if whole > 0 else [total / len(weights)] * len(weights)
+    parts = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: exact[i] - parts[i], reverse=True)[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
+def entry_lengths(text: str, pack: Pack) -> list[int]:
+    """The characters each item's entry took in the pack's answer (its share of the output tokens); 0 for an item
+    with none."""
+    try:
+        entries = json.loads(text).get("answers", [])
+    except (json.JSONDecodeError, AttributeError):
+        return [0] * len(pack.ids)
+    index = {item_id: i for i, item_id in enumerate(pack.ids)}
+    lengths = [0] * len(pack.ids)
+    for entry in entries if isinstance(entries, list) else []:
+        at = index.get(str(entry.get("id", "")).strip()) if isinstance(entry, dict) else None
+        if at is not None:
+            lengths[at] += len(json.dumps(entry, ensure_ascii=False))
+    return lengths
+
+
+def check_rows_per_request(value: Any, *, attach: Any, mode: Any) -> None:
+    """Refuse a `rows_per_request=` that is no count, or one the run cannot pack (before anything is written)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ROWS_PER_REQUEST:
+        raise InvalidInputError(
+            f"rows_per_request must be a whole number from 1 (each row its own request) to {MAX_ROWS_PER_REQUEST}, "
+            f"got {value!r}. Nothing was written."
+        )
+    if value > 1 and attach is not None:
+        raise InvalidInputError(
+            f"rows_per_request={value} with attach=: rows with files are sent one to a request; leave "
+            "rows_per_request out. Nothing was written."
+        )
+    if value > 1 and mode == "batch":
+        raise InvalidInputError(
+            f"rows_per_request={value} with mode='batch': packed rows are sent online for now (mode='online'; "
+            "'auto' stays online too). Nothing was written."
+        )

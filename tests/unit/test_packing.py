@@ -1,0 +1,132 @@
+"""A pack's answer is read entry by entry (`_step/packing.py`): whatever a model writes, an answer is kept only for
+the item it belongs to, every item is either kept or failed with a reason, and each row's share of the usage adds
+up to the request's exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmledger._step.output import output_spec
+from llmledger._step.packing import Pack, apportion, common_frame, pack_request, read_pack
+from llmledger._step.request import RequestSpec
+
+pytestmark = pytest.mark.fast
+
+SPEC = RequestSpec(model="claude-haiku-5-5", max_tokens=100, system="Be brief.")
+texts = st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=12)
+
+
+def answer_of(text: str) -> str:
+    """What a faithful model answers an item: a value that names it."""
+    return f"answer to {text!r}"
+
+
+def faithful(pack: Pack) -> list[dict[str, object]]:
+    return [
+        {"id": i, "start": " ".join(t.split()[:6]), "answer": answer_of(t)}
+        for i, t in zip(pack.ids, pack.own, strict=True)
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts, st.randoms(use_true_random=False), st.lists(st.sampled_from(["drop", "dup", "swap", "bad", "junk"])))
+def test_whatever_the_model_does_a_kept_answer_is_its_own_items(
+    own: list[str], rng: random.Random, faults: list[str]
+) -> None:
+    prompts = [f"Label this: {t}" for t in own]
+    pack = pack_request(SPEC, prompts)
+    entries = faithful(pack)
+    for fault in faults:
+        if fault == "drop" and entries:
+            entries.pop(rng.randrange(len(entries)))
+        elif fault == "dup" and entries:
+            entries.append(dict(entries[rng.randrange(len(entries))]))
+        elif fault == "swap" and len(entries) >= 2:
+            a, b = rng.sample(range(len(entries)), 2)
+            entries[a]["id"], entries[b]["id"] = entries[b]["id"], entries[a]["id"]
+        elif fault == "bad" and entries:
+            entries[rng.randrange(len(entries))]["answer"] = 7
+        elif fault == "junk":
+            entries.append({"id": "zzzzzz", "start": "x", "answer": "not asked"})
+    rng.shuffle(entries)
+    kept, problems = read_pack(json.dumps({"answers": entries}), pack, None)
+    assert set(kept) | set(problems) == set(range(len(prompts))) and not set(kept) & set(problems)
+    for i, answer in kept.items():
+        assert answer == answer_of(pack.own[i]) or pack.own[answer_index(answer, pack)] == pack.own[i], (
+            "an answer is kept only on its own item (or on an item with the very same text)"
+        )
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.from_regex(r"[A-Za-z]{1,8}( [A-Za-z0-9,.!?']{1,8}){0,8}", fullmatch=True), min_size=1, max_size=20))
+def test_a_faithful_answer_keeps_every_row_whose_first_words_tell_it_apart(own: list[str]) -> None:
+    """Rows whose first six words are another (different) row's are asked alone: a `start` cannot tell them apart."""
+    pack = pack_request(SPEC, [f"Label this: {t}" for t in own])
+    kept, problems = read_pack(json.dumps({"answers": faithful(pack)}), pack, None)
+    words = [re.sub(r"\W+", "", t.casefold()) for t in pack.own]
+    for i, t in enumerate(pack.own):
+        first = re.sub(r"\W+", "", " ".join(t.split()[:6]).casefold())
+        if all(t == o or not w.startswith(first) for o, w in zip(pack.own, words, strict=True)):
+            assert kept.get(i) == answer_of(t), problems.get(i)
+
+
+def answer_index(answer: str, pack: Pack) -> int:
+    return next(i for i, t in enumerate(pack.own) if answer_of(t) == answer)
+
+
+def test_an_answer_that_is_no_pack_fails_every_row_with_the_reason() -> None:
+    pack = pack_request(SPEC, ["a b", "c d"])
+    for text, why in (("not json", "not JSON"), ('{"x": 1}', 'no list of "answers"'), ("[]", 'no list of "answers"')):
+        kept, problems = read_pack(text, pack, None)
+        assert not kept and len(problems) == 2 and all(why in p for p in problems.values())
+
+
+def test_a_typed_answer_is_checked_against_the_steps_schema() -> None:
+    spec = output_spec({"spam": bool})
+    assert spec is not None
+    pack = pack_request(SPEC, ["first one", "second one"])
+    entries = [
+        {"id": pack.ids[0], "start": "first", "answer": {"spam": True}},
+        {"id": pack.ids[1], "start": "second", "answer": {"spam": "yes"}},
+    ]
+    kept, problems = read_pack(json.dumps({"answers": entries}), pack, spec)
+    assert kept == {0: '{"spam":true}'} and "output schema" in problems[1]
+
+
+def test_ids_are_fresh_letters_and_digits_never_counts() -> None:
+    a, b = pack_request(SPEC, ["x"] * 30), pack_request(SPEC, ["x"] * 30)
+    assert len(set(a.ids)) == 30 and not set(a.ids) & set(b.ids)
+    assert not any(i.isdigit() for i in a.ids)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**7), st.lists(st.floats(0, 1e6), min_size=1, max_size=40))
+def test_shares_add_up_to_the_whole_exactly(total: int, weights: list[float]) -> None:
+    parts = apportion(total, weights)
+    assert sum(parts) == total and all(p >= 0 for p in parts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=40), min_size=2, max_size=8), st.text(max_size=20), st.text(max_size=20))
+def test_the_shared_frame_leaves_each_item_its_own_words(middles: list[str], head: str, tail: str) -> None:
+    items = [head + m + tail for m in middles]
+    prefix, suffix = common_frame(items)
+    for item in items:
+        assert item.startswith(prefix) and item.endswith(suffix)
+        if prefix or suffix:
+            assert item[len(prefix) : len(item) - len(suffix)].strip(), "no item is left empty"
+
+
+def test_the_template_around_each_row_is_said_once() -> None:
+    prompts = [f"Is this SMS spam or ham? Answer spam or ham.\n\n{t}" for t in ("Win cash now", "See you at 5")]
+    pack = pack_request(SPEC, prompts)
+    message = pack.body["messages"][-1]["content"]
+    assert message.count("Answer spam or ham") == 1 and pack.own == ["Win cash now", "See you at 5"]
+    assert pack.body["max_tokens"] == 2 * (100 + 48) and pack.body["system"].startswith("Be brief.")
+    assert pack.body["output_config"]["format"]["schema"]["required"] == ["answers"]
