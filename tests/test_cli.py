@@ -423,3 +423,23 @@ def test_history_of_a_key_the_table_lacks_or_of_another_type_says_what_to_pass(
         assert said in done.stderr and "key=" not in done.stderr, (key, done.stderr)
     there = _cli("history", str(store), "--key", "7")  # a row without history: an empty table, as before
     assert there.returncode == 0 and "replaced_at" in there.stdout, there.stderr
+
+
+def test_sigterm_stops_a_command_started_with_ctrl_c_ignored() -> None:
+    """Found in a CI run: `llmledger simulator` started by a worker that ignores SIGINT (a script's background job
+    does) turned SIGTERM into a SIGINT that went nowhere, and never exited (300 s to a timeout, twice)."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmledger", "simulator", "--port", str(_free_port())],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert proc.stdout is not None and "listening" in proc.stdout.readline()
+        proc.terminate()
+        assert proc.wait(timeout=20) is not None
+    finally:
+        proc.kill()
+        proc.wait()

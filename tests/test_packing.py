@@ -240,3 +240,22 @@ def test_a_budget_stops_before_a_pack_would_pass_it(client: anthropic.AsyncAnthr
     assert 2 <= packs < 10 and 2.0 - 2 * spent / packs < spent <= 2.0, "stops within a pack or two of the budget"
     assert out["s_status"].value_counts().sort("s_status").rows() == [("NOT_STARTED", 100 - 10 * packs),
                                                                        ("DONE", 10 * packs)]  # fmt: skip
+
+
+def test_a_refused_pack_is_asked_again_row_by_row_and_identical_rows_pay_apart_without_dedupe(
+    client: anthropic.AsyncAnthropic, sim: Simulator, store: Path
+) -> None:
+    """The model refuses a pack for one row in it: every row is asked alone, the refused one fails with what it
+    cost, the others are answered; every token of the refused pack lands on a row. With dedupe off, two identical
+    rows in one pack each pay their own share."""
+    rows = frame(8).with_columns(pl.when(pl.col("id") == 3).then(pl.lit("forbidden topic")).otherwise("text")
+                                 .alias("text"))  # fmt: skip
+    rows = pl.concat([rows, rows.head(2).with_columns(pl.col("id") + 100)])
+    sim.configure(refuse="forbidden topic")
+    out = apply_llm(rows, "s", prompt="Summarize: {text}", client=client, store=store, table="t", progress=False,
+                    rows_per_request=10, dedupe=False)  # fmt: skip
+    statuses = dict(zip(out["id"], out["s_status"], strict=True))
+    assert statuses.pop(3) == "FAILED" and set(statuses.values()) == {"DONE"}
+    assert rows_of(store, "SELECT s_cost_usd > 0 FROM t WHERE id = 3") == [(True,)]
+    check_books(store, "t", "s")
+    assert sim.stats()["paid"] == 1 + 10, "the pack, then each row alone"

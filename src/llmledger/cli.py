@@ -45,6 +45,8 @@ def _stop_on_sigterm() -> None:
     `import llmledger` in a notebook leaves the process's signals alone."""
 
     def as_ctrl_c(signum: int, frame: object) -> None:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started with Ctrl-C ignored (a script's background
+            raise KeyboardInterrupt  # job, some test runners' workers): a SIGINT would be lost, and SIGTERM with it
         os.kill(os.getpid(), signal.SIGINT)  # through whatever handles Ctrl-C at that moment
 
     if threading.current_thread() is threading.main_thread():

@@ -107,6 +107,11 @@ _FAULT_OPTIONS: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "pack_drop": (_share, "SHARE", "share of packed requests, 0 to 1, whose answer drops one row's entry (default 0)"),
     "pack_duplicate": (_share, "SHARE", "share of packed requests, 0 to 1, answering one row twice (default 0)"),
     "pack_swap": (_share, "SHARE", "share of packed requests, 0 to 1, whose answer swaps two rows' ids (default 0)"),
+    "flex_unavailable": (
+        _share,
+        "SHARE",
+        "share of OpenAI flex requests, 0 to 1, answered 429 Resource Unavailable (default 0)",
+    ),
     "pack_invalid": (_share, "SHARE", "share of packed requests, 0 to 1, with one answer out of shape (default 0)"),
     "outage_status": (_status, "ERROR", "the error every request gets during --outage-for (default 529, overloaded)"),
     "poison": (str, "TEXT", "a request whose prompt contains this text gets a 400 (default: none)"),

@@ -85,7 +85,8 @@ def run_run(args: argparse.Namespace) -> None:
     from llmledger._run.api import resume
 
     redo = _REDO.get(args.redo, False)
-    resume(args.store, args.table, args.step, redo=redo, mode=args.mode, wait=not args.no_wait, **_run_options(args))
+    resume(args.store, args.table, args.step, redo=redo, mode=args.mode, wait=not args.no_wait,
+           deadline=args.deadline, **_run_options(args))  # fmt: skip
 
 
 def run_worker(args: argparse.Namespace) -> None:

@@ -51,16 +51,25 @@ def _run(p: Any) -> None:
     )
     p.add_argument(
         "--mode",
-        choices=["online", "batch", "auto"],
+        choices=["online", "batch", "auto", "flex"],
         default=DEFAULTS.mode,
-        help="send the rows online or as Message Batches (half price); batches the step sent "
-        f"earlier are collected first either way (default {DEFAULTS.mode})",
+        help="send the rows online, as Message Batches (half price), or online at OpenAI's flex tier (half price, "
+        f"slower; 'openai:' models); batches the step sent earlier are collected first either way (default "
+        f"{DEFAULTS.mode})",
     )
     p.add_argument(
         "--no-wait",
         action="store_true",
         default=not DEFAULTS.wait,
         help="with --mode batch: return once the batches are submitted",
+    )
+    p.add_argument(
+        "--deadline",
+        type=positive(float, most=365 * DAY),
+        default=None,
+        metavar="SECONDS",
+        help="with --mode flex: answer the rows within this many seconds, at the standard tier once the flex pace "
+        "would miss it",
     )
 
 

@@ -234,7 +234,10 @@ def clean_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
 
 
-def bounded_timeout(timeout: Any, *, max_tokens: int, sdk: Any = None) -> Any:
+FLEX_READ = 900.0  # seconds a flex request may take to answer: OpenAI's advice (its flex processing queues)
+
+
+def bounded_timeout(timeout: Any, *, max_tokens: int, sdk: Any = None, slow: bool = False) -> Any:
     """The client's timeout, bounded so that no request can stall a run for long (a `Timeout` of `sdk`, the
     client's own SDK module).
 
@@ -242,12 +245,13 @@ def bounded_timeout(timeout: Any, *, max_tokens: int, sdk: Any = None) -> Any:
     has the request, so those are short. The read (the model's answer) is
     bounded by the time to generate `max_tokens` at 10 tokens/s, at least 60 s:
     longer than any healthy answer, and a retry after it is a retry the SDK
-    would make after its own 600 s anyway.
+    would make after its own 600 s anyway. `slow`: flex processing, which queues a request before answering it:
+    at least FLEX_READ, as OpenAI advises.
     """
     if sdk is None:
         import anthropic as sdk
     read = timeout.read if isinstance(timeout, sdk.Timeout) else timeout
-    ceiling = max(60.0, max_tokens / 10.0)
+    ceiling = max(FLEX_READ if slow else 60.0, max_tokens / 10.0)
     read = ceiling if read is None else min(float(read), ceiling)
     return sdk.Timeout(read, connect=10.0, write=30.0, pool=10.0)
 

@@ -51,6 +51,10 @@ class RunConfig:
     api: str | None = None  # the step's API when not its provider's default ("responses"): batches are made for it
     attachments: Attachments | None = field(default=None, compare=False)  # attach=: where this process has the
     # bytes of the files its rows' requests name
+    # "flex": each request is sent at OpenAI's flex tier (mode="flex"), which is no part of the row's request (as
+    # sending it in a batch is not): a flex answer and a standard one stand in for each other
+    service_tier: str | None = None
+    deadline: float | None = None  # Unix time: flex requests go at the standard tier once it would be missed
 
     @property
     def renew_every(self) -> float:

@@ -86,6 +86,8 @@ class Sink(Protocol):
     def note_unsent(self, message: str, row: dict[str, Any]) -> None: ...
     def set_in_flight(self, delta: int) -> None: ...
     def note_pack(self, record: dict[str, Any]) -> None: ...
+    def pace(self) -> tuple[int, int]: ...  # (rows answered in this run, rows still to answer)
+    def note_standard(self) -> None: ...  # a request sent at the standard tier to meet the deadline
     def may_spend(self) -> bool: ...
     def bill(self, reply: Reply) -> float | None: ...
 
@@ -104,9 +106,14 @@ class OnlineSender:
         concurrency: int = 1,
         adaptive: bool = False,
         attachments: Attachments | None = None,
+        service_tier: str | None = None,
+        deadline: float | None = None,
     ) -> None:
         self.client, self.requests, self.retry, self.dedupe, self.sink = client, requests, retry, dedupe, sink
         self.files = attachments or Attachments(())  # where this process has the bytes of attached files
+        self.tier = {"service_tier": service_tier} if service_tier else {}  # sent with each request, not recorded
+        self.deadline, self.started_at = deadline, time.time()  # flex: the standard tier once it would be missed
+        self.standard = False  # the deadline was judged in danger: the rest go at the standard tier
         # refusals alike that stop a run: more than a first wave of requests holds, so rows refused for their own
         # reason at the head of a frame are outweighed by the rest of that wave's answers
         self.refused_alike = max(REFUSED_ALIKE, concurrency + 1)
@@ -200,7 +207,9 @@ class OnlineSender:
             self._doing(f"sending {row['fingerprint'][:8]} (try {tries})")
             try:
                 api = for_client(self.client, spec.api).api()
-                reply = await send(self.client, self.pacer, body, go=lambda: self.sink.stopping is None, api=api)
+                tier = self._tier()
+                sent = {**body, **tier} if tier else body
+                reply = await send(self.client, self.pacer, sent, go=lambda: self.sink.stopping is None, api=api)
                 self.answered += 1
                 self.transient_streak = 0
                 self.last_success = time.monotonic()
@@ -229,6 +238,24 @@ class OnlineSender:
             )
             tries += 1
         return None
+
+    def _tier(self) -> dict[str, str]:
+        """The tier this request goes at: flex, unless a deadline would be missed at the pace so far (before any
+        answer: once a fifth of the time to it has passed without one); from then on, standard."""
+        if not self.tier or self.deadline is None:
+            return self.tier
+        if not self.standard:
+            now = time.time()
+            answered, left = self.sink.pace()
+            if answered:
+                needed = left * (now - self.started_at) / answered
+                self.standard = needed > 0.8 * (self.deadline - now)
+            else:
+                self.standard = now - self.started_at > (self.deadline - self.started_at) / 5
+        if self.standard:
+            self.sink.note_standard()
+            return {}
+        return self.tier
 
     def _refused_alike(self, failure: CallFailed, row: dict[str, Any]) -> bool:
         """A 400 `invalid_request_error` the API gave, word for word, to `refused_alike` distinct requests before it

@@ -49,14 +49,15 @@ class PackedSender:
                 followers[fp] = []
                 if online.dedupe:
                     online.twins[fp] = asyncio.get_running_loop().create_future()
-        answers: dict[str, Answer] = {}
+        answers: dict[int, Answer] = {}  # by the leader's place: rows asked the same with dedupe off pay apart
         try:
             for version in dict.fromkeys(r["version"] for r in leaders):  # a pack holds one step version's rows
-                answers.update(await self._pack([r for r in leaders if r["version"] == version]))
+                places = [i for i, r in enumerate(leaders) if r["version"] == version]
+                got = await self._pack([leaders[i] for i in places])
+                answers.update({places[i]: answer for i, answer in enumerate(got) if answer is not None})
         finally:
-            for row in leaders:
-                fp = row["fingerprint"]
-                answer = answers.get(fp)
+            for i, row in enumerate(leaders):
+                fp, answer = row["fingerprint"], answers.get(i)
                 if answer is not None:
                     sink.record(row, *answer, reused=False)
                     for twin in followers[fp]:
@@ -73,59 +74,57 @@ class PackedSender:
         if shared is not None:  # None: the twin was stopped, so this row is released too
             self.online.sink.record(row, *shared, reused=True)
 
-    async def _pack(self, rows: list[dict[str, Any]]) -> dict[str, Answer]:
-        """The answers (by fingerprint) of rows of one version sent together; a row the run stopped before
-        answering has none. Rows the pack does not answer well are asked again, each alone."""
+    async def _pack(self, rows: list[dict[str, Any]]) -> list[Answer | None]:
+        """The answers of rows of one version sent together, in their order; None for a row the run stopped before
+        answering. Rows the pack does not answer well are asked again, each alone."""
         online = self.online
         spec = online.requests[rows[0]["version"]]
         pack = pack_request(spec, [r["prompt"] for r in rows])
         sent = await online._send(pack.body, rows[0], spec)
         if sent is None:  # the run stopped first: the rows go back as they were
-            return {}
+            return [None] * len(rows)
         reply, error = sent
         pack_id = str(uuid.uuid4())
+        kept: dict[int, str] = {}
         if reply is None:  # refused, not billed
             problems = dict.fromkeys(range(len(rows)), error or "refused")
-            kept: dict[int, str] = {}
         elif reply.useless:  # billed, nothing to read (a refusal, an answer cut off)
-            problems, kept = dict.fromkeys(range(len(rows)), error or "the pack's answer was of no use"), {}
+            problems = dict.fromkeys(range(len(rows)), error or "the pack's answer was of no use")
         else:
             kept, problems = read_pack(reply.text, pack, self.output)
-        shares = self._shares(reply, pack, rows, pack_id) if reply is not None else [None] * len(rows)
+        shares: list[Reply | None] = (
+            list(self._shares(reply, pack, rows, pack_id)) if reply is not None else [None] * len(rows)
+        )
         self._note(pack, rows, reply, problems, pack_id)
-        out: dict[str, Answer] = {}
+        out: list[Answer | None] = [None] * len(rows)
         for i, text in kept.items():
             share = shares[i]
             assert share is not None
-            out[rows[i]["fingerprint"]] = (dataclasses.replace(share, text=text), None)
+            out[i] = (dataclasses.replace(share, text=text), None)
         if not problems:
             return out
         if len(rows) == 1:  # asked alone already: the row keeps what it paid for, and why it is no answer
-            (i,) = problems
-            share = shares[i]
-            if share is None:
-                out[rows[i]["fingerprint"]] = (None, error)
-            elif reply is not None and reply.useless:
-                out[rows[i]["fingerprint"]] = (share, error)
+            share = shares[0]
+            if share is None or (reply is not None and reply.useless):
+                out[0] = (share, error)
             else:  # an answer the row paid for that is not its answer: kept raw, for a person (NEEDS_REVIEW)
-                out[rows[i]["fingerprint"]] = (dataclasses.replace(share, text=reply.text if reply else ""),
-                                               f"the answer does not hold this row's entry: {problems[i]}")  # fmt: skip
+                out[0] = (dataclasses.replace(share, text=reply.text if reply else ""),
+                          f"the answer does not hold this row's entry: {problems[0]}")  # fmt: skip
             return out
         again = await asyncio.gather(*(self._pack([rows[i]]) for i in problems))
-        for i, alone in zip(problems, again, strict=True):
-            fp, share = rows[i]["fingerprint"], shares[i]
-            answer = alone.get(fp)
-            if answer is None:  # stopped before its own request was answered: its share of this one is paid
+        for i, (alone,) in zip(problems, again, strict=True):
+            share = shares[i]
+            if alone is None:  # stopped before its own request was answered: its share of this one is paid
                 if share is not None:
                     online.sink.bill(share)
                 continue
-            later, why = answer
+            later, why = alone
             if share is None:
-                out[fp] = answer
+                out[i] = alone
             elif later is None:  # its own request refused: it fails, with what the pack cost it
-                out[fp] = (dataclasses.replace(share, useless=True), why)
-            else:
-                out[fp] = (share.plus(later), why)
+                out[i] = (dataclasses.replace(share, useless=True), why)
+            else:  # its own answer, carrying its share of the pack that failed it (a refusal stays one)
+                out[i] = (dataclasses.replace(share.plus(later), useless=later.useless), why)
         return out
 
     def _shares(self, reply: Reply, pack: Pack, rows: list[dict[str, Any]], pack_id: str) -> list[Reply]:

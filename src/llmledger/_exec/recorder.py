@@ -46,6 +46,8 @@ class Recorder:
             rep.cache_saved_usd += reply.cache_read_tokens * (price.input - price.cache_read) * scale / 1e6
             if reply.batch and cost is not None:
                 rep.batch_saved_usd += cost * (1 - price.batch) / price.batch
+            elif reply.flex and cost is not None and price.flex:
+                rep.flex_saved_usd += cost * (1 - price.flex) / price.flex
         rep.cost_usd = None if cost is None or rep.cost_usd is None else rep.cost_usd + cost
         return cost
 

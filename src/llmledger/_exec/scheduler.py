@@ -91,6 +91,8 @@ class Scheduler(BudgetGuard):
             concurrency=cfg.concurrency,
             adaptive=cfg.adaptive,
             attachments=cfg.attachments,
+            service_tier=cfg.service_tier,
+            deadline=cfg.deadline,
         )
         layout = selection.layout
         sent = selection.requests.get(selection.version)
@@ -145,6 +147,15 @@ class Scheduler(BudgetGuard):
         record = {**record, "table_name": layout.table, "step": layout.step, "run_id": self.claimant.run_id}
         self.packs.append(record)
         self.unjournaled.append(record)
+
+    def pace(self) -> tuple[int, int]:
+        """(rows answered in this run, rows still to answer: unclaimed, queued and in flight)."""
+        rep = self.report
+        answered = rep.done + rep.failed + rep.needs_review - rep.early_finished
+        return answered, self.selection.remaining + self.queue.qsize() + self.in_flight * self.pack_size
+
+    def note_standard(self) -> None:
+        self.report.standard_for_deadline += 1
 
     def record(self, row: dict[str, Any], reply: Reply | None, error: str | None, *, reused: bool) -> None:
         """Account for one answered (or refused) row, journal it, and buffer it for the next commit."""

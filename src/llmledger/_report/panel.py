@@ -51,7 +51,7 @@ def run_html(
     head = (
         f"<b>llmledger · {esc(r.table)}.{esc(r.step)}</b>"
         + badge(outcome, OUTCOME_COLOURS.get(outcome, FAILURE_COLOUR), field="outcome")
-        + (badge(r.mode, "#607d8b") if r.mode == "batch" else "")
+        + (badge(r.mode, "#607d8b") if r.mode in ("batch", "flex") else "")
         + (badge("simulated answers", "#6d4c41", field="simulated") if r.simulated else "")
     )
     figures = [("sent", f"{r.sent:,} of {r.selected:,}")]

@@ -56,6 +56,8 @@ class RunTally:
     cache_read_tokens: int = 0
     cache_saved_usd: float = 0.0  # what the cache reads would have cost as plain input, less what they cost
     batch_saved_usd: float = 0.0  # what the batch answers would have cost online, less what they cost
+    flex_saved_usd: float = 0.0  # what the flex answers would have cost at the standard tier, less what they cost
+    standard_for_deadline: int = 0  # mode="flex": requests sent at the standard tier to meet the deadline
     done_saved_usd: float = 0.0  # what the skipped rows (DONE already) would cost again, at the step's average
     submitted: int = 0  # rows this run sent in Message Batches
     downstream_stale: dict[str, int] = field(default_factory=dict)  # stale rows in steps reading this one, after
@@ -105,6 +107,8 @@ class RunTally:
         "cache_read_tokens",
         "cache_saved_usd",
         "batch_saved_usd",
+        "flex_saved_usd",
+        "standard_for_deadline",
     )
 
     def absorb(self, other: RunTally) -> None:
@@ -190,6 +194,7 @@ class RunTally:
             "reused answers": self.reused * per_call,
             "cache reads": self.cache_saved_usd,
             "batch prices": self.batch_saved_usd,
+            "flex prices": self.flex_saved_usd,
         }
 
     def avoided_reasons(self) -> str:
@@ -346,6 +351,11 @@ class RunTally:
             )
         if self.stale:
             out.append(self.stale_hint())
+        if self.standard_for_deadline:
+            out.append(
+                f"{rows(self.standard_for_deadline, 'request')} went at the standard tier, at the standard price: at "
+                "the flex tier's pace the rows would have missed the deadline."
+            )
         if self.running_elsewhere:
             out.append(self.elsewhere_hint())
         if self.kept_stale:

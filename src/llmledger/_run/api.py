@@ -13,7 +13,7 @@ import difflib
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
@@ -43,6 +43,7 @@ from llmledger._run.plan import (
     Plan,
     cache_ttl,
     check_budget_countable,
+    check_flex,
     check_no_nul,
     null_fields,
     plan_options,
@@ -144,9 +145,10 @@ def apply_llm(
     cache: bool | Literal["5m", "1h"] = True,
     max_cost_usd: float | None = None,
     budget_scope: Literal["run", "step"] = "run",
-    mode: Literal["online", "batch", "auto"] = "online",
+    mode: Literal["online", "batch", "auto", "flex"] = "online",
     wait: bool = True,
     batch_size: int | None = None,
+    deadline: datetime | timedelta | float | None = None,
 ) -> Any:
     """Run `prompt` through the model for every row of `df` that the ledger does not have yet.
 
@@ -243,11 +245,17 @@ def apply_llm(
     - `budget_scope`: `"run"` (default) or `"step"`.
     - `mode`: `"online"` (default); `"batch"` sends the rows as Message Batches, or OpenAI's Batch API for an
       OpenAI model (half the price; answers within 24 h, usually minutes), the rows SUBMITTED until their batch
-      ends; `"auto"` sends in batches when there are AUTO_BATCH_ROWS (10,000) rows or more to send.
+      ends; `"auto"` sends in batches when there are AUTO_BATCH_ROWS (10,000) rows or more to send; `"flex"`
+      sends online at OpenAI's flex tier (`service_tier="flex"`, for the `openai:` models that offer it: half the
+      price, slower answers, and at times a 429 "Resource Unavailable", which is retried and never counts against
+      a row). The tier is not part of a row's request: flex and standard answers stand in for each other.
     - `wait`: with batches, `True` polls until every batch of the step has ended and returns the answers;
       `False` returns once they are submitted, and any later call of the step (this one again, `resume`,
       `llmledger run`) collects them.
     - `batch_size`: requests per batch (default and most 100,000; 50,000 for OpenAI).
+    - `deadline`: with `mode="flex"`, when the rows must be answered by (a datetime, naive ones in local time; a
+      timedelta or seconds from now): the rows go at the flex tier while the pace so far finishes them in time,
+      and at the standard tier once it would not (the summary says how many requests went so).
     """
     plan = checked_plan(dict(locals()))
     check_credentials(plan.client)
@@ -369,6 +377,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         skip_nulls=nulls.skip,
     )
     check_budget_countable(plan.cfg.max_cost_usd, model)
+    check_flex(plan.mode, model)
     warn_unpriced(model)  # every check passed: the call will run
     warn_if_retiring(model, provider=provider, client=plan.client, endpoint=plan.endpoint, gateway=plan.gateway)
     return plan
@@ -415,9 +424,10 @@ def resume(
     validate: Validator | None = None,
     max_cost_usd: float | None = None,
     budget_scope: Literal["run", "step"] = "run",
-    mode: Literal["online", "batch", "auto"] = "online",
+    mode: Literal["online", "batch", "auto", "flex"] = "online",
     wait: bool = True,
     batch_size: int | None = None,
+    deadline: datetime | timedelta | float | None = None,
 ) -> Any:
     """Finish a step that `apply_llm` started, from the store alone (after a kill, a closed laptop, a lost kernel).
 
@@ -436,7 +446,7 @@ def resume(
     - `validate`: structured answers are checked against the schema the step's requests carry; pass the same
       `validate=` as apply_llm to apply it here too (a pydantic model's own validators run only in apply_llm).
     - `max_cost_usd`, `budget_scope`: a budget, as in apply_llm.
-    - `mode`, `wait`, `batch_size`: online or in batches, as in apply_llm.
+    - `mode`, `wait`, `batch_size`, `deadline`: online, in batches or at the flex tier, as in apply_llm.
     """
     check_identifier(step, "step", StepNameError, 'e.g. "summary"')
     check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
@@ -458,6 +468,7 @@ def resume(
     if recorded is not None:
         check_budget_countable(plan.cfg.max_cost_usd, recorded.model)
         check_rows_per_request(recorded.rows_per_request, attach=None, mode=plan.mode)
+        check_flex(plan.mode, recorded.model)
         warn_if_retiring(
             recorded.model, provider=recorded.provider, client=plan.client, endpoint=plan.endpoint, gateway=gateway
         )

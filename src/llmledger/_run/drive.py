@@ -36,7 +36,7 @@ async def send_all(
 ) -> RunReport:
     api, own = run_client(plan.client)
     max_tokens = max((r.max_tokens for r in selection.requests.values()), default=1024)
-    timeout = bounded_timeout(api.timeout, max_tokens=max_tokens, sdk=sdk_of(api))
+    timeout = bounded_timeout(api.timeout, max_tokens=max_tokens, sdk=sdk_of(api), slow=plan.cfg.service_tier == "flex")
     api = api.with_options(max_retries=0, timeout=timeout)
     try:
         scheduler = Scheduler(

@@ -45,7 +45,8 @@ def estimate(df: Any, step: str | Mapping[str, Mapping[str, Any]], **options: An
     packs they make), reused, done (current answers;
     stale ones are counted apart, as in `progress()`), stale,
     waiting, needs_review, in_batches (rows in Message Batches still processing), input_tokens, output_tokens,
-    output_basis, cost_usd (online), cost_usd_batch.
+    output_basis, cost_usd (online), cost_usd_batch, cost_usd_flex (OpenAI's flex tier, `mode="flex"`; None for a
+    model without one).
 
     `estimate(df, steps, **common)`, with the mapping `pipeline()` takes, estimates the whole pipeline: a row per
     step, then a `total` row. A step's rows that wait for an earlier step's answers are counted as sent (as the
@@ -59,7 +60,7 @@ def estimate(df: Any, step: str | Mapping[str, Mapping[str, Any]], **options: An
     return pl.DataFrame([figures], schema_overrides=_TYPES)
 
 
-_TYPES = {"cost_usd": pl.Float64, "cost_usd_batch": pl.Float64}
+_TYPES = {"cost_usd": pl.Float64, "cost_usd_batch": pl.Float64, "cost_usd_flex": pl.Float64}
 PER_CALL = "per_call"  # in the figures, not the frame: output tokens a call is reckoned at (answers so far, or a guess)
 
 
@@ -114,6 +115,7 @@ def _pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[s
                 "output_basis": "",
                 "cost_usd": 0.0,
                 "cost_usd_batch": 0.0,
+                "cost_usd_flex": 0.0,
                 PER_CALL: min(plan.definition.request.max_tokens, GUESS_CAP) / 2,
             }
         if upstream and figures["waiting"]:
@@ -227,6 +229,7 @@ def _look(rehearsal: Rehearsal, plan: Plan) -> dict[str, Any]:
         "output_basis": basis,
         "cost_usd": usage["cost_usd"],
         "cost_usd_batch": usage["cost_usd_batch"],
+        "cost_usd_flex": usage["cost_usd_flex"],
         PER_CALL: per_call,
     }
 
@@ -284,4 +287,5 @@ def _priced(request: RequestSpec, calls: int, plain: int, per_call: float, *, ga
         "cost_usd_batch": None
         if price is None or not batches_at(request.provider, request.endpoint, gateway)
         else price.cost(**usage, batch=True),
+        "cost_usd_flex": None if price is None or price.flex is None else price.cost(**usage, flex=True),
     }

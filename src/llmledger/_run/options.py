@@ -9,9 +9,11 @@ test holds equal; `plan.plan_options` derives from a checked `RunOptions` the le
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from llmledger._exec.batch import MAX_REQUESTS
@@ -21,7 +23,7 @@ from llmledger.errors import InvalidInputError
 
 Validator = Callable[[dict[str, Any], Any], str | None]
 RedoOption = bool | Literal["all", "stale", "flagged"]
-ModeOption = Literal["online", "batch", "auto"]
+ModeOption = Literal["online", "batch", "auto", "flex"]
 
 MAX_CHUNK = 1_000_000_000  # rows in one claim: a claim's rows are sliced by polars, whose offsets are 64-bit
 MAX_STALE_AFTER = timedelta(days=3650)  # a claim older than this is a dead run's in any case
@@ -54,9 +56,10 @@ class RunOptions:
     validate: Validator | None = None  # callable(row, output) -> None | reason to review
     max_cost_usd: float | None = None  # stop starting requests once this much is spent
     budget_scope: Literal["run", "step"] = "run"  # what the budget counts: this run, or every run of the step
-    mode: ModeOption = "online"  # online requests, batches (half price) or "auto"
+    mode: ModeOption = "online"  # online requests, batches (half price), "auto", or OpenAI's "flex" processing
     wait: bool = True  # batches: wait for them to end
     batch_size: int | None = None  # requests per batch (None: the API's most)
+    deadline: datetime | timedelta | float | None = None  # mode="flex": when the rows must be answered by
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> RunOptions:
@@ -113,11 +116,12 @@ class RunOptions:
                 f"budget_scope must be 'run' (this run's spending) or 'step' (every run of the "
                 f"step so far), got {self.budget_scope!r}"
             )
-        if self.mode not in ("online", "batch", "auto"):
+        if self.mode not in ("online", "batch", "auto", "flex"):
             raise InvalidInputError(
-                f"mode must be 'online', 'batch' (batches, half price) or 'auto', got {self.mode!r}"
+                f"mode must be 'online', 'batch' (batches, half price), 'auto' or 'flex' (OpenAI's flex processing: "
+                f"online at the batch price, slower), got {self.mode!r}"
             )
-        if self.mode == "online" and (self.wait is False or self.batch_size is not None):
+        if self.mode in ("online", "flex") and (self.wait is False or self.batch_size is not None):
             raise InvalidInputError(
                 f"{'wait=False' if self.wait is False else 'batch_size'} applies to mode='batch' or "
                 "'auto' (batches); an online run that returns at once is "
@@ -130,6 +134,7 @@ class RunOptions:
                 "llmledger.estimate(...) first, or pass mode='online'"
             )
         self._check_stale_after()
+        self._check_deadline()
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise InvalidInputError(f"retry must be a llmledger.RetryPolicy, got {self.retry!r}")
         if self.validate is not None and not callable(self.validate):
@@ -147,6 +152,37 @@ class RunOptions:
                 f"stale_after must be positive and at most {MAX_STALE_AFTER.days:,} days (seconds or a timedelta), "
                 f"got {value!r}"
             )
+
+    def _check_deadline(self) -> None:
+        value = self.deadline
+        if value is None:
+            return
+        if self.mode != "flex":
+            raise InvalidInputError(
+                f"deadline= works with mode='flex' for now (the rows go at the flex tier, and at the standard tier "
+                f"once the deadline would otherwise be missed); mode={self.mode!r} has none. Nothing was written."
+            )
+        if self.deadline_at is None:
+            raise InvalidInputError(
+                f"deadline must be a datetime, a timedelta or seconds from now, in the future, got {value!r}"
+            )
+
+    @property
+    def deadline_at(self) -> float | None:
+        """`deadline` as a Unix time (a naive datetime is the local time), or None when it is none or not one."""
+        value, now = self.deadline, time.time()
+        try:
+            if isinstance(value, datetime):
+                at = value.timestamp()
+            elif isinstance(value, timedelta):
+                at = now + value.total_seconds()
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                at = now + float(value)
+            else:
+                return None
+        except (OverflowError, ValueError, OSError):
+            return None
+        return at if math.isfinite(at) and at > now else None
 
     @property
     def requests_per_batch(self) -> int:

@@ -20,10 +20,10 @@ from llmledger._ledger import RunParams, StepDefinition, Store, locate
 from llmledger._ledger.states import Redo
 from llmledger._run.endpoints import client_for, endpoint_refusal, provider_refusal
 from llmledger._run.options import RunOptions
-from llmledger._step.apis import ANTHROPIC, batches_at, shape_of
+from llmledger._step.apis import ANTHROPIC, OPENAI, batches_at, shape_of
 from llmledger._step.attach import Attachments
 from llmledger._step.messages import message_text
-from llmledger._step.prices import estimate_tokens, min_cacheable_tokens, price_of
+from llmledger._step.prices import estimate_tokens, min_cacheable_tokens, price_of, prices
 from llmledger._step.prompt import Prompt, template_fields
 from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError
@@ -44,7 +44,7 @@ class Plan:
     client: Any  # an anthropic.AsyncAnthropic, an openai.AsyncOpenAI (model="openai:..."), or None: the default
     endpoint: str | None = None  # base_url= of a server other than the provider's own API (`client_for`)
     provider: str = ANTHROPIC  # the API the client speaks: "anthropic" (Messages) or "openai"
-    mode: str = "online"  # "online" or "batch"; "auto": batches from AUTO_BATCH_ROWS rows to send
+    mode: str = "online"  # "online", "batch" or "flex"; "auto": batches from AUTO_BATCH_ROWS rows to send
     where: str | None = None  # where=, and under skip_nulls=True the rows with a null the template reads left out
     # apply_llm only: what the user passed, the frame as the ledger sees it, and the step's definition
     df: Any = None
@@ -132,6 +132,11 @@ def plan_options(
             "is another server (it answers requests one by one, not in batches): pass mode='online', or, if it is "
             "a gateway that forwards to the provider's own API, gateway=True"
         )
+    if mode == "flex" and provider != OPENAI:
+        raise InvalidInputError(
+            "mode='flex' is OpenAI's flex processing (service_tier='flex'), for 'openai:' models; Claude's half "
+            "price is mode='batch'. Nothing was written."
+        )
     most = shape_of(provider).batch_limit
     if batch_size is not None and batch_size > most:
         raise InvalidInputError(
@@ -156,6 +161,8 @@ def plan_options(
         # where the run's answers come from, fixed now: a later llmledger.simulate() does not change it
         source=answer_source(client),
         attachments=attachments,
+        service_tier="flex" if mode == "flex" else None,
+        deadline=options.deadline_at,
     )
     return Plan(
         store=locate(store),
@@ -186,6 +193,19 @@ def check_budget_countable(max_cost_usd: float | None, model: str) -> None:
             f"max_cost_usd needs the price of model {model!r}, which llmledger does not know, so it could not count "
             f"what the run spends: tell it with llmledger.set_price({model!r}, input=..., output=...) (dollars per "
             "million tokens), or leave max_cost_usd out. Nothing was written."
+        )
+
+
+def check_flex(mode: str, model: str) -> None:
+    """mode='flex' needs a model OpenAI offers flex processing for (a flex rate in the price data): refused up front
+    otherwise, naming those that have one (OpenAI answers such a request with a 400, or at the standard price)."""
+    price = price_of(model)
+    if mode == "flex" and (price is None or price.flex is None):
+        offered = sorted(prices().filter(pl.col("flex").is_not_null())["model"])
+        raise InvalidInputError(
+            f"mode='flex': OpenAI offers no flex processing for {model!r} as far as llmledger's price data says; "
+            f"models with a flex rate: {', '.join(offered) or 'none'} (llmledger.models() lists them). Pass "
+            "mode='online', or mode='batch' for the batch price. Nothing was written."
         )
 
 

@@ -289,7 +289,7 @@ class Run:
         report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
         packed = sent is not None and sent.rows_per_request > 1  # packs go online (checked up front for "batch")
         batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS and not packed)
-        report.mode = "batch" if batch else "online"
+        report.mode = "batch" if batch else "flex" if plan.mode == "flex" else "online"
         if budget:  # what the step had spent, and what a request costs, as the run starts: the budget's start
             spent = ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0
             per_request = average * (sent.rows_per_request if sent is not None else 1)  # a pack pays for its rows

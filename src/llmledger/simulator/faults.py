@@ -190,6 +190,9 @@ class Faults:
     pack_duplicate: float = 0.0
     pack_swap: float = 0.0
     pack_invalid: float = 0.0
+    # the share of OpenAI flex-tier requests (`service_tier: "flex"`, a model with a flex rate) answered with flex
+    # processing's 429 "Resource Unavailable" (not charged)
+    flex_unavailable: float = 0.0
     # the day the simulator lives on (YYYY-MM-DD; None: today): a model past its shutdown date (prices.json, or
     # `shutdowns`) gets the API's 404, as a retired model does; GET /v1/models says each model's shutdown_date
     today: str | None = None
@@ -206,7 +209,7 @@ _RATES = (
     "batch_expire_after",
 )  # fmt: skip
 _SIZES = ("batch_max_requests", "batch_max_bytes", "capacity")
-_SHARES = ("error_rate", "drop_rate", "pack_drop", "pack_duplicate", "pack_swap", "pack_invalid")
+_SHARES = ("error_rate", "drop_rate", "pack_drop", "pack_duplicate", "pack_swap", "pack_invalid", "flex_unavailable")
 _STATUSES = ("error_status", "outage_status")
 _FLAGS = ("compatible", "usage", "resample")
 _TEXTS = ("poison", "refuse", "bad_json", "bad_json_once", "truncate", "api_key", "batch_expire", "batch_error")

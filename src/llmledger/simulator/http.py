@@ -350,6 +350,8 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
                     )
                 spec = ErrorSpec(404, "invalid_request_error", message)
             reply: dict[str, Any] | None = None
+            if spec is None and chat.tier(body) == "flex" and sim.draw() < f.flex_unavailable:
+                spec = FLEX_UNAVAILABLE
             if spec is None and not sim.enter_slot():
                 spec = ErrorSpec(429, "rate_limit_error", "server busy: too many requests waiting")
             elif spec is None:
@@ -375,6 +377,12 @@ def make_handler(sim: SimulatorCore) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+# Flex processing's "429 Resource Unavailable" (OpenAI's flex guide: not charged; retry with backoff, or at the
+# standard tier). The guide names no error code: this one's is the simulator's own.
+FLEX_UNAVAILABLE = ErrorSpec(
+    429, "resource_unavailable", "Resource Unavailable: flex processing has no capacity now, try again later.",
+    error_code="resource_unavailable",
+)  # fmt: skip
 _BEDROCK = re.compile(r"/model/([^/]+)/invoke")
 _VERTEX = re.compile(r"/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/([^/:]+):rawPredict")
 _AZURE = re.compile(r"/openai/deployments/([^/]+)/chat/completions")  # Azure OpenAI, with its ?api-version=

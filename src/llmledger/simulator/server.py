@@ -222,6 +222,11 @@ class Simulator:
         with self._lock:
             self._stats[name] += n
 
+    def draw(self) -> float:
+        """A number from the simulator's seeded generator (0 to 1): whether a fault given as a share strikes."""
+        with self._lock:
+            return self._rng.random()
+
     def shuffle(self, items: list[Any]) -> None:
         with self._lock:
             self._rng.shuffle(items)
