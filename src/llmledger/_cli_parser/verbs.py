@@ -68,8 +68,8 @@ def _run(p: Any) -> None:
         type=positive(float, most=365 * DAY),
         default=None,
         metavar="SECONDS",
-        help="with --mode flex: answer the rows within this many seconds, at the standard tier once the flex pace "
-        "would miss it",
+        help="with --mode batch or flex: answer the rows within this many seconds (online, or at the standard tier, "
+        "once batches or the flex pace would miss it)",
     )
 
 

@@ -93,6 +93,10 @@ class BatchApi:
     async def retrieve(self, batch_id: str) -> BatchInfo:
         raise NotImplementedError
 
+    async def cancel(self, batch_id: str) -> None:
+        """Ask the API to stop a batch: what it finished stays in its results, the rest ends canceled."""
+        raise NotImplementedError
+
     def list(self) -> AsyncIterator[BatchInfo]:
         """Newest first."""
         raise NotImplementedError

@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -47,6 +48,7 @@ from llmledger._time import utcnow
 log = logging.getLogger("llmledger")
 
 POLL_FIRST, POLL_MAX = 2.0, 60.0  # seconds between looks at a processing batch: growing to a minute
+POLL_CANCELLED = 0.25  # and at a batch just asked to cancel, growing the same way
 ABANDON_AFTER = timedelta(seconds=20)  # an intent not found is given up only this long after it was made: a
 # create the dead process had sent may still be being made
 GIVE_UP_AFTER = 5  # failed looks in a row after which waiting for a batch stops (it says why, and what to do)
@@ -149,17 +151,41 @@ class BatchCollector(BatchMerger):
         """Whether any of these batches is worth waiting for (not lost by the API, not held for validate=)."""
         return any(b.intent not in self.stuck for b in open_batches)
 
-    async def wait(self, open_batches: list[BatchRecord]) -> None:
+    async def wait(self, open_batches: list[BatchRecord], *, cancel_at: float | None = None) -> int:
         """Poll until the step has no batch processing (or the run is stopped); merge each as it ends.
 
-        `open_batches`: what `collect` just returned, so the first look is not taken twice.
+        `open_batches`: what `collect` just returned, so the first look is not taken twice. `cancel_at` (a Unix
+        time): a deadline's last moment for batches; then the API is asked to cancel those still processing (what
+        they finished is merged, the rest comes back in `returned`, unpaid) and the wait goes on until they end.
+        Returns how many batches were asked to cancel.
         """
-        delay = POLL_FIRST
+        delay, cancelled = POLL_FIRST, 0
         while not self.stopped and self.waiting_on(open_batches):
             due = self.due  # an unfound intent about to be given up: look again just then
-            await asyncio.to_thread(self.stop_flag.wait, delay if due is None else min(delay, due + 0.1))
+            if cancel_at is not None and not cancelled:  # and wake at the batches' last moment
+                left = max(0.0, cancel_at - time.time())
+                due = left if due is None else min(due, left)
+            await asyncio.to_thread(self.stop_flag.wait, delay if due is None else min(delay, due + 0.05))
             delay = min(delay * 1.5, POLL_MAX)
+            if cancel_at is not None and not cancelled and time.time() >= cancel_at and not self.stopped:
+                cancelled = await self._cancel(open_batches)
+                delay = POLL_CANCELLED  # a cancel ends a batch soon: its rows are wanted online
             open_batches = await self.collect()
+        return cancelled
+
+    async def _cancel(self, open_batches: list[BatchRecord]) -> int:
+        """Ask the API to cancel each of these batches it has (an unconfirmed intent has none yet: its batch, if
+        made, ends in its time and is merged by a later call); how many it was asked for."""
+        asked = 0
+        for record in open_batches:
+            if record.batch_id is None or record.provider != self.api.provider:
+                continue
+            try:
+                await self.api.cancel(record.batch_id)
+                asked += 1
+            except self.api.error as exc:  # ended meanwhile, or the API failed: it is merged as it ends
+                log.info("could not cancel batch %s: %s", record.batch_id, exc)
+        return asked
 
     # -- intents ------------------------------------------------------------------------------------
     async def _settle(self, intents: list[BatchRecord]) -> None:

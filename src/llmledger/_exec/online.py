@@ -164,7 +164,7 @@ class OnlineSender:
             except AttachmentError as exc:  # the row goes back as it was, unpaid and with no attempt used up
                 self.sink.note_unsent(f"{NOT_SENT}{exc}", row)
                 return None
-        answer = await self._send(body, row, spec)
+        answer = await self.send_request(body, row, spec)
         if answer is None or answer[0] is None or answer[0].useless or self.output is None:
             return answer
         first = answer[0]
@@ -181,7 +181,7 @@ class OnlineSender:
                 {"role": "user", "content": FEEDBACK.format(problem=problem)},
             ],
         }
-        second = await self._send(follow_up, row, spec)
+        second = await self.send_request(follow_up, row, spec)
         if second is None:  # the run stopped before the row's one follow-up: the row goes back as it was (its
             self.sink.bill(first)  # first answer is counted as paid), and the next run asks it afresh
             return None
@@ -194,7 +194,7 @@ class OnlineSender:
         except OutputError as exc:
             return both, f"the answer does not match the output schema, also when asked again: {exc}"
 
-    async def _send(self, body: dict[str, Any], row: dict[str, Any], spec: RequestSpec) -> Answer | None:
+    async def send_request(self, body: dict[str, Any], row: dict[str, Any], spec: RequestSpec) -> Answer | None:
         """Send until there is an answer or a permanent error; None when the run stops first."""
         tries = 0
         while self.sink.stopping is None:

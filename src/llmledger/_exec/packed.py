@@ -1,13 +1,13 @@
 """The packed sender: several claimed rows in one request (`rows_per_request=`), each answer its own.
 
-It stands on the online sender (`OnlineSender._send`: pacing, retries, the budget, stops, the circuit breaker), so
-a pack is one more request to it. What it adds: rows whose identical request is answered already (or on its way in
+It stands on the online sender (`OnlineSender.send_request`: pacing, retries, the budget, stops, the circuit breaker),
+so a pack is one more request to it. What it adds: rows whose identical request is answered already (or on its way in
 another pack) are not packed again; the pack's answer is read entry by entry (`_step/packing.read_pack`), never by
-position; an entry that is missing, duplicated, misaligned or out of shape fails only its row, which is asked again
-in a pack of its own; and each row pays its share of the request: the input by its text's share of the request
-(the shared instructions split evenly), the output by its entry's share of the answer. A row asked again alone also
-carries its share of the pack that failed it, so the step's rows add up to what its requests cost. Every pack is
-recorded (`Sink.note_pack`) with its whole request and answer for `llmledger_packs`.
+position; an entry that is missing, duplicated, misaligned or out of shape fails only its row, which is asked again in
+a pack of its own; and each row pays its share of the request: the input by its text's share of the request (the
+shared instructions split evenly), the output by its entry's share of the answer. A row asked again alone also carries
+its share of the pack that failed it, so the step's rows add up to what its requests cost. Every pack is recorded
+(`Sink.note_pack`) with its whole request and answer for `llmledger_packs`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class PackedSender:
         online = self.online
         spec = online.requests[rows[0]["version"]]
         pack = pack_request(spec, [r["prompt"] for r in rows])
-        sent = await online._send(pack.body, rows[0], spec)
+        sent = await online.send_request(pack.body, rows[0], spec)
         if sent is None:  # the run stopped first: the rows go back as they were
             return [None] * len(rows)
         reply, error = sent

@@ -58,6 +58,7 @@ class RunTally:
     batch_saved_usd: float = 0.0  # what the batch answers would have cost online, less what they cost
     flex_saved_usd: float = 0.0  # what the flex answers would have cost at the standard tier, less what they cost
     standard_for_deadline: int = 0  # mode="flex": requests sent at the standard tier to meet the deadline
+    online_for_deadline: int = 0  # mode="batch": rows taken out of batches (or not sent in one) and sent online
     done_saved_usd: float = 0.0  # what the skipped rows (DONE already) would cost again, at the step's average
     submitted: int = 0  # rows this run sent in Message Batches
     downstream_stale: dict[str, int] = field(default_factory=dict)  # stale rows in steps reading this one, after
@@ -109,6 +110,7 @@ class RunTally:
         "batch_saved_usd",
         "flex_saved_usd",
         "standard_for_deadline",
+        "online_for_deadline",
     )
 
     def absorb(self, other: RunTally) -> None:
@@ -355,6 +357,14 @@ class RunTally:
             out.append(
                 f"{rows(self.standard_for_deadline, 'request')} went at the standard tier, at the standard price: at "
                 "the flex tier's pace the rows would have missed the deadline."
+            )
+        if self.online_for_deadline:
+            listed = (self.cost_usd or 0.0) + self.batch_saved_usd
+            out.append(
+                f"The deadline sent {rows(self.online_for_deadline)} online that batches had not answered in time. "
+                f"This run paid {usd(self.cost_usd or 0.0)} against {usd(listed)} at list price: batches saved "
+                f"{usd(self.batch_saved_usd)}. Nothing was paid twice: a batch's rows go online only once it has "
+                "ended, its finished answers kept."
             )
         if self.running_elsewhere:
             out.append(self.elsewhere_hint())

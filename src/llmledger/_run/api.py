@@ -253,9 +253,11 @@ def apply_llm(
       `False` returns once they are submitted, and any later call of the step (this one again, `resume`,
       `llmledger run`) collects them.
     - `batch_size`: requests per batch (default and most 100,000; 50,000 for OpenAI).
-    - `deadline`: with `mode="flex"`, when the rows must be answered by (a datetime, naive ones in local time; a
-      timedelta or seconds from now): the rows go at the flex tier while the pace so far finishes them in time,
-      and at the standard tier once it would not (the summary says how many requests went so).
+    - `deadline`: when the rows must be answered by (a datetime, naive ones in local time; a timedelta or seconds
+      from now). With `mode="batch"` (and `wait=True`): at the last moment that leaves time to answer the rest
+      online, the batches still processing are cancelled, what they finished kept, and their other rows sent
+      online. With `mode="flex"`: the rows go at the flex tier while the pace so far finishes them in time, and at
+      the standard tier once it would not. The summary says what the deadline cost.
     """
     plan = checked_plan(dict(locals()))
     check_credentials(plan.client)

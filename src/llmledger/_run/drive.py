@@ -8,6 +8,7 @@ import os
 import ssl
 import sys
 import threading
+import time
 from typing import Any
 
 import polars as pl
@@ -23,6 +24,21 @@ from llmledger._report import RunReport
 from llmledger._run.plan import Plan
 
 RESEND_ROUNDS = 3  # a waiting batch run sends rows its batches gave back again, this many times in all
+ONLINE_SECONDS = 2.0  # what one request online is reckoned to take, to leave time before a deadline for the rows
+# a batch has not answered by then (`online_from`)
+SWITCH_SECONDS = 2.0  # and what cancelling, merging and starting the online run take
+DEADLINE_SHARE = 0.2  # and at least this share of the time to the deadline
+
+
+def online_from(plan: Plan, rows: int) -> float:
+    """The Unix time from which a batch run with a deadline (`mode="batch", deadline=`) sends online instead: its
+    batches still processing are cancelled (what they finished is kept) and their rows sent online, leaving time
+    to switch and send `rows` at `concurrency` requests at once, ONLINE_SECONDS each, or a fifth of the time,
+    whichever is more."""
+    assert plan.cfg.deadline is not None
+    now = time.time()
+    online = SWITCH_SECONDS + rows * ONLINE_SECONDS / max(plan.cfg.concurrency, 1)
+    return plan.cfg.deadline - max(online, DEADLINE_SHARE * (plan.cfg.deadline - now))
 
 
 async def send_all(
@@ -115,9 +131,15 @@ async def run_batches(
             batch_size=plan.batch_size,
             on_progress=display.update,
         )
+        cancel_at = None if plan.cfg.deadline is None else online_from(plan, selection.remaining)
         for _ in range(RESEND_ROUNDS):
-            if selection.remaining:
+            late = cancel_at is not None and time.time() >= cancel_at
+            if selection.remaining and not late:
                 await sender.submit(selection)
+            elif selection.remaining:  # past the batches' last moment: the rows go online, in time
+                report.online_for_deadline += selection.remaining
+                await send_all(ledger, selection, plan, claimant, report, stop_flag, display)
+                return
             if not wait:
                 report.in_batches = sum(
                     b.rows for b in await asyncio.to_thread(ledger.open_batches, plan.table, plan.step)
@@ -125,12 +147,13 @@ async def run_batches(
                 return
             open_batches = await collector.collect()
             if collector.waiting_on(open_batches):
+                then = "" if cancel_at is None else "; at the deadline's last moment for batches, their rows go online"
                 display.note(
                     f"waiting for {report.in_batches:,} rows in {len(open_batches)} Message Batch(es); "
                     "interrupting stops the waiting, not the batches (run the same call again to "
-                    "collect them)"
+                    "collect them)" + then
                 )
-                await collector.wait(open_batches)
+                await collector.wait(open_batches, cancel_at=cancel_at)
             if not collector.returned or collector.stopped:
                 return
             key_types: dict[Any, Any] = dict(selection.key_types)

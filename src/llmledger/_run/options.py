@@ -157,10 +157,16 @@ class RunOptions:
         value = self.deadline
         if value is None:
             return
-        if self.mode != "flex":
+        if self.mode not in ("flex", "batch"):
             raise InvalidInputError(
-                f"deadline= works with mode='flex' for now (the rows go at the flex tier, and at the standard tier "
-                f"once the deadline would otherwise be missed); mode={self.mode!r} has none. Nothing was written."
+                f"deadline= works with mode='batch' (batches, then online for the rows they have not answered in "
+                f"time) and mode='flex' (the flex tier, then the standard one); mode={self.mode!r} has none. "
+                "Nothing was written."
+            )
+        if self.mode == "batch" and self.wait is False:
+            raise InvalidInputError(
+                "deadline= with mode='batch' needs wait=True for now: the run that waits for the batches takes "
+                "their rows online in time. Nothing was written."
             )
         if self.deadline_at is None:
             raise InvalidInputError(

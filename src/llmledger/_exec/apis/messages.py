@@ -222,6 +222,9 @@ class MessageBatches(BatchApi):
     async def retrieve(self, batch_id: str) -> BatchInfo:
         return self._info(await self.client.messages.batches.retrieve(batch_id))
 
+    async def cancel(self, batch_id: str) -> None:
+        await self.client.messages.batches.cancel(batch_id)
+
     async def list(self) -> AsyncIterator[BatchInfo]:
         """Newest first."""
         async for batch in self.client.messages.batches.list(limit=100):

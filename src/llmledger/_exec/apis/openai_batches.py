@@ -60,6 +60,9 @@ class OpenAIBatches(BatchApi):
     async def retrieve(self, batch_id: str) -> BatchInfo:
         return self._info(await self.client.batches.retrieve(batch_id))
 
+    async def cancel(self, batch_id: str) -> None:
+        await self.client.batches.cancel(batch_id)
+
     async def list(self) -> AsyncIterator[BatchInfo]:
         async for batch in self.client.batches.list(limit=100):
             yield self._info(batch)

@@ -1,0 +1,82 @@
+"""Batches with a deadline (`mode="batch", deadline=...`): rows go in batches at the batch price; at the last moment
+that leaves time to answer the rest online, the batches still processing are cancelled, what they finished is
+kept, and their other rows are sent online, so the run ends in time and no row is paid twice."""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+import llmledger
+from llmledger import InvalidInputError, Simulator, apply_llm, last_report
+
+from .conftest import frame
+
+openai = pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
+
+
+def books(store: Path) -> tuple[int, int]:
+    """(rows answered in a batch, rows answered online) of step s."""
+    ((batched, online),) = llmledger.sql(
+        store,
+        "SELECT count(*) FILTER (WHERE s_batch_id IS NOT NULL), count(*) FILTER (WHERE s_batch_id IS NULL) FROM t "
+        "WHERE s_status = 'DONE'",
+    ).rows()
+    return batched, online
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_rows_a_batch_has_not_answered_by_the_deadline_go_online_in_time_paid_once(
+    sim: Simulator, client: anthropic.AsyncAnthropic, store: Path, provider: str
+) -> None:
+    sim.configure(batch_delay=7.0)  # a batch answers its requests in order over 7 s
+    chosen: dict[str, Any] = {"client": client}
+    if provider == "openai":
+        chosen = {"client": openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="k"),
+                  "model": "openai:gpt-6.1-terra"}  # fmt: skip
+    started = time.monotonic()
+    out = apply_llm(frame(20), "s", prompt="Summarize: {text}", store=store, table="t", progress=False,
+                    mode="batch", deadline=8.0, concurrency=16, **chosen)  # fmt: skip
+    assert time.monotonic() - started < 8.0 and out["s_status"].to_list() == ["DONE"] * 20
+    batched, online = books(store)
+    assert batched > 0 and online > 0 and batched + online == 20, (batched, online)
+    assert set(sim.paid_prompts().values()) == {1}, "no row paid twice"
+    report = last_report()
+    assert report is not None and report.online_for_deadline == online
+    assert report.batch_saved_usd > 0 and any("The deadline sent" in h for h in report.hints())
+    ((batch_cost, online_cost),) = llmledger.sql(
+        store,
+        "SELECT avg(s_cost_usd) FILTER (WHERE s_batch_id IS NOT NULL), avg(s_cost_usd) FILTER (WHERE s_batch_id "
+        "IS NULL) FROM t",
+    ).rows()
+    assert batch_cost == pytest.approx(online_cost / 2, rel=0.2), "batch rows at the batch price, the rest online"
+
+
+def test_a_deadline_too_near_for_a_batch_sends_every_row_online(
+    sim: Simulator, client: anthropic.AsyncAnthropic, store: Path
+) -> None:
+    ask = functools.partial(apply_llm, prompt="Summarize: {text}", store=store, table="t", progress=False,
+                            client=client, mode="batch", concurrency=4)  # fmt: skip
+    ask(frame(40), "s", deadline=3.0)  # 40 rows online take about 40 x 2 s / 4 = 20 s, by the reckoning
+    assert sim.stats()["batches"] == 0 and books(store) == (0, 40)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "batch", "deadline": 60.0, "wait": False}, "needs wait=True"),
+        ({"mode": "auto", "deadline": 60.0}, "works with mode='batch'"),
+        ({"mode": "online", "deadline": 60.0}, "works with mode='batch'"),
+    ],
+)
+def test_a_deadline_a_mode_cannot_keep_is_refused(
+    client: anthropic.AsyncAnthropic, store: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        apply_llm(frame(2), "s", prompt="x {text}", client=client, store=store, progress=False, **options)
+    assert not store.exists()
