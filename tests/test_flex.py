@@ -112,7 +112,7 @@ def test_a_deadline_the_flex_pace_meets_keeps_every_row_at_flex(ask: Any, sim: S
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"deadline": 60.0}, "works with mode='flex'"),
+        ({"deadline": 60.0}, "works with mode='batch'"),
         ({"mode": "flex", "deadline": -5}, "in the future"),
         ({"mode": "flex", "deadline": datetime(2020, 1, 1, tzinfo=UTC)}, "in the future"),
         ({"mode": "flex", "deadline": "tomorrow"}, "a datetime, a timedelta or seconds"),
