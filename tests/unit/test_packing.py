@@ -119,8 +119,8 @@ def test_the_shared_frame_leaves_each_item_its_own_words(middles: list[str], hea
     prefix, suffix = common_frame(items)
     for item in items:
         assert item.startswith(prefix) and item.endswith(suffix)
-        if prefix or suffix:
-            assert item[len(prefix) : len(item) - len(suffix)].strip(), "no item is left empty"
+        if prefix or suffix:  # no item is left empty but one with nothing after the shared prefix
+            assert item[len(prefix) : len(item) - len(suffix)].strip() or not item[len(prefix) :].strip()
 
 
 def test_the_template_around_each_row_is_said_once() -> None:
@@ -130,3 +130,13 @@ def test_the_template_around_each_row_is_said_once() -> None:
     assert message.count("Answer spam or ham") == 1 and pack.own == ["Win cash now", "See you at 5"]
     assert pack.body["max_tokens"] == 2 * (100 + 48) and pack.body["system"].startswith("Be brief.")
     assert pack.body["output_config"]["format"]["schema"]["required"] == ["answers"]
+
+
+def test_an_empty_row_is_an_empty_item_and_the_others_still_share_the_template() -> None:
+    """Found in an attack: one row with an empty {text} made every item its whole request, all starting with the
+    template's words, so no entry could be told apart and the whole pack was asked again row by row."""
+    prompts = [f"Is this SMS spam or ham?\n\n{t}" for t in ("", "Win cash now", "See you at 5")]
+    pack = pack_request(SPEC, prompts)
+    assert pack.own == ["", "Win cash now", "See you at 5"]
+    kept, problems = read_pack(json.dumps({"answers": faithful(pack)}), pack, None)
+    assert set(kept) == {1, 2} and set(problems) == {0}, "only the empty row goes alone"

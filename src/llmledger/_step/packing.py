@@ -64,7 +64,8 @@ def new_ids(n: int) -> list[str]:
 
 def common_frame(texts: list[str]) -> tuple[str, str]:
     """The prefix and suffix every text shares (a prompt template around each row's own text), cut at whitespace so
-    no word is split, and leaving each text something of its own; ("", "") for fewer than two texts."""
+    no word is split, and leaving each text something of its own unless it has nothing after the prefix; ("", "")
+    for fewer than two texts."""
     if len(texts) < 2:
         return "", ""
     first, shortest = texts[0], min(len(t) for t in texts)
@@ -85,8 +86,9 @@ def common_frame(texts: list[str]) -> tuple[str, str]:
         suffix = suffix[cut:] if cut >= 0 else ""
     if any(not t[: len(t) - len(suffix)].strip() for t in rest):  # an item would be left empty: say it whole
         suffix = ""
-    if any(not t.strip() for t in rest):
-        return "", ""
+    # a row that is the prefix and nothing more (an empty {text}) is an empty item: its first words cannot tell it
+    # apart, so it is asked alone, and the other rows still share the frame (an attack saw one empty row send a
+    # whole pack's rows alone)
     return prefix, suffix
 
 
