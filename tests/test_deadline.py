@@ -66,10 +66,36 @@ def test_a_deadline_too_near_for_a_batch_sends_every_row_online(
     assert sim.stats()["batches"] == 0 and books(store) == (0, 40)
 
 
+@pytest.mark.parametrize("later", ["waits", "comes_late"])
+def test_a_deadline_sent_with_batches_is_kept_by_a_later_call(
+    sim: Simulator, client: anthropic.AsyncAnthropic, store: Path, later: str
+) -> None:
+    """wait=False: the deadline is stored with the batches, and the call that collects them keeps it: one that
+    waits cancels them at their last moment, one that comes after it cancels them at once; either way the rows
+    they had not answered go online in time, and none is paid twice."""
+    sim.configure(batch_delay=7.0)
+    started = time.monotonic()
+    apply_llm(frame(20), "s", prompt="Summarize: {text}", store=store, table="t", progress=False, client=client,
+              mode="batch", deadline=8.0, wait=False, concurrency=16)  # fmt: skip
+    ((stored,),) = llmledger.sql(store, "SELECT count(*) FROM llmledger_batches WHERE deadline IS NOT NULL").rows()
+    assert stored == 1 and books(store) == (0, 0)
+    if later == "waits":  # a call with no deadline of its own, that waits for the batch
+        apply_llm(frame(20), "s", prompt="Summarize: {text}", store=store, table="t", progress=False, client=client,
+                  mode="batch")  # fmt: skip
+    else:  # past the batch's last moment (8 s less 4.5 s to send 20 rows online, 16 at once)
+        time.sleep(4.0)
+        llmledger.resume(store, "t", "s", client=client, progress=False)
+    assert time.monotonic() - started < 8.0
+    batched, online = books(store)
+    assert batched > 0 and online > 0 and batched + online == 20, (batched, online)
+    assert set(sim.paid_prompts().values()) == {1}, "no row paid twice"
+    report = last_report()
+    assert report is not None and report.online_for_deadline == online
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"mode": "batch", "deadline": 60.0, "wait": False}, "needs wait=True"),
         ({"mode": "auto", "deadline": 60.0}, "works with mode='batch'"),
         ({"mode": "online", "deadline": 60.0}, "works with mode='batch'"),
     ],

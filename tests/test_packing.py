@@ -141,7 +141,6 @@ def test_changing_the_pack_size_makes_rows_stale_and_an_unpacked_answer_is_never
         ({"rows_per_request": 101}, "whole number from 1"),
         ({"rows_per_request": True}, "whole number from 1"),
         ({"rows_per_request": "5"}, "whole number from 1"),
-        ({"rows_per_request": 5, "mode": "batch"}, "mode='batch'"),
         ({"rows_per_request": 5, "attach": "text"}, "attach="),
     ],
 )
@@ -214,8 +213,6 @@ def test_two_workers_on_postgresql_pack_what_they_claim(
     assert sum(r.done for r in reports) == 80 and sim.stats()["paid"] <= 80 // 8 + 4
     assert rows_of(pg_url, "SELECT count(*) FROM t WHERE s_status = 'DONE' AND s_pack IS NOT NULL") == [(80,)]
     check_books(pg_url, "t", "s")
-    with pytest.raises(InvalidInputError, match="mode='batch'"):
-        llmledger.resume(pg_url, "t", "s", client=client, mode="batch", progress=False)
 
 
 def test_the_estimate_counts_packs_and_what_packing_saves(client: anthropic.AsyncAnthropic, store: Path) -> None:

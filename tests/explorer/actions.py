@@ -263,7 +263,10 @@ class Scenario:
         self.sim.configure(**CLEAR)
         self._in_process()  # the clean final run: every row must end DONE
         if self.plan.rows_per_request > 1:  # rows a pack did not answer well were asked again alone, paid again
-            found = llmledger.sql(self.store, "SELECT coalesce(sum(rows - kept), 0)::BIGINT AS n FROM llmledger_packs")
+            found = llmledger.sql(
+                self.store,
+                "SELECT coalesce(sum(rows - kept), 0)::BIGINT AS n FROM llmledger_packs WHERE answer IS NOT NULL",
+            )  # a batch's pack the API did not answer (expired, cancelled) was not paid
             self.books.reasked += int(found["n"][0])
         return self.books
 

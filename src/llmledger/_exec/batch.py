@@ -17,12 +17,14 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
 
 from llmledger._exec.apis import batch_api_for
+from llmledger._exec.batch_requests import PACK_SUFFIX, Request, chunks
 from llmledger._exec.client import CallFailed, Kind, known_reply
 from llmledger._exec.config import RunConfig
 from llmledger._exec.pacing import backoff
@@ -33,7 +35,6 @@ from llmledger._ledger.columns import RESULT_SCHEMA
 from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
-from llmledger._step.attach import NOT_SENT, AttachmentError, Attachments
 from llmledger._step.output import OutputSpec
 from llmledger._time import utcnow
 
@@ -44,8 +45,6 @@ AUTO_BATCH_ROWS = 10_000  # mode="auto" sends this many rows or more as batches
 CREATE_TRIES = 6
 AMBIGUOUS_STATUS = {500, 502, 503, 504}  # the API may have created the batch before failing
 LOOKS = (2.0, 4.0, 8.0)  # seconds before each look for a batch whose create may have gone through
-
-Group = tuple[str, dict[str, Any], list[dict[str, Any]]]  # (fingerprint, request body, rows asking it)
 
 
 def custom_id_of(intent: str, fingerprint: str, n: int | None) -> str:
@@ -79,6 +78,7 @@ class BatchSender:
         output: OutputSpec | None,
         find: Callable[[str], Any],
         mine: set[str],
+        alone: set[str] | None = None,
         batch_size: int = MAX_REQUESTS,
         on_progress: Callable[[RunReport, int], None] | None = None,
     ) -> None:
@@ -86,6 +86,8 @@ class BatchSender:
         self.api = batch_api_for(client, cfg.api)
         self.report, self.stop_flag, self.output, self.find = report, stop_flag, output, find
         self.mine = mine  # the intents this run sent, shared with the collector
+        self.alone = set() if alone is None else alone  # fingerprints a pack did not answer: asked alone (the
+        # collector adds them as it merges, so the rows it gives back go alone in the next round)
         self.batch_size, self.on_progress = min(batch_size, self.api.max_requests), on_progress
 
     @property
@@ -118,7 +120,7 @@ class BatchSender:
             if self.cfg.dedupe and pending:
                 rest = await self._attach(selection, rest, pending)
             unsendable: list[tuple[dict[str, Any], str]] = []
-            chunks = _chunks(
+            batches = chunks(
                 rest,
                 selection,
                 self.batch_size,
@@ -126,11 +128,12 @@ class BatchSender:
                 dedupe=self.cfg.dedupe,
                 files=self.cfg.attachments,
                 unsendable=unsendable,
+                alone=self.alone,
             )  # one batch's bodies in memory at a time (files: their bytes)
-            while not self.stopped and (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+            while not self.stopped and (chunk := await asyncio.to_thread(next, batches, None)) is not None:
                 sent = await self._send(selection, chunk)
                 if sent is not None and self.cfg.dedupe:
-                    pending.update({fp: (custom_id_of(sent[0], fp, None), sent[1]) for fp, _, _ in chunk})
+                    pending.update({fp: (custom_id_of(sent[0], fp, None), sent[1]) for r in chunk for fp, _ in r.items})
             for row, error in unsendable:  # a file not as its request recorded it: the row goes back as it was
                 self.report.unsent += 1
                 self.report.unsent_why = error
@@ -169,17 +172,28 @@ class BatchSender:
                     del pending[fp]
         return [r for r in rows if r["fingerprint"] not in pending or pending[r["fingerprint"]][0] not in joined]
 
-    async def _send(self, selection: Selection, chunk: list[Group]) -> tuple[str, str] | None:
+    async def _send(self, selection: Selection, chunk: list[Request]) -> tuple[str, str] | None:
         """One batch: the intent, the API call, the confirmation. Returns (intent, batch id) once confirmed."""
         intent = "b" + uuid.uuid4().hex[:12]
         self.mine.add(intent)
         layout = selection.layout
         requests: list[dict[str, Any]] = []
         keys: list[Any] = []
-        for n, (fingerprint, body, rows) in enumerate(chunk):
-            custom_id = custom_id_of(intent, fingerprint, None if self.cfg.dedupe else n)
-            requests.append(self.api.line(custom_id, body))
-            keys.extend({**{k: r[k] for k in layout.key}, "custom_id": custom_id} for r in rows)
+        packs: list[dict[str, Any]] = []
+        n = 0  # without dedupe, rows asking the same are told apart by their place
+        for request in chunk:
+            custom_ids = []
+            for fingerprint, rows in request.items:
+                custom_id = custom_id_of(intent, fingerprint, None if self.cfg.dedupe else n)
+                n += 1
+                custom_ids.append(custom_id)
+                keys.extend({**{k: r[k] for k in layout.key}, "custom_id": custom_id} for r in rows)
+            if request.pack is None:
+                requests.append(self.api.line(custom_ids[0], request.body))
+            else:
+                pack_id = uuid.uuid4()
+                requests.append(self.api.line(f"{intent}-{pack_id.hex}{PACK_SUFFIX}", request.body))
+                packs.append(self._pack_record(selection, request, str(pack_id), requests[-1], custom_ids))
         assigned = pl.from_dicts(keys, schema={**selection.key_types, "custom_id": pl.String})
         size = sum(len(json.dumps(r)) for r in requests)
         await asyncio.to_thread(
@@ -190,11 +204,15 @@ class BatchSender:
             claimant=str(self.claimant),
             requests=len(requests),
             size=size,
-            model=chunk[0][1]["model"],
+            model=chunk[0].body["model"],
             version=selection.version,
             validated=self.cfg.validate is not None,
             now=utcnow(),
             source=self.cfg.source,
+            packs=packs,
+            deadline=None
+            if self.cfg.deadline is None
+            else datetime.fromtimestamp(self.cfg.deadline, UTC).replace(tzinfo=None),
         )
         created = await self._create(requests, intent, layout.table, layout.step)
         if created is None:
@@ -219,6 +237,25 @@ class BatchSender:
         self.report.batch_requests += len(requests)
         self._count_sent(sent)
         return intent, batch_id
+
+    def _pack_record(
+        self, selection: Selection, request: Request, pack_id: str, line: dict[str, Any], custom_ids: list[str]
+    ) -> dict[str, Any]:
+        """A pack's record for `llmledger_packs` as it is sent (its answer is added when the batch is merged)."""
+        key = selection.layout.key
+        keys = [r[key[0]] if len(key) == 1 else [r[k] for k in key] for _, (r, *_) in request.items]
+        return {
+            "pack_id": pack_id,
+            "table_name": selection.layout.table,
+            "step": selection.layout.step,
+            "run_id": self.claimant.run_id,
+            "rows": len(request.items),
+            "row_keys": json.dumps(keys, ensure_ascii=False, default=str),
+            "request": json.dumps(request.body, ensure_ascii=False),
+            "model": request.body.get("model"),
+            "custom_id": line["custom_id"],
+            "custom_ids": json.dumps(custom_ids),
+        }
 
     def _count_sent(self, rows: int) -> None:
         self.report.submitted += rows
@@ -297,43 +334,3 @@ class BatchSender:
         if not self.stopped:
             self.report.outcome = outcome
             self.report.message = message
-
-
-def _chunks(
-    rows: list[dict[str, Any]],
-    selection: Selection,
-    size: int,
-    *,
-    max_bytes: int,
-    dedupe: bool,
-    files: Attachments | None = None,
-    unsendable: list[tuple[dict[str, Any], str]] | None = None,
-) -> Iterator[list[Group]]:
-    """Claimed rows as batches of (fingerprint, body, rows) within the limits, one batch at a time: with `dedupe`,
-    one request per distinct request (its rows share the answer), else one per row. Rows that cannot be sent (an
-    attached file no longer as recorded) go to `unsendable`, each with why."""
-    groups: dict[Any, list[dict[str, Any]]] = {}
-    for n, row in enumerate(rows):
-        groups.setdefault(row["fingerprint"] if dedupe else n, []).append(row)
-    files = files or Attachments(())
-    chunk: list[Group] = []
-    weight = 0
-    for members in groups.values():
-        first = members[0]
-        spec = selection.requests[first["version"]]
-        body = spec.body(first["prompt"])
-        if spec.attach:
-            try:
-                body = files.for_columns(spec.attach).resolve(body, *members)
-            except AttachmentError as exc:
-                if unsendable is not None:
-                    unsendable.extend((r, f"{NOT_SENT}{exc}") for r in members)
-                continue
-        cost = len(json.dumps(body)) + 100
-        if chunk and (len(chunk) >= size or weight + cost > max_bytes * 0.95):
-            yield chunk
-            chunk, weight = [], 0
-        chunk.append((first["fingerprint"], body, members))
-        weight += cost
-    if chunk:
-        yield chunk

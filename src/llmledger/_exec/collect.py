@@ -78,6 +78,7 @@ class BatchCollector(BatchMerger):
         self.version, self.output_model = version, output_model  # apply_llm's definition: its pydantic model
         self.returned: list[pl.DataFrame] = []  # keys of rows batches gave back during this run
         self.mine: set[str] = set()  # intents this run sent (the sender adds them)
+        self.alone: set[str] = set()  # fingerprints whose entry a pack did not answer: sent again alone
         self.stuck: set[str] = set()  # batches no amount of waiting will merge (the API lost them; held)
         self.failures: Counter[str] = Counter()  # failed looks in a row, per intent
         self.due: float | None = None  # seconds until the next unfound intent may be given up

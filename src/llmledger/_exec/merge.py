@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,8 +28,10 @@ import polars as pl
 from llmledger._draw import rows as rows_text
 from llmledger._exec.batch import fingerprint_of, result_frame
 from llmledger._exec.batch_api import BatchApi, Item
+from llmledger._exec.batch_requests import PACK_SUFFIX
 from llmledger._exec.client import NEVER_IN_THIS_SIMULATOR, Reply
 from llmledger._exec.config import RunConfig
+from llmledger._exec.packed import pack_shares
 from llmledger._exec.reconcile import Reconciler, tag_of
 from llmledger._exec.recorder import Recorder
 from llmledger._ledger import Ledger, Selection
@@ -38,6 +41,8 @@ from llmledger._ledger.states import Outcome
 from llmledger._ledger.types import BatchRecord, BatchRows
 from llmledger._report import RunReport
 from llmledger._step.output import OutputError, OutputSpec
+from llmledger._step.packing import read_pack, stored_pack
+from llmledger._step.prices import cost_usd
 from llmledger._time import utcnow
 
 _PERMANENT_ITEM_ERRORS = {"invalid_request_error", "not_found_error", "request_too_large"}
@@ -55,6 +60,7 @@ class BatchMerger:
     report: RunReport
     on_progress: Callable[[RunReport, int], None] | None
     returned: list[pl.DataFrame]
+    alone: set[str]
     mine: set[str]
     stuck: set[str]
     failures: Counter[str]
@@ -134,8 +140,9 @@ class BatchMerger:
                 )
             return True
         counted = RunReport(table=self.table, step=self.step)  # into the run's report once merged
+        packs: dict[str, dict[str, Any]] = {}  # the batch's packs, with their answers
         try:
-            results, counts, tags, unused = await self._results(record, rows, counted)
+            results, counts, tags, unused = await self._results(record, rows, counted, packs)
         except Exception as exc:  # a download cut short: the results stay with the API, try next time
             self._failed(
                 [record], f"batch {record.batch_id}: downloading its results failed ({type(exc).__name__}: {exc})"
@@ -164,6 +171,7 @@ class BatchMerger:
                 expected_rows=rows.rows.height,
                 unused=unused,
                 run=None if self.run_id is None else (self.run_id, self.report.paid_figures(plus=counted)),
+                packs=list(packs.values()),
             )
         except BatchChanged:  # rows joined it meanwhile: merge it again at the next look, with them
             return False
@@ -182,10 +190,11 @@ class BatchMerger:
         return True
 
     async def _results(
-        self, record: BatchRecord, rows: BatchRows, report: RunReport
+        self, record: BatchRecord, rows: BatchRows, report: RunReport, packs: dict[str, dict[str, Any]]
     ) -> tuple[list[dict[str, Any]], Counter[str], set[str], tuple[int, float]]:
         """Result rows for the rows the batch answered or refused for their own reasons; its counts; the intents
-        its custom ids name (`reconcile.tag_of`); and the answers no row holds any more, with their cost."""
+        its custom ids name (`reconcile.tag_of`); and the answers no row holds any more, with their cost (a pack's
+        entry not kept among them: its row is sent again, alone). `packs` takes the batch's packs, answered."""
         by_custom: dict[str, list[dict[str, Any]]] = {}
         for row in rows.rows.iter_rows(named=True):
             by_custom.setdefault(row["custom_id"], []).append(
@@ -214,9 +223,21 @@ class BatchMerger:
         tags: set[str] = set()
         unused, unused_usd = 0, 0.0
         assert record.batch_id is not None
+        sent: dict[str, dict[str, dict[str, Any]]] = {}  # the packs each intent named sent, by custom id
         async for item in self.api.results(record.batch_id):
             counts[item.type] += 1
-            tags.add(tag_of(item.custom_id))
+            tags.add(tag := tag_of(item.custom_id))
+            if item.custom_id.endswith(PACK_SUFFIX):
+                if tag not in sent:
+                    sent[tag] = await asyncio.to_thread(self.ledger.batch_packs, self.table, self.step, tag)
+                stored = sent[tag].get(item.custom_id)
+                if stored is not None:
+                    model = request.model if request else ""
+                    got, (lost, lost_usd) = self._pack(item, stored, by_custom, model, output, recorder)
+                    results.extend(got)
+                    unused, unused_usd = unused + lost, unused_usd + lost_usd
+                    packs[stored["pack_id"]] = stored
+                continue
             mine = by_custom.pop(item.custom_id, None)
             if not mine:  # no row holds this request any more (reset meanwhile): paid all the same
                 if item.type == "succeeded" and item.custom_id.startswith(record.intent + "-"):
@@ -231,6 +252,67 @@ class BatchMerger:
             for n, row in enumerate(mine):
                 results.append(recorder.result(row, reply, error, reused=n > 0))
         return results, counts, tags, (unused, unused_usd)
+
+    def _pack(
+        self,
+        item: Item,
+        stored: dict[str, Any],
+        by_custom: dict[str, list[dict[str, Any]]],
+        model: str,
+        output: OutputSpec | None,
+        recorder: Recorder,
+    ) -> tuple[list[dict[str, Any]], tuple[int, float]]:
+        """The result rows of one pack's answer (`stored`: its record as sent, which takes the answer), entry by
+        entry as online (`packed.py`); and what was paid for entries not kept (their rows go back, to be asked
+        alone: `alone`). A pack of one that fails is its row's failure, as a row asked alone online."""
+        pack = stored_pack(json.loads(stored["request"]))
+        custom_ids: list[str] = json.loads(stored["custom_ids"])
+        results: list[dict[str, Any]] = []
+        if item.type != "succeeded" or len(pack.ids) != len(custom_ids):
+            reply, error = self._answer(item, model, None, recorder)  # the API's or the request's error
+            for custom_id in custom_ids:
+                for n, row in enumerate(by_custom.pop(custom_id, [])):
+                    if error is not None:
+                        results.append(recorder.result(row, None, error, reused=n > 0))
+            stored.update(kept=0, problems=json.dumps({"": error or item.type}), answered_at=utcnow())
+            return results, (0, 0.0)
+        reader = item.reader or self.api.api
+        reply = reader.reply_from(item.answer, model, batch=True)
+        useless = reader.useless(item.answer)
+        kept: dict[int, str] = {}
+        if useless is not None:
+            problems = dict.fromkeys(range(len(pack.ids)), useless)
+        else:
+            kept, problems = read_pack(reply.text, pack, output)
+        unused, unused_usd = 0, 0.0
+        for i, (custom_id, share) in enumerate(
+            zip(custom_ids, pack_shares(reply, pack, stored["pack_id"]), strict=True)
+        ):
+            mine = by_custom.pop(custom_id, [])
+            if i in kept and mine:
+                answer, error = dataclasses.replace(share, text=kept[i]), None
+            elif mine and len(pack.ids) == 1:  # asked alone: the row keeps what it paid for, and why it is no answer
+                answer = dataclasses.replace(share, useless=useless is not None, text=reply.text)
+                error = useless or f"the answer does not hold this row's entry: {problems[i]}"
+            else:  # nobody's now, or its entry not kept: paid all the same; its rows go back, to be asked alone
+                unused += 1
+                unused_usd += recorder.bill(share) or 0.0
+                self.alone.add(fingerprint_of(custom_id))
+                continue
+            results.extend(recorder.result(row, answer, error, reused=n > 0) for n, row in enumerate(mine))
+        stored.update(
+            answer=reply.text,
+            kept=len(kept),
+            problems=json.dumps({pack.ids[i]: why for i, why in problems.items()}) if problems else None,
+            model=reply.model,
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            cache_write_tokens=reply.cache_write_tokens,
+            cache_read_tokens=reply.cache_read_tokens,
+            cost_usd=cost_usd(reply),
+            answered_at=utcnow(),
+        )
+        return results, (unused, unused_usd)
 
     def _answer(
         self, item: Item, model: str, output: OutputSpec | None, recorder: Recorder

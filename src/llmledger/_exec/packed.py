@@ -92,9 +92,7 @@ class PackedSender:
             problems = dict.fromkeys(range(len(rows)), error or "the pack's answer was of no use")
         else:
             kept, problems = read_pack(reply.text, pack, self.output)
-        shares: list[Reply | None] = (
-            list(self._shares(reply, pack, rows, pack_id)) if reply is not None else [None] * len(rows)
-        )
+        shares: list[Reply | None] = [*pack_shares(reply, pack, pack_id)] if reply is not None else [None] * len(rows)
         self._note(pack, rows, reply, problems, pack_id)
         out: list[Answer | None] = [None] * len(rows)
         for i, text in kept.items():
@@ -127,24 +125,6 @@ class PackedSender:
                 out[i] = (dataclasses.replace(share.plus(later), useless=later.useless), why)
         return out
 
-    def _shares(self, reply: Reply, pack: Pack, rows: list[dict[str, Any]], pack_id: str) -> list[Reply]:
-        """Each row's part of the pack's reply: input by its text's share (the shared part split evenly), output
-        by its entry's share of the answer; cache tokens evenly; the request counted once, on the first row."""
-        n = len(rows)
-        own = [len(json.dumps(t, ensure_ascii=False)) for t in pack.own]
-        inputs = [pack.shared_chars / n + chars for chars in own]
-        lengths = entry_lengths(reply.text, pack)
-        outputs = [float(x) for x in lengths] if sum(lengths) else [1.0] * n
-        split: dict[str, Any] = {
-            "input_tokens": apportion(reply.input_tokens, inputs),
-            "output_tokens": apportion(reply.output_tokens, outputs),
-            "cache_write_tokens": apportion(reply.cache_write_tokens, [1.0] * n),
-            "cache_write_1h_tokens": apportion(reply.cache_write_1h_tokens, [1.0] * n),
-            "cache_read_tokens": apportion(reply.cache_read_tokens, [1.0] * n),
-        }
-        split["calls"] = [reply.calls] + [0] * (n - 1)
-        return [dataclasses.replace(reply, **{k: v[i] for k, v in split.items()}, pack=pack_id) for i in range(n)]
-
     def _note(
         self,
         pack: Pack,
@@ -176,3 +156,22 @@ class PackedSender:
                 "answered_at": utcnow(),
             }
         )
+
+
+def pack_shares(reply: Reply, pack: Pack, pack_id: str) -> list[Reply]:
+    """Each item's part of a pack's reply: input by its text's share (the shared part split evenly), output by its
+    entry's share of the answer; cache tokens evenly; the request counted once, on the first item."""
+    n = len(pack.ids)
+    own = [len(json.dumps(t, ensure_ascii=False)) for t in pack.own]
+    inputs = [pack.shared_chars / n + chars for chars in own]
+    lengths = entry_lengths(reply.text, pack)
+    outputs = [float(x) for x in lengths] if sum(lengths) else [1.0] * n
+    split: dict[str, Any] = {
+        "input_tokens": apportion(reply.input_tokens, inputs),
+        "output_tokens": apportion(reply.output_tokens, outputs),
+        "cache_write_tokens": apportion(reply.cache_write_tokens, [1.0] * n),
+        "cache_write_1h_tokens": apportion(reply.cache_write_1h_tokens, [1.0] * n),
+        "cache_read_tokens": apportion(reply.cache_read_tokens, [1.0] * n),
+    }
+    split["calls"] = [reply.calls] + [0] * (n - 1)
+    return [dataclasses.replace(reply, **{k: v[i] for k, v in split.items()}, pack=pack_id) for i in range(n)]

@@ -16,6 +16,7 @@ either confirms it or, when the API never got it, abandons the intent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -27,6 +28,7 @@ import polars as pl
 from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import column_types, one, registered, table_exists
+from llmledger._ledger.packs import batch_packs, record_packs
 from llmledger._ledger.run_rows import raise_run
 from llmledger._ledger.schema import BATCHES_TABLE, STEPS_TABLE
 from llmledger._ledger.survey import Layout
@@ -42,11 +44,10 @@ OPEN_STATES = ("submitting", "submitted")
 
 
 def _record(*row: Any, provider: str = ANTHROPIC) -> BatchRecord:
-    """A `BatchRecord` from a row of the SELECT in `batches` (its columns in the record's order)."""
-    fields = list(row)
+    """A `BatchRecord` from a row of the SELECT in `batches` (its columns in the record's order, the deadline last)."""
+    *fields, deadline = row
     fields[12] = list(fields[12] or [])  # rejected: NULL in rows written before it was recorded
-    fields.append(provider)
-    return BatchRecord(*fields)
+    return dataclasses.replace(BatchRecord(*fields), provider=provider, deadline=deadline)
 
 
 def _providers(con: Con) -> dict[tuple[str, str, str], str]:
@@ -94,9 +95,13 @@ class BatchVerbs:
         validated: bool,
         now: datetime,
         source: str | None = None,
+        packs: list[dict[str, Any]] | None = None,
+        deadline: datetime | None = None,
     ) -> None:
-        """Record the intent (and where it is sent: `source`) and give each claimed row (`assigned`: key columns
-        and custom_id) its custom id."""
+        """Record the intent (and where it is sent: `source`; the deadline its rows must be answered by, if any) and
+        give each claimed row (`assigned`: key columns and custom_id) its custom id. `packs`: the records
+        (`packs.PACK_SCHEMA`, not answered yet) of the requests
+        that carry rows together, so whoever merges the batch can read their answers back onto the rows."""
 
         def work(con: Con) -> None:
             c = names(layout.step, "t")
@@ -110,8 +115,8 @@ class BatchVerbs:
                 )
             con.execute(
                 f"INSERT INTO {BATCHES_TABLE} (intent, table_name, step, claimant, requests, rows_sent, "
-                "bytes, model, version, validated, created_at, state, adopted, rejected, source) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, ?, ?)",
+                "bytes, model, version, validated, created_at, state, adopted, rejected, source, deadline) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'submitting', false, ?, ?, ?)",
                 [
                     intent,
                     layout.table,
@@ -126,10 +131,17 @@ class BatchVerbs:
                     now,
                     [],
                     source,
+                    deadline,
                 ],
             )
+            record_packs(con, packs or [])
 
         self.conn.transaction(work, wait=60.0)
+
+    def batch_packs(self, table: str, step: str, intent: str) -> dict[str, dict[str, Any]]:
+        """The packs a batch intent sent, by their request's custom id (none when it sent no pack)."""
+        with self.conn.open(wait=60.0) as con:
+            return batch_packs(con, table, step, intent)
 
     def confirm_batch(
         self, table: str, step: str, *, intent: str, batch_id: str, now: datetime, adopted: bool = False
@@ -291,10 +303,12 @@ class BatchVerbs:
         with self.conn.open(wait=60.0) as con:
             if not table_exists(con, BATCHES_TABLE):
                 return []
-            source = "source" if "source" in column_types(con, BATCHES_TABLE) else "NULL"  # before schema 9
+            columns = column_types(con, BATCHES_TABLE)
+            source = "source" if "source" in columns else "NULL"  # before schema 9
+            deadline = "deadline" if "deadline" in columns else "NULL"  # before schema 14
             rows = con.execute(
                 f"SELECT intent, batch_id, table_name, step, claimant, requests, rows_sent, created_at, state, "
-                f"version, coalesce(validated, false), coalesce(adopted, false), rejected, {source} "
+                f"version, coalesce(validated, false), coalesce(adopted, false), rejected, {source}, {deadline} "
                 f"FROM {BATCHES_TABLE} WHERE {where} ORDER BY created_at",
                 params,
             ).fetchall()
@@ -341,6 +355,7 @@ class BatchVerbs:
         expected_rows: int,
         unused: tuple[int, float] = (0, 0.0),
         run: tuple[str, dict[str, Any]] | None = None,
+        packs: list[dict[str, Any]] | None = None,
     ) -> pl.DataFrame | None:
         """Commit a batch's results; give back its rows left unanswered; mark it merged. Returns the keys of the
         rows given back, or None when another run merged the batch first (then nothing is written).
@@ -348,7 +363,8 @@ class BatchVerbs:
         `unused`: answers (and their cost) to requests no row holds any more (reset while the batch ran):
         paid for, so recorded with the batch. Raises BatchChanged when the batch no longer holds the
         `expected_rows` rows the results were matched against (rows joined it meanwhile). `run` (run id, figures):
-        the merging run's row in llmledger_runs takes its figures with the batch's, as `commit` does.
+        the merging run's row in llmledger_runs takes its figures with the batch's, as `commit` does. `packs`: the
+        batch's packs with their answers, in place of their records as sent.
         """
 
         def work(con: Con) -> pl.DataFrame | None:
@@ -366,6 +382,7 @@ class BatchVerbs:
                 commit_results(con, layout, results, now=now, only_batch=batch.batch_id)
             if run is not None:
                 raise_run(con, run[0], layout.table, layout.step, run[1])
+            record_packs(con, packs or [])
             back = give_back(
                 con,
                 layout,

@@ -31,19 +31,30 @@ PACK_SCHEMA: dict[str, pl.DataType] = {
     "cost_usd": pl.Float64(),
     "latency_ms": pl.Int64(),
     "answered_at": pl.Datetime("us"),
+    "custom_id": pl.String(),  # a pack sent in a batch: its request's custom id (NULL online)
+    "custom_ids": pl.String(),  # and, as JSON, the custom id each item's rows hold, in the order of its items
 }
 _INCOMING = "llmledger_incoming_packs"
 
 
 def record_packs(con: Con, packs: list[dict[str, Any]]) -> None:
-    """Insert the packs whose answers the same transaction commits (or a dead run's journal holds: one the store
-    has already is not written twice)."""
+    """Write the packs whose answers the same transaction commits (or a dead run's journal holds), each in place of
+    the record the store may have of it already: the same pack journaled and committed, or a batch's pack recorded
+    as sent and now answered."""
     if not packs:
         return
     frame = pl.from_dicts(packs, schema=PACK_SCHEMA)
     columns = ", ".join(PACK_SCHEMA)
     with registered(con, _INCOMING, frame):
-        con.execute(
-            f"INSERT INTO {PACKS_TABLE} ({columns}) SELECT {columns} FROM {_INCOMING} AS i "
-            f"WHERE NOT EXISTS (SELECT 1 FROM {PACKS_TABLE} AS p WHERE p.pack_id = i.pack_id)"
-        )
+        con.execute(f"DELETE FROM {PACKS_TABLE} WHERE pack_id IN (SELECT pack_id FROM {_INCOMING})")
+        con.execute(f"INSERT INTO {PACKS_TABLE} ({columns}) SELECT {columns} FROM {_INCOMING}")
+
+
+def batch_packs(con: Con, table: str, step: str, intent: str) -> dict[str, dict[str, Any]]:
+    """The packs a batch intent sent, by their request's custom id (`<intent>-<pack>-pk`)."""
+    columns = ", ".join(PACK_SCHEMA)
+    found = con.execute(
+        f"SELECT {columns} FROM {PACKS_TABLE} WHERE table_name = ? AND step = ? AND starts_with(custom_id, ?)",
+        [table, step, intent + "-"],
+    ).fetchall()
+    return {row[-2]: dict(zip(PACK_SCHEMA, row, strict=True)) for row in found}

@@ -234,6 +234,17 @@ def _v13_packs(con: Con) -> None:
     _add_step_columns(con, {"_pack": "VARCHAR"})
 
 
+def _v14_batch_packs(con: Con) -> None:
+    """Packs in batches, and batches with a deadline. A pack sent in a batch is recorded as it is sent, with its
+    request's custom id (`custom_id`) and each item's rows' custom id (`custom_ids`, JSON), so whoever merges the
+    batch reads each entry back onto its own rows; a batch records the deadline it was sent against (`deadline`),
+    so a later call that collects it honours it. An older llmledger would read a pack's answer as nobody's and send
+    its rows again, so the store is marked as one only this version reads."""
+    con.execute(f"ALTER TABLE {PACKS_TABLE} ADD COLUMN custom_id VARCHAR")
+    con.execute(f"ALTER TABLE {PACKS_TABLE} ADD COLUMN custom_ids VARCHAR")
+    con.execute(f"ALTER TABLE {BATCHES_TABLE} ADD COLUMN deadline TIMESTAMP")
+
+
 MIGRATIONS = (
     Migration(1, "bookkeeping tables of llmledger 0.1.0", _v1_tables),
     Migration(2, "self-contained steps: versions, stored requests, whole-request fingerprints", _v2_self_contained),
@@ -250,6 +261,7 @@ MIGRATIONS = (
     Migration(11, "providers and latency: requests for OpenAI's API, how long each answer took", _v11_providers),
     Migration(12, "verdicts: a person's accepts, flags and corrections, and the verdict on each answer", _v12_verdicts),
     Migration(13, "packs: rows sent together in one request, each pack's request and answer", _v13_packs),
+    Migration(14, "packs in batches, and batches with a deadline", _v14_batch_packs),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -193,7 +193,10 @@ class Ledger(Protocol):
         validated: bool,
         now: datetime,
         source: str | None = None,
+        packs: list[dict[str, Any]] | None = None,
+        deadline: datetime | None = None,
     ) -> None: ...
+    def batch_packs(self, table: str, step: str, intent: str) -> dict[str, dict[str, Any]]: ...
     def confirm_batch(
         self, table: str, step: str, *, intent: str, batch_id: str, now: datetime, adopted: bool = False
     ) -> int | None: ...
@@ -229,6 +232,7 @@ class Ledger(Protocol):
         expected_rows: int,
         unused: tuple[int, float] = (0, 0.0),
         run: tuple[str, dict[str, Any]] | None = None,
+        packs: list[dict[str, Any]] | None = None,
     ) -> pl.DataFrame | None: ...
     def counts(self, table: str | None = None) -> pl.DataFrame: ...
     def compare(self, table: str, steps: list[str], where: str | None = None) -> Any: ...
@@ -287,6 +291,7 @@ class BatchRecord:
     rejected: list[str]  # batch ids reconciliation adopted wrongly (their results were another's)
     source: str | None = None  # where it was sent: "simulator" or the endpoint (None: sent before 0.8 recorded it)
     provider: str = ANTHROPIC  # whose batch API has it (its requests' provider): only that API's client reads it
+    deadline: datetime | None = None  # when its rows must be answered by (UTC), if it was sent with a deadline
 
 
 @dataclass

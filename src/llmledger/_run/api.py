@@ -182,7 +182,7 @@ def apply_llm(
     - `rows_per_request`: rows sent together in one request (default 1, at most 100), each answered on its own:
       the request asks for one JSON entry per row, and an entry that is missing, duplicated, misaligned or out of
       shape fails only its row, which is asked again alone. Each row pays its share of the request. The setting is
-      part of each row's request: changing it makes the step's answers stale. Online only, for now; not with
+      part of each row's request: changing it makes the step's answers stale. Online and in batches; not with
       `attach=`. The how-to *Pack rows into one request* says when it pays and when it hurts.
 
     **Where rows live**
@@ -254,9 +254,9 @@ def apply_llm(
       `llmledger run`) collects them.
     - `batch_size`: requests per batch (default and most 100,000; 50,000 for OpenAI).
     - `deadline`: when the rows must be answered by (a datetime, naive ones in local time; a timedelta or seconds
-      from now). With `mode="batch"` (and `wait=True`): at the last moment that leaves time to answer the rest
-      online, the batches still processing are cancelled, what they finished kept, and their other rows sent
-      online. With `mode="flex"`: the rows go at the flex tier while the pace so far finishes them in time, and at
+      from now). With `mode="batch"`: at the last moment that leaves time to answer the rest online, the batches
+      still processing are cancelled, what they finished kept, and their other rows sent online (with
+      `wait=False` the deadline is stored with the batches, and the call that collects them keeps it). With `mode="flex"`: the rows go at the flex tier while the pace so far finishes them in time, and at
       the standard tier once it would not. The summary says what the deadline cost.
     """
     plan = checked_plan(dict(locals()))
@@ -312,7 +312,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     shape = shape_of(provider, api)
     if shape.caches_itself:
         check_no_cache_ttl(o["cache"], shape)
-    check_rows_per_request(o["rows_per_request"], attach=o.get("attach"), mode=o["mode"])
+    check_rows_per_request(o["rows_per_request"], attach=o.get("attach"))
     frame, attachments = attachments_of(o.get("attach"), frame, prompt, steps, keys, shape.name)
     check_max_tokens(max_tokens)
     if system is not None and not isinstance(system, str):
@@ -469,7 +469,7 @@ def resume(
     check_credentials(plan.client)
     if recorded is not None:
         check_budget_countable(plan.cfg.max_cost_usd, recorded.model)
-        check_rows_per_request(recorded.rows_per_request, attach=None, mode=plan.mode)
+        check_rows_per_request(recorded.rows_per_request, attach=None)
         check_flex(plan.mode, recorded.model)
         warn_if_retiring(
             recorded.model, provider=recorded.provider, client=plan.client, endpoint=plan.endpoint, gateway=gateway

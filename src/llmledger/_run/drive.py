@@ -9,6 +9,7 @@ import ssl
 import sys
 import threading
 import time
+from datetime import UTC
 from typing import Any
 
 import polars as pl
@@ -20,6 +21,7 @@ from llmledger._exec.collect import BatchCollector
 from llmledger._exec.scheduler import Scheduler
 from llmledger._ledger import Ledger, Selection
 from llmledger._ledger.liveness import Claimant
+from llmledger._ledger.types import BatchRecord
 from llmledger._report import RunReport
 from llmledger._run.plan import Plan
 
@@ -30,15 +32,27 @@ SWITCH_SECONDS = 2.0  # and what cancelling, merging and starting the online run
 DEADLINE_SHARE = 0.2  # and at least this share of the time to the deadline
 
 
-def online_from(plan: Plan, rows: int) -> float:
+def online_from(deadline: float, rows: int, concurrency: int) -> float:
     """The Unix time from which a batch run with a deadline (`mode="batch", deadline=`) sends online instead: its
     batches still processing are cancelled (what they finished is kept) and their rows sent online, leaving time
     to switch and send `rows` at `concurrency` requests at once, ONLINE_SECONDS each, or a fifth of the time,
     whichever is more."""
-    assert plan.cfg.deadline is not None
-    now = time.time()
-    online = SWITCH_SECONDS + rows * ONLINE_SECONDS / max(plan.cfg.concurrency, 1)
-    return plan.cfg.deadline - max(online, DEADLINE_SHARE * (plan.cfg.deadline - now))
+    online = SWITCH_SECONDS + rows * ONLINE_SECONDS / max(concurrency, 1)
+    return deadline - max(online, DEADLINE_SHARE * (deadline - time.time()))
+
+
+def stored_cancel_at(open_batches: list[BatchRecord], concurrency: int) -> float | None:
+    """The last moment for batches that earlier calls sent with a deadline (`wait=False`; stored with each batch),
+    so a later call honours it: the earliest, reckoned for all their rows; None when none has a deadline."""
+    dated = [b for b in open_batches if b.deadline is not None]
+    if not dated:
+        return None
+    deadline = min(b.deadline.replace(tzinfo=UTC).timestamp() for b in dated if b.deadline is not None)
+    return online_from(deadline, sum(b.rows for b in dated), concurrency)
+
+
+def _earliest(*moments: float | None) -> float | None:
+    return min((m for m in moments if m is not None), default=None)
 
 
 async def send_all(
@@ -106,7 +120,14 @@ async def run_batches(
             run_id=claimant.run_id,
         )
         if selection is None:
-            await collector.collect()
+            open_batches = await collector.collect()
+            last = stored_cancel_at(open_batches, plan.cfg.concurrency)
+            if last is not None and time.time() >= last and not collector.stopped:  # a deadline an earlier call
+                # sent batches with: cancel them now, keep what they finished; their rows are this call's to send
+                display.note("the deadline's last moment for the step's batches has come: cancelling them")
+                await collector.wait(open_batches, cancel_at=last)
+                report.online_for_deadline = sum(b.height for b in collector.returned)  # back as they were: this
+                collector.returned.clear()  # call sends them, online (a batch call is past its last moment too)
             if collector.due is not None and not collector.stopped:  # a stopped run's batch may still be being
                 # created: wait (at most ABANDON_AFTER) to tell, rather than leave its rows held by nobody
                 display.note(
@@ -128,16 +149,22 @@ async def run_batches(
             output=output,
             find=collector.find,
             mine=collector.mine,
+            alone=collector.alone,
             batch_size=plan.batch_size,
             on_progress=display.update,
         )
-        cancel_at = None if plan.cfg.deadline is None else online_from(plan, selection.remaining)
+        deadline = plan.cfg.deadline
+        cancel_at = None if deadline is None else online_from(deadline, selection.remaining, plan.cfg.concurrency)
+        stored = stored_cancel_at(
+            await asyncio.to_thread(ledger.open_batches, plan.table, plan.step), plan.cfg.concurrency
+        )
+        cancel_at = _earliest(cancel_at, stored)  # batches earlier calls sent with a deadline keep it
         for _ in range(RESEND_ROUNDS):
             late = cancel_at is not None and time.time() >= cancel_at
             if selection.remaining and not late:
                 await sender.submit(selection)
             elif selection.remaining:  # past the batches' last moment: the rows go online, in time
-                report.online_for_deadline += selection.remaining
+                report.online_for_deadline = selection.remaining  # those batches gave back among them
                 await send_all(ledger, selection, plan, claimant, report, stop_flag, display)
                 return
             if not wait:

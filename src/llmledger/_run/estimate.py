@@ -244,9 +244,10 @@ def _packed(
              for i in range(0, len(prompts), size)]  # fmt: skip
     if not packs:
         return _priced(request, 0, 0, per_row, gateway=gateway)
-    plain = sum(estimate_tokens(p.message) + _schema_tokens(p.spec) for p in packs)
+    specs = [p.spec for p in packs if p.spec is not None]  # every pack made here has its spec
+    plain = sum(estimate_tokens(p.message) for p in packs) + sum(_schema_tokens(s) for s in specs)
     per_pack = (per_row + (0 if answered else ENTRY_GUESS)) * len(prompts) / len(packs)
-    return _priced(packs[0].spec, len(packs), plain, per_pack, gateway=gateway)
+    return _priced(specs[0], len(packs), plain, per_pack, gateway=gateway)
 
 
 def _schema_tokens(request: RequestSpec) -> int:

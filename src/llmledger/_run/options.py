@@ -163,11 +163,6 @@ class RunOptions:
                 f"time) and mode='flex' (the flex tier, then the standard one); mode={self.mode!r} has none. "
                 "Nothing was written."
             )
-        if self.mode == "batch" and self.wait is False:
-            raise InvalidInputError(
-                "deadline= with mode='batch' needs wait=True for now: the run that waits for the batches takes "
-                "their rows online in time. Nothing was written."
-            )
         if self.deadline_at is None:
             raise InvalidInputError(
                 f"deadline must be a datetime, a timedelta or seconds from now, in the future, got {value!r}"

@@ -287,8 +287,7 @@ class Run:
         average = ledger.average_paid(plan.table, plan.step) if done_before > 0 or budget else 0.0
         report.done_saved_usd = max(done_before, 0) * average
         report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
-        packed = sent is not None and sent.rows_per_request > 1  # packs go online (checked up front for "batch")
-        batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS and not packed)
+        batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)
         report.mode = "batch" if batch else "flex" if plan.mode == "flex" else "online"
         if budget:  # what the step had spent, and what a request costs, as the run starts: the budget's start
             spent = ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0

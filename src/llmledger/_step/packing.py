@@ -41,6 +41,7 @@ ENTRY_TOKENS = 48  # what one entry's id, start and JSON may add to an answer, i
 ENTRY_GUESS = 16  # and what they add, as an estimate reckons before a step has answers (about 15 measured)
 _ID_LETTERS = "bcdfghjkmnpqrstvwxz23456789"  # no vowels (no words), no 0/1/l/o to misread
 PLACEHOLDER = "<<ITEM>>"
+ITEMS_HEAD = "Items, one JSON object a line:\n"  # what comes before a pack's items, one JSON line each
 
 INSTRUCTIONS = (
     "You are given several items at once. Answer each item separately, exactly as if it were the only one: an "
@@ -123,7 +124,7 @@ def user_message(prefix: str, suffix: str, ids: list[str], own: list[str]) -> st
         )
     else:
         head = "Each item's text is one whole request.\n"
-    return head + "Items, one JSON object a line:\n" + "\n".join(lines)
+    return head + ITEMS_HEAD + "\n".join(lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +135,8 @@ class Pack:
     ids: list[str]
     own: list[str]
     shared_chars: int  # characters said once for every item: instructions, system prompt, frame
-    spec: RequestSpec  # the request's own spec (the step's, with the packing instructions and schema)
+    spec: RequestSpec | None  # the request's own spec (the step's, with the packing instructions and schema); None
+    # for a pack read back from its stored body (`stored_pack`)
     message: str  # its user message
 
 
@@ -158,6 +160,38 @@ def pack_request(spec: RequestSpec, prompts: list[str], ids: list[str] | None = 
     message = user_message(prefix, suffix, ids, own)
     shared = len(system) + len(message) - sum(len(json.dumps(t, ensure_ascii=False)) for t in own)
     return Pack(packed.body(message), ids, own, max(shared, 0), packed, message)
+
+
+def stored_pack(body: dict[str, Any]) -> Pack:
+    """A pack as it was sent, read back from its stored body (a batch's pack is read when the batch ends, perhaps by
+    another process, and its rows may ask otherwise by then): the ids and own texts of its items, from its message.
+
+    The shared characters are the body's whole JSON less the items' texts: the weights the input tokens are split by,
+    as `pack_request` reckons them for a pack answered online up to the JSON around the message."""
+    message = next((text for text in _strings(body) if ITEMS_HEAD in text), "")
+    ids, own = [], []
+    for line in message.partition(ITEMS_HEAD)[2].split("\n"):
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("id"), str) and isinstance(item.get("text"), str):
+            ids.append(item["id"])
+            own.append(item["text"])
+    whole = len(json.dumps(body, ensure_ascii=False))
+    shared = whole - sum(len(json.dumps(t, ensure_ascii=False)) for t in own)
+    return Pack(body, ids, own, max(shared, 0), None, message)
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string a JSON value holds (a request body's messages, in any API's shape)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 
 def _words(text: str) -> str:
@@ -244,7 +278,7 @@ def entry_lengths(text: str, pack: Pack) -> list[int]:
     return lengths
 
 
-def check_rows_per_request(value: Any, *, attach: Any, mode: Any) -> None:
+def check_rows_per_request(value: Any, *, attach: Any) -> None:
     """Refuse a `rows_per_request=` that is no count, or one the run cannot pack (before anything is written)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ROWS_PER_REQUEST:
         raise InvalidInputError(
@@ -255,9 +289,4 @@ def check_rows_per_request(value: Any, *, attach: Any, mode: Any) -> None:
         raise InvalidInputError(
             f"rows_per_request={value} with attach=: rows with files are sent one to a request; leave "
             "rows_per_request out. Nothing was written."
-        )
-    if value > 1 and mode == "batch":
-        raise InvalidInputError(
-            f"rows_per_request={value} with mode='batch': packed rows are sent online for now (mode='online'; "
-            "'auto' stays online too). Nothing was written."
         )

@@ -18,9 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from llmledger._step.packing import INSTRUCTIONS, PLACEHOLDER
-
-_ITEMS_HEAD = "Items, one JSON object a line:\n"
+from llmledger._step.packing import INSTRUCTIONS, ITEMS_HEAD, PLACEHOLDER
 
 
 def is_pack(schema: dict[str, Any] | None) -> bool:
@@ -33,7 +31,7 @@ def is_pack(schema: dict[str, Any] | None) -> bool:
 
 def items_of(prompt: str) -> list[tuple[str, str, str]]:
     """(id, the item's own text, its whole request as it would be sent alone) for each item of a pack's message."""
-    head, _, lines = prompt.partition(_ITEMS_HEAD)
+    head, _, lines = prompt.partition(ITEMS_HEAD)
     frame = re.search(r"-----\n(.*)\n-----\n", head, re.S)
     prefix, _, suffix = frame.group(1).partition(PLACEHOLDER) if frame else ("", "", "")
     out = []
