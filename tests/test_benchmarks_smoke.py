@@ -81,3 +81,12 @@ def test_packing_benchmark_keeps_every_row_its_own_answer(tmp_path: Path, sms: A
     assert result["rows_holding_another_rows_answer"] == 0 and result["rows_not_done"] == 0, result
     assert result["asked_again_alone"] > 0 and result["rows_add_up_to_packs"], result
     assert bench_packing.tokens(40, tmp_path, size=10)["system"]["input_ratio"] < 0.5
+
+
+def test_modes_benchmark_prices_flex_at_half_and_fails_no_row(tmp_path: Path) -> None:
+    pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
+    from .benchmarks import bench_modes
+
+    result = bench_modes.flex(30, tmp_path, unavailable=0.3)
+    assert result["cost_flex_over_online"] == pytest.approx(0.5), result
+    assert result["flex"]["failed"] == 0 and result["flex"]["retries"] > 0, result
