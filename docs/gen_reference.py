@@ -47,9 +47,9 @@ TABLES = {
     "`{step}_verdict` on the row is the verdict on its current answer",
     "llmledger_packs": "every request that carried several rows (`rows_per_request=`): the rows' keys in the order "
     "of its items (`row_keys`), the whole request and answer, why an entry was not kept (`problems`, by item id; those "
-    "rows were asked again alone), what it used and cost; `{step}_pack` on a row names the pack its answer came in. A pack sent in a batch is "
-    "recorded as it is sent, with its request's `custom_id` and each item's rows' custom id (`custom_ids`, JSON); its "
-    "answer is added when the batch is merged",
+    "rows were asked again alone), what it used and cost; `{step}_pack` on a row names the pack its answer came in. "
+    "A pack sent in a batch is recorded as it is sent, with its request's `custom_id` and each item's rows' "
+    "custom id (`custom_ids`, JSON); its answer is added when the batch is merged",
     "llmledger_batches": "every Message Batch a run sent or meant to send: its intent, the API's id, its state, "
     "and the `deadline` it was sent against, if any",
     "llmledger_budget_reservations": "what live runs reserved under a step's shared budget",

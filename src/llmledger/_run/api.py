@@ -256,8 +256,9 @@ def apply_llm(
     - `deadline`: when the rows must be answered by (a datetime, naive ones in local time; a timedelta or seconds
       from now). With `mode="batch"`: at the last moment that leaves time to answer the rest online, the batches
       still processing are cancelled, what they finished kept, and their other rows sent online (with
-      `wait=False` the deadline is stored with the batches, and the call that collects them keeps it). With `mode="flex"`: the rows go at the flex tier while the pace so far finishes them in time, and at
-      the standard tier once it would not. The summary says what the deadline cost.
+      `wait=False` the deadline is stored with the batches, and the call that collects them keeps it). With
+      `mode="flex"`: the rows go at the flex tier while the pace so far finishes them in time, and at the
+      standard tier once it would not. The summary says what the deadline cost.
     """
     plan = checked_plan(dict(locals()))
     check_credentials(plan.client)
