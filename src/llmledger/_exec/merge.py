@@ -231,12 +231,18 @@ class BatchMerger:
                 if tag not in sent:
                     sent[tag] = await asyncio.to_thread(self.ledger.batch_packs, self.table, self.step, tag)
                 stored = sent[tag].get(item.custom_id)
+                model = request.model if request else ""
                 if stored is not None:
-                    model = request.model if request else ""
                     got, (lost, lost_usd) = self._pack(item, stored, by_custom, model, output, recorder)
                     results.extend(got)
                     unused, unused_usd = unused + lost, unused_usd + lost_usd
                     packs[stored["pack_id"]] = stored
+                elif item.type == "succeeded" and tag == record.intent:  # a pack of this batch the store has no
+                    # record of (another intent's is another batch's, or another step's): nobody's, paid all the same
+                    unused += 1
+                    unused_usd += (
+                        recorder.bill((item.reader or self.api.api).reply_from(item.answer, model, batch=True)) or 0.0
+                    )
                 continue
             mine = by_custom.pop(item.custom_id, None)
             if not mine:  # no row holds this request any more (reset meanwhile): paid all the same
@@ -268,7 +274,11 @@ class BatchMerger:
         pack = stored_pack(json.loads(stored["request"]))
         custom_ids: list[str] = json.loads(stored["custom_ids"])
         results: list[dict[str, Any]] = []
-        if item.type != "succeeded" or len(pack.ids) != len(custom_ids):
+        if item.type == "succeeded" and len(pack.ids) != len(custom_ids):  # its record does not read: no row's
+            paid = (item.reader or self.api.api).reply_from(item.answer, model, batch=True)  # answer, paid all the same
+            stored.update(kept=0, problems=json.dumps({"": "its stored request does not read"}), answered_at=utcnow())
+            return results, (1, recorder.bill(paid) or 0.0)  # its rows go back, to be sent again
+        if item.type != "succeeded":
             reply, error = self._answer(item, model, None, recorder)  # the API's or the request's error
             for custom_id in custom_ids:
                 for n, row in enumerate(by_custom.pop(custom_id, [])):
