@@ -66,7 +66,29 @@ def test_a_deadline_too_near_for_a_batch_sends_every_row_online(
     assert sim.stats()["batches"] == 0 and books(store) == (0, 40)
 
 
-@pytest.mark.parametrize("later", ["waits", "comes_late"])
+def test_the_time_left_for_online_rows_is_reckoned_from_the_steps_own_answers(
+    sim: Simulator, client: anthropic.AsyncAnthropic, store: Path
+) -> None:
+    """A step that has answered online before (a sample, say) reckons its rows' online time from those answers,
+    not two seconds a request: its batch is left longer, so more rows get the batch price, still in time."""
+    ask = functools.partial(apply_llm, prompt="Summarize: {text}", store=store, table="t", progress=False,
+                            client=client, concurrency=16)  # fmt: skip
+    ask(frame(12, start=100), "s")  # the sample, online: answers in milliseconds here
+    sim.configure(batch_delay=7.0)
+    started = time.monotonic()
+    ask(frame(20), "s", mode="batch", deadline=8.0)
+    assert time.monotonic() - started < 8.0
+    ((batched, online),) = llmledger.sql(
+        store,
+        "SELECT count(*) FILTER (WHERE s_batch_id IS NOT NULL), count(*) FILTER (WHERE s_batch_id IS NULL) FROM t "
+        "WHERE s_status = 'DONE' AND id < 100",
+    ).rows()
+    # two seconds a request would cancel the batch at 2.5 s (about 7 rows answered); the sample's pace, at 4.75 s
+    assert batched >= 10 and batched + online == 20, (batched, online)
+    assert set(sim.paid_prompts().values()) == {1}
+
+
+@pytest.mark.parametrize("later", ["waits", "comes_late", "comes_late_in_batch_mode"])
 def test_a_deadline_sent_with_batches_is_kept_by_a_later_call(
     sim: Simulator, client: anthropic.AsyncAnthropic, store: Path, later: str
 ) -> None:
@@ -82,9 +104,14 @@ def test_a_deadline_sent_with_batches_is_kept_by_a_later_call(
     if later == "waits":  # a call with no deadline of its own, that waits for the batch
         apply_llm(frame(20), "s", prompt="Summarize: {text}", store=store, table="t", progress=False, client=client,
                   mode="batch")  # fmt: skip
-    else:  # past the batch's last moment (8 s less 4.5 s to send 20 rows online, 16 at once)
-        time.sleep(4.0)
-        llmledger.resume(store, "t", "s", client=client, progress=False)
+    else:  # past the batch's last moment (8 s less 5.5 s to send 20 rows online, 16 at once)
+        time.sleep(3.0)
+        if later == "comes_late":
+            llmledger.resume(store, "t", "s", client=client, progress=False)
+        else:  # the rows it takes out of the batch go online, never in a new batch
+            apply_llm(frame(20), "s", prompt="Summarize: {text}", store=store, table="t", progress=False,
+                      client=client, mode="batch")  # fmt: skip
+            assert sim.stats()["batches"] == 1
     assert time.monotonic() - started < 8.0
     batched, online = books(store)
     assert batched > 0 and online > 0 and batched + online == 20, (batched, online)

@@ -60,7 +60,7 @@ def deadline(rows: int, folder: Path, *, seconds: float = 30.0, later: bool = Fa
         started = time.monotonic()
         apply_llm(_frame(rows), "s", mode="batch", deadline=seconds, wait=not later, **ask)  # type: ignore[arg-type]
         if later:
-            last = seconds - max(2 + rows * 2 / 16, 0.2 * seconds)  # the batches' last moment, as drive.py reckons
+            last = seconds - max(3 + rows * 2 / 16, 0.2 * seconds)  # the batches' last moment, as drive.py reckons
             time.sleep(max(0.0, last - (time.monotonic() - started)) + 0.5)
             llmledger.resume(store, "t", "s", client=client, progress=False, concurrency=16)
         return _books(store, sim, started, seconds)

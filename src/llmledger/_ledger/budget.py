@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from llmledger._ledger.engine import Con, Database
-from llmledger._ledger.engine.shared import lock_step, one, table_exists
+from llmledger._ledger.engine.shared import column_types, lock_step, one, table_exists
 from llmledger._ledger.liveness import is_abandoned, is_alive_here
 from llmledger._ledger.schema import BATCHES_TABLE, HISTORY_TABLE
 from llmledger._ledger.types import BudgetLook
@@ -30,6 +30,7 @@ from llmledger._ledger.verbs import clock
 from llmledger._step.sqltext import q
 
 RESERVATIONS_TABLE = "llmledger_budget_reservations"
+ONLINE_SAMPLE = 10  # answers online before their average time stands for the step's
 _PG_LOCK_CLASS = 0x6C6C6D62  # "llmb": advisory locks on a step's budget (the second key is the step's crc32)
 _duckdb_lock = threading.Lock()
 
@@ -149,6 +150,20 @@ class BudgetVerbs:
         with self.conn.open(wait=30.0, read_only=True) as con:
             value = one(con, f"SELECT avg({cost}) FROM {q(table)} WHERE {status} = 'DONE' AND {cost} > 0")[0]
         return float(value) if value is not None else 0.0
+
+    def online_seconds(self, table: str, step: str) -> float | None:
+        """How long the step's answers took online, on average, in seconds (the API's time, retries apart); None
+        before it has ONLINE_SAMPLE of them (a deadline then reckons with a generous default)."""
+        latency, status, batch = (q(step + s) for s in ("_latency_ms", "_status", "_batch_id"))
+        with self.conn.open(wait=30.0, read_only=True) as con:
+            if step + "_latency_ms" not in column_types(con, table):
+                return None
+            count, mean = one(
+                con,
+                f"SELECT count({latency}), avg({latency}) FROM {q(table)} "
+                f"WHERE {status} = 'DONE' AND {batch} IS NULL AND {latency} IS NOT NULL",
+            )
+        return float(mean) / 1000 if count >= ONLINE_SAMPLE and mean is not None else None
 
     def reserve_budget(
         self,

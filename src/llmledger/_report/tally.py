@@ -59,6 +59,8 @@ class RunTally:
     flex_saved_usd: float = 0.0  # what the flex answers would have cost at the standard tier, less what they cost
     standard_for_deadline: int = 0  # mode="flex": requests sent at the standard tier to meet the deadline
     online_for_deadline: int = 0  # mode="batch": rows taken out of batches (or not sent in one) and sent online
+    past_deadline: bool = False  # this call found a deadline's last moment for the step's batches passed: the rows
+    # they gave back go online, not in another batch
     done_saved_usd: float = 0.0  # what the skipped rows (DONE already) would cost again, at the step's average
     submitted: int = 0  # rows this run sent in Message Batches
     downstream_stale: dict[str, int] = field(default_factory=dict)  # stale rows in steps reading this one, after

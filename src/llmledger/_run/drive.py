@@ -27,28 +27,31 @@ from llmledger._run.plan import Plan
 
 RESEND_ROUNDS = 3  # a waiting batch run sends rows its batches gave back again, this many times in all
 ONLINE_SECONDS = 2.0  # what one request online is reckoned to take, to leave time before a deadline for the rows
-# a batch has not answered by then (`online_from`)
-SWITCH_SECONDS = 2.0  # and what cancelling, merging and starting the online run take
+# a batch has not answered by then (`online_from`), until the step's own answers online say how long they take
+ONLINE_MARGIN, ONLINE_FLOOR = 1.5, 0.2  # then: half as long again as their average, and never under 0.2 s
+SWITCH_SECONDS = 3.0  # and what cancelling, merging and starting the online run take (a loaded machine too)
 DEADLINE_SHARE = 0.2  # and at least this share of the time to the deadline
 
 
-def online_from(deadline: float, rows: int, concurrency: int) -> float:
+def online_from(deadline: float, rows: int, concurrency: int, seconds: float | None = None) -> float:
     """The Unix time from which a batch run with a deadline (`mode="batch", deadline=`) sends online instead: its
     batches still processing are cancelled (what they finished is kept) and their rows sent online, leaving time
-    to switch and send `rows` at `concurrency` requests at once, ONLINE_SECONDS each, or a fifth of the time,
-    whichever is more."""
-    online = SWITCH_SECONDS + rows * ONLINE_SECONDS / max(concurrency, 1)
+    to switch and send `rows` at `concurrency` requests at once, or a fifth of the time, whichever is more. A
+    request is reckoned at half as long again as the step's answers online took (`seconds`, their average), or
+    ONLINE_SECONDS before it has had enough of them."""
+    each = ONLINE_SECONDS if seconds is None else max(seconds * ONLINE_MARGIN, ONLINE_FLOOR)
+    online = SWITCH_SECONDS + rows * each / max(concurrency, 1)
     return deadline - max(online, DEADLINE_SHARE * (deadline - time.time()))
 
 
-def stored_cancel_at(open_batches: list[BatchRecord], concurrency: int) -> float | None:
+def stored_cancel_at(open_batches: list[BatchRecord], concurrency: int, seconds: float | None) -> float | None:
     """The last moment for batches that earlier calls sent with a deadline (`wait=False`; stored with each batch),
     so a later call honours it: the earliest, reckoned for all their rows; None when none has a deadline."""
     dated = [b for b in open_batches if b.deadline is not None]
     if not dated:
         return None
     deadline = min(b.deadline.replace(tzinfo=UTC).timestamp() for b in dated if b.deadline is not None)
-    return online_from(deadline, sum(b.rows for b in dated), concurrency)
+    return online_from(deadline, sum(b.rows for b in dated), concurrency, seconds)
 
 
 def _earliest(*moments: float | None) -> float | None:
@@ -121,13 +124,15 @@ async def run_batches(
         )
         if selection is None:
             open_batches = await collector.collect()
-            last = stored_cancel_at(open_batches, plan.cfg.concurrency)
+            seconds = await asyncio.to_thread(ledger.online_seconds, plan.table, plan.step) if open_batches else None
+            last = stored_cancel_at(open_batches, plan.cfg.concurrency, seconds)
             if last is not None and time.time() >= last and not collector.stopped:  # a deadline an earlier call
                 # sent batches with: cancel them now, keep what they finished; their rows are this call's to send
                 display.note("the deadline's last moment for the step's batches has come: cancelling them")
                 await collector.wait(open_batches, cancel_at=last)
                 report.online_for_deadline = sum(b.height for b in collector.returned)  # back as they were: this
-                collector.returned.clear()  # call sends them, online (a batch call is past its last moment too)
+                collector.returned.clear()  # call sends them, online (a batch call is past their last moment too)
+                report.past_deadline = True
             if collector.due is not None and not collector.stopped:  # a stopped run's batch may still be being
                 # created: wait (at most ABANDON_AFTER) to tell, rather than leave its rows held by nobody
                 display.note(
@@ -153,14 +158,18 @@ async def run_batches(
             batch_size=plan.batch_size,
             on_progress=display.update,
         )
-        deadline = plan.cfg.deadline
-        cancel_at = None if deadline is None else online_from(deadline, selection.remaining, plan.cfg.concurrency)
-        stored = stored_cancel_at(
-            await asyncio.to_thread(ledger.open_batches, plan.table, plan.step), plan.cfg.concurrency
+        deadline, concurrency = plan.cfg.deadline, plan.cfg.concurrency
+        open_before = await asyncio.to_thread(ledger.open_batches, plan.table, plan.step)
+        seconds = (
+            await asyncio.to_thread(ledger.online_seconds, plan.table, plan.step)
+            if deadline is not None or open_before
+            else None
         )
+        cancel_at = None if deadline is None else online_from(deadline, selection.remaining, concurrency, seconds)
+        stored = stored_cancel_at(open_before, concurrency, seconds)
         cancel_at = _earliest(cancel_at, stored)  # batches earlier calls sent with a deadline keep it
         for _ in range(RESEND_ROUNDS):
-            late = cancel_at is not None and time.time() >= cancel_at
+            late = report.past_deadline or (cancel_at is not None and time.time() >= cancel_at)
             if selection.remaining and not late:
                 await sender.submit(selection)
             elif selection.remaining:  # past the batches' last moment: the rows go online, in time
