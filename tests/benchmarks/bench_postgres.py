@@ -9,6 +9,8 @@ Needs Debian's postgresql package (a server is started in a temp dir on 127.0.0.
     the last answer committed, so process start-up does not count.
 (g) claim + commit overhead per row on a 5,000,000-row ledger, against the same on a 10,000-row one: the
     ledger verbs alone (claim 200 rows, commit 200 results), no API calls
+(h) a frame-driven call on PostgreSQL against the same on DuckDB, 1,000,000 rows: the first call (recording the
+    frame, `where="false"`: nothing to send) and a no-op rerun once every row is DONE (target: within 2x)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -167,9 +170,45 @@ def claim_commit(server: Server, rows: int, *, sample: int = 2_000, chunk: int =
     return {"ledger_rows": rows, "rows_claimed_and_committed": done, "ms_per_row": round(1000 * seconds / done, 4)}
 
 
+def engines(server: Server, rows: int, folder: Path) -> dict[str, float]:
+    """(h) The same frame-driven calls on both engines: record the frame, then rerun it with every row DONE."""
+    frame, out = _frame(rows), {}
+    with Simulator() as sim:
+        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="bench")
+        for engine, store in (("duckdb", str(folder / "engines.duckdb")), ("postgresql", server.new_database())):
+            ask = dict(prompt=PROMPT, store=store, table="t", client=client, progress=False)
+            started = time.perf_counter()
+            apply_llm(frame, "summary", where="false", **ask)  # type: ignore[arg-type]
+            out[f"{engine}_first_call_s"] = round(time.perf_counter() - started, 2)
+            done = (
+                "UPDATE t SET summary = 'done earlier', summary_status = 'DONE', summary_attempts = 1, "
+                "summary_finished_at = now()::TIMESTAMP, summary_fingerprint = summary_request_fingerprint"
+            )
+            if engine == "duckdb":
+                import duckdb
+
+                with duckdb.connect(store) as con:
+                    con.execute(done)
+            else:
+                with psycopg.connect(store, autocommit=True) as con:
+                    con.execute(done)  # type: ignore[arg-type]
+                    con.execute("VACUUM ANALYZE t")
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                apply_llm(frame, "summary", **ask)  # type: ignore[arg-type]
+                times.append(time.perf_counter() - started)
+            out[f"{engine}_noop_rerun_s"] = round(sorted(times)[1], 2)
+        assert sim.stats()["requests"] == 0, "nothing was sent"
+    out["first_call_pg_over_duckdb"] = round(out["postgresql_first_call_s"] / out["duckdb_first_call_s"], 2)
+    out["noop_rerun_pg_over_duckdb"] = round(out["postgresql_noop_rerun_s"] / out["duckdb_noop_rerun_s"], 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--only-engines", action="store_true", help="only (h), PostgreSQL against DuckDB")
     args = parser.parse_args()
     bindir = find_bindir()
     if bindir is None:
@@ -178,6 +217,10 @@ def main() -> None:
     server.start()
     try:
         out: dict[str, object] = {}
+        if args.only_engines:
+            with tempfile.TemporaryDirectory() as tmp:
+                print(json.dumps(engines(server, 20_000 if args.quick else 1_000_000, Path(tmp)), indent=2))
+            return
         per = 60 if args.quick else 300
         scaling = [workers(server, n, rows=per * n, limit_rps=1000.0) for n in (1, 2, 4)]
         out["f_workers"] = scaling
@@ -188,6 +231,8 @@ def main() -> None:
         large = claim_commit(server, big)
         out["g_claim_commit"] = [small, large]
         out["g_large_over_small"] = round(large["ms_per_row"] / small["ms_per_row"], 2)
+        with tempfile.TemporaryDirectory() as tmp:
+            out["h_engines"] = engines(server, 20_000 if args.quick else 1_000_000, Path(tmp))
         print(json.dumps(out, indent=2))
     finally:
         server.close()
