@@ -256,3 +256,26 @@ def test_a_refused_pack_is_asked_again_row_by_row_and_identical_rows_pay_apart_w
     assert rows_of(store, "SELECT s_cost_usd > 0 FROM t WHERE id = 3") == [(True,)]
     check_books(store, "t", "s")
     assert sim.stats()["paid"] == 1 + 10, "the pack, then each row alone"
+
+
+def test_few_shot_examples_are_shown_as_a_pack_and_the_rows_keep_their_own_answers(
+    client: anthropic.AsyncAnthropic, sim: Simulator, store: Path, sms: pl.DataFrame
+) -> None:
+    examples = [
+        {"role": "user", "content": PROMPT.format(text="WINNER! Claim your prize, call 0800 now")},
+        {"role": "assistant", "content": "spam"},
+        {"role": "user", "content": PROMPT.format(text="Running late, see you at 6")},
+        {"role": "assistant", "content": "ham"},
+    ]
+    rows = sms.head(24).rename({"label": "truth"})
+    ask = functools.partial(apply_llm, client=client, store=store, table="sms", progress=False,
+                            messages=[*examples, {"role": "user", "content": PROMPT}])  # fmt: skip
+    alone = ask(rows, "alone")
+    packed = ask(rows, "packed", rows_per_request=8)
+    assert packed["packed"].to_list() == alone["alone"].to_list()
+    packs = [e["body"] for e in sim.log() if e["status"] == 200 and "answers" in json.dumps(e["body"])]
+    assert packs and all(
+        json.loads(b["messages"][1]["content"])["answers"][0] == {"id": "ex1", "start": "WINNER! Claim your prize, "
+                                                                  "call 0800", "answer": "spam"} for b in packs
+    )  # fmt: skip
+    check_books(store, "sms", "packed")

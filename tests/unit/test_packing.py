@@ -4,6 +4,7 @@ up to the request's exactly."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmledger._step.output import output_spec
-from llmledger._step.packing import Pack, apportion, common_frame, pack_request, read_pack
+from llmledger._step.packing import Pack, apportion, common_frame, pack_examples, pack_request, read_pack, stored_pack
 from llmledger._step.request import RequestSpec
 
 pytestmark = pytest.mark.fast
@@ -140,3 +141,30 @@ def test_an_empty_row_is_an_empty_item_and_the_others_still_share_the_template()
     assert pack.own == ["", "Win cash now", "See you at 5"]
     kept, problems = read_pack(json.dumps({"answers": faithful(pack)}), pack, None)
     assert set(kept) == {1, 2} and set(problems) == {0}, "only the empty row goes alone"
+
+
+def test_few_shot_examples_become_one_pack_and_its_answer_and_the_rows_are_still_read_back() -> None:
+    """`messages=` examples (user and assistant turns) are shown in the pack's own shape, with fixed ids, so the model
+    sees how to answer; the row's pack, read back from its stored body (a batch's), is the last message's."""
+    examples = (
+        {"role": "user", "content": "Is this SMS spam or ham?\n\nWIN a prize, call now"},
+        {"role": "assistant", "content": "spam"},
+        {"role": "user", "content": "Is this SMS spam or ham?\n\nsee you at lunch"},
+        {"role": "assistant", "content": [{"type": "text", "text": "ham", "cache_control": {"type": "ephemeral"}}]},
+    )
+    spec = dataclasses.replace(SPEC, prefix=examples)
+    pack = pack_request(spec, [f"Is this SMS spam or ham?\n\n{t}" for t in ("Free tickets", "Running late")])
+    shown, answered, asked = pack.body["messages"]
+    assert "ex1" in shown["content"] and "ex2" in shown["content"] and "Free tickets" not in shown["content"]
+    entries = json.loads(answered["content"][0]["text"])["answers"]
+    assert [(e["id"], e["start"], e["answer"]) for e in entries] == [
+        ("ex1", "WIN a prize, call now", "spam"),
+        ("ex2", "see you at lunch", "ham"),
+    ]
+    assert answered["content"][0]["cache_control"] == {"type": "ephemeral"}, "a cached prefix stays cached"
+    assert asked["content"] == pack.message
+    again = stored_pack(pack.body)
+    assert (again.ids, again.own) == (pack.ids, pack.own)
+    typed = output_spec({"spam": bool})
+    assert pack_examples(examples, typed) == examples, "answers not in the step's shape: the examples as they are"
+    assert pack_examples(examples[:3], None) == examples[:3], "not in pairs: as they are"

@@ -155,7 +155,12 @@ def pack_request(spec: RequestSpec, prompts: list[str], ids: list[str] | None = 
     bound = min(PACK_MAX_TOKENS, len(prompts) * (spec.max_tokens + ENTRY_TOKENS))
     system = INSTRUCTIONS if not spec.system else f"{spec.system}\n\n{INSTRUCTIONS}"
     packed = dataclasses.replace(
-        spec, system=system, options={**options, field: asked}, max_tokens=bound, rows_per_request=1
+        spec,
+        system=system,
+        options={**options, field: asked},
+        max_tokens=bound,
+        rows_per_request=1,
+        prefix=pack_examples(spec.prefix, answer),
     )
     message = user_message(prefix, suffix, ids, own)
     shared = len(system) + len(message) - sum(len(json.dumps(t, ensure_ascii=False)) for t in own)
@@ -168,7 +173,8 @@ def stored_pack(body: dict[str, Any]) -> Pack:
 
     The shared characters are the body's whole JSON less the items' texts: the weights the input tokens are split by,
     as `pack_request` reckons them for a pack answered online up to the JSON around the message."""
-    message = next((text for text in _strings(body) if ITEMS_HEAD in text), "")
+    messages = [text for text in _strings(body) if ITEMS_HEAD in text]  # the few-shot pack's first, if any
+    message = messages[-1] if messages else ""
     ids, own = [], []
     for line in message.partition(ITEMS_HEAD)[2].split("\n"):
         try:
@@ -192,6 +198,44 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list):
         return [s for v in value for s in _strings(v)]
     return []
+
+
+def pack_examples(prefix: tuple[dict[str, Any], ...], output: OutputSpec | None) -> tuple[dict[str, Any], ...]:
+    """The step's few-shot examples (`messages=`: user and assistant turns in pairs) as one pack and its answer, so
+    the model sees the very shape it must answer in, not one row's; the prefix as it is when it is anything else
+    (files, several blocks) or an example's answer is not in the step's shape. Their ids (`ex1`, `ex2`...) are fixed,
+    so a cached prefix stays the same from pack to pack, and never an item's (an item's id has no vowel)."""
+    turns: list[tuple[str, str, Any]] = []
+    for message in prefix:
+        content = message.get("content")
+        if isinstance(content, list) and len(content) == 1 and isinstance(content[0].get("text"), str):
+            turns.append((message.get("role", ""), content[0]["text"], content[0].get("cache_control")))
+        elif isinstance(content, str):
+            turns.append((message.get("role", ""), content, None))
+        else:
+            return prefix
+    if not turns or [t[0] for t in turns] != ["user", "assistant"] * (len(turns) // 2):
+        return prefix
+    asked, answered = [t[1] for t in turns[0::2]], [t[1] for t in turns[1::2]]
+    try:
+        values = [a if output is None else json.loads(output.check(a)) for a in answered]
+    except (OutputError, json.JSONDecodeError):
+        return prefix
+    ids = [f"ex{n + 1}" for n in range(len(asked))]
+    frame_prefix, frame_suffix = common_frame(asked)
+    own = [t[len(frame_prefix) : len(t) - len(frame_suffix)] for t in asked]
+    entries = [
+        {"id": i, "start": " ".join(text.split()[:6]), "answer": value}
+        for i, text, value in zip(ids, own, values, strict=True)
+    ]
+    answer: Any = json.dumps({"answers": entries}, ensure_ascii=False)
+    control = turns[-1][2]
+    if control is not None:  # the prefix was cached: it still is
+        answer = [{"type": "text", "text": answer, "cache_control": control}]
+    return (
+        {"role": "user", "content": user_message(frame_prefix, frame_suffix, ids, own)},
+        {"role": "assistant", "content": answer},
+    )
 
 
 def _words(text: str) -> str:
