@@ -57,4 +57,5 @@ def batch_packs(con: Con, table: str, step: str, intent: str) -> dict[str, dict[
         f"SELECT {columns} FROM {PACKS_TABLE} WHERE table_name = ? AND step = ? AND starts_with(custom_id, ?)",
         [table, step, intent + "-"],
     ).fetchall()
-    return {row[-2]: dict(zip(PACK_SCHEMA, row, strict=True)) for row in found}
+    records = [dict(zip(PACK_SCHEMA, row, strict=True)) for row in found]
+    return {record["custom_id"]: record for record in records}
