@@ -14,6 +14,9 @@ import pytest
 
 import llmledger
 from llmledger import InvalidInputError, Simulator, apply_llm, last_report
+from llmledger._ledger import open_ledger
+from llmledger._ledger.budget import ONLINE_SAMPLE
+from llmledger._run.drive import online_from
 
 from .conftest import frame
 
@@ -67,25 +70,25 @@ def test_a_deadline_too_near_for_a_batch_sends_every_row_online(
 
 
 def test_the_time_left_for_online_rows_is_reckoned_from_the_steps_own_answers(
-    sim: Simulator, client: anthropic.AsyncAnthropic, store: Path
+    client: anthropic.AsyncAnthropic, store: Path
 ) -> None:
-    """A step that has answered online before (a sample, say) reckons its rows' online time from those answers,
-    not two seconds a request: its batch is left longer, so more rows get the batch price, still in time."""
+    """A step that has answered online before (a sample, say) reckons its rows' online time from those answers (half
+    as long again as their average), not two seconds a request: its batches are left longer, so more rows get the
+    batch price. (Judged on the reckoning itself: how many rows a batch answers by then depends on the machine.)"""
     ask = functools.partial(apply_llm, prompt="Summarize: {text}", store=store, table="t", progress=False,
-                            client=client, concurrency=16)  # fmt: skip
-    ask(frame(12, start=100), "s")  # the sample, online: answers in milliseconds here
-    sim.configure(batch_delay=7.0)
-    started = time.monotonic()
-    ask(frame(20), "s", mode="batch", deadline=8.0)
-    assert time.monotonic() - started < 8.0
-    ((batched, online),) = llmledger.sql(
-        store,
-        "SELECT count(*) FILTER (WHERE s_batch_id IS NOT NULL), count(*) FILTER (WHERE s_batch_id IS NULL) FROM t "
-        "WHERE s_status = 'DONE' AND id < 100",
-    ).rows()
-    # two seconds a request would cancel the batch at 2.5 s (about 7 rows answered); the sample's pace, at 4.75 s
-    assert batched >= 10 and batched + online == 20, (batched, online)
-    assert set(sim.paid_prompts().values()) == {1}
+                            client=client)  # fmt: skip
+    ledger = open_ledger(store)
+    ask(frame(ONLINE_SAMPLE - 1), "s")
+    assert ledger.online_seconds("t", "s") is None, "too few answers to stand for the step's"
+    ask(frame(ONLINE_SAMPLE - 1, start=100), "s")
+    ((mean,),) = llmledger.sql(store, "SELECT avg(s_latency_ms) / 1000 FROM t").rows()
+    assert ledger.online_seconds("t", "s") == pytest.approx(mean)
+    deadline = time.time() + 1_000  # a fifth of the time (200 s) is the least left for going online
+    default = online_from(deadline, 5_000, 16)  # 3 s to switch + 5,000 x 2 s / 16 = 628 s before it
+    assert deadline - default == pytest.approx(3 + 5_000 * 2 / 16, rel=1e-3)
+    measured = online_from(deadline, 5_000, 16, seconds=mean)
+    assert deadline - measured == pytest.approx(max(3 + 5_000 * max(mean * 1.5, 0.2) / 16, 200), rel=1e-2)
+    assert measured > default, "a step whose answers come quicker than 1.3 s leaves its batches longer"
 
 
 @pytest.mark.parametrize("later", ["waits", "comes_late", "comes_late_in_batch_mode"])
@@ -112,7 +115,10 @@ def test_a_deadline_sent_with_batches_is_kept_by_a_later_call(
             apply_llm(frame(20), "s", prompt="Summarize: {text}", store=store, table="t", progress=False,
                       client=client, mode="batch")  # fmt: skip
             assert sim.stats()["batches"] == 1
-    assert time.monotonic() - started < 8.0
+    if later == "waits":
+        assert time.monotonic() - started < 8.0
+    else:  # it came after the batch's last moment, so in time is not promised: at once, not after the batch's 7 s
+        assert time.monotonic() - started < 3.0 + 7.0
     batched, online = books(store)
     assert batched > 0 and online > 0 and batched + online == 20, (batched, online)
     assert set(sim.paid_prompts().values()) == {1}, "no row paid twice"

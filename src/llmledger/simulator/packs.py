@@ -79,7 +79,7 @@ def answer_pack(
         entries.pop(rng.randrange(len(entries)))
     if several and rng.random() < faults.pack_duplicate:
         entries.append(dict(entries[rng.randrange(len(entries))]))
-    if several and rng.random() < faults.pack_swap:
+    if several and rng.random() < faults.pack_swap and len(entries) >= 2:  # a pack of two may have lost one
         a, b = rng.sample(range(len(entries)), 2)
         entries[a]["id"], entries[b]["id"] = entries[b]["id"], entries[a]["id"]
     if several and rng.random() < faults.pack_invalid:
