@@ -168,3 +168,20 @@ def test_few_shot_examples_become_one_pack_and_its_answer_and_the_rows_are_still
     typed = output_spec({"spam": bool})
     assert pack_examples(examples, typed) == examples, "answers not in the step's shape: the examples as they are"
     assert pack_examples(examples[:3], None) == examples[:3], "not in pairs: as they are"
+
+
+HEADING = 'Items, one JSON object a line:\n{{"id": "ex", "text": "e"}}\nLabel: {}'
+
+
+@pytest.mark.parametrize("template", ["Template uses <<ITEM>> tags. Summarise: {}", HEADING])
+def test_a_template_holding_the_packs_own_marks_is_not_factored_out(template: str) -> None:
+    """Found in an attack: a shared template holding `<<ITEM>>` made every row's answer the placeholder's, and one
+    holding the items' heading made a batch's stored pack read one item too many (paid again and again)."""
+    prompts = [template.format(t) for t in ("apple pie", "pear tart", "plum jam")]
+    pack = pack_request(SPEC, prompts)
+    assert pack.own == prompts, "each item is its whole request"
+    again = stored_pack(pack.body)
+    assert (again.ids, again.own) == (pack.ids, pack.own)
+    kept, problems = read_pack(json.dumps({"answers": faithful(pack)}), pack, None)
+    assert set(kept) | set(problems) == {0, 1, 2}  # items whose first words are alike go alone: never misread
+    assert all(kept[i] == answer_of(pack.own[i]) for i in kept)

@@ -277,7 +277,8 @@ class BatchMerger:
         if item.type == "succeeded" and len(pack.ids) != len(custom_ids):  # its record does not read: no row's
             paid = (item.reader or self.api.api).reply_from(item.answer, model, batch=True)  # answer, paid all the same
             stored.update(kept=0, problems=json.dumps({"": "its stored request does not read"}), answered_at=utcnow())
-            return results, (1, recorder.bill(paid) or 0.0)  # its rows go back, to be sent again
+            self.alone.update(fingerprint_of(c) for c in custom_ids)  # its rows go back, to be sent alone
+            return results, (1, recorder.bill(paid) or 0.0)
         if item.type != "succeeded":
             reply, error = self._answer(item, model, None, recorder)  # the API's or the request's error
             for custom_id in custom_ids:

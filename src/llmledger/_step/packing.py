@@ -90,6 +90,8 @@ def common_frame(texts: list[str]) -> tuple[str, str]:
     # a row that is the prefix and nothing more (an empty {text}) is an empty item: its first words cannot tell it
     # apart, so it is asked alone, and the other rows still share the frame (an attack saw one empty row send a
     # whole pack's rows alone)
+    if any(mark in prefix + suffix for mark in (PLACEHOLDER, ITEMS_HEAD.strip())):  # a frame that holds the pack's
+        return "", ""  # own marks would be read wrongly (an attack: every row answered "<<ITEM>>"): items go whole
     return prefix, suffix
 
 
