@@ -104,9 +104,12 @@ def make_plan(seed: int, engine: str) -> Plan:
     actions: list[Action] = []
     # a third of the scenarios run an OpenAI model (drawn apart, so the other seeds' plans stay as they were)
     provider = random.Random(f"provider {seed}").choice(["anthropic", "anthropic", "openai"])
-    # a quarter pack rows into requests (drawn apart too), online and in batches
+    # a quarter pack rows into requests (drawn apart too); half of those end with a batch action (drawn apart again,
+    # so every other action of every seed's plan stays as it was)
     packing = random.Random(f"packing {seed}").choice([1, 1, 1, 1, 1, 1, 5, 20])
     kinds = ["run", "kill", "kill", "sigint", "fault", "flag_redo", "reset", "skew", "batch", "budget"]
+    if packing > 1:
+        kinds.remove("batch")
     if engine == "postgresql":
         kinds += ["restart_db", "crash_db", "workers", "workers"]
     for _ in range(rng.randrange(2, 7)):
@@ -135,6 +138,11 @@ def make_plan(seed: int, engine: str) -> Plan:
                 extra_usd=round(rng.uniform(0.05, 0.6), 2) if kind == "budget" else 0.0,
             )
         )
+    late = random.Random(f"packed batch {seed}")
+    if packing > 1 and late.random() < 0.5:
+        actions.append(Action(kind="batch", runs=late.choice([1, 2]), delay=round(late.uniform(0.2, 2.0), 2),
+                              concurrency=late.choice([1, 4, 16]), chunk_size=late.choice([5, 20, 200]),
+                              lost=late.choice([0, 1]), die=late.choice(["", "", "create", "confirm"])))  # fmt: skip
     return Plan(
         seed=seed, engine=engine, rows=rows, actions=actions, distinct=distinct, provider=provider,
         rows_per_request=packing,
