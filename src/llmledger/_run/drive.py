@@ -124,7 +124,8 @@ async def run_batches(
         )
         if selection is None:
             open_batches = await collector.collect()
-            seconds = await asyncio.to_thread(ledger.online_seconds, plan.table, plan.step) if open_batches else None
+            dated = any(b.deadline is not None for b in open_batches)
+            seconds = await asyncio.to_thread(ledger.online_seconds, plan.table, plan.step) if dated else None
             last = stored_cancel_at(open_batches, plan.cfg.concurrency, seconds)
             if last is not None and time.time() >= last and not collector.stopped:  # a deadline an earlier call
                 # sent batches with: cancel them now, keep what they finished; their rows are this call's to send
@@ -162,7 +163,7 @@ async def run_batches(
         open_before = await asyncio.to_thread(ledger.open_batches, plan.table, plan.step)
         seconds = (
             await asyncio.to_thread(ledger.online_seconds, plan.table, plan.step)
-            if deadline is not None or open_before
+            if deadline is not None or any(b.deadline is not None for b in open_before)
             else None
         )
         cancel_at = None if deadline is None else online_from(deadline, selection.remaining, concurrency, seconds)
