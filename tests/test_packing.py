@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +24,7 @@ import pytest
 
 import llmledger
 from llmledger import InvalidInputError, Simulator, apply_llm, last_report
+from llmledger.simulator import default_reply
 
 from .conftest import frame, helper_cmd, subprocess_env
 
@@ -198,6 +201,42 @@ def test_kill_9_mid_pack_repays_at_most_the_packs_in_flight(store: Path) -> None
     (missing,) = rows_of(store, "SELECT count(*) FROM messages WHERE summary_pack NOT IN "
                                 "(SELECT pack_id FROM llmledger_packs)")[0]  # fmt: skip
     assert missing == 0 and not list(store.parent.glob("*.journal/*.jsonl"))
+
+
+def test_a_stop_while_a_row_is_asked_again_keeps_what_its_pack_answered(store: Path) -> None:
+    """Ctrl-C while a pack's dropped row waits to be asked again alone (its request got a 529 with a long
+    retry-after): the pack's other answers are paid for, so they are committed, and the row's share of the pack is
+    counted. A stop that cancelled the re-ask once took the whole pack's answers back: the explorer saw the next run
+    pay for them all again."""
+    first = threading.Event()
+
+    def slow_the_reask_then_interrupt() -> None:
+        sim.configure(fail_next=[{"status": 529, "retry_after": 30}])
+        time.sleep(0.8)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def answer_then_interrupt(prompt: str, system: str | None = None) -> str:
+        if not first.is_set():  # the pack: its re-ask will wait 30 s; Ctrl-C comes in the meantime
+            first.set()
+            threading.Thread(target=slow_the_reask_then_interrupt).start()
+        return default_reply(prompt, system)
+
+    ask = functools.partial(apply_llm, frame(5), "s", prompt="Summarize: {text}", store=store, table="t",
+                            progress=False, rows_per_request=5, concurrency=1)  # fmt: skip
+    with Simulator(responder=answer_then_interrupt, pack_drop=1.0, seed=1) as sim:
+        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k", max_retries=0)
+        with pytest.raises(KeyboardInterrupt):
+            ask(client=client)
+        statuses = rows_of(store, "SELECT s_status, count(*) FROM t GROUP BY 1 ORDER BY 1")
+        assert statuses == [("DONE", 4), ("NOT_STARTED", 1)]
+        ((pack_cost, kept),) = rows_of(store, "SELECT cost_usd, kept FROM llmledger_packs")
+        ((rows_cost,),) = rows_of(store, "SELECT sum(s_cost_usd) FROM t")
+        ((run_cost,),) = rows_of(store, "SELECT cost_usd FROM llmledger_runs")
+        assert kept == 4 and rows_cost < pack_cost == pytest.approx(run_cost), "the dropped row's share is counted"
+        sim.configure(pack_drop=0.0, fail_next=[])
+        out = ask(client=client)
+    assert out["s_status"].to_list() == ["DONE"] * 5
+    assert sorted(sim.paid_prompts().values()) == [1, 1, 1, 1, 2], "only the dropped row is asked again"
 
 
 def test_two_workers_on_postgresql_pack_what_they_claim(

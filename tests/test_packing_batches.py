@@ -127,3 +127,41 @@ def test_a_later_call_merges_a_packed_batch_it_did_not_send(
     alone = ask(rows, "alone", prompt=PROMPT)
     assert done["packed"].to_list() == alone["alone"].to_list()
     batch_books(store, "sms", "packed")
+
+
+@pytest.mark.parametrize("mode", ["online", "batch"])
+def test_rows_alike_go_in_different_packs_so_each_is_paid_once(
+    client: anthropic.AsyncAnthropic, sim: Simulator, store: Path, mode: str
+) -> None:
+    """Rows whose first words cannot be told apart ("ok" and "OK!"; "1" and "10") failed together in every pack they
+    shared: online each was then paid again alone, and a batch polled with wait=False packed them together again on
+    every call, paying each time. They now go in different packs from the start."""
+    texts = ["ok", "OK!", "Ok.", "1", "10", "100", "hello there", "hello there friend", "fine"]
+    df = pl.DataFrame({"id": range(len(texts)), "text": texts})
+    ask = functools.partial(apply_llm, df, "s", prompt="Label: {text}", store=store, table="t", progress=False,
+                            client=client, rows_per_request=9, mode=mode,
+                            **({"wait": False} if mode == "batch" else {}))  # fmt: skip
+    sim.configure(batch_delay=0.3)
+    out = ask()
+    for _ in range(40):  # a script polling its batches
+        if out["s_status"].to_list() == ["DONE"] * len(texts):
+            break
+        out = ask()
+    assert out["s_status"].to_list() == ["DONE"] * len(texts)
+    assert set(sim.paid_prompts().values()) == {1}, sim.paid_prompts()
+    ((problems,),) = rows_of(store, "SELECT count(*) FROM llmledger_packs WHERE problems IS NOT NULL")
+    assert problems == 0
+
+
+def test_batch_size_counts_requests_so_packs_fill_each_batch(
+    client: anthropic.AsyncAnthropic, sim: Simulator, store: Path
+) -> None:
+    """batch_size= is requests per batch (as documented): 20 rows, 5 to a request, 2 requests a batch make 2 batches
+    of 2 full packs. It once counted rows, so each batch carried one pack of 2 rows."""
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
+    df = pl.DataFrame({"id": range(20), "text": [f"{w} is a word" for w in (words + "romeo sierra tango").split()]})
+    out = apply_llm(df, "s", prompt="Label: {text}", store=store, table="t", progress=False, client=client,
+                    rows_per_request=5, mode="batch", batch_size=2)  # fmt: skip
+    assert out["s_status"].to_list() == ["DONE"] * 20
+    batches = rows_of(store, "SELECT requests, rows_sent FROM llmledger_batches ORDER BY created_at")
+    assert batches == [(2, 10), (2, 10)]

@@ -14,7 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmledger._step.output import output_spec
-from llmledger._step.packing import Pack, apportion, common_frame, pack_examples, pack_request, read_pack, stored_pack
+from llmledger._step.packing import (
+    Pack,
+    apportion,
+    common_frame,
+    pack_examples,
+    pack_groups,
+    pack_request,
+    read_pack,
+    stored_pack,
+)
 from llmledger._step.request import RequestSpec
 
 pytestmark = pytest.mark.fast
@@ -75,6 +84,35 @@ def test_a_faithful_answer_keeps_every_row_whose_first_words_tell_it_apart(own: 
         first = re.sub(r"\W+", "", " ".join(t.split()[:6]).casefold())
         if all(t == o or not w.startswith(first) for o, w in zip(pack.own, words, strict=True)):
             assert kept.get(i) == answer_of(t), problems.get(i)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(["ok", "OK!", "Ok.", "1", "10", "100", "", " ", "yes", "yes please", "a b c d e f g"]),
+            st.from_regex(r"[A-Za-z0-9]{1,4}( [A-Za-z0-9,.!?']{1,3}){0,7}", fullmatch=True),
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.sampled_from(["Label this: {}", "{}", "Say {} now"]),
+)
+def test_rows_are_packed_only_with_rows_a_faithful_answer_tells_them_apart_from(own: list[str], template: str) -> None:
+    """Rows such as "ok" and "OK!", or "1" and "10", never share a pack (they would fail together in every one, paid
+    each time): every row is in exactly one pack, and a faithful answer keeps every row of every pack."""
+    prompts = [template.format(t) for t in own]
+    groups = pack_groups(prompts)
+    assert sorted(i for g in groups for i in g) == list(range(len(prompts)))
+    for group in groups:
+        pack = pack_request(SPEC, [prompts[i] for i in group])
+        _, problems = read_pack(json.dumps({"answers": faithful(pack)}), pack, None)
+        assert not problems, (prompts, group, problems)
+
+
+def test_rows_alike_go_in_different_packs_and_the_others_fill_the_first() -> None:
+    prompts = [f"Label this: {t}" for t in ["ok", "hello there", "OK!", "1", "10", "fine", "Ok."]]
+    assert pack_groups(prompts) == [[0, 1, 3, 5], [2, 4], [6]]
 
 
 def answer_index(answer: str, pack: Pack) -> int:

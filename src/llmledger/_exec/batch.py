@@ -42,6 +42,7 @@ log = logging.getLogger("llmledger")
 
 MAX_REQUESTS = 100_000  # the largest batch any API takes (Anthropic's; OpenAI's is half: `batch_api.py`)
 AUTO_BATCH_ROWS = 10_000  # mode="auto" sends this many rows or more as batches
+CLAIM_ROWS = 200_000  # rows one round claims at most when they are packed (a full batch of packs is more)
 CREATE_TRIES = 6
 AMBIGUOUS_STATUS = {500, 502, 503, 504}  # the API may have created the batch before failing
 LOOKS = (2.0, 4.0, 8.0)  # seconds before each look for a batch whose create may have gone through
@@ -105,9 +106,15 @@ class BatchSender:
                 await asyncio.to_thread(self.ledger.requests_in_batches, layout.table, layout.step)
             ).items()
         }
+        sent = selection.requests.get(selection.version)
+        per_request = sent.rows_per_request if sent is not None else 1  # `batch_size` counts requests, not rows
         while selection.remaining > 0 and not self.stopped:
             rows = await asyncio.to_thread(
-                self.ledger.claim, selection, self.batch_size, claimant=str(self.claimant), now=utcnow()
+                self.ledger.claim,
+                selection,
+                min(self.batch_size * per_request, max(self.batch_size, CLAIM_ROWS)),
+                claimant=str(self.claimant),
+                now=utcnow(),
             )
             known = selection.known
             reused = [r for r in rows if r["fingerprint"] in known]

@@ -10,7 +10,7 @@ from typing import Any
 
 from llmledger._ledger import Selection
 from llmledger._step.attach import NOT_SENT, AttachmentError, Attachments
-from llmledger._step.packing import Pack, pack_request
+from llmledger._step.packing import Pack, pack_request, shareable
 
 PACK_SUFFIX = "-pk"  # ends the custom id of a request carrying several rows
 
@@ -74,9 +74,8 @@ def _requests(
             size = 1 if first["fingerprint"] in alone else spec.rows_per_request
             waiting = packing.setdefault(f"{first['version']}/{size}", [])
             waiting.append(members)
-            if len(waiting) >= size:
-                yield _packed(selection, waiting)
-                waiting.clear()
+            if len(waiting) >= size:  # a pack of the groups it can tell apart; the others wait for the next
+                yield _packed(selection, waiting, shareable([g[0]["prompt"] for g in waiting]))
             continue
         body = spec.body(first["prompt"])
         if spec.attach:
@@ -88,12 +87,14 @@ def _requests(
                 continue
         yield Request(body, [(first["fingerprint"], members)])
     for waiting in packing.values():
-        if waiting:
-            yield _packed(selection, waiting)
+        while waiting:
+            yield _packed(selection, waiting, shareable([g[0]["prompt"] for g in waiting]))
 
 
-def _packed(selection: Selection, groups: list[list[dict[str, Any]]]) -> Request:
-    """One request carrying these groups' rows, one item each (`_step/packing.py`)."""
+def _packed(selection: Selection, waiting: list[list[dict[str, Any]]], chosen: list[int]) -> Request:
+    """One request carrying the `chosen` groups' rows, one item each (`_step/packing.py`), taken out of `waiting`."""
+    groups = [waiting[i] for i in chosen]
+    waiting[:] = [g for i, g in enumerate(waiting) if i not in set(chosen)]
     spec = selection.requests[groups[0][0]["version"]]
     pack = pack_request(spec, [g[0]["prompt"] for g in groups])
     return Request(pack.body, [(g[0]["fingerprint"], g) for g in groups], pack)

@@ -181,9 +181,13 @@ class OnlineSender:
                 {"role": "user", "content": FEEDBACK.format(problem=problem)},
             ],
         }
-        second = await self.send_request(follow_up, row, spec)
-        if second is None:  # the run stopped before the row's one follow-up: the row goes back as it was (its
-            self.sink.bill(first)  # first answer is counted as paid), and the next run asks it afresh
+        second: Answer | None = None
+        try:
+            second = await self.send_request(follow_up, row, spec)
+        finally:  # the run stopped (or a stop cancelled this) before the row's one follow-up: the row goes back as
+            if second is None:  # it was, its first answer counted as paid, and the next run asks it afresh
+                self.sink.bill(first)
+        if second is None:
             return None
         if second[0] is None or second[0].useless:  # the follow-up was refused: keep what was paid for (both)
             kept = first if second[0] is None else dataclasses.replace(first.plus(second[0]), text=first.text)

@@ -21,7 +21,7 @@ from typing import Any
 from llmledger._exec.client import Reply
 from llmledger._exec.online import Answer, OnlineSender
 from llmledger._step.output import OutputSpec
-from llmledger._step.packing import Pack, apportion, entry_lengths, pack_request, read_pack
+from llmledger._step.packing import Pack, apportion, entry_lengths, pack_groups, pack_request, read_pack
 from llmledger._step.prices import cost_usd
 from llmledger._time import utcnow
 
@@ -49,13 +49,18 @@ class PackedSender:
                 followers[fp] = []
                 if online.dedupe:
                     online.twins[fp] = asyncio.get_running_loop().create_future()
-        answers: dict[int, Answer] = {}  # by the leader's place: rows asked the same with dedupe off pay apart
-        try:
+        filled: list[tuple[list[int], list[Answer | None]]] = []  # each pack's leaders' places, and their answers,
+        try:  # filled as they come: a run cancelled while rows are asked again keeps the answers the pack gave
             for version in dict.fromkeys(r["version"] for r in leaders):  # a pack holds one step version's rows
                 places = [i for i, r in enumerate(leaders) if r["version"] == version]
-                got = await self._pack([leaders[i] for i in places])
-                answers.update({places[i]: answer for i, answer in enumerate(got) if answer is not None})
+                for group in pack_groups([leaders[i]["prompt"] for i in places]):  # items it can tell apart
+                    chosen = [places[k] for k in group]
+                    filled.append((chosen, [None] * len(chosen)))
+                    await self._pack([leaders[i] for i in chosen], filled[-1][1])
         finally:
+            answers: dict[int, Answer] = {  # by the leader's place: rows asked the same with dedupe off pay apart
+                places[i]: answer for places, got in filled for i, answer in enumerate(got) if answer is not None
+            }
             for i, row in enumerate(leaders):
                 fp, answer = row["fingerprint"], answers.get(i)
                 if answer is not None:
@@ -74,15 +79,17 @@ class PackedSender:
         if shared is not None:  # None: the twin was stopped, so this row is released too
             self.online.sink.record(row, *shared, reused=True)
 
-    async def _pack(self, rows: list[dict[str, Any]]) -> list[Answer | None]:
-        """The answers of rows of one version sent together, in their order; None for a row the run stopped before
-        answering. Rows the pack does not answer well are asked again, each alone."""
+    async def _pack(self, rows: list[dict[str, Any]], out: list[Answer | None]) -> None:
+        """Put in `out[i]` the answer of `rows[i]` (rows of one version sent together) as soon as it is known; None
+        stays for a row the run stopped before answering. Rows the pack does not answer well are asked again, each
+        alone. `out` is filled in place, not returned, because a stop may cancel this while rows are asked again:
+        the answers the pack gave are paid for and must reach the ledger all the same."""
         online = self.online
         spec = online.requests[rows[0]["version"]]
         pack = pack_request(spec, [r["prompt"] for r in rows])
         sent = await online.send_request(pack.body, rows[0], spec)
         if sent is None:  # the run stopped first: the rows go back as they were
-            return [None] * len(rows)
+            return
         reply, error = sent
         pack_id = str(uuid.uuid4())
         kept: dict[int, str] = {}
@@ -94,13 +101,12 @@ class PackedSender:
             kept, problems = read_pack(reply.text, pack, self.output)
         shares: list[Reply | None] = [*pack_shares(reply, pack, pack_id)] if reply is not None else [None] * len(rows)
         self._note(pack, rows, reply, problems, pack_id)
-        out: list[Answer | None] = [None] * len(rows)
         for i, text in kept.items():
             share = shares[i]
             assert share is not None
             out[i] = (dataclasses.replace(share, text=text), None)
         if not problems:
-            return out
+            return
         if len(rows) == 1:  # asked alone already: the row keeps what it paid for, and why it is no answer
             share = shares[0]
             if share is None or (reply is not None and reply.useless):
@@ -108,22 +114,26 @@ class PackedSender:
             else:  # an answer the row paid for that is not its answer: kept raw, for a person (NEEDS_REVIEW)
                 out[0] = (dataclasses.replace(share, text=reply.text if reply else ""),
                           f"the answer does not hold this row's entry: {problems[0]}")  # fmt: skip
-            return out
-        again = await asyncio.gather(*(self._pack([rows[i]]) for i in problems))
-        for i, (alone,) in zip(problems, again, strict=True):
-            share = shares[i]
-            if alone is None:  # stopped before its own request was answered: its share of this one is paid
+            return
+        await asyncio.gather(*(self._again(rows[i], shares[i], out, i) for i in problems))
+
+    async def _again(self, row: dict[str, Any], share: Reply | None, out: list[Answer | None], i: int) -> None:
+        """Ask a row alone that its pack did not answer well, into `out[i]`, carrying its `share` of that pack."""
+        alone: list[Answer | None] = [None]
+        try:
+            await self._pack([row], alone)
+        finally:  # also when cancelled: what the row's share of the pack cost is counted
+            if alone[0] is None:  # stopped before its own request was answered: its share of the pack is paid
                 if share is not None:
-                    online.sink.bill(share)
-                continue
-            later, why = alone
-            if share is None:
-                out[i] = alone
-            elif later is None:  # its own request refused: it fails, with what the pack cost it
-                out[i] = (dataclasses.replace(share, useless=True), why)
-            else:  # its own answer, carrying its share of the pack that failed it (a refusal stays one)
-                out[i] = (dataclasses.replace(share.plus(later), useless=later.useless), why)
-        return out
+                    self.online.sink.bill(share)
+            else:
+                later, why = alone[0]
+                if share is None:
+                    out[i] = alone[0]
+                elif later is None:  # its own request refused: it fails, with what the pack cost it
+                    out[i] = (dataclasses.replace(share, useless=True), why)
+                else:  # its own answer, carrying its share of the pack that failed it (a refusal stays one)
+                    out[i] = (dataclasses.replace(share.plus(later), useless=later.useless), why)
 
     def _note(
         self,

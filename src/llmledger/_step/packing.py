@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 MAX_ROWS_PER_REQUEST = 100
 PACK_MAX_TOKENS = 32_000  # a pack's answer bound: below every current model's output limit
+START_WORDS = 6  # an entry's `start`: the item's first words, up to this many (INSTRUCTIONS say "six")
 ENTRY_TOKENS = 48  # what one entry's id, start and JSON may add to an answer, in tokens: its share of max_tokens
 ENTRY_GUESS = 16  # and what they add, as an estimate reckons before a step has answers (about 15 measured)
 _ID_LETTERS = "bcdfghjkmnpqrstvwxz23456789"  # no vowels (no words), no 0/1/l/o to misread
@@ -227,7 +228,7 @@ def pack_examples(prefix: tuple[dict[str, Any], ...], output: OutputSpec | None)
     frame_prefix, frame_suffix = common_frame(asked)
     own = [t[len(frame_prefix) : len(t) - len(frame_suffix)] for t in asked]
     entries = [
-        {"id": i, "start": " ".join(text.split()[:6]), "answer": value}
+        {"id": i, "start": " ".join(text.split()[:START_WORDS]), "answer": value}
         for i, text, value in zip(ids, own, values, strict=True)
     ]
     answer: Any = json.dumps({"answers": entries}, ensure_ascii=False)
@@ -244,6 +245,37 @@ def _words(text: str) -> str:
     """Text as a `start` is compared: letters and digits only, case folded (a model may copy punctuation, quotes
     and spaces loosely, not words)."""
     return re.sub(r"\W+", "", text.casefold())
+
+
+def shareable(prompts: list[str]) -> list[int]:
+    """Which of `prompts` (indices, taken in order) one pack can carry so that each entry's `start` names its own
+    item alone: none whose first words begin another item's different text. Rows such as "ok" and "OK!", or "1"
+    and "10", would otherwise fail together in every pack they shared (`read_pack`), and be paid each time."""
+    group = list(range(len(prompts)))
+    while True:  # the frame a pack factors out depends on its items: a smaller pack is looked at again
+        prefix, suffix = common_frame([prompts[i] for i in group])
+        own = {i: prompts[i][len(prefix) : len(prompts[i]) - len(suffix)] for i in group}
+        words = {i: _words(text) for i, text in own.items()}
+        starts = {i: _words(" ".join(text.split()[:START_WORDS])) for i, text in own.items()}
+        keep: list[int] = []
+        for i in group:
+            if all(
+                own[i] == own[j] or not (words[j].startswith(starts[i]) or words[i].startswith(starts[j])) for j in keep
+            ):
+                keep.append(i)
+        if len(keep) == len(group):
+            return keep
+        group = keep
+
+
+def pack_groups(prompts: list[str]) -> list[list[int]]:
+    """`prompts` (indices) split into packs whose items can be told apart (`shareable`): one pack, mostly."""
+    left, groups = list(range(len(prompts))), []
+    while left:
+        groups.append([left[k] for k in shareable([prompts[i] for i in left])])
+        taken = set(groups[-1])
+        left = [i for i in left if i not in taken]
+    return groups
 
 
 def read_pack(text: str, pack: Pack, output: OutputSpec | None) -> tuple[dict[int, str], dict[int, str]]:
