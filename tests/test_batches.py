@@ -448,6 +448,29 @@ def test_a_batch_collected_later_is_counted_once_and_reset_rows_are_still_paid_f
     assert report.calls == 6 and report.cost_usd == pytest.approx(cost + unused_cost)
 
 
+def test_a_batch_whose_rows_were_all_reset_is_cancelled_and_what_it_answered_is_counted(
+    run: Any, sim: Simulator, store: Path
+) -> None:
+    """Every row taken out of a batch still processing: the next call asks the API to cancel it (no row waits for
+    it) without waiting for it, and a later call merges it, so what it answered before the cancel, which the API
+    bills, is recorded as unused. It was once given up at once, neither cancelled nor read: paid, unrecorded."""
+    sim.configure(batch_delay=4.0)  # the simulator answers a batch's requests in order over 4 s
+    run(frame(4), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
+    assert llmledger.reset(store, "messages", "summary", where="true") == 4
+    time.sleep(2.0)
+    started = time.monotonic()
+    run(frame(4), "summary", prompt="Summarize: {text}", mode="batch", wait=False)  # the rows go in a new batch
+    assert time.monotonic() - started < 2.0, "it does not wait for the emptied batch"
+    out = run(frame(4), "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * 4
+    states = sql(store, "SELECT state, unused, canceled, unused_cost_usd FROM llmledger_batches ORDER BY created_at")
+    (first, unused, canceled, unused_cost), second = states
+    assert (first, second[0]) == ("merged", "merged") and unused + canceled == 4 and 0 < unused < 4, states
+    ((rows_cost,),) = sql(store, "SELECT sum(summary_cost_usd) FROM messages")
+    assert sim.stats()["batch_paid"] == 4 + unused, "the rows once more, and what the emptied batch answered"
+    assert unused_cost == pytest.approx(rows_cost * unused / 4, rel=0.2)
+
+
 STALLS_AFTER_ITS_FIRST_MERGE = """
 import sys, time
 import anthropic, polars as pl

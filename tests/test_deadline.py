@@ -139,3 +139,23 @@ def test_a_deadline_a_mode_cannot_keep_is_refused(
     with pytest.raises(InvalidInputError, match=message):
         apply_llm(frame(2), "s", prompt="x {text}", client=client, store=store, progress=False, **options)
     assert not store.exists()
+
+
+@pytest.mark.parametrize("target", ["duckdb", "postgresql"], indirect=True)
+def test_a_later_call_moves_the_stored_deadline_earlier_never_later(
+    sim: Simulator, client: anthropic.AsyncAnthropic, target: Any
+) -> None:
+    """A call with a tighter deadline than the one the step's batches were sent with binds them (it was silently
+    ignored); a looser one does not push it back, so a script polling with `deadline=` as a duration reaches it."""
+    sim.configure(batch_delay=3600.0)
+    ask = functools.partial(apply_llm, frame(6), "s", prompt="Summarize: {text}", store=target, table="t",
+                            progress=False, client=client, mode="batch", wait=False)  # fmt: skip
+
+    ask(deadline=3600.0)
+    epoch = "CAST(extract(epoch FROM deadline) AS DOUBLE PRECISION)"
+    ((first,),) = llmledger.sql(target, f"SELECT {epoch} FROM llmledger_batches").rows()
+    ask(deadline=600.0)  # the rows are in the batch already: this call sends nothing
+    ask(deadline=7200.0)
+    ((batches, moved),) = llmledger.sql(target, f"SELECT count(*), max({epoch}) FROM llmledger_batches").rows()
+    assert batches == 1 and sim.stats()["batches"] == 1
+    assert first - 3600 == pytest.approx(time.time(), abs=30) and moved == pytest.approx(first - 3000, abs=30)

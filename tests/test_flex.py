@@ -116,6 +116,8 @@ def test_a_deadline_the_flex_pace_meets_keeps_every_row_at_flex(ask: Any, sim: S
         ({"mode": "flex", "deadline": -5}, "in the future"),
         ({"mode": "flex", "deadline": datetime(2020, 1, 1, tzinfo=UTC)}, "in the future"),
         ({"mode": "flex", "deadline": "tomorrow"}, "a datetime, a timedelta or seconds"),
+        ({"mode": "batch", "deadline": datetime(9999, 12, 31, tzinfo=UTC)}, "at most 366 days from now"),
+        ({"mode": "batch", "deadline": 1e12, "wait": False}, "at most 366 days from now"),
     ],
 )
 def test_a_bad_deadline_is_refused_and_writes_nothing(

@@ -17,6 +17,7 @@ from a batch, and it reads nothing of how batches are found.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 from collections import Counter
@@ -94,10 +95,9 @@ class BatchMerger:
         """Merge the batch if it has ended; True when it is done with."""
         assert record.batch_id is not None
         rows = await asyncio.to_thread(self.ledger.batch_rows, record, inputs=self.cfg.validate is not None)
-        if not rows.rows.height:  # every row was taken out of it (llmledger.reset): nothing to merge
-            await self._give_back(record, "its rows were reset")
-            return True
-        if record.validated and self.cfg.validate is None:
+        emptied = not rows.rows.height  # every row was taken out of it (llmledger.reset); the API still bills what
+        # it answers, so the batch is cancelled, then merged as any other: what it cost is kept as unused
+        if record.validated and self.cfg.validate is None and not emptied:
             self.stuck.add(record.intent)
             self._note(
                 f"batch {record.batch_id} was sent with validate=; collect it with the same validate= "
@@ -107,6 +107,9 @@ class BatchMerger:
         try:
             batch = await self.api.retrieve(record.batch_id)
         except self.api.not_found as exc:  # deleted, or another workspace's key: keep the rows, say what to do
+            if emptied:  # reset out of a batch the API does not have (the escape for a lost batch)
+                await self._give_back(record, "its rows were reset")
+                return True
             if record.source == SIMULATOR and NEVER_IN_THIS_SIMULATOR in str(exc):  # its simulator is gone
                 back = await self._give_back(
                     record, "sent to a simulator that is gone (it lives in its kernel or process)"
@@ -129,6 +132,10 @@ class BatchMerger:
             self._failed([record], f"batch {record.batch_id}: {exc}")
             return False
         if not batch.ended:
+            if emptied and record.intent not in self.stuck:  # no row waits for it: stop paying for it, and do not
+                self.stuck.add(record.intent)  # wait for it to end (a later look merges it, with what it cost)
+                with contextlib.suppress(self.api.error):  # ending anyway, or the API failed: merged as it ends
+                    await self.api.cancel(record.batch_id)
             return False
         if batch.refused is not None:  # the API ran none of it: the rows go back as they were, unpaid
             await self._give_back(record, f"the API refused the batch: {batch.refused}")

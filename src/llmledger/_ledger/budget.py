@@ -21,6 +21,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
+from llmledger._ledger.batches import OPEN_STATES
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import column_types, lock_step, one, table_exists
 from llmledger._ledger.liveness import is_abandoned, is_alive_here
@@ -164,6 +165,22 @@ class BudgetVerbs:
                 f"WHERE {status} = 'DONE' AND {batch} IS NULL AND {latency} IS NOT NULL",
             )
         return float(mean) / 1000 if count >= ONLINE_SAMPLE and mean is not None else None
+
+    def hasten_batches(self, table: str, step: str, deadline: datetime) -> int:
+        """Give the step's open batches `deadline` (naive UTC) where theirs is later or none: a later call's tighter
+        deadline binds the rows already in batches. A looser one never pushes theirs back (a script polling with
+        `deadline="2h"` would otherwise never reach it). Returns how many batches it moved."""
+
+        def work(con: Con) -> int:
+            if not table_exists(con, BATCHES_TABLE) or "deadline" not in column_types(con, BATCHES_TABLE):
+                return 0
+            where = f"table_name = ? AND step = ? AND state IN {OPEN_STATES} AND coalesce(deadline > ?, true)"
+            (moved,) = one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE {where}", [table, step, deadline])
+            if moved:
+                con.execute(f"UPDATE {BATCHES_TABLE} SET deadline = ? WHERE {where}", [deadline, table, step, deadline])
+            return int(moved)
+
+        return self.conn.transaction(work, wait=60.0)
 
     def reserve_budget(
         self,

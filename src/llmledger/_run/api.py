@@ -252,11 +252,13 @@ def apply_llm(
     - `wait`: with batches, `True` polls until every batch of the step has ended and returns the answers;
       `False` returns once they are submitted, and any later call of the step (this one again, `resume`,
       `llmledger run`) collects them.
-    - `batch_size`: requests per batch (default and most 100,000; 50,000 for OpenAI).
+    - `batch_size`: requests per batch (default and most 100,000; 50,000 for OpenAI); with `rows_per_request`,
+      each request is a pack.
     - `deadline`: when the rows must be answered by (a datetime, naive ones in local time; a timedelta or seconds
-      from now). With `mode="batch"`: at the last moment that leaves time to answer the rest online, the batches
-      still processing are cancelled, what they finished kept, and their other rows sent online (with
-      `wait=False` the deadline is stored with the batches, and the call that collects them keeps it). With
+      from now; at most 366 days). With `mode="batch"`: at the last moment that leaves time to answer the rest
+      online, the batches still processing are cancelled, what they finished kept, and their other rows sent
+      online (with `wait=False` the deadline is stored with the batches, and the call that collects them keeps
+      it; a later call's earlier deadline moves it up, never back). With
       `mode="flex"`: the rows go at the flex tier while the pace so far finishes them in time, and at the
       standard tier once it would not. The summary says what the deadline cost.
     """

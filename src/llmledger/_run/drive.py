@@ -9,7 +9,7 @@ import ssl
 import sys
 import threading
 import time
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
@@ -122,6 +122,9 @@ async def run_batches(
             stale_after=plan.stale,
             run_id=claimant.run_id,
         )
+        if plan.cfg.deadline is not None:  # this call's deadline binds the rows in the step's batches too
+            at = datetime.fromtimestamp(plan.cfg.deadline, UTC).replace(tzinfo=None)
+            await asyncio.to_thread(ledger.hasten_batches, plan.table, plan.step, at)
         if selection is None:
             open_batches = await collector.collect()
             dated = any(b.deadline is not None for b in open_batches)

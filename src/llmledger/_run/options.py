@@ -27,6 +27,7 @@ ModeOption = Literal["online", "batch", "auto", "flex"]
 
 MAX_CHUNK = 1_000_000_000  # rows in one claim: a claim's rows are sliced by polars, whose offsets are 64-bit
 MAX_STALE_AFTER = timedelta(days=3650)  # a claim older than this is a dead run's in any case
+MAX_DEADLINE = timedelta(days=366)  # a batch ends within a day; a deadline further off than this is a slip
 MAX_CONCURRENCY = 1_000  # the SDK's connection pool holds 1,000; more would only queue inside it
 
 
@@ -163,9 +164,15 @@ class RunOptions:
                 f"time) and mode='flex' (the flex tier, then the standard one); mode={self.mode!r} has none. "
                 "Nothing was written."
             )
-        if self.deadline_at is None:
+        at = self.deadline_at
+        if at is None:
             raise InvalidInputError(
                 f"deadline must be a datetime, a timedelta or seconds from now, in the future, got {value!r}"
+            )
+        if at > time.time() + MAX_DEADLINE.total_seconds():
+            raise InvalidInputError(
+                f"deadline must be at most {MAX_DEADLINE.days} days from now (a batch ends within a day), got "
+                f"{value!r}; to have no deadline, leave deadline out. Nothing was written."
             )
 
     @property
