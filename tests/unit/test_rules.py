@@ -302,3 +302,27 @@ def test_an_openai_client_is_told_apart_as_isinstance_would_a_subclass_and_a_pro
     assert isinstance(Proxy(real), openai.AsyncOpenAI)
     assert is_openai_client(real) and is_openai_client(Mine(api_key="k")) and is_openai_client(Proxy(real))
     assert not is_openai_client(anthropic.AsyncAnthropic(api_key="k")) and not is_openai_client(object())
+
+
+def test_the_first_answer_lets_what_the_buckets_hold_start_at_once_up_to_a_second_of_the_pace() -> None:
+    """A full bucket is spent at once, not spaced out: up to a second of the pace, less one request; a bucket
+    that holds less (output tokens held at max_tokens from a request's start) gives less, and a pause none."""
+    from llmledger._exec.pacing import Pacer
+
+    full = {"anthropic-ratelimit-requests-limit": "2400", "anthropic-ratelimit-requests-remaining": "2399"}
+    pacer = Pacer()
+    pacer.observe(full)
+    assert pacer.credit == 39, "a second of 2,400/min paced at 98%, less one"
+    pacer.observe({**full, "anthropic-ratelimit-requests-remaining": "5"})
+    assert pacer.credit == 39, "only the limits' first word gives a credit"
+    tokens = {
+        **full,
+        "anthropic-ratelimit-output-tokens-limit": "80000",
+        "anthropic-ratelimit-output-tokens-remaining": "10000",
+    }
+    pacer = Pacer()
+    pacer.observe(tokens, 100, 50, reserved=1000)
+    assert pacer.credit == 8, "10,000 output tokens at 97% hold 9 requests of max_tokens 1,000, less one"
+    pacer = Pacer()
+    pacer.observe({**full, "anthropic-ratelimit-requests-remaining": "0"})
+    assert pacer.credit == 0

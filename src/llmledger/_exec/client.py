@@ -202,7 +202,7 @@ async def send(
             status, answered = getattr(exc, "status_code", 0), getattr(exc, "response", None)
             flight.congested = status in _FULL
             if answered is not None:
-                pacer.observe(answered.headers)
+                pacer.observe(answered.headers, reserved=_bound(body))
             if failure.kind is Kind.TRANSIENT and failure.retry_after:
                 pacer.pause(failure.retry_after)
             raise failure from exc
@@ -213,11 +213,21 @@ async def send(
             pacer.answered()
     reply = dataclasses.replace(api.reply_from(message, body["model"]), latency_ms=took)
     paced_input = reply.input_tokens + (reply.cache_read_tokens if api.counts_cached else 0)
-    pacer.observe(headers, paced_input, reply.output_tokens)
+    pacer.observe(headers, paced_input, reply.output_tokens, reserved=_bound(body))
     problem = api.useless(message)
     if problem is not None:
         raise CallFailed(Kind.PERMANENT, problem, reply=reply)
     return reply
+
+
+def _bound(body: dict[str, Any]) -> int:
+    """The most output tokens a request may take, which the API holds from its start: its max_tokens, in any
+    API's spelling (0 when it names none)."""
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(name)
+        if isinstance(value, int):
+            return value
+    return 0
 
 
 REFUSAL = "refusal: the model declined to answer this prompt"

@@ -5,7 +5,10 @@ requests start at just under the pace of the tightest one — requests per
 minute, or input / output tokens per minute divided by the step's average
 request — which keeps 429s rare while using nearly all of the allowance.
 A `retry-after` (or `retry-after-ms`) pauses every worker, not just the one
-that got it.
+that got it. What the buckets hold when the first answer comes back
+(`*-remaining`) is spent at once, up to a second of the pace (`Pacer.credit`):
+a run need not spend its first seconds spacing requests out under a bucket
+that is full.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ def backoff(attempt: int, *, base: float, cap: float, retry_after: float | None)
 
 
 FIRST_ANSWER_WAIT = 30.0  # seconds the other requests wait for the first one at most
+BURST_SECONDS = 1.0  # the most of the pace the first answer's `remaining` lets start at once (`Pacer.credit`)
 
 
 class Pacer:
@@ -75,6 +79,9 @@ class Pacer:
         self._avg_out = 0.0
         self._answers = 0
         self._first: asyncio.Future[None] | None = None  # done once the first request has ended
+        # requests that may start without waiting for their turn: what the buckets held when their limits were
+        # first announced, which a token bucket lets go at once (the API's limiter is one, refilled continuously)
+        self.credit = 0
         self.binding = ""  # the limit that sets the pace, as a person reads it ("requests: 50/min")
 
     async def wait(self) -> None:
@@ -87,6 +94,10 @@ class Pacer:
                 await asyncio.wait_for(asyncio.shield(self._first), FIRST_ANSWER_WAIT)
         loop = asyncio.get_running_loop()
         now = loop.time()
+        if self.credit > 0 and now >= self._paused_until:  # out of turn: the paced ones follow from now on
+            self.credit -= 1
+            self._next = max(self._next, now)
+            return
         start = max(now, self._next, self._paused_until)
         self._next = start + self.interval
         if start > now:
@@ -110,13 +121,16 @@ class Pacer:
     def pause(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         self._paused_until = max(self._paused_until, loop.time() + seconds)
+        self.credit = 0  # the server said no: what the first answer said the buckets held is gone
 
     def answered(self) -> None:
         """A request ended (answered, refused or failed): the others need not wait for the first one."""
         if self._first is not None and not self._first.done():
             self._first.set_result(None)
 
-    def observe(self, headers: Any, input_tokens: int = 0, output_tokens: int = 0) -> None:
+    def observe(self, headers: Any, input_tokens: int = 0, output_tokens: int = 0, *, reserved: int = 0) -> None:
+        """Learn the pace from an answer's headers (and its tokens, for the token limits). `reserved`: the output
+        tokens the API held for the request while it ran (its max_tokens), which a burst takes from the bucket."""
         if input_tokens or output_tokens:
             # The mean of the answers so far (then a slow moving average): a step's answers vary row by row,
             # and pacing on the last few would swing the rate with them and drain the bucket into 429s.
@@ -124,12 +138,15 @@ class Pacer:
             weight = max(1.0 / self._answers, 0.01)
             self._avg_in += weight * (input_tokens - self._avg_in)
             self._avg_out += weight * (output_tokens - self._avg_out)
-        rates = []
+        rates: list[tuple[float, str]] = []
+        room: list[float] = []  # requests each bucket holds now
         for family, per_request, safety, (limit_header, remaining_header, reset_header) in self._families(headers):
             limit = _number(headers.get(limit_header))
             if limit and per_request:
                 rates.append((limit / 60.0 / per_request * safety, f"{family.replace('-', ' ')}: {limit:,.0f}/min"))
             remaining = _number(headers.get(remaining_header))
+            if limit and per_request and remaining is not None:
+                room.append(remaining * safety / max(self._held(family, reserved), 1.0))
             reset = headers.get(reset_header)
             need = max(per_request, 1.0)
             if remaining is not None and remaining < need and reset:
@@ -142,6 +159,8 @@ class Pacer:
                     self.pause(min(wait, 60.0))
         if rates:
             rate, self.binding = min(rates)
+            if not self.interval and len(room) == len(rates):  # the limits' first word: their buckets' room
+                self.credit = max(0, min(math.floor(min(room)) - 1, math.floor(rate * BURST_SECONDS)))
             self.interval = 1.0 / rate
             # a server that announces its limits (a gateway forwarding the provider's headers) is paced by them:
             # the requests in flight no longer follow its answers
@@ -162,6 +181,13 @@ class Pacer:
             ("output-tokens", self._avg_out, self.TOKENS),
         )
         return [(f, n, share, _names(f"anthropic-ratelimit-{f}-" + "{part}")) for f, n, share in anthropic]
+
+    def _held(self, family: str, reserved: int) -> float:
+        """What one request takes from a family's bucket while it runs: its input tokens, and its output tokens
+        at `reserved` (max_tokens) at least, which the API holds from its start and gives back unused."""
+        output = max(self._avg_out, float(reserved))
+        held = {"requests": 1.0, "input-tokens": self._avg_in, "output-tokens": output}
+        return held.get(family, self._avg_in + output)  # OpenAI's one "tokens" limit: input and output
 
     def state(self) -> tuple[float, float, float]:
         return self.interval, self._next, self._paused_until
