@@ -468,6 +468,7 @@ def test_a_worker_in_another_folder_finds_relative_paths_and_waits_for_missing_f
     why once and waits for them, then sends them once their files are back."""
     import subprocess
     import sys
+    import threading
     import time
 
     from .conftest import subprocess_env
@@ -488,15 +489,21 @@ def test_a_worker_in_another_folder_finds_relative_paths_and_waits_for_missing_f
         cwd=elsewhere, env=subprocess_env(sim.base_url) | {"ANTHROPIC_API_KEY": "test-key"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(worker.stdout or []), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 60
-        while sim.stats()["paid"] < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while not any("cannot be sent" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.1)  # the file goes back only once the worker has said why it waits (on a loaded machine
+            # its second look may come later than any fixed sleep)
         assert sim.stats()["paid"] == 3, "the three files found were sent from the other folder"
         time.sleep(2.0)  # the worker waits for the fourth: idle, not spinning
         assert worker.poll() is None, "a worker waits for rows it cannot send yet"
         (tmp_path / "away.pdf").rename(tmp_path / "in" / "invoice1.pdf")
-        output, _ = worker.communicate(timeout=60)
+        worker.wait(timeout=60)
+        reader.join(timeout=10)
+        output = "".join(lines)
     finally:
         if worker.poll() is None:
             worker.kill()
