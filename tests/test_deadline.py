@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import polars as pl
 import pytest
 
 import llmledger
@@ -159,3 +160,20 @@ def test_a_later_call_moves_the_stored_deadline_earlier_never_later(
     ((batches, moved),) = llmledger.sql(target, f"SELECT count(*), max({epoch}) FROM llmledger_batches").rows()
     assert batches == 1 and sim.stats()["batches"] == 1
     assert first - 3600 == pytest.approx(time.time(), abs=30) and moved == pytest.approx(first - 3000, abs=30)
+
+
+def test_packed_rows_are_reckoned_by_their_requests_so_a_batch_still_goes(
+    sim: Simulator, client: anthropic.AsyncAnthropic, store: Path
+) -> None:
+    """100 rows, 10 to a request, are 10 requests online, not 100: with a deadline 20 s off and 2 at once, they need
+    3 + 10 x 2 / 2 = 13 s, so a batch goes first (reckoned by rows, 103 s, it was judged too near for any batch and
+    every row went online at the full price)."""
+    sim.configure(batch_delay=60.0)
+    words = [f"{a}{b}" for a in "bcdfghjklm" for b in "aeiouyrstn"]  # 100 texts no pack confuses
+    df = pl.DataFrame({"id": range(100), "text": [f"{w} is a word" for w in words]})
+    started = time.monotonic()
+    out = apply_llm(df, "s", prompt="Label: {text}", store=store, table="t", progress=False, client=client,
+                    mode="batch", deadline=20.0, rows_per_request=10, concurrency=2)  # fmt: skip
+    assert out["s_status"].to_list() == ["DONE"] * 100 and time.monotonic() - started < 20.0
+    assert sim.stats()["batches"] == 1, "the packs went in a batch first"
+    assert set(sim.paid_prompts().values()) == {1}

@@ -33,25 +33,32 @@ SWITCH_SECONDS = 3.0  # and what cancelling, merging and starting the online run
 DEADLINE_SHARE = 0.2  # and at least this share of the time to the deadline
 
 
-def online_from(deadline: float, rows: int, concurrency: int, seconds: float | None = None) -> float:
+def online_from(deadline: float, requests: int, concurrency: int, seconds: float | None = None) -> float:
     """The Unix time from which a batch run with a deadline (`mode="batch", deadline=`) sends online instead: its
     batches still processing are cancelled (what they finished is kept) and their rows sent online, leaving time
-    to switch and send `rows` at `concurrency` requests at once, or a fifth of the time, whichever is more. A
-    request is reckoned at half as long again as the step's answers online took (`seconds`, their average), or
-    ONLINE_SECONDS before it has had enough of them."""
+    to switch and send `requests` (packs, with `rows_per_request`) at `concurrency` at once, or a fifth of the
+    time, whichever is more. A request is reckoned at half as long again as the step's answers online took
+    (`seconds`, their average), or ONLINE_SECONDS before it has had enough of them."""
     each = ONLINE_SECONDS if seconds is None else max(seconds * ONLINE_MARGIN, ONLINE_FLOOR)
-    online = SWITCH_SECONDS + rows * each / max(concurrency, 1)
+    online = SWITCH_SECONDS + requests * each / max(concurrency, 1)
     return deadline - max(online, DEADLINE_SHARE * (deadline - time.time()))
+
+
+def requests_for(rows: int, selection: Selection) -> int:
+    """How many requests `rows` of the selection's step take online: one each, or one a pack."""
+    sent = selection.requests.get(selection.version)
+    per = sent.rows_per_request if sent is not None else 1
+    return -(-rows // max(per, 1))
 
 
 def stored_cancel_at(open_batches: list[BatchRecord], concurrency: int, seconds: float | None) -> float | None:
     """The last moment for batches that earlier calls sent with a deadline (`wait=False`; stored with each batch),
-    so a later call honours it: the earliest, reckoned for all their rows; None when none has a deadline."""
+    so a later call honours it: the earliest, reckoned for all their requests; None when none has a deadline."""
     dated = [b for b in open_batches if b.deadline is not None]
     if not dated:
         return None
     deadline = min(b.deadline.replace(tzinfo=UTC).timestamp() for b in dated if b.deadline is not None)
-    return online_from(deadline, sum(b.rows for b in dated), concurrency, seconds)
+    return online_from(deadline, sum(b.requests for b in dated), concurrency, seconds)
 
 
 def _earliest(*moments: float | None) -> float | None:
@@ -169,7 +176,8 @@ async def run_batches(
             if deadline is not None or any(b.deadline is not None for b in open_before)
             else None
         )
-        cancel_at = None if deadline is None else online_from(deadline, selection.remaining, concurrency, seconds)
+        requests = requests_for(selection.remaining, selection)
+        cancel_at = None if deadline is None else online_from(deadline, requests, concurrency, seconds)
         stored = stored_cancel_at(open_before, concurrency, seconds)
         cancel_at = _earliest(cancel_at, stored)  # batches earlier calls sent with a deadline keep it
         for _ in range(RESEND_ROUNDS):
