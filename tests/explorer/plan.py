@@ -104,12 +104,10 @@ def make_plan(seed: int, engine: str) -> Plan:
     actions: list[Action] = []
     # a third of the scenarios run an OpenAI model (drawn apart, so the other seeds' plans stay as they were)
     provider = random.Random(f"provider {seed}").choice(["anthropic", "anthropic", "openai"])
-    # a quarter pack rows into requests (drawn apart too); half of those end with a batch action (drawn apart again,
-    # so every other action of every seed's plan stays as it was)
+    # a quarter pack rows into requests (drawn apart too); half of those also end with a batch action (drawn apart
+    # again)
     packing = random.Random(f"packing {seed}").choice([1, 1, 1, 1, 1, 1, 5, 20])
     kinds = ["run", "kill", "kill", "sigint", "fault", "flag_redo", "reset", "skew", "batch", "budget"]
-    if packing > 1:
-        kinds.remove("batch")
     if engine == "postgresql":
         kinds += ["restart_db", "crash_db", "workers", "workers"]
     for _ in range(rng.randrange(2, 7)):
