@@ -51,7 +51,9 @@ TABLES = {
     "A pack sent in a batch is recorded as it is sent, with its request's `custom_id` and each item's rows' "
     "custom id (`custom_ids`, JSON); its answer is added when the batch is merged",
     "llmledger_batches": "every Message Batch a run sent or meant to send: its intent, the API's id, its state, "
-    "and the `deadline` it was sent against, if any",
+    "and the `deadline` it was sent against, if any. `succeeded`, `errored`, `canceled` and `expired` count the "
+    "API's requests (a pack is one); `unused` counts the answers no row took, paid all the same (rows reset while "
+    "the batch ran; a pack's entries one by one), and `unused_cost_usd` what they cost",
     "llmledger_budget_reservations": "what live runs reserved under a step's shared budget",
     "llmledger_migrations": "the schema migrations applied to this store, with the llmledger version that did",
 }

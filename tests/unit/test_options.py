@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import math
 import re
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -100,3 +101,13 @@ def test_every_value_in_range_is_kept_as_given(concurrency: int, chunk_size: int
     options = RunOptions(concurrency=concurrency, chunk_size=chunk_size, stale_after=seconds).checked()
     assert (options.concurrency, options.chunk_size) == (concurrency, chunk_size)
     assert options.stale == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("seconds", [3600, 3600.0, "numpy.int64", "numpy.float32", "fractions.Fraction"])
+def test_a_deadline_in_seconds_may_be_any_real_number(seconds: Any) -> None:
+    """numpy's integers were refused as "not seconds" while its floats were taken (an attack found it)."""
+    if isinstance(seconds, str):
+        module, name = seconds.split(".")
+        seconds = getattr(pytest.importorskip(module), name)(3600)
+    at = RunOptions(mode="batch", deadline=seconds).checked().deadline_at
+    assert at is not None and 3590 < at - time.time() <= 3600

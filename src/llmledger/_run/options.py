@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -184,7 +185,7 @@ class RunOptions:
                 at = value.timestamp()
             elif isinstance(value, timedelta):
                 at = now + value.total_seconds()
-            elif isinstance(value, int | float) and not isinstance(value, bool):
+            elif isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy's numbers too
                 at = now + float(value)
             else:
                 return None
