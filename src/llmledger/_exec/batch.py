@@ -106,8 +106,8 @@ class BatchSender:
                 await asyncio.to_thread(self.ledger.requests_in_batches, layout.table, layout.step)
             ).items()
         }
-        sent = selection.requests.get(selection.version)
-        per_request = sent.rows_per_request if sent is not None else 1  # `batch_size` counts requests, not rows
+        current = selection.requests.get(selection.version)
+        per_request = current.rows_per_request if current is not None else 1  # `batch_size` counts requests
         while selection.remaining > 0 and not self.stopped:
             rows = await asyncio.to_thread(
                 self.ledger.claim,

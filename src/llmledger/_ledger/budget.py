@@ -133,6 +133,14 @@ def touch(con: Any, claimant: str, now: datetime) -> None:
         )
 
 
+def average_paid_in(con: Con, table: str, step: str) -> float:
+    """The step's average paid answer (what sending a DONE row again would cost), 0.0 when unknown: read where the
+    store is open already (a prepare's transaction), as every open of a DuckDB file costs 15-30 ms."""
+    cost, status = q(step + "_cost_usd"), q(step + "_status")
+    value = one(con, f"SELECT avg({cost}) FROM {q(table)} WHERE {status} = 'DONE' AND {cost} > 0")[0]
+    return float(value) if value is not None else 0.0
+
+
 class BudgetVerbs:
     """The budget verbs of a ledger (mixed into SQLLedger)."""
 
@@ -147,10 +155,8 @@ class BudgetVerbs:
 
     def average_paid(self, table: str, step: str) -> float:
         """The step's average paid answer (what sending a DONE row again would cost), 0.0 when unknown."""
-        cost, status = q(step + "_cost_usd"), q(step + "_status")
         with self.conn.open(wait=30.0, read_only=True) as con:
-            value = one(con, f"SELECT avg({cost}) FROM {q(table)} WHERE {status} = 'DONE' AND {cost} > 0")[0]
-        return float(value) if value is not None else 0.0
+            return average_paid_in(con, table, step)
 
     def online_seconds(self, table: str, step: str) -> float | None:
         """How long the step's answers took online, on average, in seconds (the API's time, retries apart); None

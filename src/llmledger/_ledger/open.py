@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from llmledger._ledger.types import Ledger, Store
 from llmledger.errors import InvalidInputError, PromptError
@@ -81,16 +81,27 @@ def known_steps(store: str | Path, table: str) -> list[str]:
     return known_table(store, table)[0]
 
 
-def known_table(store: str | Path, table: str) -> tuple[list[str], list[str], list[str]]:
+class TableLook(NamedTuple):
+    """What a store's table has, read before a call writes (`known_table`)."""
+
+    steps: list[str]
+    columns: list[str]
+    key: list[str]
+    batched: list[str]  # its steps with batches not merged yet (a call on another step need not look for them)
+
+
+def known_table(store: str | Path, table: str) -> TableLook:
     """The steps, the columns and the key a store's `table` has (none when the store or table does not exist yet),
     read without writing anything: what a new step's name is checked against before a call writes, and the key a
-    call on the table that names no key= and has no `id` column takes."""
+    call on the table that names no key= and has no `id` column takes; and which of its steps have batches open,
+    read in the same open of the store (each open of a DuckDB file costs 15-30 ms)."""
+    from llmledger._ledger.batches import OPEN_STATES
     from llmledger._ledger.engine.shared import column_types, table_exists
-    from llmledger._ledger.schema import list_steps
+    from llmledger._ledger.schema import BATCHES_TABLE, list_steps
 
     location = locate(store)
     if isinstance(location, Path) and not location.exists():
-        return [], [], []
+        return TableLook([], [], [], [])
     ledger = open_ledger(location)
     with ledger.conn.open(wait=60.0, read_only=True) as con:
         alike = [
@@ -111,7 +122,18 @@ def known_table(store: str | Path, table: str) -> tuple[list[str], list[str], li
         # moment refuse it as a clash with "input columns").
         columns = list(column_types(con, table)) if table_exists(con, table) else []
         recorded = list_steps(con, table)
-    return [step for _, step, _ in recorded], columns, list(recorded[0][2]) if recorded else []
+        batched = (
+            [
+                step
+                for (step,) in con.execute(
+                    f"SELECT DISTINCT step FROM {BATCHES_TABLE} WHERE table_name = ? AND state IN {OPEN_STATES}",
+                    [table],
+                ).fetchall()
+            ]
+            if table_exists(con, BATCHES_TABLE)
+            else []
+        )
+    return TableLook([step for _, step, _ in recorded], columns, list(recorded[0][2]) if recorded else [], batched)
 
 
 def stored_outputs(store: str | Path, table: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import polars as pl
 
 from llmledger._ledger.batch_join import join_open_batches
+from llmledger._ledger.budget import average_paid_in
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.dialect import dialect_of
 from llmledger._ledger.engine.shared import column_types, one, registered, table_exists
@@ -341,6 +342,7 @@ def _selection(
     """The `Selection` of a prepared or resumed step: its work and what the run needs to claim and report it."""
     requests = requests_of(con, layout)
     return Selection(
+        average_paid=average_paid_in(con, layout.table, layout.step),
         inputs=input_columns(con, layout) if inputs or _attaching(requests) else [],
         layout=layout,
         version=version,

@@ -103,6 +103,7 @@ class Selection:
     unprepared: int = 0  # rows without a request for the current definition (resume cannot send them)
     in_batches: int = 0  # rows in Message Batches still processing (SUBMITTED)
     done_skipped: int = 0  # DONE rows the run leaves alone (what they cost is what rerunning them would)
+    average_paid: float = 0.0  # the step's average paid answer as prepared (0.0 when none): a DONE row's worth
     known: dict[str, KnownAnswer] = field(default_factory=dict)  # answers to identical requests, by fingerprint
     survey: pl.DataFrame | None = None  # status and output per frame row when prepared
     inputs: list[str] = field(default_factory=list)  # input columns claims return (as "input.<name>")

@@ -284,7 +284,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
     check_identifier(step, "step", StepNameError, 'e.g. "summary" or "sentiment_v2"')
     check_identifier(table, "table", InvalidInputError, 'e.g. "messages"')
     check_frame_columns(frame.columns)
-    stored_steps, stored_columns, table_key = known_table(store, table)
+    stored_steps, stored_columns, table_key, batched = known_table(store, table)
     if key is None and "id" not in frame.columns and table_key and all(k in frame.columns for k in table_key):
         key = table_key  # the table records its key: a later call need not name it
     keys = resolve_key(frame, key, step, index=index_names(df) if from_pandas else [])
@@ -376,6 +376,7 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         from_pandas=from_pandas,
         definition=definition,
         default_table=o["table"] is None,
+        batches_open=step in batched,
         where=nulls.where,
         null_fields=nulls.fields,
         null_rows=nulls.rows,

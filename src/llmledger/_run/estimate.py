@@ -96,7 +96,7 @@ def _pipeline(df: Any, steps: Mapping[str, Mapping[str, Any]], common: Mapping[s
     for name, plan in plans.items():
         assert plan.definition is not None and plan.frame is not None
         upstream = plan.definition.prompt.upstream
-        stored, _, _ = known_table(plan.store, plan.table)
+        stored = known_table(plan.store, plan.table).steps
         if all(s in stored for s in upstream):
             figures = _figures(plan)
         else:  # an earlier step is not in the store yet: every row (that where= takes) waits for it

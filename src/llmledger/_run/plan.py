@@ -56,6 +56,7 @@ class Plan:
     null_rows: int = 0  # rows of the frame with a null in a field the template reads
     skip_nulls: bool = False  # those rows are left unsent (apply_llm's skip_nulls=True)
     default_table: bool = False  # apply_llm was not given table=: it refuses to rewrite answered rows' inputs
+    batches_open: bool = True  # the step had batches not merged when apply_llm looked (else no need to look again)
 
     @property
     def entry(self) -> str:

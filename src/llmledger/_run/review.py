@@ -99,7 +99,7 @@ MAX_ROWS = 20_000  # a review names its rows in its SQL: more than a person revi
 def rows_where(store: str | Path, table: str, rows: Any, where: str | None) -> str:
     """`where`, narrowed to the rows whose key the frame `rows` holds (the table's key columns, as its own)."""
     frame, _ = as_polars(rows)
-    _, _, keys = known_table(store, table)
+    keys = known_table(store, table).key
     missing = [k for k in keys if k not in frame.columns]
     if not keys or missing:
         raise InvalidInputError(

@@ -249,7 +249,11 @@ class Run:
                     f"{sum(b.rows for b in through):,} rows wait in {len(through)} batch(es) sent through "
                     f"{plan.endpoint} as a gateway: pass gateway=True (--gateway) to collect them"
                 )
-        if not (batches_at(plan.provider, plan.endpoint, plan.gateway) and ledger.open_batches(plan.table, plan.step)):
+        if not (
+            plan.batches_open  # apply_llm's look at the store found some (resume's plan does not look: True)
+            and batches_at(plan.provider, plan.endpoint, plan.gateway)
+            and ledger.open_batches(plan.table, plan.step)
+        ):
             return False
         display = self._display
         return self._run_async(
@@ -284,7 +288,7 @@ class Run:
             )
         done_before = selection.done_skipped - report.done  # not the rows just merged from batches
         budget = plan.cfg.max_cost_usd is not None
-        average = ledger.average_paid(plan.table, plan.step) if done_before > 0 or budget else 0.0
+        average = selection.average_paid
         report.done_saved_usd = max(done_before, 0) * average
         report.done_before, report.review_before = max(0, done_before - selection.stale), selection.needs_review
         batch = plan.mode == "batch" or (plan.mode == "auto" and selection.to_send >= AUTO_BATCH_ROWS)

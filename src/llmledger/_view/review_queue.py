@@ -72,7 +72,7 @@ def shape_of(store: str | Path, table: str, step: str, compare_with: Any = ()) -
     if isinstance(compare_with, str) or not all(isinstance(s, str) and s for s in compare_with):
         raise InvalidInputError(f"compare_with is a list of step names, e.g. ['label_sonnet'], got {compare_with!r}")
     open_existing(store)  # a store that is not there is StoreNotFound, not "no such step"
-    steps, columns, keys = known_table(store, table)
+    steps, columns, keys, _ = known_table(store, table)
     for name in [step, *compare_with]:
         if name not in steps:
             raise InvalidInputError(f"table {table!r} has no step {name!r}; it has: {steps or 'no steps'}")
