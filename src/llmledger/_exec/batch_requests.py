@@ -93,8 +93,8 @@ def _requests(
 
 def _packed(selection: Selection, waiting: list[list[dict[str, Any]]], chosen: list[int]) -> Request:
     """One request carrying the `chosen` groups' rows, one item each (`_step/packing.py`), taken out of `waiting`."""
-    groups = [waiting[i] for i in chosen]
-    waiting[:] = [g for i, g in enumerate(waiting) if i not in set(chosen)]
+    groups, taken = [waiting[i] for i in chosen], set(chosen)
+    waiting[:] = [g for i, g in enumerate(waiting) if i not in taken]
     spec = selection.requests[groups[0][0]["version"]]
     pack = pack_request(spec, [g[0]["prompt"] for g in groups])
     return Request(pack.body, [(g[0]["fingerprint"], g) for g in groups], pack)
