@@ -239,6 +239,39 @@ def test_a_stop_while_a_row_is_asked_again_keeps_what_its_pack_answered(store: P
     assert sorted(sim.paid_prompts().values()) == [1, 1, 1, 1, 2], "only the dropped row is asked again"
 
 
+def test_kill_9_while_a_row_is_asked_again_keeps_what_its_pack_answered(store: Path) -> None:
+    """kill -9 while a pack's dropped row waits for its own request: the pack's other answers were committed (or
+    journaled) the moment the pack was read, so the next run pays for none of them again. An attack found them held
+    in memory until every re-ask of the pack was done, and all ten rows paid again."""
+    with Simulator(latency=0.05, pack_drop=1.0, seed=5) as sim:
+        proc = subprocess.Popen(
+            helper_cmd(str(store), "10", "--concurrency", "1", "--rows-per-request", "10", "--commit-every", "0.2"),
+            env=subprocess_env(sim.base_url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        while sim.stats()["paid"] < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.005)
+        sim.configure(latency=30.0)  # the dropped row's own request hangs: its answer comes in 30 s, after the kill
+        deadline = time.monotonic() + 10
+        while (
+            not store.exists()
+            or rows_of(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'")[0][0] < 9
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline, "the pack's 9 answers were not committed"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        sim.configure(latency=0.0, pack_drop=0.0)
+        client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="k", max_retries=0)
+        out = apply_llm(frame(10), "summary", prompt="Summarize: {text}", store=store, table="messages",
+                        client=client, progress=False, rows_per_request=10)  # fmt: skip
+        assert out["summary_status"].to_list() == ["DONE"] * 10
+        assert sorted(sim.paid_prompts().values()) == [1] * 9 + [2], "only the dropped row is paid again"
+
+
 def test_two_workers_on_postgresql_pack_what_they_claim(
     client: anthropic.AsyncAnthropic, sim: Simulator, pg_url: str
 ) -> None:
@@ -276,6 +309,24 @@ def test_a_budget_stops_before_a_pack_would_pass_it(client: anthropic.AsyncAnthr
     assert 2 <= packs < 10 and 2.0 - 2 * spent / packs < spent <= 2.0, "stops within a pack or two of the budget"
     assert out["s_status"].value_counts().sort("s_status").rows() == [("NOT_STARTED", 100 - 10 * packs),
                                                                        ("DONE", 10 * packs)]  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", ["pack_drop", "pack_invalid"])
+def test_a_budget_holds_when_every_pack_fails_a_row(client: anthropic.AsyncAnthropic, sim: Simulator, store: Path,
+                                                     fault: str) -> None:  # fmt: skip
+    """Every pack fails a row or two, each asked again alone at a fraction of a pack's cost: the budget reckons the
+    next request at the average pack, not at the average of all requests, which those cheap ones pulled down so
+    that twice as many packs went into flight as the budget had room for (an attack: 1.6-2.1 times the budget)."""
+    sim.configure(**{fault: 1.0})
+    texts = [
+        f"row{i} {w} this product is {'great' if i % 3 else 'bad'}" for i, w in enumerate(["apple", "river"] * 150)
+    ]
+    with pytest.warns(llmledger.BudgetReachedWarning):
+        apply_llm(pl.DataFrame({"id": range(300), "text": texts}), "s", prompt="Label: {text}", store=store, table="t",
+                  client=client, progress=False, rows_per_request=10, max_cost_usd=0.002, concurrency=16,
+                  budget_scope="step")  # fmt: skip
+    ((paid, dearest),) = rows_of(store, "SELECT sum(cost_usd), max(cost_usd) FROM llmledger_packs")
+    assert paid <= 0.002 + dearest, f"${paid:.5f} paid under a $0.002 budget (a pack costs up to ${dearest:.5f})"
 
 
 def test_a_refused_pack_is_asked_again_row_by_row_and_identical_rows_pay_apart_without_dedupe(

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from llmledger._exec.client import Reply
@@ -24,6 +26,13 @@ from llmledger._step.output import OutputSpec
 from llmledger._step.packing import Pack, apportion, entry_lengths, pack_groups, pack_request, read_pack
 from llmledger._step.prices import cost_usd
 from llmledger._time import utcnow
+
+Deliver = Callable[[int, Answer], None]  # a pack's row (by its place in the pack) and its answer
+
+
+def _placed(places: list[int], deliver: Deliver) -> Deliver:
+    """`deliver` for a pack of some of the rows: its item `k` is the row at `places[k]`."""
+    return lambda k, answer: deliver(places[k], answer)
 
 
 class PackedSender:
@@ -49,29 +58,34 @@ class PackedSender:
                 followers[fp] = []
                 if online.dedupe:
                     online.twins[fp] = asyncio.get_running_loop().create_future()
-        filled: list[tuple[list[int], list[Answer | None]]] = []  # each pack's leaders' places, and their answers,
-        try:  # filled as they come: a run cancelled while rows are asked again keeps the answers the pack gave
+        delivered: set[int] = set()
+
+        def deliver(i: int, answer: Answer) -> None:
+            """The answer of leader `i` (and of its twins), recorded (so journaled) the moment it is known: a pack's
+            good answers must not wait for its failed rows' re-asks, which a kill -9 or a long backoff may cut."""
+            row = leaders[i]
+            fp = row["fingerprint"]
+            delivered.add(i)
+            sink.record(row, *answer, reused=False)
+            for twin in followers[fp]:
+                sink.record(twin, *answer, reused=True)
+            if online.dedupe:
+                online.answers[fp] = answer
+                future = online.twins.pop(fp, None)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+
+        try:
             for version in dict.fromkeys(r["version"] for r in leaders):  # a pack holds one step version's rows
                 places = [i for i, r in enumerate(leaders) if r["version"] == version]
                 for group in pack_groups([leaders[i]["prompt"] for i in places]):  # items it can tell apart
                     chosen = [places[k] for k in group]
-                    filled.append((chosen, [None] * len(chosen)))
-                    await self._pack([leaders[i] for i in chosen], filled[-1][1])
+                    await self._pack([leaders[i] for i in chosen], _placed(chosen, deliver))
         finally:
-            answers: dict[int, Answer] = {  # by the leader's place: rows asked the same with dedupe off pay apart
-                places[i]: answer for places, got in filled for i, answer in enumerate(got) if answer is not None
-            }
-            for i, row in enumerate(leaders):
-                fp, answer = row["fingerprint"], answers.get(i)
-                if answer is not None:
-                    sink.record(row, *answer, reused=False)
-                    for twin in followers[fp]:
-                        sink.record(twin, *answer, reused=True)
-                    if online.dedupe:
-                        online.answers[fp] = answer
-                future = online.twins.pop(fp, None) if online.dedupe else None
+            for i, row in enumerate(leaders):  # stopped before an answer: the row is released, and so are its twins
+                future = online.twins.pop(row["fingerprint"], None) if online.dedupe and i not in delivered else None
                 if future is not None and not future.done():
-                    future.set_result(answer)
+                    future.set_result(None)
             await asyncio.gather(*waiting, return_exceptions=True)
 
     async def _await_twin(self, row: dict[str, Any], twin: asyncio.Future[Answer | None]) -> None:
@@ -79,11 +93,10 @@ class PackedSender:
         if shared is not None:  # None: the twin was stopped, so this row is released too
             self.online.sink.record(row, *shared, reused=True)
 
-    async def _pack(self, rows: list[dict[str, Any]], out: list[Answer | None]) -> None:
-        """Put in `out[i]` the answer of `rows[i]` (rows of one version sent together) as soon as it is known; None
-        stays for a row the run stopped before answering. Rows the pack does not answer well are asked again, each
-        alone. `out` is filled in place, not returned, because a stop may cancel this while rows are asked again:
-        the answers the pack gave are paid for and must reach the ledger all the same."""
+    async def _pack(self, rows: list[dict[str, Any]], deliver: Deliver) -> None:
+        """Send rows of one version together; `deliver(i, answer)` each row's answer the moment it is known (a row
+        the run stops before answering gets none). Rows the pack does not answer well are asked again, each alone,
+        while the others' answers are already delivered: paid for, they reach the ledger whatever happens next."""
         online = self.online
         spec = online.requests[rows[0]["version"]]
         pack = pack_request(spec, [r["prompt"] for r in rows])
@@ -104,24 +117,25 @@ class PackedSender:
         for i, text in kept.items():
             share = shares[i]
             assert share is not None
-            out[i] = (dataclasses.replace(share, text=text), None)
+            deliver(i, (dataclasses.replace(share, text=text), None))
         if not problems:
             return
         if len(rows) == 1:  # asked alone already: the row keeps what it paid for, and why it is no answer
             share = shares[0]
             if share is None or (reply is not None and reply.useless):
-                out[0] = (share, error)
+                deliver(0, (share, error))
             else:  # an answer the row paid for that is not its answer: kept raw, for a person (NEEDS_REVIEW)
-                out[0] = (dataclasses.replace(share, text=reply.text if reply else ""),
-                          f"the answer does not hold this row's entry: {problems[0]}")  # fmt: skip
+                deliver(0, (dataclasses.replace(share, text=reply.text if reply else ""),
+                            f"the answer does not hold this row's entry: {problems[0]}"))  # fmt: skip
             return
-        await asyncio.gather(*(self._again(rows[i], shares[i], out, i) for i in problems))
+        await asyncio.gather(*(self._again(rows[i], shares[i], functools.partial(deliver, i)) for i in problems))
 
-    async def _again(self, row: dict[str, Any], share: Reply | None, out: list[Answer | None], i: int) -> None:
-        """Ask a row alone that its pack did not answer well, into `out[i]`, carrying its `share` of that pack."""
+    async def _again(self, row: dict[str, Any], share: Reply | None, deliver: Callable[[Answer], None]) -> None:
+        """Ask a row alone that its pack did not answer well, and deliver its answer carrying its `share` of that
+        pack."""
         alone: list[Answer | None] = [None]
         try:
-            await self._pack([row], alone)
+            await self._pack([row], lambda _, answer: alone.__setitem__(0, answer))
         finally:  # also when cancelled: what the row's share of the pack cost is counted
             if alone[0] is None:  # stopped before its own request was answered: its share of the pack is paid
                 if share is not None:
@@ -129,11 +143,11 @@ class PackedSender:
             else:
                 later, why = alone[0]
                 if share is None:
-                    out[i] = alone[0]
+                    deliver(alone[0])
                 elif later is None:  # its own request refused: it fails, with what the pack cost it
-                    out[i] = (dataclasses.replace(share, useless=True), why)
+                    deliver((dataclasses.replace(share, useless=True), why))
                 else:  # its own answer, carrying its share of the pack that failed it (a refusal stays one)
-                    out[i] = (dataclasses.replace(share.plus(later), useless=later.useless), why)
+                    deliver((dataclasses.replace(share.plus(later), useless=later.useless), why))
 
     def _note(
         self,

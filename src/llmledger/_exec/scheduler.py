@@ -101,6 +101,7 @@ class Scheduler(BudgetGuard):
         self.journal = Journal(ledger.path, layout.table, layout.step, str(claimant))
         self.buffer: list[dict[str, Any]] = []
         self.packs: list[dict[str, Any]] = []  # pack records for the next commit
+        self.packs_paid = (0, 0.0)  # packs of several rows answered, and what they cost (for the budget)
         self.unjournaled: list[dict[str, Any]] = []  # and those not yet in the journal
         self.oldest: float | None = None
         self.stopping: Outcome | None = None
@@ -144,6 +145,8 @@ class Scheduler(BudgetGuard):
         """A request that carried rows together: recorded in llmledger_packs with the next commit, and journaled
         with the next answer."""
         layout = self.selection.layout
+        if record["rows"] > 1 and record["cost_usd"] is not None:
+            self.packs_paid = (self.packs_paid[0] + 1, self.packs_paid[1] + record["cost_usd"])
         record = {**record, "table_name": layout.table, "step": layout.step, "run_id": self.claimant.run_id}
         self.packs.append(record)
         self.unjournaled.append(record)

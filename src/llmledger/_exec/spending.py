@@ -39,6 +39,18 @@ class BudgetGuard:
     budget_first_ok: bool
     _wake: asyncio.Event
     stop: Callable[[Outcome, str], None]
+    packs_paid: tuple[int, float]  # requests that carried several rows (`rows_per_request`), and what they cost
+
+    def _average_request(self) -> float:
+        """What the next request is reckoned to cost: the run's average so far (the step's before its first answer);
+        for packed rows, at least the average pack of several rows. Most requests are full packs; the rows a pack
+        failed are asked again one by one, far cheaper, and counting those in the average let twice as many packs
+        into flight as the budget had room for (an attack: 1.6-2.1 times the budget with every pack failing)."""
+        rep = self.report
+        assert rep.cost_usd is not None
+        average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd
+        packs, cost = self.packs_paid
+        return max(average, cost / packs) if packs else average
 
     def may_spend(self) -> bool:
         """Whether another request may start under `max_cost_usd`.
@@ -59,7 +71,7 @@ class BudgetGuard:
                 "ask it to send usage",
             )
             return False
-        average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd
+        average = self._average_request()
         if self.shared_budget:
             return self._within_reservation(rep.cost_usd, average)
         spent = self.cfg.spent_before_usd + rep.cost_usd
@@ -109,7 +121,7 @@ class BudgetGuard:
         run at the budget when even the next request does not fit (one short transaction, in a worker thread)."""
         budget, rep, layout = self.cfg.max_cost_usd, self.report, self.selection.layout
         assert budget is not None and rep.cost_usd is not None
-        average = rep.cost_usd / rep.calls if rep.calls else self.cfg.average_before_usd
+        average = self._average_request()
         need = self._budget_need(rep.cost_usd, average)
         want = need + average * max(self.cfg.concurrency - self.in_flight, 1)  # every worker's next, and a spare:
         # answers dearer than the average then need no new reservation for a while
