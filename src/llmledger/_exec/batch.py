@@ -106,13 +106,12 @@ class BatchSender:
                 await asyncio.to_thread(self.ledger.requests_in_batches, layout.table, layout.step)
             ).items()
         }
-        current = selection.requests.get(selection.version)
-        per_request = current.rows_per_request if current is not None else 1  # `batch_size` counts requests
-        while selection.remaining > 0 and not self.stopped:
+        claim = min(self.batch_size * selection.rows_per_request, max(self.batch_size, CLAIM_ROWS))  # `batch_size`
+        while selection.remaining > 0 and not self.stopped:  # counts requests: a pack is one
             rows = await asyncio.to_thread(
                 self.ledger.claim,
                 selection,
-                min(self.batch_size * per_request, max(self.batch_size, CLAIM_ROWS)),
+                claim,
                 claimant=str(self.claimant),
                 now=utcnow(),
             )

@@ -95,8 +95,7 @@ class Scheduler(BudgetGuard):
             deadline=cfg.deadline,
         )
         layout = selection.layout
-        sent = selection.requests.get(selection.version)
-        self.pack_size = sent.rows_per_request if sent is not None else 1  # rows one request carries
+        self.pack_size = selection.rows_per_request  # rows one request carries
         self.packer = PackedSender(self.sender, output=output, key=list(layout.key))
         self.journal = Journal(ledger.path, layout.table, layout.step, str(claimant))
         self.buffer: list[dict[str, Any]] = []

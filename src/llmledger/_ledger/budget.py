@@ -134,8 +134,8 @@ def touch(con: Any, claimant: str, now: datetime) -> None:
 
 
 def average_paid_in(con: Con, table: str, step: str) -> float:
-    """The step's average paid answer (what sending a DONE row again would cost), 0.0 when unknown: read where the
-    store is open already (a prepare's transaction), as every open of a DuckDB file costs 15-30 ms."""
+    """The step's average paid answer (what sending a DONE row again would cost), 0.0 when unknown: read in the
+    prepare's transaction, as every open of a DuckDB file costs 15-30 ms."""
     cost, status = q(step + "_cost_usd"), q(step + "_status")
     value = one(con, f"SELECT avg({cost}) FROM {q(table)} WHERE {status} = 'DONE' AND {cost} > 0")[0]
     return float(value) if value is not None else 0.0
@@ -153,11 +153,6 @@ class BudgetVerbs:
             sql = _spent_sql(table, step, table_exists(con, BATCHES_TABLE))
             return float(one(con, f"SELECT CAST({sql} AS DOUBLE)", {"table": table, "step": step})[0] or 0.0)
 
-    def average_paid(self, table: str, step: str) -> float:
-        """The step's average paid answer (what sending a DONE row again would cost), 0.0 when unknown."""
-        with self.conn.open(wait=30.0, read_only=True) as con:
-            return average_paid_in(con, table, step)
-
     def online_seconds(self, table: str, step: str) -> float | None:
         """How long the step's answers took online, on average, in seconds (the API's time, retries apart); None
         before it has ONLINE_SAMPLE of them (a deadline then reckons with a generous default)."""
@@ -172,21 +167,19 @@ class BudgetVerbs:
             )
         return float(mean) / 1000 if count >= ONLINE_SAMPLE and mean is not None else None
 
-    def hasten_batches(self, table: str, step: str, deadline: datetime) -> int:
+    def hasten_batches(self, table: str, step: str, deadline: datetime) -> None:
         """Give the step's open batches `deadline` (naive UTC) where theirs is later or none: a later call's tighter
         deadline binds the rows already in batches. A looser one never pushes theirs back (a script polling with
-        `deadline="2h"` would otherwise never reach it). Returns how many batches it moved."""
+        `deadline="2h"` would otherwise never reach it)."""
 
-        def work(con: Con) -> int:
-            if not table_exists(con, BATCHES_TABLE) or "deadline" not in column_types(con, BATCHES_TABLE):
-                return 0
-            where = f"table_name = ? AND step = ? AND state IN {OPEN_STATES} AND coalesce(deadline > ?, true)"
-            (moved,) = one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE {where}", [table, step, deadline])
-            if moved:
-                con.execute(f"UPDATE {BATCHES_TABLE} SET deadline = ? WHERE {where}", [deadline, table, step, deadline])
-            return int(moved)
+        def work(con: Con) -> None:
+            con.execute(
+                f"UPDATE {BATCHES_TABLE} SET deadline = ? WHERE table_name = ? AND step = ? AND state IN {OPEN_STATES} "
+                "AND coalesce(deadline > ?, true)",
+                [deadline, table, step, deadline],
+            )
 
-        return self.conn.transaction(work, wait=60.0)
+        self.conn.transaction(work, wait=60.0)
 
     def reserve_budget(
         self,

@@ -131,6 +131,12 @@ class Selection:
     def remaining(self) -> int:
         return max(0, self.to_send - self.cursor)
 
+    @property
+    def rows_per_request(self) -> int:
+        """Rows one request of the current version carries: 1, or its pack size (`rows_per_request=`)."""
+        sent = self.requests.get(self.version)
+        return sent.rows_per_request if sent is not None else 1
+
 
 class Ledger(Protocol):
     path: Path
@@ -167,9 +173,8 @@ class Ledger(Protocol):
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame: ...
     def record_run(self, row: dict[str, Any]) -> None: ...
     def spent(self, table: str, step: str) -> float: ...
-    def average_paid(self, table: str, step: str) -> float: ...
     def online_seconds(self, table: str, step: str) -> float | None: ...
-    def hasten_batches(self, table: str, step: str, deadline: datetime) -> int: ...
+    def hasten_batches(self, table: str, step: str, deadline: datetime) -> None: ...
     def reserve_budget(
         self,
         table: str,

@@ -44,13 +44,6 @@ def online_from(deadline: float, requests: int, concurrency: int, seconds: float
     return deadline - max(online, DEADLINE_SHARE * (deadline - time.time()))
 
 
-def requests_for(rows: int, selection: Selection) -> int:
-    """How many requests `rows` of the selection's step take online: one each, or one a pack."""
-    sent = selection.requests.get(selection.version)
-    per = sent.rows_per_request if sent is not None else 1
-    return -(-rows // max(per, 1))
-
-
 def stored_cancel_at(open_batches: list[BatchRecord], concurrency: int, seconds: float | None) -> float | None:
     """The last moment for batches that earlier calls sent with a deadline (`wait=False`; stored with each batch),
     so a later call honours it: the earliest, reckoned for all their requests; None when none has a deadline."""
@@ -176,7 +169,7 @@ async def run_batches(
             if deadline is not None or any(b.deadline is not None for b in open_before)
             else None
         )
-        requests = requests_for(selection.remaining, selection)
+        requests = -(-selection.remaining // selection.rows_per_request)  # online: one a row, or one a pack
         cancel_at = None if deadline is None else online_from(deadline, requests, concurrency, seconds)
         stored = stored_cancel_at(open_before, concurrency, seconds)
         cancel_at = _earliest(cancel_at, stored)  # batches earlier calls sent with a deadline keep it

@@ -295,7 +295,7 @@ class Run:
         report.mode = "batch" if batch else "flex" if plan.mode == "flex" else "online"
         if budget:  # what the step had spent, and what a request costs, as the run starts: the budget's start
             spent = ledger.spent(plan.table, plan.step) if plan.cfg.budget_scope == "step" else 0.0
-            per_request = average * (sent.rows_per_request if sent is not None else 1)  # a pack pays for its rows
+            per_request = average * selection.rows_per_request  # a pack pays for its rows
             cfg = dataclasses.replace(plan.cfg, average_before_usd=per_request, spent_before_usd=spent)
             self.plan = dataclasses.replace(plan, cfg=cfg)
             report.spent_before_usd = spent

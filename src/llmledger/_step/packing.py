@@ -228,8 +228,7 @@ def pack_examples(prefix: tuple[dict[str, Any], ...], output: OutputSpec | None)
     frame_prefix, frame_suffix = common_frame(asked)
     own = [t[len(frame_prefix) : len(t) - len(frame_suffix)] for t in asked]
     entries = [
-        {"id": i, "start": " ".join(text.split()[:START_WORDS]), "answer": value}
-        for i, text, value in zip(ids, own, values, strict=True)
+        {"id": i, "start": first_words(text), "answer": value} for i, text, value in zip(ids, own, values, strict=True)
     ]
     answer: Any = json.dumps({"answers": entries}, ensure_ascii=False)
     control = turns[-1][2]
@@ -239,6 +238,11 @@ def pack_examples(prefix: tuple[dict[str, Any], ...], output: OutputSpec | None)
         {"role": "user", "content": user_message(frame_prefix, frame_suffix, ids, own)},
         {"role": "assistant", "content": answer},
     )
+
+
+def first_words(text: str) -> str:
+    """An item's `start` as a faithful answer gives it: its first words, up to START_WORDS."""
+    return " ".join(text.split()[:START_WORDS])
 
 
 def _words(text: str) -> str:
@@ -256,7 +260,7 @@ def shareable(prompts: list[str]) -> list[int]:
         prefix, suffix = common_frame([prompts[i] for i in group])
         own = {i: prompts[i][len(prefix) : len(prompts[i]) - len(suffix)] for i in group}
         words = {i: _words(text) for i, text in own.items()}
-        starts = {i: _words(" ".join(text.split()[:START_WORDS])) for i, text in own.items()}
+        starts = {i: _words(first_words(text)) for i, text in own.items()}
         keep: list[int] = []
         for i in group:
             if all(
