@@ -145,6 +145,13 @@ def test_changing_the_pack_size_makes_rows_stale_and_an_unpacked_answer_is_never
         ({"rows_per_request": True}, "whole number from 1"),
         ({"rows_per_request": "5"}, "whole number from 1"),
         ({"rows_per_request": 5, "attach": "text"}, "attach="),
+        (  # an attack: a pack put its own JSON shape there, dropping the user's silently
+            {
+                "rows_per_request": 3,
+                "request_options": {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+            },
+            "output= instead",
+        ),
     ],
 )
 def test_a_bad_pack_size_is_refused_and_writes_nothing(

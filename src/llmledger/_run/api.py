@@ -325,6 +325,12 @@ def checked_plan(o: dict[str, Any]) -> Plan:
         check_responses_bound(max_tokens)
         options.setdefault("store", False)  # each row's request stands alone: OpenAI keeps no copy for 30 days
     check_no_nul(prompt, system, options, prefix)
+    field, packed = shape.structured_field, o["rows_per_request"]
+    if packed > 1 and field in options and not (field == "text" and "format" not in options[field]):
+        raise InvalidInputError(  # a pack's request asks for its own JSON there: the user's would be dropped
+            f"rows_per_request={packed} asks for each pack's answer as JSON in request_options[{field!r}], so "
+            f"yours would be replaced; give the shape of each row's answer as output= instead. Nothing was written."
+        )
     spec = output_spec(o["output"])
     if spec is not None:
         if shape.structured_field in options:  # refused in request_options where apply_llm sets it itself
