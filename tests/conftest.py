@@ -64,6 +64,9 @@ def _named_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     """The running test's id in LLMLEDGER_TEST_ID, which its subprocesses inherit: `.ci/floors.py` counts the lines
     of llmledger a CLI verb or worker runs as that test's (coverage's `context = ${LLMLEDGER_TEST_ID}`)."""
     monkeypatch.setenv("LLMLEDGER_TEST_ID", request.node.nodeid)
+    # Each test starts as a fresh process would: the unknown-price warning comes once per model and process, so
+    # an earlier test on the same xdist worker using a model would otherwise silence it here.
+    monkeypatch.setattr("llmledger._step.prices._warned", set())
 
 
 @pytest.fixture

@@ -56,7 +56,6 @@ def test_a_local_server_answers_and_each_answer_names_it(
     store: Path, local: Simulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-not-for-other-servers")  # the server 401s any key but its own
-    monkeypatch.setattr("llmledger._step.prices._warned", set())  # as in a fresh process
     with pytest.warns(llmledger.UnknownPriceWarning, match=LOCAL):
         out = ask(store, local)
     assert out["s_status"].to_list() == ["DONE"] * 12

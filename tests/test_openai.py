@@ -231,10 +231,7 @@ def on_local(server: Simulator, rows: int, store: Path, **options: Any) -> pl.Da
         )
 
 
-def test_an_openai_compatible_server_gets_max_tokens_and_names_itself(
-    store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("llmledger._step.prices._warned", set())  # as in a fresh process: it warns once per model
+def test_an_openai_compatible_server_gets_max_tokens_and_names_itself(store: Path) -> None:
     with Simulator(compatible=True, models=(LOCAL,)) as local:
         out = on_local(local, 8, store, table="t", max_tokens=30)
         assert out["s_status"].to_list() == ["DONE"] * 8
@@ -353,10 +350,9 @@ def test_a_reasoning_model_that_thinks_away_its_max_tokens_stops_the_run_instead
     assert 0 < used <= 16
 
 
-def test_an_empty_answer_from_a_server_is_never_done(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_empty_answer_from_a_server_is_never_done(store: Path) -> None:
     """A server that answers 200 with an empty message (a gateway, a model that called a tool instead): the row is
     failed with the reason, never DONE with nothing in it."""
-    monkeypatch.setattr("llmledger._step.prices._warned", set())
     with Simulator(compatible=True, models=(LOCAL,), responder=lambda prompt, system=None: "") as server:
         out = on_local(server, 3, store)
     assert out["s_status"].to_list() == ["FAILED"] * 3
