@@ -234,7 +234,11 @@ def test_two_concurrent_runs_of_a_step_share_one_budget(
         "count(summary_cost_usd) AS paid FROM messages",
     )
     spent, dearest, paid = ledger.row(0)
-    assert paid == stats["paid"] and spent == pytest.approx(billed), "every billed answer is in the ledger"
+    twice = {prompt: n for prompt, n in sim.paid_prompts().items() if n > 1}
+    journals = sorted(str(p.relative_to(store.parent)) for p in store.parent.rglob("*.journal/*"))
+    assert paid == stats["paid"] and spent == pytest.approx(billed), (
+        f"every billed answer is in the ledger: paid twice {twice}, journals left {journals}, runs said {outputs}"
+    )
     assert billed <= budget + 2 * dearest, f"billed ${billed:.4f} on a budget of ${budget} (2 runs)"
     # Under it by at most what both runs held reserved ahead when both stopped: each reserves for every
     # worker's next request and a spare (3 + 1), beyond the one that did not fit.

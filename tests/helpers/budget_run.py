@@ -46,4 +46,5 @@ apply_llm(
 )
 report = last_report()
 print("outcome", report.outcome if report else None, flush=True)
+print("message", report.message if report else None, flush=True)  # a test that fails shows why the run stopped
 gc.freeze()  # as the `llmledger` command exits: no last collection of the SDKs' objects
