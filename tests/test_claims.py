@@ -88,7 +88,10 @@ def test_two_processes_on_one_store_never_send_the_same_row_twice(store: Path) -
         paid = sim.paid_prompts()
     assert sum(paid.values()) == rows
     assert max(paid.values()) == 1
-    assert sql(store, "SELECT summary_status, count(*) FROM messages GROUP BY ALL") == [("DONE", rows)]
+    journals = sorted(str(p.relative_to(store.parent)) for p in store.parent.rglob("*.journal/*"))
+    assert sql(store, "SELECT summary_status, count(*) FROM messages GROUP BY ALL") == [("DONE", rows)], (
+        f"journals left {journals}, runs said {[out for out, _ in outputs]}"
+    )
     runs = sql(store, "SELECT calls FROM llmledger_runs ORDER BY calls")
     assert len(runs) == 2 and sum(r[0] for r in runs) == rows
     assert runs[0][0] > 0, "both processes did part of the work"

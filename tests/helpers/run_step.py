@@ -20,6 +20,7 @@ import sys
 import anthropic
 import polars as pl
 
+import llmledger
 from llmledger import apply_llm
 
 p = argparse.ArgumentParser()
@@ -111,5 +112,7 @@ except KeyboardInterrupt:
     print("interrupted", flush=True)
     gc.freeze()  # as the `llmledger` command exits: no last collection of the SDKs' objects (0.3 s of CPU)
     sys.exit(130)
+report = llmledger.last_report()
 print("finished", out.height, flush=True)
+print("report", report.outcome if report else None, report.message if report else None, flush=True)
 gc.freeze()
