@@ -454,11 +454,14 @@ def test_a_batch_whose_rows_were_all_reset_is_cancelled_and_what_it_answered_is_
     """Every row taken out of a batch still processing: the next call asks the API to cancel it (no row waits for
     it) without waiting for it, and a later call merges it, so what it answered before the cancel, which the API
     bills, is recorded as unused. It was once given up at once, neither cancelled nor read: paid, unrecorded."""
-    sim.configure(batch_delay=4.0)  # the simulator answers a batch's requests in order over 4 s
+    # the simulator answers a batch's requests in order over 12 s: about half by the next call, which then has
+    # 6 s to ask for the cancel before the batch ends by itself (with 2 s, a loaded CI run came after its end)
+    sim.configure(batch_delay=12.0)
     run(frame(4), "summary", prompt="Summarize: {text}", mode="batch", wait=False)
     ((emptied,),) = sql(store, "SELECT batch_id FROM llmledger_batches")
     assert llmledger.reset(store, "messages", "summary", where="true") == 4
-    time.sleep(2.0)
+    time.sleep(6.0)
+    sim.configure(batch_delay=1.0)  # the new batch's (a batch keeps the delay it was created with)
     run(frame(4), "summary", prompt="Summarize: {text}", mode="batch", wait=False)  # the rows go in a new batch
     api = anthropic.Anthropic(base_url=sim.base_url, api_key="k")
     assert api.messages.batches.retrieve(emptied).cancel_initiated_at is not None, "no row waits for it: cancelled"

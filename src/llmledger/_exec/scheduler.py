@@ -102,6 +102,10 @@ class Scheduler(BudgetGuard):
         self.packs: list[dict[str, Any]] = []  # pack records for the next commit
         self.packs_paid = (0, 0.0)  # packs of several rows answered, and what they cost (for the budget)
         self.unjournaled: list[dict[str, Any]] = []  # and those not yet in the journal
+        # the chunk committed last: written again with the next commit or the release, where its rows are still
+        # RUNNING under this run (its commit was lost: `ledger.write_again`). Its journal is gone by then: a
+        # journal merged after a commit that landed would count its failed tries' cost twice
+        self.last_chunk: pl.DataFrame | None = None
         self.oldest: float | None = None
         self.stopping: Outcome | None = None
         self.in_flight = 0
@@ -317,6 +321,7 @@ class Scheduler(BudgetGuard):
         schema = {k: self.selection.key_types[k] for k in self.selection.layout.key} | RESULT_SCHEMA
         results = pl.from_dicts(batch, schema=schema)
         cost = sum(r["cost_usd"] or 0.0 for r in batch) if self.shared_budget else 0.0
+        before = self.last_chunk
         try:
             self.ledger.commit(
                 self.selection,
@@ -326,6 +331,7 @@ class Scheduler(BudgetGuard):
                 settled=(str(self.claimant), cost) if self.shared_budget else None,
                 run=(self.claimant.run_id, figures),
                 packs=packs,
+                again=None if before is None else (str(self.claimant), before),
             )
         except StoreBusy:
             self.report.message += (
@@ -334,6 +340,7 @@ class Scheduler(BudgetGuard):
             return 0.0
         if journal is not None:
             journal.unlink(missing_ok=True)
+        self.last_chunk = results
         return cost
 
     def _claim(self, n: int) -> list[dict[str, Any]]:
@@ -348,7 +355,7 @@ class Scheduler(BudgetGuard):
 
     def _release(self) -> int:
         try:
-            return self.ledger.release(self.selection, claimant=str(self.claimant))
+            return self.ledger.release(self.selection, claimant=str(self.claimant), again=self.last_chunk)
         except StoreBusy:
             return 0
 

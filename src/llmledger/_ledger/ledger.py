@@ -38,6 +38,7 @@ from llmledger._ledger.verbs import (
     recover_claims,
 )
 from llmledger._step.sqltext import q
+from llmledger._time import utcnow
 
 
 class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs):
@@ -105,14 +106,18 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         settled: tuple[str, float] | None = None,
         run: tuple[str, dict[str, Any]] | None = None,
         packs: list[dict[str, Any]] | None = None,
+        again: tuple[str, pl.DataFrame] | None = None,
     ) -> None:
         """One chunk of results. `settled` (claimant, dollars): those answers' cost leaves the claimant's budget
         reservation in the same transaction, as it enters the fact table. `run` (run id, figures): the run's row
         in llmledger_runs takes its figures so far with them, so a run killed later still shows what it paid.
-        `packs`: the requests that carried rows together, whose answers these are (`packs.PACK_SCHEMA`)."""
+        `packs`: the requests that carried rows together, whose answers these are (`packs.PACK_SCHEMA`).
+        `again` (claimant, results): the chunk committed before, written again where its rows are still RUNNING
+        under that claimant (see `write_again`)."""
         layout = selection.layout
 
         def work(con: Con) -> None:
+            write_again(con, layout, again, now=now)
             commit_results(con, layout, results, now=now)
             record_packs(con, packs or [])
             if settled is not None:
@@ -122,11 +127,13 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
 
         self.conn.transaction(work, wait=wait)
 
-    def release(self, selection: Selection, *, claimant: str) -> int:
-        """Give back the run's unfinished claims, and drop its budget reservation (its answers are committed)."""
+    def release(self, selection: Selection, *, claimant: str, again: pl.DataFrame | None = None) -> int:
+        """Give back the run's unfinished claims, and drop its budget reservation (its answers are committed).
+        `again`: the run's last chunk, written again first where its rows are still RUNNING (`write_again`)."""
         layout = selection.layout
 
         def work(con: Con) -> int:
+            write_again(con, layout, None if again is None else (claimant, again), now=utcnow())
             drop(con, claimant)
             return give_back(
                 con,
@@ -180,3 +187,16 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         """Write the run's row, replacing the one it wrote when it started (same run_id and step)."""
 
         self.conn.transaction(lambda con: write_run(con, row), wait=30.0)
+
+
+def write_again(con: Con, layout: Layout, again: tuple[str, pl.DataFrame] | None, *, now: datetime) -> None:
+    """Write a chunk committed earlier again, only where its rows are still RUNNING under the claimant that
+    committed it: rows whose commit was lost. DuckDB 2.0.1 can lose a committed transaction when two processes
+    take turns on one file (found by an attack on 2026-11-29: plain DuckDB, connect, insert, commit, close in two
+    processes lost one insert in five runs); a chunk's answers, paid for, then stayed RUNNING and went back to
+    NOT_STARTED at release, to be paid again. Where the commit landed its rows are DONE or FAILED by now, and
+    this writes nothing."""
+    if again is None or not again[1].height:
+        return
+    claimant, results = again
+    commit_results(con, layout, results, now=now, only_claimed_by=claimant)

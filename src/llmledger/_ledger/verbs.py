@@ -159,12 +159,14 @@ def commit_results(
     now: datetime,
     only_unfinished: bool = False,
     only_batch: str | None = None,
+    only_claimed_by: str | None = None,
 ) -> None:
     """Write outputs and statuses of one chunk; archive the outputs that a redo replaces.
 
     `only_unfinished` (for journals of dead runs) leaves rows that are DONE or NEEDS_REVIEW by now
     untouched, so an old answer never overwrites a newer one. `only_batch` (a batch's results) writes
-    only rows still SUBMITTED in that batch.
+    only rows still SUBMITTED in that batch. `only_claimed_by` writes only rows that claimant still holds
+    RUNNING: a chunk written again because its commit may have been lost (`Ledger.commit`'s `again`).
     """
     output_type = column_types(con, layout.table)[layout.step]
     with registered(con, RESULTS, results):
@@ -172,6 +174,8 @@ def commit_results(
         guard = f" AND {c['_status']} IN ('RUNNING', 'NOT_STARTED', 'FAILED')" if only_unfinished else ""
         if only_batch is not None:
             guard += f" AND {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = {sql_literal(only_batch)}"
+        if only_claimed_by is not None:
+            guard += f" AND {c['_status']} = 'RUNNING' AND {c['_claimed_by']} = {sql_literal(only_claimed_by)}"
         archive(
             con,
             layout,
