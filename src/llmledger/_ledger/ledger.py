@@ -195,8 +195,14 @@ def write_again(con: Con, layout: Layout, again: tuple[str, pl.DataFrame] | None
     take turns on one file (found by an attack on 2026-11-29: plain DuckDB, connect, insert, commit, close in two
     processes lost one insert in five runs); a chunk's answers, paid for, then stayed RUNNING and went back to
     NOT_STARTED at release, to be paid again. Where the commit landed its rows are DONE or FAILED by now, and
-    this writes nothing."""
-    if again is None or not again[1].height:
+    this writes nothing.
+
+    Only answers (DONE, NEEDS_REVIEW) are written again: a run never claims again a row it answered, but a worker
+    claiming open-ended (PostgreSQL) may claim again a row it FAILED, and writing that failure onto the new claim
+    would count its cost twice and end the claim while its request is in flight."""
+    if again is None:
         return
     claimant, results = again
-    commit_results(con, layout, results, now=now, only_claimed_by=claimant)
+    answers = results.filter(pl.col("status").is_in(["DONE", "NEEDS_REVIEW"]))
+    if answers.height:
+        commit_results(con, layout, answers, now=now, only_claimed_by=claimant)
