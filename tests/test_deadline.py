@@ -118,8 +118,9 @@ def test_a_deadline_sent_with_batches_is_kept_by_a_later_call(
             apply_llm(frame(20), "s", prompt="Summarize: {text}", store=store, table="t", progress=False,
                       client=client, mode="batch")  # fmt: skip
             assert sim.stats()["batches"] == 1
-    if later == "waits":
-        assert time.monotonic() - started < 12.0
+    if later == "waits":  # in time, give or take a loaded machine's slower online calls (a CI run took 12.8 s);
+        # a call that waited for the batch's own end instead (11 s) would have no rows online: checked below
+        assert time.monotonic() - started < 12.0 + 3.0
     # else it came after the batch's last moment, so in time is not promised; that it cancelled the batch at once,
     # not waited for its 11 s, shows in the rows that went online (a batch that ends by itself answers them all)
     batched, online = books(store)
