@@ -137,7 +137,9 @@ def test_a_commit_the_engine_loses_is_written_again_and_nothing_is_paid_twice(
     monkeypatch.setattr(SQLLedger, "commit", real)
     apply_llm(frame(12), "summary", **ask)
     assert sim.stats()["paid"] == 12, "the lost chunk's answers were kept, not paid again"
-    statuses = llmledger.sql(target, "SELECT summary_status, count(*) AS n FROM messages GROUP BY summary_status").rows()
+    statuses = llmledger.sql(
+        target, "SELECT summary_status, count(*) AS n FROM messages GROUP BY summary_status"
+    ).rows()
     assert statuses == [("DONE", 12)]
     if isinstance(target, Path):
         assert not list(target.parent.rglob("*.journal/*")), "no journal is left behind"
