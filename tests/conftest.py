@@ -192,6 +192,14 @@ def sigint_as_a_terminal_sends_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def journals_left(store: Path) -> list[str]:
+    """The journal files beside a DuckDB store (`journal_folder`): answers a commit could not put in the store,
+    which the next run merges. A test that finds answers missing names them, to tell journaled from lost."""
+    from llmledger._ledger.journal import journal_folder
+
+    return sorted(p.name for p in journal_folder(Path(store)).glob("*"))
+
+
 def helper_cmd(*args: str) -> list[str]:
     return [sys.executable, str(HELPERS / "run_step.py"), *args]
 

@@ -17,7 +17,7 @@ import pytest
 import llmledger
 from llmledger import RunningElsewhereWarning, Simulator, apply_llm, last_report
 
-from .conftest import frame, helper_cmd, sql, subprocess_env
+from .conftest import frame, helper_cmd, journals_left, sql, subprocess_env
 
 
 def _claim(store: Path, ids: list[int], claimant: str, started: datetime) -> None:
@@ -91,7 +91,7 @@ def test_two_processes_on_one_store_never_send_the_same_row_twice(store: Path) -
         paid = sim.paid_prompts()
     assert sum(paid.values()) == rows
     assert max(paid.values()) == 1
-    journals = sorted(str(p.relative_to(store.parent)) for p in store.parent.rglob("*.journal/*"))
+    journals = journals_left(store)
     assert sql(store, "SELECT summary_status, count(*) FROM messages GROUP BY ALL") == [("DONE", rows)], (
         f"journals left {journals}, runs said {[out for out, _ in outputs]}"
     )
@@ -142,4 +142,4 @@ def test_a_commit_the_engine_loses_is_written_again_and_nothing_is_paid_twice(
     ).rows()
     assert statuses == [("DONE", 12)]
     if isinstance(target, Path):
-        assert not list(target.parent.rglob("*.journal/*")), "no journal is left behind"
+        assert not journals_left(target), "no journal is left behind"

@@ -26,7 +26,7 @@ from llmledger import RetryPolicy, RunStopped, Simulator, apply_llm, last_report
 from llmledger._ledger.liveness import host_name
 from llmledger._time import utcnow
 
-from .conftest import HELPERS, frame, subprocess_env
+from .conftest import HELPERS, frame, journals_left, subprocess_env
 
 ROWS, CONCURRENCY = 60, 16
 FAST = RetryPolicy(base_delay=0.01, max_delay=0.02, outage_after=0.01, outage_failures=3)
@@ -235,7 +235,7 @@ def test_two_concurrent_runs_of_a_step_share_one_budget(
     )
     spent, dearest, paid = ledger.row(0)
     twice = {prompt: n for prompt, n in sim.paid_prompts().items() if n > 1}
-    journals = sorted(str(p.relative_to(store.parent)) for p in store.parent.rglob("*.journal/*"))
+    journals = journals_left(store)
     assert paid == stats["paid"] and spent == pytest.approx(billed), (
         f"every billed answer is in the ledger: paid twice {twice}, journals left {journals}, runs said {outputs}"
     )
