@@ -1,4 +1,4 @@
-"""The fast tier: pure unit tests, no server, no subprocess, no store on disk (`pytest -m fast -n 0`)."""
+"""The fast tier: pure unit tests, no server, no subprocess, no store on disk (`pytest tests/unit -n 0`)."""
 
 from hypothesis import settings
 

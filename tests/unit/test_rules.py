@@ -1,7 +1,7 @@
 """The rules under the ledger and the senders, as pure functions: the shape of `where=`, how a refused row's status
 and attempts move, what a 4xx/5xx means for a run, how long to wait, and how rows are drawn.
 
-The fast tier (`pytest -m fast`): no server, no subprocess, no store on disk.
+The fast tier (`pytest tests/unit`): no server, no subprocess, no store on disk.
 """
 
 from __future__ import annotations

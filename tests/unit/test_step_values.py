@@ -1,6 +1,6 @@
 """What a step is, as pure values: the fingerprint, quoting, templates, prices and attached files' headers.
 
-The fast tier (`pytest -m fast`): no server, no subprocess, no store on disk (an in-memory DuckDB at most).
+The fast tier (`pytest tests/unit`): no server, no subprocess, no store on disk (an in-memory DuckDB at most).
 """
 
 from __future__ import annotations

@@ -13,8 +13,6 @@ from llmledger._cli_parser import VERBS, parser
 from llmledger._cli_parser.table import synopsis
 from llmledger._run.options import DEFAULTS
 
-pytestmark = pytest.mark.fast
-
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
     found = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
