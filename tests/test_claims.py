@@ -111,14 +111,21 @@ def test_a_live_runs_claims_are_not_taken_back_by_age(run, sim: Simulator, store
     assert sim.stats()["paid"] == 20 and second["summary_status"].to_list().count("DONE") <= 20
 
 
+@pytest.mark.parametrize("packed", [1, 2], ids=["alone", "packed"])
 @pytest.mark.parametrize("lost", [2, 3], ids=["a-middle-commit", "the-last-commit"])
 def test_a_commit_the_engine_loses_is_written_again_and_nothing_is_paid_twice(
-    target: Any, sim: Simulator, client: anthropic.AsyncAnthropic, monkeypatch: pytest.MonkeyPatch, lost: int
+    target: Any,
+    sim: Simulator,
+    client: anthropic.AsyncAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    lost: int,
+    packed: int,
 ) -> None:
     """DuckDB 2.0.1 can lose a committed transaction when two processes take turns on one file (an attack found
     it with plain DuckDB; twice in CI a chunk's paid answers stayed RUNNING, then went back to NOT_STARTED, to be
     paid again). Here one chunk's commit is lost on purpose: the next commit, or the release after the last one,
-    writes it again, so every row is DONE and a rerun pays nothing. Before, `lost` rows were paid twice."""
+    writes it again, so every row is DONE and a rerun pays nothing. Before, `lost` rows were paid twice. Packed,
+    the packs that chunk carried are written again too: each answer's pack is on record."""
     from llmledger._ledger.ledger import SQLLedger
 
     real, commits = SQLLedger.commit, []
@@ -130,13 +137,28 @@ def test_a_commit_the_engine_loses_is_written_again_and_nothing_is_paid_twice(
         real(self, selection, results, **options)
 
     monkeypatch.setattr(SQLLedger, "commit", losing)
-    ask = dict(prompt="Summarize: {text}", store=target, table="messages", client=client, progress=False)
+    ask = dict(
+        prompt="Summarize: {text}",
+        store=target,
+        table="messages",
+        client=client,
+        progress=False,
+        rows_per_request=packed,
+    )
     out = apply_llm(frame(12), "summary", concurrency=1, chunk_size=4, commit_every=60, **ask)
     assert commits == [4, 4, 4], "three chunks, one of them lost"
     assert out["summary_status"].to_list() == ["DONE"] * 12
     monkeypatch.setattr(SQLLedger, "commit", real)
     apply_llm(frame(12), "summary", **ask)
-    assert sim.stats()["paid"] == 12, "the lost chunk's answers were kept, not paid again"
+    assert sim.stats()["paid"] == 12 // packed, "the lost chunk's answers were kept, not paid again"
+    unrecorded = llmledger.sql(
+        target,
+        "SELECT count(*) AS n FROM messages WHERE summary_pack IS NOT NULL "
+        "AND summary_pack NOT IN (SELECT pack_id FROM llmledger_packs)",
+    ).item()
+    assert unrecorded == 0, "every packed answer's request is on record"
+    if packed > 1:
+        assert llmledger.sql(target, "SELECT count(DISTINCT summary_pack) AS n FROM messages").item() == 6
     statuses = llmledger.sql(
         target, "SELECT summary_status, count(*) AS n FROM messages GROUP BY summary_status"
     ).rows()

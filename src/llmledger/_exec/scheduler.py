@@ -32,7 +32,7 @@ from llmledger._exec.online import OnlineSender
 from llmledger._exec.packed import PackedSender
 from llmledger._exec.recorder import Recorder
 from llmledger._exec.spending import BudgetGuard
-from llmledger._ledger import Ledger, Selection
+from llmledger._ledger import Chunk, Ledger, Selection
 from llmledger._ledger.columns import RESULT_SCHEMA
 from llmledger._ledger.journal import Journal
 from llmledger._ledger.liveness import Claimant
@@ -105,7 +105,7 @@ class Scheduler(BudgetGuard):
         # the chunk committed last: written again with the next commit or the release, where its rows are still
         # RUNNING under this run (its commit was lost: `ledger.write_again`). Its journal is gone by then: a
         # journal merged after a commit that landed would count its failed tries' cost twice
-        self.last_chunk: pl.DataFrame | None = None
+        self.last_chunk: Chunk | None = None
         self.oldest: float | None = None
         self.stopping: Outcome | None = None
         self.in_flight = 0
@@ -340,7 +340,7 @@ class Scheduler(BudgetGuard):
             return 0.0
         if journal is not None:
             journal.unlink(missing_ok=True)
-        self.last_chunk = results
+        self.last_chunk = Chunk(results, packs)
         return cost
 
     def _claim(self, n: int) -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import (
     DEFAULT_STORE,
     DEFAULT_TABLE,
+    Chunk,
     KnownAnswer,
     Ledger,
     RunParams,
@@ -53,6 +54,7 @@ from llmledger._ledger.types import (
 __all__ = [
     "DEFAULT_STORE",
     "DEFAULT_TABLE",
+    "Chunk",
     "KnownAnswer",
     "Layout",
     "Ledger",

@@ -17,15 +17,16 @@ import polars as pl
 
 from llmledger._ledger.batches import BatchVerbs
 from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
+from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con, Database
-from llmledger._ledger.engine.shared import lock_step
+from llmledger._ledger.engine.shared import lock_step, registered
 from llmledger._ledger.looks import LookVerbs
 from llmledger._ledger.packs import record_packs
 from llmledger._ledger.review import ReviewVerbs
 from llmledger._ledger.run_rows import raise_run, write_run
 from llmledger._ledger.selection import SelectionVerbs
 from llmledger._ledger.survey import Layout, survey
-from llmledger._ledger.types import RunParams, Selection
+from llmledger._ledger.types import Chunk, RunParams, Selection
 from llmledger._ledger.verbs import (
     CLAIM_LOCK,
     claim_open,
@@ -106,18 +107,19 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         settled: tuple[str, float] | None = None,
         run: tuple[str, dict[str, Any]] | None = None,
         packs: list[dict[str, Any]] | None = None,
-        again: tuple[str, pl.DataFrame] | None = None,
+        again: tuple[str, Chunk] | None = None,
     ) -> None:
         """One chunk of results. `settled` (claimant, dollars): those answers' cost leaves the claimant's budget
         reservation in the same transaction, as it enters the fact table. `run` (run id, figures): the run's row
         in llmledger_runs takes its figures so far with them, so a run killed later still shows what it paid.
         `packs`: the requests that carried rows together, whose answers these are (`packs.PACK_SCHEMA`).
-        `again` (claimant, results): the chunk committed before, written again where its rows are still RUNNING
+        `again` (claimant, chunk): the chunk committed before, written again where its rows are still RUNNING
         under that claimant (see `write_again`)."""
         layout = selection.layout
 
         def work(con: Con) -> None:
-            write_again(con, layout, again, now=now)
+            if again is not None:
+                write_again(con, layout, *again, now=now)
             commit_results(con, layout, results, now=now)
             record_packs(con, packs or [])
             if settled is not None:
@@ -127,13 +129,14 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
 
         self.conn.transaction(work, wait=wait)
 
-    def release(self, selection: Selection, *, claimant: str, again: pl.DataFrame | None = None) -> int:
+    def release(self, selection: Selection, *, claimant: str, again: Chunk | None = None) -> int:
         """Give back the run's unfinished claims, and drop its budget reservation (its answers are committed).
         `again`: the run's last chunk, written again first where its rows are still RUNNING (`write_again`)."""
         layout = selection.layout
 
         def work(con: Con) -> int:
-            write_again(con, layout, None if again is None else (claimant, again), now=utcnow())
+            if again is not None:
+                write_again(con, layout, claimant, again, now=utcnow())
             drop(con, claimant)
             return give_back(
                 con,
@@ -189,20 +192,33 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         self.conn.transaction(lambda con: write_run(con, row), wait=30.0)
 
 
-def write_again(con: Con, layout: Layout, again: tuple[str, pl.DataFrame] | None, *, now: datetime) -> None:
-    """Write a chunk committed earlier again, only where its rows are still RUNNING under the claimant that
-    committed it: rows whose commit was lost. DuckDB 2.0.1 can lose a committed transaction when two processes
+def write_again(con: Con, layout: Layout, claimant: str, chunk: Chunk, *, now: datetime) -> None:
+    """Write a chunk committed earlier again, with its packs, where its rows are still RUNNING under the claimant
+    that committed it: rows whose commit was lost. DuckDB 2.0.1 can lose a committed transaction when two processes
     take turns on one file (found by an attack on 2026-11-29: plain DuckDB, connect, insert, commit, close in two
     processes lost one insert in five runs); a chunk's answers, paid for, then stayed RUNNING and went back to
-    NOT_STARTED at release, to be paid again. Where the commit landed its rows are DONE or FAILED by now, and
-    this writes nothing.
+    NOT_STARTED at release, to be paid again. Where the commit landed its rows are DONE or FAILED by now: one look
+    at the chunk's keys finds none held, and nothing is written.
 
     Only answers (DONE, NEEDS_REVIEW) are written again: a run never claims again a row it answered, but a worker
     claiming open-ended (PostgreSQL) may claim again a row it FAILED, and writing that failure onto the new claim
-    would count its cost twice and end the claim while its request is in flight."""
-    if again is None:
+    would count its cost twice and end the claim while its request is in flight. The packs go with them (each in
+    place of its record, if any): a packed answer's `{step}_pack` names its request in `llmledger_packs`.
+    A shared budget's reservation is not settled again: each claim reserves anew, in place of the run's reservation
+    (settling again left the run reserving less than it would have, had the commit landed)."""
+    answers = chunk.results.filter(pl.col("status").is_in(["DONE", "NEEDS_REVIEW"]))
+    if not answers.height:
         return
-    claimant, results = again
-    answers = results.filter(pl.col("status").is_in(["DONE", "NEEDS_REVIEW"]))
-    if answers.height:
+    c = names(layout.step, "t")
+    with registered(con, _AGAIN, answers.select(layout.key)):
+        held = con.execute(
+            f"SELECT count(*) FROM {q(layout.table)} AS t JOIN {_AGAIN} AS i ON {layout.key_join()} "
+            f"WHERE {c['_status']} = 'RUNNING' AND {c['_claimed_by']} = $claimant",
+            {"claimant": claimant},
+        ).fetchone()
+    if held and held[0]:
         commit_results(con, layout, answers, now=now, only_claimed_by=claimant)
+        record_packs(con, chunk.packs)
+
+
+_AGAIN = "llmledger_written_again"

@@ -86,6 +86,16 @@ class KnownAnswer:
     model: str
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """A chunk a run committed: its results (the key and `RESULT_SCHEMA`) and the packs that carried them
+    (`packs.PACK_SCHEMA`), kept to be written again with the next commit in case the engine lost this one
+    (`ledger.write_again`)."""
+
+    results: pl.DataFrame
+    packs: list[dict[str, Any]] = field(default_factory=list)
+
+
 @dataclass
 class Selection:
     """The rows one run set out to send, and what it needs to claim them."""
@@ -166,9 +176,9 @@ class Ledger(Protocol):
         settled: tuple[str, float] | None = None,
         run: tuple[str, dict[str, Any]] | None = None,
         packs: list[dict[str, Any]] | None = None,
-        again: tuple[str, pl.DataFrame] | None = None,
+        again: tuple[str, Chunk] | None = None,
     ) -> None: ...
-    def release(self, selection: Selection, *, claimant: str, again: pl.DataFrame | None = None) -> int: ...
+    def release(self, selection: Selection, *, claimant: str, again: Chunk | None = None) -> int: ...
     def renew(self, selection: Selection, *, claimant: str, now: datetime) -> int: ...
     def recover(self, table: str, step: str, params: RunParams) -> int: ...
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame: ...
