@@ -165,3 +165,34 @@ def test_a_commit_the_engine_loses_is_written_again_and_nothing_is_paid_twice(
     assert statuses == [("DONE", 12)]
     if isinstance(target, Path):
         assert not journals_left(target), "no journal is left behind"
+
+
+def test_a_lost_commit_counts_against_a_shared_budget_before_the_next_reservation(
+    target: Any, sim: Simulator, client: anthropic.AsyncAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the fault explorer (seed 2, a step budget over a store losing commits): a lost chunk's cost was
+    neither in the fact table nor reserved, so the next reservation had its room again and the run went over the
+    budget by that chunk. The reservation now writes the chunk again first, and counts it as spent."""
+    from llmledger._ledger.ledger import SQLLedger
+
+    model = "claude-lost-commit-budget-test"
+    llmledger.set_price(model, input=1000.0, output=1000.0)  # about a cent a row
+    real, commits = SQLLedger.commit, []
+
+    def losing(self: SQLLedger, selection: Any, results: Any, **options: Any) -> None:
+        commits.append(results.height)
+        if len(commits) != 1:  # the run's first chunk is lost: the next 8 rows are paid before the next commit
+            real(self, selection, results, **options)
+
+    ask = dict(prompt="Summarize: {text}", store=target, table="messages", client=client, progress=False, model=model)
+    apply_llm(frame(4), "summary", **ask)  # the step's price of a row, before the budget
+    per_row = llmledger.sql(target, "SELECT avg(summary_cost_usd) AS c FROM messages").item()
+    budget = per_row * (4 + 12)  # those 4 rows and 12 more
+    monkeypatch.setattr(SQLLedger, "commit", losing)
+    with pytest.warns(llmledger.BudgetReachedWarning):
+        apply_llm(frame(40), "summary", max_cost_usd=budget, budget_scope="step", concurrency=1, chunk_size=8,
+                  commit_every=60, **ask)  # fmt: skip
+    assert len(commits) > 1, "a commit after the lost one"
+    spent = llmledger.sql(target, "SELECT sum(summary_cost_usd) AS c FROM messages").item()
+    assert spent <= budget + 2 * per_row, f"spent {spent / per_row:.1f} rows against a budget of 16"
+    assert max(sim.paid_prompts().values()) == 1

@@ -3,11 +3,14 @@
 usage: run_step.py STORE ROWS [--concurrency N] [--chunk-size N] [--commit-every S] [--step NAME]
                    [--mode online|batch] [--no-wait] [--die-before create|confirm] [--distinct N]
                    [--clock-skew SECONDS] [--max-cost USD] [--model MODEL] [--rows-per-request N]
+                   [--lose-commits SEED]
 Talks to ANTHROPIC_BASE_URL with the key in LLMLEDGER_TEST_KEY. `--die-before` kills the process (no cleanup,
 as a crash or a lost kernel would) just before a batch is sent to the API, or just after the API took it and
 before the ledger records its id. `--distinct N`: row i's text is that of row i % N (duplicate texts).
 `--clock-skew`: the process's clock (llmledger's `utcnow`) runs that many seconds ahead (negative: behind).
 `--max-cost`: a step budget, with the model priced $1000 per million tokens (about a cent a row).
+`--lose-commits SEED`: the store loses about a third of the run's chunk commits (never two in a row, drawn from SEED):
+the call returns and nothing of the transaction is kept, as DuckDB 2.0.1 did when processes took turns on a file.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ p.add_argument("--clock-skew", type=float, default=0.0)
 p.add_argument("--max-cost", type=float, default=None)
 p.add_argument("--rows-per-request", type=int, default=1)
 p.add_argument("--model", default=None)  # "openai:...": the openai SDK, at ANTHROPIC_BASE_URL + "/v1"
+p.add_argument("--lose-commits", default=None)
 a = p.parse_args()
 
 if a.clock_skew:
@@ -74,6 +78,20 @@ if a.die_before:
         BatchSender._create = die  # type: ignore[method-assign, assignment]
     else:
         BatchVerbs.confirm_batch = die  # type: ignore[method-assign, assignment]
+
+if a.lose_commits is not None:
+    import random
+
+    from llmledger._ledger.ledger import SQLLedger
+
+    draw, real_commit, lost = random.Random(a.lose_commits), SQLLedger.commit, [False]
+
+    def losing(self: SQLLedger, *args: object, **kwargs: object) -> None:
+        lost[0] = not lost[0] and draw.random() < 0.35
+        if not lost[0]:
+            real_commit(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    SQLLedger.commit = losing  # type: ignore[method-assign]
 
 df = pl.DataFrame(
     {

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from llmledger._exec.config import RunConfig
-from llmledger._ledger import Ledger, Selection
+from llmledger._ledger import Chunk, Ledger, Selection
 from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
@@ -40,6 +40,7 @@ class BudgetGuard:
     _wake: asyncio.Event
     stop: Callable[[Outcome, str], None]
     packs_paid: tuple[int, float]  # requests that carried several rows (`rows_per_request`), and what they cost
+    last_chunk: Chunk | None  # the chunk committed last, written again where the store lost it (`Scheduler`)
 
     def _average_request(self) -> float:
         """What the next request is reckoned to cost: the run's average so far (the step's before its first answer);
@@ -137,6 +138,7 @@ class BudgetGuard:
                 budget_usd=budget,
                 now=now,
                 stale_after=timedelta(seconds=self.cfg.stale_after),
+                again=None if self.last_chunk is None else (layout, self.last_chunk),
             )
         except StoreBusy:  # the store stayed locked: the senders keep waiting, and ask again
             self.budget_ask = False

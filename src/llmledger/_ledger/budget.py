@@ -21,12 +21,14 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
+from llmledger._ledger.again import write_again
 from llmledger._ledger.batches import OPEN_STATES
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import column_types, lock_step, one, table_exists
 from llmledger._ledger.liveness import is_abandoned, is_alive_here
 from llmledger._ledger.schema import BATCHES_TABLE, HISTORY_TABLE
-from llmledger._ledger.types import BudgetLook
+from llmledger._ledger.survey import Layout
+from llmledger._ledger.types import BudgetLook, Chunk
 from llmledger._ledger.verbs import clock
 from llmledger._step.sqltext import q
 
@@ -192,11 +194,16 @@ class BudgetVerbs:
         budget_usd: float,
         now: datetime,
         stale_after: timedelta,
+        again: tuple[Layout, Chunk] | None = None,
     ) -> BudgetLook:
-        """One short transaction: see what the step has spent and others reserved; reserve what fits."""
+        """One short transaction: see what the step has spent and others reserved; reserve what fits. `again`
+        (the step's layout, the run's last chunk): written again first where the store lost its commit
+        (`again.write_again`), or its cost would be neither spent nor reserved, and the run would go over."""
 
         def work(con: Con) -> BudgetLook:
             lock_step(con, _PG_LOCK_CLASS, table, step)
+            if again is not None:
+                write_again(con, again[0], claimant, again[1], now=now)
             return reserve(
                 con,
                 table,

@@ -15,11 +15,11 @@ from typing import Any
 
 import polars as pl
 
+from llmledger._ledger.again import write_again
 from llmledger._ledger.batches import BatchVerbs
 from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
-from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con, Database
-from llmledger._ledger.engine.shared import lock_step, registered
+from llmledger._ledger.engine.shared import lock_step
 from llmledger._ledger.looks import LookVerbs
 from llmledger._ledger.packs import record_packs
 from llmledger._ledger.review import ReviewVerbs
@@ -190,35 +190,3 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         """Write the run's row, replacing the one it wrote when it started (same run_id and step)."""
 
         self.conn.transaction(lambda con: write_run(con, row), wait=30.0)
-
-
-def write_again(con: Con, layout: Layout, claimant: str, chunk: Chunk, *, now: datetime) -> None:
-    """Write a chunk committed earlier again, with its packs, where its rows are still RUNNING under the claimant
-    that committed it: rows whose commit was lost. DuckDB 2.0.1 can lose a committed transaction when two processes
-    take turns on one file (found by an attack on 2026-11-29: plain DuckDB, connect, insert, commit, close in two
-    processes lost one insert in five runs); a chunk's answers, paid for, then stayed RUNNING and went back to
-    NOT_STARTED at release, to be paid again. Where the commit landed its rows are DONE or FAILED by now: one look
-    at the chunk's keys finds none held, and nothing is written.
-
-    Only answers (DONE, NEEDS_REVIEW) are written again: a run never claims again a row it answered, but a worker
-    claiming open-ended (PostgreSQL) may claim again a row it FAILED, and writing that failure onto the new claim
-    would count its cost twice and end the claim while its request is in flight. The packs go with them (each in
-    place of its record, if any): a packed answer's `{step}_pack` names its request in `llmledger_packs`.
-    A shared budget's reservation is not settled again: each claim reserves anew, in place of the run's reservation
-    (settling again left the run reserving less than it would have, had the commit landed)."""
-    answers = chunk.results.filter(pl.col("status").is_in(["DONE", "NEEDS_REVIEW"]))
-    if not answers.height:
-        return
-    c = names(layout.step, "t")
-    with registered(con, _AGAIN, answers.select(layout.key)):
-        held = con.execute(
-            f"SELECT count(*) FROM {q(layout.table)} AS t JOIN {_AGAIN} AS i ON {layout.key_join()} "
-            f"WHERE {c['_status']} = 'RUNNING' AND {c['_claimed_by']} = $claimant",
-            {"claimant": claimant},
-        ).fetchone()
-    if held and held[0]:
-        commit_results(con, layout, answers, now=now, only_claimed_by=claimant)
-        record_packs(con, chunk.packs)
-
-
-_AGAIN = "llmledger_written_again"

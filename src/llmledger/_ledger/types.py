@@ -90,7 +90,7 @@ class KnownAnswer:
 class Chunk:
     """A chunk a run committed: its results (the key and `RESULT_SCHEMA`) and the packs that carried them
     (`packs.PACK_SCHEMA`), kept to be written again with the next commit in case the engine lost this one
-    (`ledger.write_again`)."""
+    (`again.write_again`)."""
 
     results: pl.DataFrame
     packs: list[dict[str, Any]] = field(default_factory=list)
@@ -197,6 +197,7 @@ class Ledger(Protocol):
         budget_usd: float,
         now: datetime,
         stale_after: timedelta,
+        again: tuple[Layout, Chunk] | None = None,
     ) -> BudgetLook: ...
     def begin_batch(
         self,
