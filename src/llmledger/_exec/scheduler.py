@@ -102,9 +102,9 @@ class Scheduler(BudgetGuard):
         self.packs: list[dict[str, Any]] = []  # pack records for the next commit
         self.packs_paid = (0, 0.0)  # packs of several rows answered, and what they cost (for the budget)
         self.unjournaled: list[dict[str, Any]] = []  # and those not yet in the journal
-        # the chunk committed last: written again by the next commit, reservation or release, where its rows are still
-        # RUNNING under this run (its commit was lost: `again.write_again`). Its journal is gone by then: a
-        # journal merged after a commit that landed would count its failed tries' cost twice
+        # the chunk committed last: written again by the next commit, budget reservation or release, where its rows
+        # are still RUNNING under this run (its commit was lost: `again.write_again`). Its journal is gone by then:
+        # a journal merged after a commit that landed would count its failed tries' cost twice
         self.last_chunk: Chunk | None = None
         self.oldest: float | None = None
         self.stopping: Outcome | None = None

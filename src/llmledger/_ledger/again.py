@@ -17,12 +17,11 @@ from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import Chunk
 from llmledger._ledger.verbs import commit_results
 from llmledger._step.sqltext import q
-from llmledger._time import utcnow
 
 _AGAIN = "llmledger_written_again"
 
 
-def write_again(con: Con, layout: Layout, claimant: str, chunk: Chunk | None, *, now: datetime | None = None) -> None:
+def write_again(con: Con, layout: Layout, claimant: str, chunk: Chunk, *, now: datetime) -> None:
     """Write a chunk committed earlier again, with its packs, where its rows are still RUNNING under the claimant
     that committed it: rows whose commit was lost. DuckDB 2.0.1 can lose a committed transaction when two processes
     take turns on one file (found by an attack on 2026-11-29: plain DuckDB, connect, insert, commit, close in two
@@ -37,8 +36,6 @@ def write_again(con: Con, layout: Layout, claimant: str, chunk: Chunk | None, *,
     A shared budget's reservation is not settled again: the run's next reservation replaces it, after writing the
     chunk again itself, so it sees the chunk's cost as spent (settling again left the run reserving less than it
     would have, had the commit landed)."""
-    if chunk is None:
-        return
     answers = chunk.results.filter(pl.col("status").is_in(["DONE", "NEEDS_REVIEW"]))
     if not answers.height:
         return
@@ -50,5 +47,5 @@ def write_again(con: Con, layout: Layout, claimant: str, chunk: Chunk | None, *,
             {"claimant": claimant},
         ).fetchone()
     if held and held[0]:
-        commit_results(con, layout, answers, now=now or utcnow(), only_claimed_by=claimant)
+        commit_results(con, layout, answers, now=now, only_claimed_by=claimant)
         record_packs(con, chunk.packs)
