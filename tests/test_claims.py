@@ -111,6 +111,22 @@ def test_a_live_runs_claims_are_not_taken_back_by_age(run, sim: Simulator, store
     assert sim.stats()["paid"] == 20 and second["summary_status"].to_list().count("DONE") <= 20
 
 
+def _losing_commit(monkeypatch: pytest.MonkeyPatch, lost: int) -> list[int]:
+    """The store loses the `lost`th chunk commit (from 1), as DuckDB 2.0.1 did: the call returns, and nothing of
+    its transaction is kept. Returns the list of each commit's rows, filled as they come."""
+    from llmledger._ledger.ledger import SQLLedger
+
+    real, commits = SQLLedger.commit, []
+
+    def losing(self: SQLLedger, selection: Any, results: Any, **options: Any) -> None:
+        commits.append(results.height)
+        if len(commits) != lost:
+            real(self, selection, results, **options)
+
+    monkeypatch.setattr(SQLLedger, "commit", losing)
+    return commits
+
+
 @pytest.mark.parametrize("packed", [1, 2], ids=["alone", "packed"])
 @pytest.mark.parametrize("lost", [2, 3], ids=["a-middle-commit", "the-last-commit"])
 def test_a_commit_the_engine_loses_is_written_again_and_nothing_is_paid_twice(
@@ -126,17 +142,6 @@ def test_a_commit_the_engine_loses_is_written_again_and_nothing_is_paid_twice(
     paid again). Here one chunk's commit is lost on purpose: the next commit, or the release after the last one,
     writes it again, so every row is DONE and a rerun pays nothing. Before, `lost` rows were paid twice. Packed,
     the packs that chunk carried are written again too: each answer's pack is on record."""
-    from llmledger._ledger.ledger import SQLLedger
-
-    real, commits = SQLLedger.commit, []
-
-    def losing(self: SQLLedger, selection: Any, results: Any, **options: Any) -> None:
-        commits.append(results.height)
-        if len(commits) == lost:
-            return  # as the engine did: the call returned, and nothing of its transaction is in the store
-        real(self, selection, results, **options)
-
-    monkeypatch.setattr(SQLLedger, "commit", losing)
     ask = dict(
         prompt="Summarize: {text}",
         store=target,
@@ -145,10 +150,11 @@ def test_a_commit_the_engine_loses_is_written_again_and_nothing_is_paid_twice(
         progress=False,
         rows_per_request=packed,
     )
-    out = apply_llm(frame(12), "summary", concurrency=1, chunk_size=4, commit_every=60, **ask)
+    with monkeypatch.context() as losing:
+        commits = _losing_commit(losing, lost)
+        out = apply_llm(frame(12), "summary", concurrency=1, chunk_size=4, commit_every=60, **ask)
     assert commits == [4, 4, 4], "three chunks, one of them lost"
     assert out["summary_status"].to_list() == ["DONE"] * 12
-    monkeypatch.setattr(SQLLedger, "commit", real)
     apply_llm(frame(12), "summary", **ask)
     assert sim.stats()["paid"] == 12 // packed, "the lost chunk's answers were kept, not paid again"
     unrecorded = llmledger.sql(
@@ -173,22 +179,13 @@ def test_a_lost_commit_counts_against_a_shared_budget_before_the_next_reservatio
     """Found by the fault explorer (seed 2, a step budget over a store losing commits): a lost chunk's cost was
     neither in the fact table nor reserved, so the next reservation had its room again and the run went over the
     budget by that chunk. The reservation now writes the chunk again first, and counts it as spent."""
-    from llmledger._ledger.ledger import SQLLedger
-
     model = "claude-lost-commit-budget-test"
     llmledger.set_price(model, input=1000.0, output=1000.0)  # about a cent a row
-    real, commits = SQLLedger.commit, []
-
-    def losing(self: SQLLedger, selection: Any, results: Any, **options: Any) -> None:
-        commits.append(results.height)
-        if len(commits) != 1:  # the run's first chunk is lost: the next 8 rows are paid before the next commit
-            real(self, selection, results, **options)
-
     ask = dict(prompt="Summarize: {text}", store=target, table="messages", client=client, progress=False, model=model)
     apply_llm(frame(4), "summary", **ask)  # the step's price of a row, before the budget
     per_row = llmledger.sql(target, "SELECT avg(summary_cost_usd) AS c FROM messages").item()
     budget = per_row * (4 + 12)  # those 4 rows and 12 more
-    monkeypatch.setattr(SQLLedger, "commit", losing)
+    commits = _losing_commit(monkeypatch, 1)  # the run's first chunk: the next 8 rows are paid before the next commit
     with pytest.warns(llmledger.BudgetReachedWarning):
         apply_llm(frame(40), "summary", max_cost_usd=budget, budget_scope="step", concurrency=1, chunk_size=8,
                   commit_every=60, **ask)  # fmt: skip
