@@ -86,10 +86,12 @@ if a.lose_commits is not None:
 
     draw, real_commit, lost = random.Random(a.lose_commits), SQLLedger.commit, [False]
 
-    def losing(self: SQLLedger, *args: object, **kwargs: object) -> None:
+    def losing(self: SQLLedger, *args: object, **kwargs: object) -> object:
         lost[0] = not lost[0] and draw.random() < 0.35
         if not lost[0]:
-            real_commit(self, *args, **kwargs)  # type: ignore[arg-type]
+            return real_commit(self, *args, **kwargs)  # type: ignore[arg-type]
+        again = kwargs.get("again")
+        return list(again[1]) if again else []  # type: ignore[index]  # what it had written again, lost too
 
     SQLLedger.commit = losing  # type: ignore[method-assign]
 

@@ -102,10 +102,11 @@ class Scheduler(BudgetGuard):
         self.packs: list[dict[str, Any]] = []  # pack records for the next commit
         self.packs_paid = (0, 0.0)  # packs of several rows answered, and what they cost (for the budget)
         self.unjournaled: list[dict[str, Any]] = []  # and those not yet in the journal
-        # the chunk committed last: written again by the next commit, budget reservation or release, where its rows
-        # are still RUNNING under this run (its commit was lost: `again.write_again`). Its journal is gone by then:
-        # a journal merged after a commit that landed would count its failed tries' cost twice
-        self.last_chunk: Chunk | None = None
+        # the chunks committed and not yet seen to land (the last one, and any the store lost): written again by
+        # the next commit, budget reservation or release, where their rows are still as this run claimed them
+        # (`again.write_again`). Their journals are gone by then: a journal merged after a commit that landed
+        # would count its failed tries' cost twice
+        self.unlanded: list[Chunk] = []
         self.oldest: float | None = None
         self.stopping: Outcome | None = None
         self.in_flight = 0
@@ -321,9 +322,8 @@ class Scheduler(BudgetGuard):
         schema = {k: self.selection.key_types[k] for k in self.selection.layout.key} | RESULT_SCHEMA
         results = pl.from_dicts(batch, schema=schema)
         cost = sum(r["cost_usd"] or 0.0 for r in batch) if self.shared_budget else 0.0
-        before = self.last_chunk
         try:
-            self.ledger.commit(
+            written = self.ledger.commit(
                 self.selection,
                 results,
                 now=utcnow(),
@@ -331,7 +331,7 @@ class Scheduler(BudgetGuard):
                 settled=(str(self.claimant), cost) if self.shared_budget else None,
                 run=(self.claimant.run_id, figures),
                 packs=packs,
-                again=None if before is None else (str(self.claimant), before),
+                again=(str(self.claimant), self.unlanded) if self.unlanded else None,
             )
         except StoreBusy:
             self.report.message += (
@@ -340,7 +340,7 @@ class Scheduler(BudgetGuard):
             return 0.0
         if journal is not None:
             journal.unlink(missing_ok=True)
-        self.last_chunk = Chunk(results, packs)
+        self.unlanded = [*written, Chunk(results, packs)]
         return cost
 
     def _claim(self, n: int) -> list[dict[str, Any]]:
@@ -355,7 +355,7 @@ class Scheduler(BudgetGuard):
 
     def _release(self) -> int:
         try:
-            return self.ledger.release(self.selection, claimant=str(self.claimant), again=self.last_chunk)
+            return self.ledger.release(self.selection, claimant=str(self.claimant), again=self.unlanded)
         except StoreBusy:
             return 0
 

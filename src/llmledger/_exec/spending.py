@@ -40,7 +40,7 @@ class BudgetGuard:
     _wake: asyncio.Event
     stop: Callable[[Outcome, str], None]
     packs_paid: tuple[int, float]  # requests that carried several rows (`rows_per_request`), and what they cost
-    last_chunk: Chunk | None  # the chunk committed last, written again where the store lost it (`Scheduler`)
+    unlanded: list[Chunk]  # chunks committed and not seen to land, written again where the store lost them
 
     def _average_request(self) -> float:
         """What the next request is reckoned to cost: the run's average so far (the step's before its first answer);
@@ -138,7 +138,7 @@ class BudgetGuard:
                 budget_usd=budget,
                 now=now,
                 stale_after=timedelta(seconds=self.cfg.stale_after),
-                again=None if self.last_chunk is None else (layout, self.last_chunk),
+                again=(layout, self.unlanded) if self.unlanded else None,
             )
         except StoreBusy:  # the store stayed locked: the senders keep waiting, and ask again
             self.budget_ask = False

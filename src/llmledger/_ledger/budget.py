@@ -194,11 +194,12 @@ class BudgetVerbs:
         budget_usd: float,
         now: datetime,
         stale_after: timedelta,
-        again: tuple[Layout, Chunk] | None = None,
+        again: tuple[Layout, list[Chunk]] | None = None,
     ) -> BudgetLook:
         """One short transaction: see what the step has spent and others reserved; reserve what fits. `again`
-        (the step's layout, the run's last chunk): written again first where the store lost its commit
-        (`again.write_again`), or its cost would be neither spent nor reserved, and the run would go over."""
+        (the step's layout, the run's chunks not seen to land): written again first where the store lost their
+        commit (`again.write_again`), or their cost would be neither spent nor reserved, and the run would go
+        over."""
 
         def work(con: Con) -> BudgetLook:
             lock_step(con, _PG_LOCK_CLASS, table, step)

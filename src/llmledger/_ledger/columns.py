@@ -348,6 +348,14 @@ def rejected_sql(step: str) -> str:
     return f"(NOT {ANSWERED} AND {t['_flag']} IS NOT NULL AND {t['_fingerprint']} IS NOT NULL)"
 
 
+def lost_commit_sql(step: str) -> str:
+    """SQL over a row `t` its run holds RUNNING and that run's result `i` for it: the result's commit was lost
+    (the row is as the claim left it), so writing it again counts nothing twice. An answer: a run never claims
+    again a row it answered. A failure: the row's tries are one short of the result's (equal: a failure that
+    landed, and was claimed again)."""
+    return f"(i.status IN ('DONE', 'NEEDS_REVIEW') OR {names(step, 't')['_attempts']} = i.attempts - 1)"
+
+
 def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:
     """The SET list writing a results chunk `i` into the fact table `t`."""
     t = names(step, "t")

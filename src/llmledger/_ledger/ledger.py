@@ -107,36 +107,35 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         settled: tuple[str, float] | None = None,
         run: tuple[str, dict[str, Any]] | None = None,
         packs: list[dict[str, Any]] | None = None,
-        again: tuple[str, Chunk] | None = None,
-    ) -> None:
+        again: tuple[str, list[Chunk]] | None = None,
+    ) -> list[Chunk]:
         """One chunk of results. `settled` (claimant, dollars): those answers' cost leaves the claimant's budget
         reservation in the same transaction, as it enters the fact table. `run` (run id, figures): the run's row
         in llmledger_runs takes its figures so far with them, so a run killed later still shows what it paid.
         `packs`: the requests that carried rows together, whose answers these are (`packs.PACK_SCHEMA`).
-        `again` (claimant, chunk): the chunk committed before, written again where its rows are still RUNNING
-        under that claimant (see `write_again`)."""
+        `again` (claimant, chunks): chunks committed before and not seen to land, written again where their rows
+        are still as that claimant claimed them; returns those it wrote again (`again.write_again`)."""
         layout = selection.layout
 
-        def work(con: Con) -> None:
-            if again is not None:
-                write_again(con, layout, *again, now=now)
+        def work(con: Con) -> list[Chunk]:
+            written = write_again(con, layout, *again, now=now) if again is not None else []
             commit_results(con, layout, results, now=now)
             record_packs(con, packs or [])
             if settled is not None:
                 settle(con, layout.table, layout.step, claimant=settled[0], committed_usd=settled[1], now=now)
             if run is not None:
                 raise_run(con, run[0], layout.table, layout.step, run[1])
+            return written
 
-        self.conn.transaction(work, wait=wait)
+        return self.conn.transaction(work, wait=wait)
 
-    def release(self, selection: Selection, *, claimant: str, again: Chunk | None = None) -> int:
+    def release(self, selection: Selection, *, claimant: str, again: list[Chunk] | None = None) -> int:
         """Give back the run's unfinished claims, and drop its budget reservation (its answers are committed).
-        `again`: the run's last chunk, written again first where its rows are still RUNNING (`write_again`)."""
+        `again`: the run's chunks not seen to land, written again first where the store lost them (`write_again`)."""
         layout = selection.layout
 
         def work(con: Con) -> int:
-            if again is not None:
-                write_again(con, layout, claimant, again, now=utcnow())
+            write_again(con, layout, claimant, again or [], now=utcnow())
             drop(con, claimant)
             return give_back(
                 con,

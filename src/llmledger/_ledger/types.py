@@ -89,8 +89,8 @@ class KnownAnswer:
 @dataclass(frozen=True)
 class Chunk:
     """A chunk a run committed: its results (the key and `RESULT_SCHEMA`) and the packs that carried them
-    (`packs.PACK_SCHEMA`), kept to be written again with the next commit in case the engine lost this one
-    (`again.write_again`)."""
+    (`packs.PACK_SCHEMA`), kept until a later transaction sees it landed, to be written again in case the store
+    lost its commit (`again.write_again`)."""
 
     results: pl.DataFrame
     packs: list[dict[str, Any]] = field(default_factory=list)
@@ -176,9 +176,9 @@ class Ledger(Protocol):
         settled: tuple[str, float] | None = None,
         run: tuple[str, dict[str, Any]] | None = None,
         packs: list[dict[str, Any]] | None = None,
-        again: tuple[str, Chunk] | None = None,
-    ) -> None: ...
-    def release(self, selection: Selection, *, claimant: str, again: Chunk | None = None) -> int: ...
+        again: tuple[str, list[Chunk]] | None = None,
+    ) -> list[Chunk]: ...
+    def release(self, selection: Selection, *, claimant: str, again: list[Chunk] | None = None) -> int: ...
     def renew(self, selection: Selection, *, claimant: str, now: datetime) -> int: ...
     def recover(self, table: str, step: str, params: RunParams) -> int: ...
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame: ...
@@ -197,7 +197,7 @@ class Ledger(Protocol):
         budget_usd: float,
         now: datetime,
         stale_after: timedelta,
-        again: tuple[Layout, Chunk] | None = None,
+        again: tuple[Layout, list[Chunk]] | None = None,
     ) -> BudgetLook: ...
     def begin_batch(
         self,

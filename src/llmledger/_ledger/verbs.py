@@ -18,6 +18,7 @@ from llmledger._ledger.columns import (
     RESULT_SCHEMA,
     SIMULATOR,
     commit_assignments,
+    lost_commit_sql,
     names,
     rejected_sql,
 )
@@ -176,6 +177,7 @@ def commit_results(
             guard += f" AND {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = {sql_literal(only_batch)}"
         if only_claimed_by is not None:
             guard += f" AND {c['_status']} = 'RUNNING' AND {c['_claimed_by']} = {sql_literal(only_claimed_by)}"
+            guard += f" AND {lost_commit_sql(layout.step)}"
         archive(
             con,
             layout,
