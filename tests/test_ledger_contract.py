@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from llmledger._ledger import Ledger, RunParams, StepDefinition, open_ledger
+from llmledger._ledger import Chunk, Ledger, RunParams, StepDefinition, open_ledger
 from llmledger._ledger.batches import BatchChanged
 from llmledger._ledger.columns import RESULT_SCHEMA
 from llmledger._ledger.states import Redo
@@ -101,6 +101,29 @@ def test_commit_writes_outputs_and_statuses_and_release_gives_the_rest_back(ledg
         (None, "FAILED", False, False, False),
         ("A", "DONE", False, False, False),
     ], "outputs come back in the frame's order (then: a person's answer, kept by every redo; flagged, yet kept)"
+
+
+def test_a_chunk_is_written_again_only_while_its_claim_stands(ledger: Ledger) -> None:
+    """A chunk not yet seen to land (`Chunk`, `again.write_again`) is written again only onto the claims that made
+    it. Its commit landed, a person reset one of its rows and the same run claimed that row again: the claim looks
+    first and lets the chunk go, so the next commit leaves the new claim alone. Found by a review: the old answer
+    came back, the reset was undone and the claim ended with its request in flight."""
+    selection = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    rows = ledger.claim(selection, 2, claimant="h/1/r", now=utcnow())
+    results = pl.from_dicts(
+        [_result(rows[0], "DONE", "A"), _result(rows[1], "DONE", "B")], schema={"id": pl.Int64} | RESULT_SCHEMA
+    )
+    unlanded = [Chunk(results), *ledger.commit(selection, results, now=utcnow())]
+    assert ledger.reset("t", "s", where="id = 1", now=utcnow()) == 1
+    again = ledger.prepare(_definition(), FRAME, _params(), dedupe=True)
+    claimed = ledger.claim(again, 1, claimant="h/1/r", now=utcnow(), again=unlanded)
+    assert [r["id"] for r in claimed] == [1] and unlanded == [], "the chunk landed: it goes before the claim"
+    other = ledger.claim(again, 1, claimant="h/1/r", now=utcnow(), again=unlanded)
+    later = pl.from_dicts([_result(other[0], "DONE", "C")], schema={"id": pl.Int64} | RESULT_SCHEMA)
+    assert ledger.commit(again, later, now=utcnow(), again=("h/1/r", unlanded)) == []
+    rows = ledger.query("SELECT id, s, s_status, s_claimed_by FROM t ORDER BY id").rows()
+    assert rows[0] == (1, None, "RUNNING", "h/1/r"), "the new claim stands, its request in flight"
+    assert [r[1:3] for r in rows[1:]] == [("B", "DONE"), ("C", "DONE"), (None, "NOT_STARTED")]
 
 
 def test_a_second_prepare_selects_only_what_still_needs_work(ledger: Ledger) -> None:

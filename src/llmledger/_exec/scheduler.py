@@ -103,7 +103,7 @@ class Scheduler(BudgetGuard):
         self.packs_paid = (0, 0.0)  # packs of several rows answered, and what they cost (for the budget)
         self.unjournaled: list[dict[str, Any]] = []  # and those not yet in the journal
         # the chunks committed and not yet seen to land (the last one, and any the store lost): written again by
-        # the next commit, budget reservation or release, where their rows are still as this run claimed them
+        # the next claim, commit, budget reservation or release, where their rows are still as this run claimed them
         # (`again.write_again`). Their journals are gone by then: a journal merged after a commit that landed
         # would count its failed tries' cost twice
         self.unlanded: list[Chunk] = []
@@ -345,7 +345,7 @@ class Scheduler(BudgetGuard):
 
     def _claim(self, n: int) -> list[dict[str, Any]]:
         try:
-            return self.ledger.claim(self.selection, n, claimant=str(self.claimant), now=utcnow())
+            return self.ledger.claim(self.selection, n, claimant=str(self.claimant), now=utcnow(), again=self.unlanded)
         except StoreBusy:  # only when stopping: nothing was claimed
             return []
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+import polars as pl
+
 from llmledger._ledger.columns import lost_commit_sql, names
 from llmledger._ledger.engine import Con
-from llmledger._ledger.engine.shared import one, registered
+from llmledger._ledger.engine.shared import registered
 from llmledger._ledger.packs import record_packs
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import Chunk
@@ -24,32 +26,34 @@ def write_again(con: Con, layout: Layout, claimant: str, chunks: Sequence[Chunk]
     """Write chunks committed earlier again, with their packs, where their rows are still as the claimant that
     committed them claimed them: rows whose commit was lost (`columns.lost_commit_sql`). A chunk's answers, paid for,
     otherwise stayed RUNNING and went back to NOT_STARTED at release, to be paid again; its failed tries' cost was
-    counted nowhere, and a step budget let the run spend it again. Returns the chunks written again: this
-    transaction may be lost too, so the next one looks at them again. A chunk whose commit landed has none of its
-    rows held that way (one look at its keys), and goes: nothing of it is written.
+    counted nowhere, and a step budget let the run spend it again. Returns what it wrote again, each chunk cut to
+    the rows it wrote: this transaction may be lost too, so the next one looks at them again. A chunk whose commit
+    landed has none of its rows held that way (one look at its keys), and goes: nothing of it is written.
 
-    A row the run claimed again after its commit landed (a twin, or a worker claiming open-ended on PostgreSQL
-    a row it FAILED) is RUNNING under the run again, but its try is counted: writing the old result onto the new
-    claim would count that try's cost twice and end the claim while its request is in flight. Its answer is
-    written again only if the chunk answered it (a run never claims again a row it answered), a failure only if
-    the row's tries are one short of the chunk's. The packs go with the rows (each in place of its record, if
-    any): a packed answer's `{step}_pack` names its request in `llmledger_packs`.
+    Claims look first (`SQLLedger.claim`'s `again`), so a chunk that landed goes before the run can claim any of
+    its rows again (a row reset meanwhile, found again as a twin or by a worker claiming open-ended on PostgreSQL):
+    the old result, written onto the new claim, would undo the reset, end the claim while its request is in
+    flight, and count a failed try's cost twice. A failure is written again only if the row's tries are one short
+    of the chunk's (equal: it landed, and the row was claimed again since). The packs go with the rows (each in
+    place of its record, if any): a packed answer's `{step}_pack` names its request in `llmledger_packs`.
 
     A shared budget's reservation is not settled again: the run's next reservation replaces it, after writing the
     chunks again itself, so it sees their cost as spent (settling again left the run reserving less than it would
     have, had the commit landed)."""
     written = []
     c, lost = names(layout.step, "t"), lost_commit_sql(layout.step)
+    keys = ", ".join(f"i.{q(k)}" for k in layout.key)
     for chunk in chunks:
         with registered(con, _AGAIN, chunk.results.select([*layout.key, "status", "attempts"])):
-            (held,) = one(
-                con,
-                f"SELECT count(*) FROM {q(layout.table)} AS t JOIN {_AGAIN} AS i ON {layout.key_join()} "
+            held = con.execute(
+                f"SELECT {keys} FROM {q(layout.table)} AS t JOIN {_AGAIN} AS i ON {layout.key_join()} "
                 f"WHERE {c['_status']} = 'RUNNING' AND {c['_claimed_by']} = $claimant AND {lost}",
                 {"claimant": claimant},
-            )
-        if held:
-            commit_results(con, layout, chunk.results, now=now, only_claimed_by=claimant)
+            ).fetchall()
+        if held:  # kept for the next look: only those rows (one reset meanwhile is no longer this chunk's)
+            found = pl.DataFrame(held, schema={k: chunk.results.schema[k] for k in layout.key}, orient="row")
+            rows = chunk.results.join(found, on=layout.key, how="semi")
+            commit_results(con, layout, rows, now=now, only_claimed_by=claimant)
             record_packs(con, chunk.packs)
-            written.append(chunk)
+            written.append(Chunk(rows, chunk.packs))
     return written

@@ -61,15 +61,21 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         self.conn.on_wait = value
 
     # -- a run's transactions ----------------------------------------------------------------------------
-    def claim(self, selection: Selection, n: int, *, claimant: str, now: datetime) -> list[dict[str, Any]]:
-        """Mark up to `n` rows of the selection RUNNING; return them with their stored requests."""
+    def claim(
+        self, selection: Selection, n: int, *, claimant: str, now: datetime, again: list[Chunk] | None = None
+    ) -> list[dict[str, Any]]:
+        """Mark up to `n` rows of the selection RUNNING; return them with their stored requests. `again`: the run's
+        chunks not seen to land, written again first where the store lost them, and left holding only those it
+        wrote (`write_again`): a chunk seen to land goes before any of its rows can be claimed again."""
         start = selection.cursor
         claimed: list[dict[str, Any]] = []
         end = [start]
+        unlanded: list[Chunk] = []
 
         def work(con: Con) -> None:
             claimed.clear()
             lock_step(con, CLAIM_LOCK, selection.layout.table, selection.layout.step)
+            unlanded[:] = write_again(con, selection.layout, claimant, again or [], now=now)
             if selection.open_ended:
                 got = claim_open(con, selection, n, claimant=claimant, now=now)
                 twins = self._twins(con, selection, got, claimant=claimant, now=now)
@@ -88,6 +94,8 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
 
         self.conn.transaction(work)
         selection.cursor = end[0]
+        if again is not None:
+            again[:] = unlanded
         return claimed
 
     @staticmethod
