@@ -1,7 +1,7 @@
 """Writing again chunks whose commit the store lost. DuckDB 2.0.1 can lose a committed transaction when two processes
 take turns on one file: the call returns, and nothing of the transaction is kept. A run keeps the chunks it committed
-and has not seen land (`types.Chunk`), and each of its next transactions that depends on them (the next commit, a
-budget reservation, the release) first writes them again, where their rows are still the run's claims."""
+and has not seen land (`types.Chunk`), and each of its next transactions that depends on them (the next claim,
+commit, budget reservation and the release) first writes them again, where their rows are still the run's claims."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import datetime
 
 import polars as pl
 
-from llmledger._ledger.columns import lost_commit_sql, names
+from llmledger._ledger.columns import lost_commit_sql
 from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.shared import registered
 from llmledger._ledger.packs import record_packs
@@ -41,13 +41,12 @@ def write_again(con: Con, layout: Layout, claimant: str, chunks: Sequence[Chunk]
     chunks again itself, so it sees their cost as spent (settling again left the run reserving less than it would
     have, had the commit landed)."""
     written = []
-    c, lost = names(layout.step, "t"), lost_commit_sql(layout.step)
     keys = ", ".join(f"i.{q(k)}" for k in layout.key)
     for chunk in chunks:
         with registered(con, _AGAIN, chunk.results.select([*layout.key, "status", "attempts"])):
             held = con.execute(
                 f"SELECT {keys} FROM {q(layout.table)} AS t JOIN {_AGAIN} AS i ON {layout.key_join()} "
-                f"WHERE {c['_status']} = 'RUNNING' AND {c['_claimed_by']} = $claimant AND {lost}",
+                f"WHERE {lost_commit_sql(layout.step, '$claimant')}",
                 {"claimant": claimant},
             ).fetchall()
         if held:  # kept for the next look: only those rows (one reset meanwhile is no longer this chunk's)

@@ -348,12 +348,16 @@ def rejected_sql(step: str) -> str:
     return f"(NOT {ANSWERED} AND {t['_flag']} IS NOT NULL AND {t['_fingerprint']} IS NOT NULL)"
 
 
-def lost_commit_sql(step: str) -> str:
-    """SQL over a row `t` its run holds RUNNING and that run's result `i` for it: the result's commit was lost
-    (the row is as the claim left it), so writing it again counts nothing twice. An answer: a run never claims
-    again a row it answered. A failure: the row's tries are one short of the result's (equal: a failure that
-    landed, and was claimed again)."""
-    return f"(i.status IN ('DONE', 'NEEDS_REVIEW') OR {names(step, 't')['_attempts']} = i.attempts - 1)"
+def lost_commit_sql(step: str, claimant: str) -> str:
+    """SQL over a row `t` and a result `i` for it from `claimant` (SQL: a literal or a parameter): the row is still
+    RUNNING as that claimant claimed it, so the result's commit was lost, and writing it again counts nothing
+    twice. An answer: a run never claims again a row it answered. A failure: the row's tries are one short of the
+    result's (equal: a failure that landed, and was claimed again)."""
+    t = names(step, "t")
+    return (
+        f"{t['_status']} = 'RUNNING' AND {t['_claimed_by']} = {claimant} "
+        f"AND (i.status IN ('DONE', 'NEEDS_REVIEW') OR {t['_attempts']} = i.attempts - 1)"
+    )
 
 
 def commit_assignments(step: str, output_type: str = "VARCHAR") -> str:

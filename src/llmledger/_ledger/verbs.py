@@ -176,8 +176,7 @@ def commit_results(
         if only_batch is not None:
             guard += f" AND {c['_status']} = 'SUBMITTED' AND {c['_batch_id']} = {sql_literal(only_batch)}"
         if only_claimed_by is not None:
-            guard += f" AND {c['_status']} = 'RUNNING' AND {c['_claimed_by']} = {sql_literal(only_claimed_by)}"
-            guard += f" AND {lost_commit_sql(layout.step)}"
+            guard += f" AND {lost_commit_sql(layout.step, sql_literal(only_claimed_by))}"
         archive(
             con,
             layout,
