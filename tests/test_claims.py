@@ -201,3 +201,22 @@ def test_a_lost_commit_counts_against_a_shared_budget_before_the_next_reservatio
     assert paid <= budget + 2 * per_row, f"paid {paid / per_row:.1f} rows against a budget of 16"
     spent = llmledger.sql(target, "SELECT sum(summary_cost_usd) AS c FROM messages").item()
     assert spent == pytest.approx(paid), "every try paid is in the ledger, once"
+
+
+def test_a_refused_redo_whose_commit_is_lost_is_written_again(
+    target: Any, sim: Simulator, client: anthropic.AsyncAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack: a redo of DONE rows starts their tries again from one, so a refused redo whose commit
+    was lost looked like a failure that had landed, was never written again, and the release put the rows back
+    to their old answers: the redo and what its refusals cost were gone, and a rerun asked nothing."""
+    ask = dict(prompt="Summarize: {text}", store=target, table="messages", client=client, progress=False)
+    apply_llm(frame(6), "summary", **ask)
+    sim.configure(refuse="hello")
+    with monkeypatch.context() as losing:
+        _losing_commit(losing, *range(1, 10))  # every commit
+        apply_llm(frame(6), "summary", redo=True, max_attempts=3, concurrency=1, chunk_size=2, commit_every=60, **ask)
+    stats = sim.stats()
+    statuses = llmledger.sql(target, "SELECT summary_status AS s, count(*) AS n FROM messages GROUP BY 1").rows()
+    assert statuses == [("FAILED", 6)], "the refused redo is what the rows hold"
+    tokens = llmledger.sql(target, "SELECT sum(summary_input_tokens) AS n FROM messages").item()
+    assert tokens == stats["input_tokens"], "every try paid is in the ledger, once"

@@ -352,11 +352,13 @@ def lost_commit_sql(step: str, claimant: str) -> str:
     """SQL over a row `t` and a result `i` for it from `claimant` (SQL: a literal or a parameter): the row is still
     RUNNING as that claimant claimed it, so the result's commit was lost, and writing it again counts nothing
     twice. An answer: a run never claims again a row it answered. A failure: the row's tries are one short of the
-    result's (equal: a failure that landed, and was claimed again)."""
+    result's (equal: a failure that landed, and was claimed again), or it is the first try of a redo of a DONE row,
+    whose tries start again from one (a landed failure claimed again was claimed from FAILED, not DONE)."""
     t = names(step, "t")
     return (
         f"{t['_status']} = 'RUNNING' AND {t['_claimed_by']} = {claimant} "
-        f"AND (i.status IN ('DONE', 'NEEDS_REVIEW') OR {t['_attempts']} = i.attempts - 1)"
+        f"AND (i.status IN ('DONE', 'NEEDS_REVIEW') OR {t['_attempts']} = i.attempts - 1 "
+        f"OR (i.attempts = 1 AND {t['_claimed_from']} = 'DONE'))"
     )
 
 
