@@ -18,7 +18,7 @@ import pytest
 
 import llmledger
 from llmledger import Simulator, StoreError, apply_llm, last_report
-from llmledger._ledger.schema import LATEST, MIGRATIONS
+from llmledger._ledger.schema import LATEST, MIGRATIONS, MIGRATIONS_TABLE
 from llmledger.simulator import default_reply
 
 from .conftest import frame, real_api_client, sql
@@ -105,6 +105,19 @@ def test_old_answers_under_another_request_are_reported_stale(old_store: Path, c
     )
     assert last_report().stale == 9  # type: ignore[union-attr]
     assert sim.stats()["paid"] == 2
+
+
+def test_readers_upgrade_an_old_store_and_read_it_in_one_look(old_store: Path) -> None:
+    """`history` and the review view's look at a row read a current store in one transaction; an old one is
+    upgraded first (which writes), then read: row 5's first answer is in its history, as 0.1.0 wrote it."""
+    from llmledger._view.review_queue import load_row, shape_of
+
+    replaced = llmledger.history(old_store, "messages", "summary", key=5)
+    assert replaced.height == 1 and replaced["old_output"][0] is not None
+    assert sql(old_store, f"SELECT max(version) FROM {MIGRATIONS_TABLE}") == [(LATEST,)]
+    row = load_row(shape_of(old_store, "messages", "summary", ()), 5)
+    assert row is not None and row.status == "DONE" and row.answer is not None
+    assert [e["answer"] for e in row.earlier] == replaced["old_output"].to_list()
 
 
 def test_the_second_step_of_an_old_store_upgrades_too(old_store: Path, client, sim: Simulator) -> None:

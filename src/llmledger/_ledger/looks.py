@@ -3,8 +3,9 @@ rows (flag, reset). Mixed into `SQLLedger` like the batch and budget verbs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -15,17 +16,19 @@ from llmledger._ledger.engine.shared import table_exists, writes_refused
 from llmledger._ledger.graph import StepGraph
 from llmledger._ledger.history import side_by_side
 from llmledger._ledger.overview import read_overview
-from llmledger._ledger.schema import (
-    list_steps,
-    migrate,
-    migrate_for_readers,
-)
+from llmledger._ledger.schema import LATEST, list_steps, migrate, migrate_for_readers, schema_version
 from llmledger._ledger.survey import Layout, check_where
 from llmledger._ledger.types import Overview
 from llmledger._ledger.verbs import gone_holders, start_over
 from llmledger._step.request import sql_literal
 from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError, WhereClauseError
+
+T = TypeVar("T")
+
+
+class _Older(Exception):
+    """The store is older than this llmledger: migrated before it is read (`LookVerbs._read`)."""
 
 
 class LookVerbs:
@@ -78,13 +81,43 @@ class LookVerbs:
             return read_overview(con, table)
 
     def history(self, table: str, step: str, key: Any = None) -> pl.DataFrame:
-        self.migrated()
-        return self.conn.transaction(
-            lambda con: side_by_side(con, self._layout(con, table, step), key), wait=60.0, read_only=True
-        )
+        return self._read(lambda con: side_by_side(con, self._layout(con, table, step), key))
+
+    def row_and_history(
+        self, table: str, step: str, sql: str, params: Any, key: Any
+    ) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+        """What the review view shows of one row: `sql` (a read of it) and the row's earlier answers (None when
+        the store has no such step), in one transaction. Each key a person presses writes a verdict and reads the
+        next row; opening a DuckDB file costs tens of milliseconds, and this read opened it three times."""
+        dialect = self.conn.dialect
+
+        def work(con: Con) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+            found = dialect.user_query(con, sql, params, write=False)
+            try:
+                earlier = side_by_side(con, self._layout(con, table, step), key)
+            except InvalidInputError:
+                earlier = None
+            return (None if found is None else found.pl()), earlier
+
+        return self._read(work)
 
     def migrated(self) -> None:
         migrate_for_readers(self.conn)
+
+    def _read(self, work: Callable[[Con], T]) -> T:
+        """Run `work` in one read-only transaction. A current store, the usual case, is opened once; an older one
+        is brought to the current schema first (`migrate_for_readers`, which writes), then read."""
+
+        def current(con: Con) -> T:
+            if schema_version(con) < LATEST:
+                raise _Older
+            return work(con)
+
+        try:
+            return self.conn.transaction(current, wait=60.0, read_only=True)
+        except _Older:
+            self.migrated()
+            return self.conn.transaction(work, wait=60.0, read_only=True)
 
     # -- what people do to rows (flags and other verdicts: review.py) --------------------------------------
     def reset(

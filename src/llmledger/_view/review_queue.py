@@ -17,7 +17,7 @@ from typing import Any
 
 from llmledger._ledger import db_errors, known_table, open_existing, stale_condition, stored_outputs
 from llmledger._ledger.columns import STEP_COLUMNS, names
-from llmledger._ledger.query import history, sql
+from llmledger._ledger.query import sql
 from llmledger._ledger.states import PERSON
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.sqltext import q
@@ -116,7 +116,7 @@ def _select(shape: Shape, *, inputs: bool) -> str:
     return ", ".join(cols)
 
 
-def _records(shape: Shape, where: str | None, *, key: Any = None, inputs: bool) -> list[dict[str, Any]]:
+def _records_sql(shape: Shape, where: str | None, *, key: Any = None, inputs: bool) -> tuple[str, dict[str, Any]]:
     conditions, params = [f"coalesce(({where}), false)" if where else "true"], {}
     if key is not None:
         values = key if isinstance(key, dict) else {shape.keys[0]: key}
@@ -124,12 +124,16 @@ def _records(shape: Shape, where: str | None, *, key: Any = None, inputs: bool) 
             conditions.append(f"{q(column)} = $k{i}")
             params[f"k{i}"] = value
     order = ", ".join(q(k) for k in shape.keys)
-    found = sql(
-        shape.store,
+    return (
         f"SELECT {_select(shape, inputs=inputs)} FROM {q(shape.table)} AS t WHERE {' AND '.join(conditions)} "
         f"ORDER BY {order}",
-        params or None,
+        params,
     )
+
+
+def _records(shape: Shape, where: str | None, *, inputs: bool) -> list[dict[str, Any]]:
+    query, params = _records_sql(shape, where, inputs=inputs)
+    found = sql(shape.store, query, params or None)
     return [] if found is None else found.to_dicts()
 
 
@@ -207,14 +211,12 @@ def sample_count(sample: Any, margin: Any) -> int:
 
 def load_row(shape: Shape, key: Any) -> Row | None:
     """The row `key` as it stands now, with its earlier answers (None if it is gone)."""
-    found = _records(shape, None, key=key, inputs=True)
-    if not found:
+    query, params = _records_sql(shape, None, key=key, inputs=True)
+    found, earlier_found = open_existing(shape.store).row_and_history(shape.table, shape.step, query, params, key)
+    if found is None or found.is_empty():
         return None
-    rec, typed = found[0], shape.schema is not None
-    try:
-        earlier = history(shape.store, shape.table, shape.step, key=key).to_dicts()
-    except InvalidInputError:
-        earlier = []
+    rec, typed = found.row(0, named=True), shape.schema is not None
+    earlier = [] if earlier_found is None else earlier_found.to_dicts()
     return Row(
         key=key,
         inputs={i: rec[i] for i in shape.inputs},
