@@ -400,3 +400,19 @@ def test_a_reviewed_step_of_unknown_cost_is_named_under_the_chart_not_dropped(ru
     drawn = llmledger.accuracy(store, "messages", "summary", against=["summary2"]).chart()
     assert ">summary</text>" in drawn and ">summary2</text>" not in drawn
     assert "not drawn, its cost unknown: summary2" in drawn
+
+
+def test_the_review_views_look_at_a_row_reads_it_and_its_history_on_postgresql(client: Any, pg_url: str) -> None:
+    """The view reads a row, its earlier answers and the schema's version in one read-only transaction
+    (`LookVerbs.row_and_history`): on PostgreSQL too, a redone row shows its first answer as an earlier one."""
+    from llmledger._view.review_queue import load_row, shape_of
+
+    common: dict[str, Any] = dict(prompt=PROMPT, client=client, store=pg_url, table="h", progress=False)
+    first = llmledger.apply_llm(frame(4), "summary", **common)
+    llmledger.flag(pg_url, "h", "summary", where="id = 2", reason="too long")
+    llmledger.apply_llm(frame(4), "summary", redo="flagged", **common)
+    row = load_row(shape_of(pg_url, "h", "summary"), 2)
+    assert row is not None and row.status == "DONE" and row.flag is None
+    assert [e["answer"] for e in row.earlier] == [first.filter(pl.col("id") == 2)["summary"].item()]
+    assert [e["reason"] for e in row.earlier] == llmledger.history(pg_url, "h", "summary", key=2)["reason"].to_list()
+    assert load_row(shape_of(pg_url, "h", "summary"), 99) is None
