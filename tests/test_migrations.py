@@ -120,6 +120,17 @@ def test_readers_upgrade_an_old_store_and_read_it_in_one_look(old_store: Path) -
     assert [e["answer"] for e in row.earlier] == replaced["old_output"].to_list()
 
 
+def test_an_old_store_is_reviewed_as_it_stands_once_upgraded(old_store: Path) -> None:
+    """Found in an attack: `review` read the queue before upgrading, and failed on a verdict column 0.1.0 lacks."""
+    view = llmledger.review(old_store, "messages", "summary", by="ana")
+    assert view.session.keys[0] == 3, "row 3, NEEDS_REVIEW, first"
+    assert sql(old_store, f"SELECT max(version) FROM {MIGRATIONS_TABLE}") == [(LATEST,)]
+    view.typed("ja")  # past row 3 (no answer to accept), then row 0 accepted
+    assert llmledger.verdicts(old_store, "messages", "summary").select("row_key", "verdict").rows() == [
+        ('{"id":0}', "accept")
+    ]
+
+
 def test_the_second_step_of_an_old_store_upgrades_too(old_store: Path, client, sim: Simulator) -> None:
     out = apply_llm(
         frame(12),

@@ -416,3 +416,33 @@ def test_the_review_views_look_at_a_row_reads_it_and_its_history_on_postgresql(c
     assert [e["answer"] for e in row.earlier] == [first.filter(pl.col("id") == 2)["summary"].item()]
     assert [e["reason"] for e in row.earlier] == llmledger.history(pg_url, "h", "summary", key=2)["reason"].to_list()
     assert load_row(shape_of(pg_url, "h", "summary"), 99) is None
+
+
+def test_on_postgresql_a_row_and_its_history_are_read_from_one_snapshot(
+    client: Any, sim: Simulator, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in an attack: at READ COMMITTED, a redo committed between the row's read and its history's showed the
+    answer on screen among its own earlier answers. The redo here commits exactly there: the view sees neither."""
+    import llmledger._ledger.looks as looks
+    from llmledger._view.review_queue import load_row, shape_of
+
+    sim.configure(resample=True)  # a redo draws another answer
+    common: dict[str, Any] = dict(prompt=PROMPT, client=client, store=pg_url, table="snap", progress=False)
+    first = llmledger.apply_llm(frame(3), "summary", **common)
+    shape = shape_of(pg_url, "snap", "summary")
+    real = looks.side_by_side
+
+    def redo_in_between(con: Any, layout: Any, key: Any = None) -> Any:
+        monkeypatch.setattr(looks, "side_by_side", real)  # once
+        redo = dict(redo=True, where="id = 1", **common)
+        worker = threading.Thread(target=lambda: llmledger.apply_llm(frame(3), "summary", **redo))
+        worker.start()
+        worker.join(60)
+        return real(con, layout, key)
+
+    monkeypatch.setattr(looks, "side_by_side", redo_in_between)
+    row = load_row(shape, 1)
+    assert row is not None and row.answer == first.filter(pl.col("id") == 1)["summary"].item()
+    assert row.earlier == [], "the history as it stood with the row"
+    now = load_row(shape, 1)
+    assert now is not None and [e["answer"] for e in now.earlier] == [row.answer] and now.answer != row.answer

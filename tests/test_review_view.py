@@ -285,6 +285,30 @@ def test_reviewing_a_store_that_is_not_there_says_so(tmp_path: Path) -> None:
     assert not (tmp_path / "none.duckdb").exists()
 
 
+def test_a_database_that_holds_no_ledger_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """Found in an attack: `history` on a DuckDB file of the user's own created llmledger's tables in it, then
+    said "no step"; reviewing it did the same."""
+    import duckdb
+
+    mine = tmp_path / "mine.duckdb"
+    with duckdb.connect(str(mine)) as con:
+        con.execute("CREATE TABLE foo AS SELECT 1 AS x")
+    for read in (lambda: llmledger.history(mine, "foo", "s"), lambda: llmledger.review(mine, "foo", "s")):
+        with pytest.raises(llmledger.StoreNotFound, match=r"no ledger in store .*mine\.duckdb"):
+            read()
+    assert sql(mine, "SELECT table_name FROM information_schema.tables") == [("foo",)]
+
+
+def test_a_row_deleted_after_the_queue_was_made_is_skipped_not_the_end(run: Any, store: Path) -> None:
+    """Found in an attack: a row deleted under the view made it say the queue was done, rows still left."""
+    run(frame(4), "summary", prompt=PROMPT)
+    view = llmledger.review(store, "messages", "summary", by="ana")
+    llmledger.sql(store, "DELETE FROM messages WHERE id IN (1, 3)", write=True)
+    press(view, "aa")  # row 0, then row 2: 1 is gone
+    assert given(store, "summary") == [(0, "accept", None), (2, "accept", None)]
+    assert view.session.key is None and "2 reviewed, 0 left" in view.header.value, view.header.value
+
+
 def test_a_pdf_shows_its_name_pages_and_first_pages_text(run: Any, store: Path, tmp_path: Path) -> None:
     from llmledger.simulator.samples import pdf
 

@@ -108,7 +108,11 @@ class LookVerbs:
         """Run `work` in one read-only transaction. A current store, the usual case, is opened once; an older one
         is brought to the current schema first (`migrate_for_readers`, which writes), then read."""
 
+        snapshot = self.conn.dialect.read_only_transactions  # PostgreSQL: else each statement sees the latest commits
+
         def current(con: Con) -> T:
+            if snapshot:  # one snapshot for the whole read: a row and its history as they stood together
+                con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             if schema_version(con) < LATEST:
                 raise _Older
             return work(con)
@@ -117,7 +121,7 @@ class LookVerbs:
             return self.conn.transaction(current, wait=60.0, read_only=True)
         except _Older:
             self.migrated()
-            return self.conn.transaction(work, wait=60.0, read_only=True)
+            return self.conn.transaction(current, wait=60.0, read_only=True)
 
     # -- what people do to rows (flags and other verdicts: review.py) --------------------------------------
     def reset(

@@ -24,7 +24,7 @@ from llmledger._ledger.engine.shared import column_types, one, table_exists
 from llmledger._step.request import RequestSpec
 from llmledger._step.sqltext import q
 from llmledger._time import utcnow
-from llmledger.errors import StoreError
+from llmledger.errors import StoreError, StoreNotFound
 
 if TYPE_CHECKING:
     from llmledger._step.output import OutputSpec
@@ -309,9 +309,23 @@ def migrate_for_readers(conn: Any) -> None:
     """Bring an older store to the current schema before a reader opens it read-only (`conn`: a `Connection` or
     `PgConnection`). A current store, the usual case, is only read, so one that cannot be written can be."""
     with conn.open(wait=60.0, read_only=True) as con:
-        if schema_version(con) >= LATEST:
-            return
-    conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)
+        found = schema_version(con)
+    if found >= LATEST:
+        return
+    name = getattr(conn, "name", None) or str(getattr(conn, "path", "the store"))
+    if found == 0:  # a database of the user's own: a reader must not fill it with llmledger's tables
+        raise StoreNotFound(f"no ledger in store {name!r} (it has no llmledger tables); apply_llm(..., store=...) "
+                            "creates one")  # fmt: skip
+    try:
+        conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)
+    except Exception as exc:
+        if "permission denied" not in str(exc).lower():  # PostgreSQL: a role that may only read
+            raise
+        raise StoreError(
+            f"store {name!r} was written by an older llmledger (schema {found}, this one reads {LATEST}) and must "
+            f"be upgraded once, which this role may not do ({str(exc).splitlines()[0]}): run any llmledger call on "
+            "it as a role that may write, then read it as this one"
+        ) from None
 
 
 # -- steps ---------------------------------------------------------------------------------------------

@@ -356,12 +356,12 @@ class ReviewView:
 
     def draw(self) -> None:
         s = self.session
+        row = s.row(fresh=True)  # first: it skips rows gone since the queue was made, which the counts leave out
         self.header.value = (
             f'<div class="llmledger-review-head"><b>review {esc(s.shape.table)}.{esc(s.shape.step)}</b> · '
             f'<span data-field="position">{esc(s.position_line())}</span> · '
             f'<span data-field="tally">{esc(s.tally_line())}</span></div>'
         )
-        row = s.row(fresh=True)
         self.body.value = (
             row_html(s.shape, row) if row is not None else '<div data-field="done"><b>nothing left to review</b></div>'
         )

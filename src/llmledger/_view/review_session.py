@@ -73,11 +73,14 @@ class Session:
 
     def row(self, *, fresh: bool = False) -> Row | None:
         """The current row as it stands (read again after a verdict, or when `fresh`)."""
-        if self.key is None:
-            return None
-        if fresh or self._row is None or key_id(self._row.key) != key_id(self.key):
+        while self.key is not None:
+            if not fresh and self._row is not None and key_id(self._row.key) == key_id(self.key):
+                return self._row
             self._row = load_row(self.shape, self.key)
-        return self._row
+            if self._row is not None:
+                return self._row
+            del self.keys[self.pos]  # gone since the queue was made (deleted, or the table recorded anew): skipped
+        return None
 
     def move(self, by: int) -> None:
         self.pos = max(0, min(len(self.keys), self.pos + by))
@@ -111,7 +114,8 @@ class Session:
                                                     answer=answer, by=self.by))  # fmt: skip
 
     def _judged(self, verdict: str, write: Any) -> None:
-        key, row = self.key, self.row()
+        row = self.row()  # first: a row gone since the queue was made is skipped, and the key is the next one's
+        key = self.key
         if key is None or row is None:
             raise InvalidInputError("no row to judge: the queue is done")
         write(key)
