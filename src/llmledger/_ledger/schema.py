@@ -319,8 +319,8 @@ def migrate_for_readers(conn: Any) -> None:
     try:
         conn.transaction(lambda con: migrate(con, utcnow()), wait=60.0, exclusive=True)
     except Exception as exc:
-        if "permission denied" not in str(exc).lower():  # PostgreSQL: a role that may only read
-            raise
+        if isinstance(exc, StoreError) or "permission denied" not in str(exc).lower():  # DuckDB's say it already
+            raise  # (a read-only file or medium); what is left is PostgreSQL's role that may only read
         raise StoreError(
             f"store {name!r} was written by an older llmledger (schema {found}, this one reads {LATEST}) and must "
             f"be upgraded once, which this role may not do ({str(exc).splitlines()[0]}): run any llmledger call on "
