@@ -56,12 +56,17 @@ def test_stop_button_then_restart_resumes(tmp_path: Path) -> None:
             msg_id = kc.execute(code)
             while sim.stats()["paid"] < 40:
                 time.sleep(0.05)
-            pressed = time.monotonic()
+            pressed, paid_at_press = time.monotonic(), sim.stats()["paid"]
             km.interrupt_kernel()  # the stop button
             reply = kc.get_shell_msg(timeout=30)
             while reply["parent_header"].get("msg_id") != msg_id:
                 reply = kc.get_shell_msg(timeout=30)
-            assert time.monotonic() - pressed < 3.0
+            # 1.2-1.4 s on an idle 2-core machine (one second of grace for the requests in flight, then the
+            # commit); CI runs two suites at once there, and it took 3.1 s once. What depends less on the load:
+            # the 8 requests in flight, and the few sent before the run saw the stop (it looks every 0.05 s),
+            # are all it paid after the press; requests still sent during the grace would be 40 more.
+            assert time.monotonic() - pressed < 5.0
+            assert sim.stats()["paid"] <= paid_at_press + 16
             assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
             statuses = _statuses(store)
             assert "RUNNING" not in statuses and statuses["DONE"] >= 40
