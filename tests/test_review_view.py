@@ -355,3 +355,38 @@ def test_text_that_merely_ends_like_a_file_name_is_shown_as_text(run: Any, store
         press(view, "a")
         bodies.append(view.body.value)
     assert "see invoice.pdf" in bodies[0] and "~notes.pdf" in bodies[1] and "~nosuchuser_zz/pic.png" in bodies[2]
+
+
+def test_a_verdict_lands_only_on_the_answer_shown_on_both_engines(client: Any, sim: Any, target: Any) -> None:
+    """Found in an attack: the view sent only a row's key, so an answer replaced while it was on screen (a
+    colleague's redo, the row deleted and recorded anew) took a verdict nobody gave it. Now the verdict is refused,
+    nothing is written, and the row is read again: the next key judges what is shown then."""
+    sim.configure(resample=True)  # a redo draws another answer
+    common: dict[str, Any] = dict(prompt=PROMPT, client=client, store=target, table="messages", progress=False)
+    llmledger.apply_llm(frame(4), "summary", **common)
+    session = Session(target, "messages", "summary", by="ana")
+    shown = session.row()
+    assert session.key == 0 and shown is not None
+    llmledger.apply_llm(frame(4), "summary", redo=True, where="id = 0", **common)  # a colleague's redo
+    with pytest.raises(llmledger.InvalidInputError, match="has another answer since it was shown"):
+        session.accept()
+    assert verdicts(target).is_empty() and session.key == 0
+    now = session.row()
+    assert now is not None and now.answer != shown.answer, "the view shows the new answer"
+    session.accept()  # judged as shown now
+    assert verdicts(target).select("row_key", "answer").rows() == [('{"id":0}', now.answer)]
+
+    assert session.key == 1 and session.row() is not None  # row 1 on screen, then deleted and recorded anew
+    llmledger.sql(target, "DELETE FROM messages WHERE id = 1", write=True)
+    llmledger.apply_llm(frame(1, start=1, word="other"), "summary", **common)
+    with pytest.raises(llmledger.InvalidInputError, match="has another answer"):
+        session.flag("too long")
+    assert session.row() is not None and "other message" in str(session.row().inputs)  # type: ignore[union-attr]
+
+    session.next()  # row 2 on screen, then deleted: refused, and the next look skips it
+    assert session.key == 2 and session.row() is not None
+    llmledger.sql(target, "DELETE FROM messages WHERE id = 2", write=True)
+    with pytest.raises(llmledger.InvalidInputError, match="is gone since it was shown"):
+        session.correct("a person's summary")
+    assert session.row() is not None and session.key == 3
+    assert verdicts(target).height == 1, "only the verdict given on an answer shown"

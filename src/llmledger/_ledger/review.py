@@ -76,10 +76,15 @@ class ReviewVerbs:
         where: str | None = None,
         reason: str | None = None,
         answer: Any = None,
+        seen: tuple[str | None, Any] | None = None,
     ) -> int:
         """Record `verdict` on the step's answers of the row `key` (or the rows matching `where`); return how many
         rows took it (twins included). One transaction: the verdicts and the rows' new state land together or not
-        at all. A flag also marks matching rows without an answer (a FAILED row to send again), as `flag` did."""
+        at all. A flag also marks matching rows without an answer (a FAILED row to send again), as `flag` did.
+
+        `seen` is the answer a person was shown (its fingerprint and `finished_at`, as the review view read them):
+        when the row's answer is another one by now (a colleague's redo, the row deleted and recorded anew), the
+        verdict is refused, writing nothing, rather than landing on an answer nobody saw (found by an attack)."""
 
         def work(con: Con) -> int:
             layout = layout_of(con, table, step)
@@ -90,11 +95,19 @@ class ReviewVerbs:
             c, kind = names(step, "t"), column_types(con, table)[step]
             shown = output_as_text(c[""], kind)
             judged = con.execute(
-                f"SELECT {c['_status']}, {shown} IS NOT NULL FROM {q(table)} AS t WHERE {match}", params
+                f"SELECT {c['_status']}, {shown} IS NOT NULL, {c['_fingerprint']}::VARCHAR, {c['_finished_at']} "
+                f"FROM {q(table)} AS t WHERE {match}",
+                params,
             ).fetchall()
+            if seen is not None and key is not None and (not judged or tuple(judged[0][2:]) != tuple(seen)):
+                now_is = "is gone" if not judged else "has another answer"
+                raise InvalidInputError(
+                    f"the row {key!r} {now_is} since it was shown (a redo, or the row recorded anew); nothing was "
+                    f"written: look at it again, then judge it"
+                )
             if key is not None and not judged:
                 raise InvalidInputError(f"table {table!r} has no row with key {key!r}; pass the key of one of its rows")
-            busy = [s for s, _ in judged if s in ("RUNNING", "SUBMITTED")]
+            busy = [s for s, *_ in judged if s in ("RUNNING", "SUBMITTED")]
             if key is not None and busy:
                 raise InvalidInputError(
                     f"the row {key!r} is being answered ({busy[0]}); judge it once its run (or batch) has ended"

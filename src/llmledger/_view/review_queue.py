@@ -63,6 +63,7 @@ class Row:
     stale: bool
     others: dict[str, Any]
     earlier: list[dict[str, Any]] = field(default_factory=list)
+    seen: tuple[str | None, Any] = (None, None)  # the answer shown (fingerprint, finished_at): what a verdict judges
 
 
 def shape_of(store: str | Path, table: str, step: str, compare_with: Any = ()) -> Shape:
@@ -111,7 +112,8 @@ def _select(shape: Shape, *, inputs: bool) -> str:
     cols = [q(k) for k in shape.keys] + ([q(i) for i in shape.inputs] if inputs else [])
     cols += [f"{c['']} AS __answer", f"{c['_status']} AS __status", f"{c['_verdict']} AS __verdict",
              f"{c['_verdict_by']} AS __verdict_by", f"{c['_flag']} AS __flag", f"{c['_error']} AS __error",
-             f"{c['_source']} AS __source", f"coalesce({shape.stale}, false) AS __stale"]  # fmt: skip
+             f"{c['_source']} AS __source", f"coalesce({shape.stale}, false) AS __stale",
+             f"{c['_fingerprint']}::VARCHAR AS __fingerprint", f"{c['_finished_at']} AS __finished_at"]  # fmt: skip
     cols += [f"{names(o, 't')['']} AS {q('__other_' + o)}" for o in shape.others]
     return ", ".join(cols)
 
@@ -229,6 +231,7 @@ def load_row(shape: Shape, key: Any) -> Row | None:
         source=rec["__source"],
         stale=bool(rec["__stale"]),
         others={o: rec["__other_" + o] for o in shape.others},
+        seen=(rec["__fingerprint"], rec["__finished_at"]),
         earlier=[
             {"reason": e.get("reason"), "answer": e.get("old_output"), "model": e.get("old_model")} for e in earlier
         ],

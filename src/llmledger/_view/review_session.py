@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llmledger._ledger import open_existing
-from llmledger._ledger.query import accept, correct, undo_verdict
+from llmledger._ledger.query import undo_verdict
 from llmledger._time import utcnow
 from llmledger._view.accuracy import wilson
 from llmledger._view.review_queue import (
@@ -96,29 +96,29 @@ class Session:
 
     # -- verdicts: one call into the ledger each, then the next row -------------------------------
     def accept(self) -> None:
-        self._judged("accept", lambda key: accept(self.shape.store, self.shape.table, self.shape.step, key=key,
-                                                   by=self.by))  # fmt: skip
+        self._judged("accept")
 
     def flag(self, reason: str | None = None) -> None:
-        reason = reason.strip() if reason and reason.strip() else None
-        table, step = self.shape.table, self.shape.step
-        ledger = open_existing(self.shape.store)
-        self._judged(
-            "flag",
-            lambda key: ledger.judge(table, step, verdict="flag", key=key, reason=reason, by=self.by, now=utcnow()),
-        )
+        self._judged("flag", reason=reason.strip() if reason and reason.strip() else None)
 
     def correct(self, answer: Any) -> None:
         """Write the person's answer (text, or a dict for a typed step: InvalidInputError if it does not fit)."""
-        self._judged("correct", lambda key: correct(self.shape.store, self.shape.table, self.shape.step, key=key,
-                                                    answer=answer, by=self.by))  # fmt: skip
+        self._judged("correct", answer=answer)
 
-    def _judged(self, verdict: str, write: Any) -> None:
+    def _judged(self, verdict: str, *, reason: str | None = None, answer: Any = None) -> None:
+        """Judge the answer on screen: the ledger refuses the verdict if the row's answer is another one by now (a
+        colleague's redo), and the row is read again, so the next draw shows what there is to judge."""
         row = self.row()  # first: a row gone since the queue was made is skipped, and the key is the next one's
         key = self.key
         if key is None or row is None:
             raise InvalidInputError("no row to judge: the queue is done")
-        write(key)
+        try:
+            open_existing(self.shape.store).judge(self.shape.table, self.shape.step, verdict=verdict, key=key,
+                                                  by=self.by, now=utcnow(), reason=reason, answer=answer,
+                                                  seen=row.seen)  # fmt: skip
+        except InvalidInputError:
+            self._row = None
+            raise
         had_answer = row.answer is not None
         self.given[key_id(key)] = (verdict, had_answer)
         self.done.append((key, verdict, had_answer))

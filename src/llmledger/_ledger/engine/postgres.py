@@ -169,6 +169,12 @@ class PgConnection:
             self._raw.close()
         self._raw = None
 
+    def __del__(self) -> None:
+        """Close the connection with the store object that held it (each verb call opens its own), rather than
+        leave it to psycopg's finaliser, which warns (a ResourceWarning per call, seen under `-W error`)."""
+        if getattr(self, "_raw", None) is not None:
+            self._drop()
+
     def exists(self) -> bool:
         """Whether the database holds a ledger (llmledger's bookkeeping tables)."""
         with self.open(wait=30.0) as con:
