@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import polars as pl
 import pytest
 
+import llmledger
 from llmledger import (
     InvalidInputError,
     KeyColumnError,
@@ -266,3 +268,28 @@ def test_a_price_or_budget_that_is_not_finite_is_refused() -> None:
         with pytest.raises(InvalidInputError, match="non-negative number"):
             llmledger.set_price("claude-nan-test", input=bad, output=1.0)
     assert llmledger._draw.usd(float("nan")) == "unknown" and llmledger._draw.usd(0.99999) == "$1.00"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: llmledger.history(s, 5, "summary"), "table must be a table name"),
+        (lambda s: llmledger.history(s, "messages", "summary", key=object()), "one row's value"),
+        (lambda s: llmledger.history(s, "messages", "summary", key=[1, 2]), r"got \[1, 2\]"),
+        (lambda s: llmledger.accept(s, "messages", None, key=1), "step must be a step name"),
+        (lambda s: llmledger.reset(s, 3, "summary", where="true"), "table must be a table name"),
+        (lambda s: llmledger.undo_verdict(s, "messages", "summary", key={"id": [1]}), "one row's value"),
+        (lambda s: llmledger.review(s, "messages", "summary", compare_with="summary"), "list of step names"),
+        (lambda s: llmledger.review(s, "messages", "summary", seed="x"), "seed is an integer"),
+        (lambda s: llmledger.review(s, "messages", "summary", max_cost_usd="x"), "max_cost_usd must be a positive"),
+    ],
+)
+def test_a_reader_or_verdict_with_a_wrong_argument_says_so_and_writes_nothing(
+    run, store: Path, call: Any, message: str
+) -> None:
+    """Found in an attack: these reached the store as raw DuckDB errors, an empty frame, or a list of letters."""
+    run(frame(3), "summary", prompt="Summarize: {text}")
+    before = store.read_bytes()
+    with pytest.raises(InvalidInputError, match=message):
+        call(store)
+    assert store.read_bytes() == before

@@ -9,9 +9,11 @@ the row had. `side_by_side` reads them back next to the current answers.
 from __future__ import annotations
 
 import re
-from datetime import datetime
-from numbers import Integral
+from datetime import date, datetime, time
+from decimal import Decimal
+from numbers import Integral, Number
 from typing import Any
+from uuid import UUID
 
 import polars as pl
 
@@ -22,6 +24,8 @@ from llmledger._ledger.schema import HISTORY_TABLE
 from llmledger._ledger.survey import Layout
 from llmledger._step.sqltext import q
 from llmledger.errors import InvalidInputError
+
+_KEY_VALUES = (str, Number, Decimal, date, time, UUID)  # what one row's key value can be
 
 _COLUMNS = (
     "table_name, step, row_key, output, model, fingerprint, input_tokens, output_tokens, cost_usd, "
@@ -130,6 +134,11 @@ def key_match(
         raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} ({layout.key})")
     types = column_types(con, layout.table)
     for column, value in key.items():
+        if not isinstance(value, _KEY_VALUES):
+            raise InvalidInputError(
+                f"key {column!r} of {layout.table!r} is one row's value (text, a number, a date or time), got "
+                f"{value!r:.80}; pass a dict of key columns for a key of several columns"
+            )
         _check_key_value(layout.table, column, types[column], value)
     where = " AND ".join(f"CAST({alias}.{q(k)} AS VARCHAR) = CAST($k{i} AS VARCHAR)" for i, k in enumerate(key))
     return where, {f"k{i}": v for i, v in enumerate(key.values())}

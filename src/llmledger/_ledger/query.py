@@ -45,6 +45,7 @@ def history(store: str | Path, table: str, step: str, key: Any = None) -> pl.Dat
     `old_input_tokens`, `old_output_tokens`, `old_cost_usd`, `old_finished_at`, then the row's
     current `output`, `status` and `finished_at`. `key=` narrows it to one row.
     """
+    _check_names(table, step)
     return open_existing(store).history(table, step, key)
 
 
@@ -65,6 +66,7 @@ def flag(store: str | Path, table: str, step: str, *, where: str, reason: str, b
     """
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInputError("flag needs a reason= saying what is wrong, e.g. reason='company name is wrong'")
+    _check_names(table, step)
     _check_reason(reason)
     _check_where(where)
     return open_existing(store).flag(table, step, where=where, reason=reason, by=_by(by), now=utcnow())
@@ -88,6 +90,7 @@ def reset(
     or whose own leases have lapsed, judged in the clock the claims were written in (PostgreSQL's), not this
     machine's. Rows of a holder that still runs on this host are never taken (its answers would be paid twice).
     """
+    _check_names(table, step)
     _check_where(where)
     if not isinstance(running, bool):
         raise InvalidInputError(f"running must be True or False, got {running!r}")
@@ -109,6 +112,7 @@ def accept(
     "accepted") until a new answer replaces it. `redo="stale"` keeps an accepted answer (redo=True with `where=`
     naming the row replaces it); a NEEDS_REVIEW answer a person accepts is DONE; a flag on it is lifted.
     """
+    _check_names(table, step)
     _check_rows(key, where)
     return open_existing(store).judge(table, step, verdict="accept", key=key, where=where, by=_by(by), now=utcnow())
 
@@ -123,6 +127,7 @@ def correct(
     read this one's answer turn stale on the row, as after any new answer. No redo replaces a person's answer but
     `redo=True` with `where=` naming the row. Rows showing the same answer to the same request take it too.
     """
+    _check_names(table, step)
     if key is None:
         raise InvalidInputError("correct() judges one row: pass key= its key value (a dict when the key has several)")
     if reason is not None and not isinstance(reason, str):
@@ -139,6 +144,7 @@ def undo_verdict(store: str | Path, table: str, step: str, *, key: Any, by: str 
     row shows the model's answer again (the person's goes to the history). The verdict stays in
     `llmledger_verdicts`, marked `undone_at`. Returns the verdict taken back ("accept", "flag", "correct"), or None
     when there was none."""
+    _check_names(table, step)
     if key is None:
         raise InvalidInputError("undo_verdict() takes back one row's verdict: pass key= its key value")
     return open_existing(store).undo_verdict(table, step, key=key, by=_by(by), now=utcnow())
@@ -152,6 +158,13 @@ def verdicts(store: str | Path, table: str | None = None, step: str | None = Non
         if value is not None and (not isinstance(value, str) or not value):
             raise InvalidInputError(f"{name} must be a {name} name (or None for every one), got {value!r}")
     return open_existing(store).verdicts(table, step)
+
+
+def _check_names(table: Any, step: Any) -> None:
+    """A table and a step are names: anything else reached the store as a raw DuckDB error."""
+    for name, value in (("table", table), ("step", step)):
+        if not isinstance(value, str) or not value:
+            raise InvalidInputError(f"{name} must be a {name} name (text), got {value!r}")
 
 
 def _check_rows(key: Any, where: Any) -> None:

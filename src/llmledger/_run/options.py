@@ -108,11 +108,7 @@ class RunOptions:
         every = self.commit_every
         if isinstance(every, bool) or not isinstance(every, int | float) or not 0 < every < float("inf"):  # NaN too
             raise InvalidInputError(f"commit_every must be a positive number of seconds, got {every!r}")
-        cost = self.max_cost_usd
-        if cost is not None and (
-            isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost < float("inf")
-        ):
-            raise InvalidInputError(f"max_cost_usd must be a positive number of dollars, got {cost!r}")
+        check_max_cost(self.max_cost_usd)
         if self.budget_scope not in ("run", "step"):
             raise InvalidInputError(
                 f"budget_scope must be 'run' (this run's spending) or 'step' (every run of the "
@@ -129,7 +125,7 @@ class RunOptions:
                 "'auto' (batches); an online run that returns at once is "
                 "apply_llm(..., background=True)"
             )
-        if self.mode == "batch" and cost is not None:
+        if self.mode == "batch" and self.max_cost_usd is not None:
             raise InvalidInputError(
                 "max_cost_usd works with mode='online' (a batch is paid when it ends, so a run "
                 "cannot stop it at a budget); see what a batch would cost with "
@@ -199,3 +195,11 @@ class RunOptions:
 
 
 DEFAULTS = RunOptions()  # what a call that names none of them runs with (the CLI's defaults too)
+
+
+def check_max_cost(cost: Any) -> None:
+    """`max_cost_usd=`: None, or a positive, finite number of dollars."""
+    if cost is not None and (
+        isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost < float("inf")
+    ):
+        raise InvalidInputError(f"max_cost_usd must be a positive number of dollars, got {cost!r}")

@@ -9,6 +9,7 @@ from typing import Any
 from llmledger._ledger import known_table
 from llmledger._run.api import resume
 from llmledger._run.frames import as_polars
+from llmledger._run.options import check_max_cost
 from llmledger._run.run import Run
 from llmledger._step.request import sql_literal
 from llmledger._step.sqltext import q
@@ -80,6 +81,9 @@ def review(
             f"review() needs the table and the step: review(store, table, step), got table={table!r}, "
             f"step={step!r} (or pass the Run that apply_llm(..., background=True) returned)"
         )
+    check_max_cost(max_cost_usd)  # checked now, not when "redo flagged" is pressed
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidInputError(f"seed is an integer that fixes the sample drawn, got {seed!r}")
 
     if rows is not None:
         where = rows_where(at, table, rows, where)

@@ -70,7 +70,7 @@ def shape_of(store: str | Path, table: str, step: str, compare_with: Any = ()) -
     """The shape of `table` for reviewing `step` beside `compare_with`, or InvalidInputError naming what is wrong."""
     if not isinstance(table, str) or not table or not isinstance(step, str) or not step:
         raise InvalidInputError(f"table and step are names, got {table!r} and {step!r}")
-    if isinstance(compare_with, str) or not all(isinstance(s, str) and s for s in compare_with):
+    if not isinstance(compare_with, list | tuple) or not all(isinstance(s, str) and s for s in compare_with):
         raise InvalidInputError(f"compare_with is a list of step names, e.g. ['label_sonnet'], got {compare_with!r}")
     open_existing(store).migrated()  # not there: StoreNotFound, not "no such step"; older: read as it is now
     steps, columns, keys, _ = known_table(store, table)

@@ -58,7 +58,7 @@ class Session:
         seed: int = 0,
     ) -> None:
         self.by = reviewer(by)
-        self.shape: Shape = shape_of(store, table, step, tuple(compare_with))
+        self.shape: Shape = shape_of(store, table, step, compare_with)
         self.where = where
         self.keys: list[Any] = queue_keys(self.shape, where=where, queue=queue, sample=sample, margin=margin, seed=seed)
         self.pos = 0
