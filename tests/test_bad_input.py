@@ -282,6 +282,9 @@ def test_a_price_or_budget_that_is_not_finite_is_refused() -> None:
         (lambda s: llmledger.review(s, "messages", "summary", compare_with="summary"), "list of step names"),
         (lambda s: llmledger.review(s, "messages", "summary", seed="x"), "seed is an integer"),
         (lambda s: llmledger.review(s, "messages", "summary", max_cost_usd="x"), "max_cost_usd must be a positive"),
+        (lambda s: llmledger.accept(s, "messages", "summary", key={}), "names no key column"),
+        (lambda s: llmledger.review(s, 5, "summary", rows=frame(1)), "table and step are names"),
+        (lambda s: llmledger.history(s, "mess\x00ages", "summary"), "no NUL character"),
     ],
 )
 def test_a_reader_or_verdict_with_a_wrong_argument_says_so_and_writes_nothing(
@@ -293,3 +296,12 @@ def test_a_reader_or_verdict_with_a_wrong_argument_says_so_and_writes_nothing(
     with pytest.raises(InvalidInputError, match=message):
         call(store)
     assert store.read_bytes() == before
+
+
+def test_a_numpy_scalar_is_a_key_like_the_python_value(run, store: Path) -> None:
+    """Found in an attack: `df["id"].iloc[0]` (a numpy int64) as key= raised DuckDB's NotImplementedException."""
+    np = pytest.importorskip("numpy")
+    run(frame(3), "summary", prompt="Summarize: {text}")
+    assert llmledger.accept(store, "messages", "summary", key=np.int64(1), by="ana") == 1
+    assert llmledger.verdicts(store)["row_key"].to_list() == ['{"id":1}']
+    assert llmledger.history(store, "messages", "summary", key=np.int64(1)).is_empty()

@@ -368,7 +368,7 @@ def test_a_verdict_lands_only_on_the_answer_shown_on_both_engines(client: Any, s
     shown = session.row()
     assert session.key == 0 and shown is not None
     llmledger.apply_llm(frame(4), "summary", redo=True, where="id = 0", **common)  # a colleague's redo
-    with pytest.raises(llmledger.InvalidInputError, match="has another answer since it was shown"):
+    with pytest.raises(llmledger.InvalidInputError, match="has another answer or other inputs since it was shown"):
         session.accept()
     assert verdicts(target).is_empty() and session.key == 0
     now = session.row()
@@ -390,3 +390,66 @@ def test_a_verdict_lands_only_on_the_answer_shown_on_both_engines(client: Any, s
         session.correct("a person's summary")
     assert session.row() is not None and session.key == 3
     assert verdicts(target).height == 1, "only the verdict given on an answer shown"
+
+
+def test_a_table_dropped_under_an_open_view_is_said_so(run: Any, store: Path, capsys: Any) -> None:
+    """Found in an attack: the next key raised DuckDB's own CatalogException out of the widget."""
+    run(frame(3), "summary", prompt=PROMPT)
+    view = llmledger.review(store, "messages", "summary", by="ana")
+    llmledger.sql(store, "DROP TABLE messages", write=True)
+    press(view, "a")
+    assert "table &#x27;messages&#x27; is no longer in the store" in view.message.value, view.message.value
+    assert "start the review again" in view.body.value and given(store, "summary") == []
+
+
+def test_in_the_view_keys_never_judge_an_answer_that_was_not_drawn(client: Any, sim: Any, store: Path) -> None:
+    """Found in an attack on the check above, each on the view: keys sent in one burst after a refused one judged
+    the answer that replaced it; a flag's reason typed while the row was redone flagged the new answer; and a row
+    recorded anew with other text (its answer kept, stale) took a verdict for text no one saw."""
+    sim.configure(resample=True)
+    common: dict[str, Any] = dict(prompt=PROMPT, client=client, store=store, table="messages", progress=False)
+    llmledger.apply_llm(frame(3), "summary", **common)
+    view = llmledger.review(store, "messages", "summary", by="ana")
+
+    def redo(key: int) -> None:
+        llmledger.apply_llm(frame(3), "summary", redo=True, where=f"id = {key}", **common)
+
+    redo(0)
+    send(view, "aa")  # two keys in one update, both typed before the new answer was drawn
+    assert "has another answer" in view.message.value and given(store, "summary") == [], view.message.value
+    assert view.session.key == 0 and str(view.session.row().answer) in view.body.value  # type: ignore[union-attr]
+    press(view, "k")  # a key that judges nothing: the redraw says the answer changed on screen
+    redo(0)
+    press(view, "k")
+    assert "changed while it was on screen" in view.message.value, view.message.value
+    press(view, "a")
+    assert given(store, "summary") == [(0, "accept", None)]
+
+    press(view, "f")  # row 1: a flag's reason is being typed while a colleague redoes the row
+    redo(1)
+    press(view, "too long\n")
+    assert "has another answer" in view.message.value and len(given(store, "summary")) == 1
+    assert view.mode == "key" and view.session.key == 1
+
+    llmledger.apply_llm(frame(1, start=1, word="other"), "summary", **common)  # recorded anew, answer kept: stale
+    press(view, "a")
+    assert "other inputs" in view.message.value and len(given(store, "summary")) == 1
+    assert "other message number 1" in view.body.value
+    press(view, "a")  # now judged as shown
+    assert given(store, "summary") == [(0, "accept", None), (1, "accept", None)]
+
+
+def test_a_typed_correction_begun_on_an_answer_since_redone_is_refused_and_ended(
+    client: Any, sim: Any, store: Path
+) -> None:
+    """Found in an attack: Enter to keep each field wrote the old answer's values as a correction of the new one."""
+    sim.configure(resample=True)
+    common: dict[str, Any] = dict(prompt="Extract: {text}", output=FACTS, client=client, store=store,
+                                  table="messages", progress=False)  # fmt: skip
+    llmledger.apply_llm(frame(2), "facts", **common)
+    view = llmledger.review(store, "messages", "facts", by="bo")
+    press(view, "c")
+    llmledger.apply_llm(frame(2), "facts", redo=True, where="id = 0", **common)
+    press(view, "\n\n")  # keep both fields
+    assert "has another answer" in view.message.value and view.mode == "key" and view.draft == {}
+    assert given(store, "facts") == [] and view.session.key == 0

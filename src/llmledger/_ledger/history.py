@@ -12,7 +12,7 @@ import re
 from datetime import date, datetime, time
 from decimal import Decimal
 from numbers import Integral, Number
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 import polars as pl
@@ -117,8 +117,10 @@ def key_match(
     """SQL over the fact table (as `alias`) matching the row of `key` (its value, or a dict of key columns when the
     key has several; None: every row), and its parameters. A key that names no key column, or a value no row of
     that column's type can have, is refused, naming it."""
-    if key is None or key == {}:
+    if key is None:
         return "", {}
+    if isinstance(key, dict) and not key:
+        raise InvalidInputError(f"key={{}} names no key column of {layout.table!r} ({layout.key}); pass its value")
     if not isinstance(key, dict):
         if len(layout.key) != 1:
             raise InvalidInputError(
@@ -133,6 +135,7 @@ def key_match(
     if unknown:
         raise InvalidInputError(f"key= names {unknown}, which are not key columns of {layout.table!r} ({layout.key})")
     types = column_types(con, layout.table)
+    key = {column: _plain(value) for column, value in key.items()}
     for column, value in key.items():
         if not isinstance(value, _KEY_VALUES):
             raise InvalidInputError(
@@ -142,6 +145,11 @@ def key_match(
         _check_key_value(layout.table, column, types[column], value)
     where = " AND ".join(f"CAST({alias}.{q(k)} AS VARCHAR) = CAST($k{i} AS VARCHAR)" for i, k in enumerate(key))
     return where, {f"k{i}": v for i, v in enumerate(key.values())}
+
+
+def _plain(value: Any) -> Any:
+    """numpy's scalars (`df["id"].iloc[0]`) as Python's, which both engines take (DuckDB refused them)."""
+    return cast(Any, value).item() if isinstance(value, Number) and type(value).__module__ == "numpy" else value
 
 
 def _check_key_value(table: str, column: str, sql_type: str, value: Any) -> None:

@@ -163,8 +163,8 @@ def verdicts(store: str | Path, table: str | None = None, step: str | None = Non
 def _check_names(table: Any, step: Any) -> None:
     """A table and a step are names: anything else reached the store as a raw DuckDB error."""
     for name, value in (("table", table), ("step", step)):
-        if not isinstance(value, str) or not value:
-            raise InvalidInputError(f"{name} must be a {name} name (text), got {value!r}")
+        if not isinstance(value, str) or not value or "\x00" in value:
+            raise InvalidInputError(f"{name} must be a {name} name (text, no NUL character), got {value!r}")
 
 
 def _check_rows(key: Any, where: Any) -> None:

@@ -37,6 +37,13 @@ from llmledger._time import utcnow
 from llmledger.errors import InvalidInputError
 
 VERDICTS = ("accept", "flag", "correct")
+
+
+class RowChanged(InvalidInputError):
+    """The row judged holds another answer, or other inputs, than the ones shown (`judge(..., seen=)`): nothing
+    was written; the review view then shows the row as it is now, and asks for a new decision."""
+
+
 ACCEPTED, CORRECTED = "accepted", "corrected"  # `{step}_verdict`
 
 _VERDICT_COLUMNS = (
@@ -76,15 +83,16 @@ class ReviewVerbs:
         where: str | None = None,
         reason: str | None = None,
         answer: Any = None,
-        seen: tuple[str | None, Any] | None = None,
+        seen: tuple[str | None, Any, str | None] | None = None,
     ) -> int:
         """Record `verdict` on the step's answers of the row `key` (or the rows matching `where`); return how many
         rows took it (twins included). One transaction: the verdicts and the rows' new state land together or not
         at all. A flag also marks matching rows without an answer (a FAILED row to send again), as `flag` did.
 
-        `seen` is the answer a person was shown (its fingerprint and `finished_at`, as the review view read them):
-        when the row's answer is another one by now (a colleague's redo, the row deleted and recorded anew), the
-        verdict is refused, writing nothing, rather than landing on an answer nobody saw (found by an attack)."""
+        `seen` is the answer a person was shown (its fingerprint and `finished_at`, and the request fingerprint of
+        the inputs shown, as the review view read them): when the row's answer or inputs are other ones by now (a
+        colleague's redo, the row recorded anew), the verdict is refused, writing nothing, rather than landing on an
+        answer, or a request, nobody saw (found by an attack)."""
 
         def work(con: Con) -> int:
             layout = layout_of(con, table, step)
@@ -95,13 +103,13 @@ class ReviewVerbs:
             c, kind = names(step, "t"), column_types(con, table)[step]
             shown = output_as_text(c[""], kind)
             judged = con.execute(
-                f"SELECT {c['_status']}, {shown} IS NOT NULL, {c['_fingerprint']}::VARCHAR, {c['_finished_at']} "
-                f"FROM {q(table)} AS t WHERE {match}",
+                f"SELECT {c['_status']}, {shown} IS NOT NULL, {c['_fingerprint']}::VARCHAR, {c['_finished_at']}, "
+                f"{c['_request_fingerprint']}::VARCHAR FROM {q(table)} AS t WHERE {match}",
                 params,
             ).fetchall()
             if seen is not None and key is not None and (not judged or tuple(judged[0][2:]) != tuple(seen)):
-                now_is = "is gone" if not judged else "has another answer"
-                raise InvalidInputError(
+                now_is = "is gone" if not judged else "has another answer or other inputs"
+                raise RowChanged(
                     f"the row {key!r} {now_is} since it was shown (a redo, or the row recorded anew); nothing was "
                     f"written: look at it again, then judge it"
                 )

@@ -3,6 +3,7 @@ view, a layer below the run, cannot import itself."""
 
 from __future__ import annotations
 
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,10 @@ def review(
             f"review() needs the table and the step: review(store, table, step), got table={table!r}, "
             f"step={step!r} (or pass the Run that apply_llm(..., background=True) returned)"
         )
+    if not isinstance(table, str) or not isinstance(step, str):
+        raise InvalidInputError(f"table and step are names, got {table!r} and {step!r}")
     check_max_cost(max_cost_usd)  # checked now, not when "redo flagged" is pressed
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if isinstance(seed, bool) or not isinstance(seed, Integral):
         raise InvalidInputError(f"seed is an integer that fixes the sample drawn, got {seed!r}")
 
     if rows is not None:

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from llmledger._draw import esc
+from llmledger._ledger.review import RowChanged
 from llmledger._step.formats import pdf_pages
-from llmledger._view.review_queue import Row, Shape
+from llmledger._view.review_queue import Row, Shape, key_id
 from llmledger._view.review_session import Session, field_value
 from llmledger.errors import InvalidInputError
 
@@ -183,6 +184,8 @@ class ReviewView:
         self.run: Any = None
         self.armed = False  # `r` pressed once: the next `r` re-sends the flagged rows (paid), any other key does not
         self.seen = ""  # the box's value as last seen: what was typed before it is handled
+        self.refused = False  # a key of the burst being handled was refused: the rest of the burst is dropped
+        self.drawn: tuple[str, Any] | None = None  # the row drawn last (its key id and answer), to say it changed
         self.start = 0  # in flag and correct mode: where in the box the text being typed begins
         self._lock = threading.RLock()  # keys, and the redo's thread putting rows back
         self.header = w.HTML()
@@ -220,7 +223,7 @@ class ReviewView:
             self.seen = value
             if self.mode != "key" and kept < self.start:  # the text's beginning was deleted or typed over
                 self.start = kept
-            acted = False
+            acted, self.refused = False, False
             for at, char in enumerate(new, start=kept):
                 if self.mode == "key":
                     if char != "\n":  # Enter between keys does nothing
@@ -229,6 +232,9 @@ class ReviewView:
                 elif char == "\n":  # Enter: the text typed since the mode began (an Enter in its middle ends it)
                     text, self.start, acted = value[self.start : at].replace("\n", " "), at + 1, True
                     self.submit(text, draw=False)
+                if self.refused:  # the keys typed after it were typed before the refusal was seen: dropped
+                    self.start = len(value)  # (found in an attack: a second `a` accepted the answer that had
+                    break  # replaced the refused one, never drawn)
             if acted:
                 self.draw()
             elif self.mode != "key":  # the text being typed, shown where the person reads
@@ -264,9 +270,17 @@ class ReviewView:
             else:
                 self.note(f"{key!r} is not a key: {', '.join(k for k, _ in KEYS)}")
         except InvalidInputError as exc:
-            self.note(str(exc), error=True)
+            self._refused(exc)
         if draw:
             self.draw()
+
+    def _refused(self, exc: InvalidInputError) -> None:
+        """A key or an Enter refused: say why, and drop the keys typed after it (typed before this was seen). A
+        verdict refused because the row changed also ends a flag or a correction begun on the old row."""
+        self.note(str(exc), error=True)
+        self.refused = True
+        if isinstance(exc, RowChanged):
+            self.mode, self.field, self.draft = "key", 0, {}
 
     def submit(self, text: str, *, draw: bool = True) -> None:
         """Enter in flag or correct mode: `text` is the flag's reason, or the answer (a typed step's field)."""
@@ -278,7 +292,7 @@ class ReviewView:
             elif self.mode == "correct":
                 self._correct(text)
         except InvalidInputError as exc:
-            self.note(str(exc), error=True)
+            self._refused(exc)
         if draw:
             self.draw()
 
@@ -356,7 +370,17 @@ class ReviewView:
 
     def draw(self) -> None:
         s = self.session
-        row = s.row(fresh=True)  # first: it skips rows gone since the queue was made, which the counts leave out
+        try:  # first: it skips rows gone since the queue was made, which the counts leave out. While a flag's
+            row = s.row(fresh=self.mode == "key")  # reason or a correction is typed, the row shown stays: the
+        except InvalidInputError as exc:  # verdict judges it, and is refused if it changed meanwhile
+            self.note(str(exc), error=True)  # the table or step itself is gone
+            self.body.value = f'<div data-field="gone"><b>{esc(str(exc))}</b></div>'
+            return
+        drawn = None if row is None else (key_id(row.key), row.seen)
+        if drawn and self.drawn and drawn[0] == self.drawn[0] and drawn != self.drawn and not self.message.value:
+            self.note("this row's answer or inputs changed while it was on screen (a redo, or the row recorded "
+                      "anew): this is the row now", error=True)  # fmt: skip
+        self.drawn = drawn
         self.header.value = (
             f'<div class="llmledger-review-head"><b>review {esc(s.shape.table)}.{esc(s.shape.step)}</b> · '
             f'<span data-field="position">{esc(s.position_line())}</span> · '

@@ -63,7 +63,9 @@ class Row:
     stale: bool
     others: dict[str, Any]
     earlier: list[dict[str, Any]] = field(default_factory=list)
-    seen: tuple[str | None, Any] = (None, None)  # the answer shown (fingerprint, finished_at): what a verdict judges
+    # what a verdict judges: the answer shown (its fingerprint and finished_at) to the request shown (the row's
+    # inputs: a row recorded anew with other text keeps its answer, stale, under another request fingerprint)
+    seen: tuple[str | None, Any, str | None] = (None, None, None)
 
 
 def shape_of(store: str | Path, table: str, step: str, compare_with: Any = ()) -> Shape:
@@ -113,7 +115,8 @@ def _select(shape: Shape, *, inputs: bool) -> str:
     cols += [f"{c['']} AS __answer", f"{c['_status']} AS __status", f"{c['_verdict']} AS __verdict",
              f"{c['_verdict_by']} AS __verdict_by", f"{c['_flag']} AS __flag", f"{c['_error']} AS __error",
              f"{c['_source']} AS __source", f"coalesce({shape.stale}, false) AS __stale",
-             f"{c['_fingerprint']}::VARCHAR AS __fingerprint", f"{c['_finished_at']} AS __finished_at"]  # fmt: skip
+             f"{c['_fingerprint']}::VARCHAR AS __fingerprint", f"{c['_finished_at']} AS __finished_at",
+             f"{c['_request_fingerprint']}::VARCHAR AS __request"]  # fmt: skip
     cols += [f"{names(o, 't')['']} AS {q('__other_' + o)}" for o in shape.others]
     return ", ".join(cols)
 
@@ -214,7 +217,17 @@ def sample_count(sample: Any, margin: Any) -> int:
 def load_row(shape: Shape, key: Any) -> Row | None:
     """The row `key` as it stands now, with its earlier answers (None if it is gone)."""
     query, params = _records_sql(shape, None, key=key, inputs=True)
-    found, earlier_found = open_existing(shape.store).row_and_history(shape.table, shape.step, query, params, key)
+    try:
+        found, earlier_found = open_existing(shape.store).row_and_history(shape.table, shape.step, query, params, key)
+    except db_errors():  # a table or step dropped under an open view: said so, not DuckDB's CatalogException
+        steps, columns, _, _ = known_table(shape.store, shape.table)
+        missing = [s for s in (shape.step, *shape.others) if s not in steps or s not in columns]
+        if columns and not missing:
+            raise
+        gone = f"step {missing[0]!r} of table {shape.table!r}" if columns else f"table {shape.table!r}"
+        raise InvalidInputError(
+            f"{gone} is no longer in the store (dropped since this review began): start the review again"
+        ) from None
     if found is None or found.is_empty():
         return None
     rec, typed = found.row(0, named=True), shape.schema is not None
@@ -231,7 +244,7 @@ def load_row(shape: Shape, key: Any) -> Row | None:
         source=rec["__source"],
         stale=bool(rec["__stale"]),
         others={o: rec["__other_" + o] for o in shape.others},
-        seen=(rec["__fingerprint"], rec["__finished_at"]),
+        seen=(rec["__fingerprint"], rec["__finished_at"], rec["__request"]),
         earlier=[
             {"reason": e.get("reason"), "answer": e.get("old_output"), "model": e.get("old_model")} for e in earlier
         ],

@@ -56,7 +56,11 @@ def review_in_terminal(
     say(f"review {table}.{step}: {len(session.keys)} rows to review, as {session.by}",
         KEYS_LINE.format(typed=", JSON" if session.shape.fields else ""))  # fmt: skip
     while True:
-        row = session.row(fresh=True)
+        try:
+            row = session.row(fresh=True)
+        except InvalidInputError as exc:  # the table or step itself is gone
+            say(f"error: {exc}")
+            break
         say("", f"[{session.position_line()} · {session.tally_line()}]")
         say(row_text(session.shape, row) if row is not None else "nothing left to review (u undoes, k goes back)")
         line = read.readline()
