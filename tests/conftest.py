@@ -17,6 +17,7 @@ import duckdb
 import polars as pl
 import pytest
 
+import llmledger
 from llmledger import Simulator, apply_llm
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -152,6 +153,17 @@ def frame(n: int, *, start: int = 0, word: str = "hello") -> pl.DataFrame:
     return pl.DataFrame(
         {"id": list(range(start, start + n)), "text": [f"{word} message number {i}" for i in range(start, start + n)]}
     )
+
+
+def in_a_batch(store: Path, table: str = "messages", step: str = "summary") -> bool:
+    """Whether the ledger, read between another process's commits, has rows of the step in a batch: the moment
+    to kill that process "while it waits for its batch" (a fixed 0.3 s after the API took the batch was too short
+    for the ledger to record its id, on a loaded CI machine)."""
+    try:
+        found = llmledger.sql(store, f"SELECT count(*) AS n FROM {table} WHERE {step}_status = 'SUBMITTED'")
+    except (llmledger.StoreNotFound, llmledger.InvalidInputError, duckdb.Error):  # not made yet, or its table
+        return False
+    return found is not None and found["n"].item() > 0
 
 
 def sql(store: Path, query: str) -> list[tuple[Any, ...]]:

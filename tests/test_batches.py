@@ -25,7 +25,7 @@ from llmledger import InvalidInputError, Redo, Simulator
 from llmledger._exec import collect
 from llmledger._ledger import RunParams, open_ledger
 
-from .conftest import frame, helper_cmd, sql, subprocess_env
+from .conftest import frame, helper_cmd, in_a_batch, sql, subprocess_env
 
 CUSTOM_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -129,9 +129,8 @@ def test_a_killed_process_loses_no_batch_and_pays_each_row_once(
     try:
         if die_before is None:  # kill it while it waits for the batch
             deadline = time.monotonic() + 60
-            while sim.stats()["batches"] == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.3)
+            while not in_a_batch(store) and time.monotonic() < deadline:
+                time.sleep(0.1)
             proc.kill()
         proc.wait(timeout=60)
     finally:

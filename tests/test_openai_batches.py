@@ -23,7 +23,7 @@ import llmledger
 from llmledger import Simulator, apply_llm
 from llmledger._exec import collect
 
-from .conftest import frame, helper_cmd, sql, subprocess_env
+from .conftest import frame, helper_cmd, in_a_batch, sql, subprocess_env
 
 openai = pytest.importorskip("openai", reason="needs the openai extra: pip install -e '.[dev]'")
 
@@ -149,9 +149,8 @@ def test_a_killed_process_loses_no_openai_batch_and_another_collects_it(
     try:
         if die_before is None:  # kill it while it waits for the batch
             deadline = time.monotonic() + 60
-            while sim.stats()["batches"] == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.3)
+            while not in_a_batch(store) and time.monotonic() < deadline:
+                time.sleep(0.1)
             proc.kill()
         proc.wait(timeout=60)
     finally:
