@@ -453,3 +453,57 @@ def test_a_typed_correction_begun_on_an_answer_since_redone_is_refused_and_ended
     press(view, "\n\n")  # keep both fields
     assert "has another answer" in view.message.value and view.mode == "key" and view.draft == {}
     assert given(store, "facts") == [] and view.session.key == 0
+
+
+def _redo_ended(view: Any) -> None:
+    """Wait for the view's redo, then for its thread to put the rows back and draw (under the view's lock)."""
+    view.run.wait(60)
+    view._after.join(60)
+
+
+def test_a_verdict_judges_the_answer_last_drawn_even_after_moves_in_one_burst(
+    client: Any, sim: Any, store: Path
+) -> None:
+    """Found in an attack: on row 1, with row 0 redone by a colleague, the keys `ka` sent at once accepted row 0's
+    new answer, never drawn. A row drawn before is judged as drawn; one typed ahead to, never drawn, as it is."""
+    sim.configure(resample=True)
+    common: dict[str, Any] = dict(prompt=PROMPT, client=client, store=store, table="messages", progress=False)
+    llmledger.apply_llm(frame(3), "summary", **common)
+    view = llmledger.review(store, "messages", "summary", by="ana")
+    press(view, "j")  # row 1 drawn
+    llmledger.apply_llm(frame(3), "summary", redo=True, where="id = 0", **common)
+    send(view, view.box.value + "ka")
+    assert "has another answer" in view.message.value and given(store, "summary") == []
+    send(view, view.box.value + "aa")  # row 0 now drawn as it is: accepted; row 1, drawn before, unchanged
+    assert given(store, "summary") == [(0, "accept", None), (1, "accept", None)]
+
+
+def test_the_views_redo_coming_back_mid_correction_keeps_the_row_being_corrected(
+    client: Any, sim: Any, store: Path
+) -> None:
+    """Found in an attack: the view's own "redo flagged" ending while a correction was typed swapped the row under
+    it, and Enter wrote the old answer's values as a correction of the row just redone."""
+    sim.configure(resample=True, latency=0.5)
+    common: dict[str, Any] = dict(prompt="Extract: {text}", output=FACTS, client=client, store=store,
+                                  table="messages", progress=False)  # fmt: skip
+    first = llmledger.apply_llm(frame(4), "facts", **common)
+    view = llmledger.review(store, "messages", "facts", by="bo", client=client)
+    press(view, "f\n")  # row 0 flagged
+    press(view, "rr")  # its redo runs in the background ...
+    press(view, "c")  # ... while row 1's correction is begun
+    _redo_ended(view)
+    assert view.mode == "correct" and view.session.key == 1, "the row being corrected stays"
+    press(view, "\n\n")  # both fields kept: row 1 corrected with its own values
+    assert given(store, "facts")[-1] == (1, "correct", None)
+    assert sql(store, "SELECT facts.year FROM messages WHERE id = 1") == [(first["facts"][1]["year"],)]
+    assert view.session.key == 0, "the redone row comes next"
+
+    press(view, "f\n")  # row 0 flagged again, then back to it, redone while its correction is begun
+    press(view, "k")
+    assert view.session.key == 0
+    press(view, "rr")
+    press(view, "c")
+    _redo_ended(view)
+    press(view, "\n\n")
+    assert "has another answer" in view.message.value and view.mode == "key", view.message.value
+    assert [v for k, v, _ in given(store, "facts") if k == 0] == ["flag", "flag"], "no correction of the new answer"

@@ -348,9 +348,9 @@ class ReviewView:
 
             display(self.run)
         self.note("redoing the flagged rows in the background; they come back here when it ends")
-        after = threading.Thread(target=self._after_redo, args=(self.run,), daemon=True, name="llmledger-review")
-        after.start()
-        atexit.register(after.join, 30)  # a script ending now must not tear the store down under its last read
+        self._after = threading.Thread(target=self._after_redo, args=(self.run,), daemon=True, name="llmledger-review")
+        self._after.start()
+        atexit.register(self._after.join, 30)  # a script ending now must not tear the store down under its last read
 
     def _after_redo(self, run: Any) -> None:
         self.armed = False  # a `r` asked before the redo ended does not carry over to rows flagged since
@@ -359,7 +359,7 @@ class ReviewView:
         except BaseException as exc:  # the run's own view says what stopped it
             self.note(f"the redo stopped: {exc}", error=True)
         with self._lock:
-            back = self.session.redone()
+            back = self.session.redone(keep_current=self.mode != "key")
             self.note(f"{len(back)} redone rows are back in the queue")
             self.draw()
 
@@ -376,6 +376,8 @@ class ReviewView:
             self.note(str(exc), error=True)  # the table or step itself is gone
             self.body.value = f'<div data-field="gone"><b>{esc(str(exc))}</b></div>'
             return
+        if row is not None:
+            s.drawn(row)
         drawn = None if row is None else (key_id(row.key), row.seen)
         if drawn and self.drawn and drawn[0] == self.drawn[0] and drawn != self.drawn and not self.message.value:
             self.note("this row's answer or inputs changed while it was on screen (a redo, or the row recorded "

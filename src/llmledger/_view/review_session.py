@@ -64,6 +64,7 @@ class Session:
         self.pos = 0
         self.given: dict[str, tuple[str, bool]] = {}  # key id -> (latest verdict this session, the row had an answer)
         self.done: list[tuple[Any, str, bool]] = []  # (key, verdict, had an answer), newest last: what undo takes back
+        self.shown: dict[str, Any] = {}  # key id -> the answer drawn last for the row (`Row.seen`): what keys judge
         self._row: Row | None = None
 
     # -- where we are -----------------------------------------------------------------------------
@@ -81,6 +82,11 @@ class Session:
                 return self._row
             del self.keys[self.pos]  # gone since the queue was made (deleted, or the table recorded anew): skipped
         return None
+
+    def drawn(self, row: Row) -> None:
+        """The view drew `row`: a verdict on it judges this answer, even when given after moving away and back in
+        keys sent at once (a row a person typed ahead to, never drawn, is judged as it stands)."""
+        self.shown[key_id(row.key)] = row.seen
 
     def move(self, by: int) -> None:
         self.pos = max(0, min(len(self.keys), self.pos + by))
@@ -115,7 +121,7 @@ class Session:
         try:
             open_existing(self.shape.store).judge(self.shape.table, self.shape.step, verdict=verdict, key=key,
                                                   by=self.by, now=utcnow(), reason=reason, answer=answer,
-                                                  seen=row.seen)  # fmt: skip
+                                                  seen=self.shown.get(key_id(key), row.seen))  # fmt: skip
         except InvalidInputError:
             self._row = None
             raise
@@ -151,16 +157,23 @@ class Session:
         """`where=` of that redo: exactly those rows."""
         return redo_where(self.shape, self.where)
 
-    def redone(self) -> list[Any]:
-        """After `redo="flagged"`: the rows the session flagged (now answered again) come back next in the queue."""
+    def redone(self, *, keep_current: bool = False) -> list[Any]:
+        """After `redo="flagged"`: the rows the session flagged (now answered again) come back next in the queue.
+        With `keep_current` (a flag's reason or a correction is being typed), they come after the current row,
+        which stays as drawn: the verdict being typed judges it, and is refused if the redo changed it (found in
+        an attack: the redo's return swapped the row under a typed correction)."""
         still = {key_id(k) for k in flagged_keys(self.shape, self.where)}
         back = [k for k, v, _ in self.done if v == "flag" and key_id(k) not in still]
         back = list({key_id(k): k for k in back}.values())
-        ids = {key_id(k) for k in back}
-        self.keys = self.keys[: self.pos] + back + [k for k in self.keys[self.pos :] if key_id(k) not in ids]
         for k in back:
             self.given.pop(key_id(k), None)
-        self._row = None
+        keep = keep_current and self.key is not None
+        at = self.pos + 1 if keep else self.pos
+        back_here = [k for k in back if not (keep and key_id(k) == key_id(self.key))]
+        ids = {key_id(k) for k in back_here}
+        self.keys = self.keys[:at] + back_here + [k for k in self.keys[at:] if key_id(k) not in ids]
+        if not keep_current:
+            self._row = None
         return back
 
     # -- the counter ------------------------------------------------------------------------------

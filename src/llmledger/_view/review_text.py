@@ -63,6 +63,8 @@ def review_in_terminal(
             break
         say("", f"[{session.position_line()} · {session.tally_line()}]")
         say(row_text(session.shape, row) if row is not None else "nothing left to review (u undoes, k goes back)")
+        if row is not None:
+            session.drawn(row)
         line = read.readline()
         if not line:
             break
