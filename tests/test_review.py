@@ -297,6 +297,24 @@ def test_undo_takes_back_a_reviewers_latest_verdict_and_puts_the_row_back(client
     assert first["summary"][0] == sql(store, "SELECT summary FROM messages WHERE id = 1")[0][0]
 
 
+def test_undoing_an_accept_or_a_flag_of_a_persons_answer_leaves_it_corrected(client: Any, target: Any) -> None:
+    """Found in an attack: an accept of a corrected answer, taken back, left the row `accepted` (and a flag,
+    taken back, left it flagged), its twin too, while the verdicts said it was undone."""
+    common: dict[str, Any] = dict(client=client, store=target, table="messages", progress=False)
+    llmledger.apply_llm(pl.DataFrame({"id": [1, 2, 3], "text": ["same", "same", "x"]}), "summary", prompt=PROMPT,
+                        **common)  # fmt: skip
+    correct(target, "messages", "summary", key=1, answer="fixed", by="ana")  # its twin 2 too
+    state = "SELECT id, summary, summary_source, summary_verdict, summary_verdict_by, summary_flag FROM messages"
+    corrected = llmledger.sql(target, state + " ORDER BY id").rows()  # type: ignore[union-attr]
+    assert corrected[0][2:5] == ("person", "corrected", "ana") and corrected[1][1] == "fixed"
+    accept(target, "messages", "summary", key=1, by="bo")
+    assert llmledger.undo_verdict(target, "messages", "summary", key=1, by="bo") == "accept"
+    assert llmledger.sql(target, state + " ORDER BY id").rows() == corrected  # type: ignore[union-attr]
+    llmledger.flag(target, "messages", "summary", where="id = 1", reason="still wrong", by="bo")
+    assert llmledger.undo_verdict(target, "messages", "summary", key=1, by="bo") == "flag"
+    assert llmledger.sql(target, state + " ORDER BY id").rows() == corrected  # type: ignore[union-attr]
+
+
 def test_two_reviewers_agreement_is_counted_on_the_answers_both_judged(run: Any, store: Path) -> None:
     out = run(frame(5), "summary", prompt=PROMPT)
     for key in range(4):

@@ -214,6 +214,7 @@ class ReviewVerbs:
                     f"{n['_status']} = coalesce(CAST($was AS VARCHAR), {n['_status']}) WHERE {same}",
                     {**judged, "was": was_review},
                 )
+            _back_to_corrected(con, layout, kind, group, judged)
             return str(verdict)
 
         result = self.conn.transaction(work, wait=60.0, exclusive=True)
@@ -273,6 +274,25 @@ def _latest_standing(con: Con, layout: Layout, same: str, judged: dict[str, Any]
     if not rows:
         return None
     return dict(zip(("verdict", "reviewer", "reason", "judged_at"), rows[0], strict=True))
+
+
+def _back_to_corrected(con: Con, layout: Layout, kind: str, group: str, judged: dict[str, Any]) -> None:
+    """An accept or a flag taken back from a person's own answer: the row is `corrected` again, by the person who
+    wrote it (found in an attack: it stayed `accepted`, its accept marked undone)."""
+    c, n = names(layout.step, "t"), names(layout.step)
+    shown = output_as_text(c[""], kind)
+    corrector = (  # the correction that wrote this answer: made when the answer was (twins took it at once)
+        f"(SELECT v.reviewer FROM {VERDICTS_TABLE} AS v WHERE v.table_name = $v_table AND v.step = $v_step "
+        f"AND v.verdict = 'correct' AND v.undone_at IS NULL AND v.judged_at = {c['_finished_at']} "
+        f"AND v.corrected = {shown} ORDER BY v.judged_at DESC LIMIT 1)"
+    )
+    _run(
+        con,
+        f"UPDATE {q(layout.table)} AS t SET {n['_verdict']} = '{CORRECTED}', {n['_verdict_by']} = {corrector}, "
+        f"{n['_flag']} = NULL, {n['_flagged_at']} = NULL, {n['_flagged_by']} = NULL WHERE {group} "
+        f"AND {c['_source']} = '{PERSON}' AND {c['_fingerprint']}::VARCHAR = $fingerprint AND {shown} = $answer",
+        {**judged, "v_table": layout.table, "v_step": layout.step},
+    )
 
 
 def _restore_corrected(
