@@ -15,6 +15,7 @@ from llmledger._run.run import Run
 from llmledger._step.request import sql_literal
 from llmledger._step.sqltext import q
 from llmledger._view.review import ReviewView
+from llmledger._view.review_queue import check_names
 from llmledger._view.review_session import Session
 from llmledger.errors import InvalidInputError
 
@@ -82,8 +83,7 @@ def review(
             f"review() needs the table and the step: review(store, table, step), got table={table!r}, "
             f"step={step!r} (or pass the Run that apply_llm(..., background=True) returned)"
         )
-    if not isinstance(table, str) or not isinstance(step, str):
-        raise InvalidInputError(f"table and step are names, got {table!r} and {step!r}")
+    check_names(table, step)  # before rows= reads the table
     check_max_cost(max_cost_usd)  # checked now, not when "redo flagged" is pressed
     if isinstance(seed, bool) or not isinstance(seed, Integral):
         raise InvalidInputError(f"seed is an integer that fixes the sample drawn, got {seed!r}")

@@ -68,10 +68,15 @@ class Row:
     seen: tuple[str | None, Any, str | None] = (None, None, None)
 
 
-def shape_of(store: str | Path, table: str, step: str, compare_with: Any = ()) -> Shape:
-    """The shape of `table` for reviewing `step` beside `compare_with`, or InvalidInputError naming what is wrong."""
+def check_names(table: Any, step: Any) -> None:
+    """The table and step reviewed are names (InvalidInputError, before anything reads the store)."""
     if not isinstance(table, str) or not table or not isinstance(step, str) or not step:
         raise InvalidInputError(f"table and step are names, got {table!r} and {step!r}")
+
+
+def shape_of(store: str | Path, table: str, step: str, compare_with: Any = ()) -> Shape:
+    """The shape of `table` for reviewing `step` beside `compare_with`, or InvalidInputError naming what is wrong."""
+    check_names(table, step)
     if not isinstance(compare_with, list | tuple) or not all(isinstance(s, str) and s for s in compare_with):
         raise InvalidInputError(f"compare_with is a list of step names, e.g. ['label_sonnet'], got {compare_with!r}")
     open_existing(store).migrated()  # not there: StoreNotFound, not "no such step"; older: read as it is now
