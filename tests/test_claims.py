@@ -12,6 +12,7 @@ from typing import Any
 
 import anthropic
 import duckdb
+import polars as pl
 import pytest
 
 import llmledger
@@ -220,3 +221,85 @@ def test_a_refused_redo_whose_commit_is_lost_is_written_again(
     assert statuses == [("FAILED", 6)], "the refused redo is what the rows hold"
     tokens = llmledger.sql(target, "SELECT sum(summary_input_tokens) AS n FROM messages").item()
     assert tokens == stats["input_tokens"], "every try paid is in the ledger, once"
+
+
+def test_a_claim_the_engine_loses_is_read_back_and_rows_another_run_took_are_not_sent(
+    run, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim DuckDB 2.0.1 lost (the call returned the rows, and nothing of the transaction was kept) left its rows
+    free, and another process claimed them and paid them while this run paid them too: every text twice, in CI.
+    A run now reads its claim back before it sends a row of it: rows another run took meanwhile are that run's,
+    and rows still free are claimed again. Before, this run paid all 12 rows."""
+    from llmledger._ledger.ledger import SQLLedger
+
+    run(frame(12), "summary", prompt="Summarize: {text}", where="false")
+    real_claim, claims = SQLLedger.claim, []
+
+    def losing(self: SQLLedger, *args: Any, **kwargs: Any) -> Any:
+        claims.append(len(claims) + 1)
+        if len(claims) > 1:
+            return real_claim(self, *args, **kwargs)
+        real_tx, first = self.conn.transaction, [True]
+
+        def transaction(work: Any, **options: Any) -> Any:
+            if not first[0]:
+                return real_tx(work, **options)
+            first[0] = False
+            got = real_tx(work, **{**options, "commit": False})  # lost: the call returns, nothing is kept
+            _claim(store, [0, 1, 2, 3], "another-host/1234/remote", _now())  # another run claims meanwhile
+            return got
+
+        monkeypatch.setattr(self.conn, "transaction", transaction)
+        return real_claim(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLLedger, "claim", losing)
+    with pytest.warns(RunningElsewhereWarning, match=r"^4 rows are being answered by another run"):
+        out = run(frame(12), "summary", prompt="Summarize: {text}")
+    assert claims, "the run claimed"
+    statuses = dict(zip(out["id"], out["summary_status"], strict=True))
+    assert [statuses[i] for i in range(4)] == ["RUNNING"] * 4, "the other run's rows are left to it"
+    assert [statuses[i] for i in range(4, 12)] == ["DONE"] * 8, "rows the lost claim left free were claimed again"
+    assert sim.stats()["paid"] == 8
+    assert sorted(sim.paid_prompts()) == sorted(f"Summarize: hello message number {i}" for i in range(4, 12))
+    holders = sql(store, "SELECT DISTINCT summary_claimed_by FROM messages WHERE id < 4")
+    assert holders == [("another-host/1234/remote",)]
+
+
+def test_runs_whose_claims_the_engine_loses_pay_each_duplicate_text_once(sim: Simulator, store: Path) -> None:
+    """The CI failure's shape: three processes share a step of 300 rows with 60 distinct texts, and the first loses
+    its first claim (and a third of its later ones), as DuckDB 2.0.1 did. Each text is paid once. Before reading
+    claims back, every text was paid twice (120)."""
+    apply_llm(
+        pl.DataFrame({"id": list(range(300)), "text": [f"hello message number {i % 60}" for i in range(300)]}),
+        "summary",
+        prompt="Summarize: {text}",
+        store=store,
+        table="messages",
+        client=anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key"),
+        where="false",
+        progress=False,
+    )
+    sim.configure(latency=0.05)
+    env = subprocess_env(sim.base_url)
+    args = [str(store), "300", "--distinct", "60", "--concurrency", "4"]
+    losing = subprocess.Popen(
+        helper_cmd(*args, "--lose-claims", "1", "--race-lost-claims"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    said = []  # the others start once its claim is lost: before, it could start last and find every row taken
+    for line in iter(losing.stdout.readline, ""):  # type: ignore[union-attr]
+        said.append(line)
+        if line.startswith("claim lost"):
+            break
+    others = [
+        subprocess.Popen(helper_cmd(*args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    for proc in [losing, *others]:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, "".join(said) + out
+    assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'") == [(300,)]
+    assert sim.stats()["paid"] == 60, "each distinct text is paid once, whichever process claimed its rows"

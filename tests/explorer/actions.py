@@ -81,7 +81,9 @@ class Scenario:
         losing = [f"{self.plan.seed}-{len(self.books.log)}"] if action.lose_commits else []
         return [
             subprocess.Popen(
-                cmd + (each[i] if each else []) + ([f"--lose-commits={losing[0]}-{i}"] if losing else []),
+                cmd
+                + (each[i] if each else [])
+                + ([f"--lose-commits={losing[0]}-{i}", f"--lose-claims={losing[0]}-{i}"] if losing else []),
                 env=subprocess_env(self.sim.base_url),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -26,7 +26,7 @@ FAULTS: dict[str, dict[str, Any]] = {
 # creates or confirms one (`die`); budget runs them with one step budget of what is spent plus `extra_usd`;
 # workers starts `llmledger worker` processes (PostgreSQL; each a machine of its own), one killed after `delay`.
 # Runs that end by themselves or by Ctrl-C may `lose_commits`: the store loses some of their chunks' commits, as
-# DuckDB 2.0.1 did (never two in a row, nor before a kill -9: README: Not guaranteed).
+# DuckDB 2.0.1 did (never two in a row, nor before a kill -9: README: Not guaranteed), and on DuckDB some claims.
 KINDS = (
     "run",
     "kill",

@@ -3,7 +3,7 @@
 usage: run_step.py STORE ROWS [--concurrency N] [--chunk-size N] [--commit-every S] [--step NAME]
                    [--mode online|batch] [--no-wait] [--die-before create|confirm] [--distinct N]
                    [--clock-skew SECONDS] [--max-cost USD] [--model MODEL] [--rows-per-request N]
-                   [--lose-commits SEED]
+                   [--lose-commits SEED] [--lose-claims SEED] [--race-lost-claims]
 Talks to ANTHROPIC_BASE_URL with the key in LLMLEDGER_TEST_KEY. `--die-before` kills the process (no cleanup,
 as a crash or a lost kernel would) just before a batch is sent to the API, or just after the API took it and
 before the ledger records its id. `--distinct N`: row i's text is that of row i % N (duplicate texts).
@@ -11,6 +11,10 @@ before the ledger records its id. `--distinct N`: row i's text is that of row i 
 `--max-cost`: a step budget, with the model priced $1000 per million tokens (about a cent a row).
 `--lose-commits SEED`: the store loses about a third of the run's chunk commits (never two in a row, drawn from SEED):
 the call returns and nothing of the transaction is kept, as DuckDB 2.0.1 did when processes took turns on a file.
+`--lose-claims SEED`: on a DuckDB store, the run's first claim transaction is lost in the same way, and about a third
+of the later ones (never two in a row, drawn from SEED). `--race-lost-claims`: after each, the run waits (up to 10 s)
+until another process has claimed or answered rows of the step, the race the loss opens (it prints "claim lost" as it
+starts waiting).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import gc
 import os
 import sys
+import time
 
 import anthropic
 import polars as pl
@@ -43,6 +48,8 @@ p.add_argument("--max-cost", type=float, default=None)
 p.add_argument("--rows-per-request", type=int, default=1)
 p.add_argument("--model", default=None)  # "openai:...": the openai SDK, at ANTHROPIC_BASE_URL + "/v1"
 p.add_argument("--lose-commits", default=None)
+p.add_argument("--lose-claims", default=None)
+p.add_argument("--race-lost-claims", action="store_true")
 a = p.parse_args()
 
 if a.clock_skew:
@@ -94,6 +101,43 @@ if a.lose_commits is not None:
         return list(again[1]) if again else []  # type: ignore[index]  # what it had written again, lost too
 
     SQLLedger.commit = losing  # type: ignore[method-assign]
+
+if a.lose_claims is not None:
+    import random
+
+    from llmledger._ledger.ledger import SQLLedger
+
+    pick, real_claim, claims = random.Random(a.lose_claims), SQLLedger.claim, [0, False]
+    taken = f"SELECT count(*) FROM messages WHERE {a.step}_status <> 'NOT_STARTED'"
+
+    def losing_claim(self: SQLLedger, *args: object, **kwargs: object) -> object:
+        claims[0] += 1
+        claims[1] = claims[0] == 1 or (not claims[1] and pick.random() < 0.35)
+        if not claims[1] or self.conn.dialect.name != "duckdb":
+            return real_claim(self, *args, **kwargs)  # type: ignore[arg-type]
+        real_tx, first = self.conn.transaction, [True]
+
+        def transaction(work: object, **options: object) -> object:
+            if not first[0]:  # reading the claim back is not lost
+                return real_tx(work, **options)  # type: ignore[arg-type]
+            first[0] = False
+            got = real_tx(work, **{**options, "commit": False})  # type: ignore[arg-type]
+            print("claim lost", flush=True)
+            for _ in range(
+                100 if a.race_lost_claims else 0
+            ):  # the race that loss opens, made sure: another process claims before this one sends
+                if real_tx(lambda con: con.execute(taken).fetchone()[0]):  # type: ignore[attr-defined]
+                    break
+                time.sleep(0.1)
+            return got
+
+        self.conn.transaction = transaction  # type: ignore[method-assign]
+        try:
+            return real_claim(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            del self.conn.transaction
+
+    SQLLedger.claim = losing_claim  # type: ignore[method-assign]
 
 df = pl.DataFrame(
     {

@@ -1,7 +1,13 @@
-"""Writing again chunks whose commit the store lost. DuckDB 2.0.1 can lose a committed transaction when two processes
-take turns on one file: the call returns, and nothing of the transaction is kept. A run keeps the chunks it committed
-and has not seen land (`types.Chunk`), and each of its next transactions that depends on them (the next claim,
-commit, budget reservation and the release) first writes them again, where their rows are still the run's claims."""
+"""Transactions the store lost, done again. DuckDB 2.0.1 can lose a committed transaction when two processes take turns
+on one file: the call returns, and nothing of the transaction is kept (`Dialect.loses_commits`).
+
+- A chunk of answers: a run keeps the chunks it committed and has not seen land (`types.Chunk`), and each of its
+  next transactions that depends on them (the next claim, commit, budget reservation and the release) first writes
+  them again, where their rows are still the run's claims (`write_again`).
+- A claim: a run reads it back before it sends a row of it (`read_back`). A lost claim leaves its rows free, and
+  another process claims and pays them while this one pays them too: every text twice, seen in CI with three
+  `llmledger run` processes on one file.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +21,12 @@ from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.shared import registered
 from llmledger._ledger.packs import record_packs
 from llmledger._ledger.survey import Layout
-from llmledger._ledger.types import Chunk
-from llmledger._ledger.verbs import commit_results
+from llmledger._ledger.types import Chunk, Selection
+from llmledger._ledger.verbs import claim_rows, commit_results
 from llmledger._step.sqltext import q
 
 _AGAIN = "llmledger_written_again"
+_CLAIMED = "llmledger_claimed"
 
 
 def write_again(con: Con, layout: Layout, claimant: str, chunks: Sequence[Chunk], *, now: datetime) -> list[Chunk]:
@@ -56,3 +63,25 @@ def write_again(con: Con, layout: Layout, claimant: str, chunks: Sequence[Chunk]
             record_packs(con, chunk.packs)
             written.append(Chunk(rows, chunk.packs))
     return written
+
+
+def read_back(
+    con: Con, selection: Selection, keys: pl.DataFrame, *, claimant: str, now: datetime
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Of the rows a claim by `claimant` took (`keys`), those the store holds as that claim (their keys), and the
+    rest claimed again where they may still be claimed (as `claim_rows` returns them): a claim the store lost.
+    Rows another run claimed meanwhile are in neither, and this run must not send them: the other run pays them.
+
+    The claim again may be lost too, so its rows are read back in the caller's next transaction, as these were."""
+    layout = selection.layout
+    keys_sql = ", ".join(f"t.{q(k)}" for k in layout.key)
+    with registered(con, _CLAIMED, keys):
+        held = con.execute(
+            f"SELECT {keys_sql} FROM {q(layout.table)} AS t JOIN {_CLAIMED} AS i ON {layout.key_join()} "
+            f"WHERE {layout.col('_status', 't')} = 'RUNNING' AND {layout.col('_claimed_by', 't')} = $claimant",
+            {"claimant": claimant},
+        ).fetchall()
+    found = pl.DataFrame(held, schema=keys.schema, orient="row")
+    lost = keys.join(found, on=layout.key, how="anti")
+    again = claim_rows(con, selection, lost, claimant=claimant, now=now) if lost.height else lost
+    return found, again

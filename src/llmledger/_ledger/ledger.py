@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._ledger.again import write_again
+from llmledger._ledger.again import read_back, write_again
 from llmledger._ledger.batches import BatchVerbs
 from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
 from llmledger._ledger.engine import Con, Database
@@ -40,6 +40,8 @@ from llmledger._ledger.verbs import (
 )
 from llmledger._step.sqltext import q
 from llmledger._time import utcnow
+
+CLAIM_READS = 3  # times a run reads back a claim the store lost and claimed again, before it gives up its rows
 
 
 class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs):
@@ -94,9 +96,44 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
 
         self.conn.transaction(work)
         selection.cursor = end[0]
+        if claimed and self.conn.dialect.loses_commits:
+            claimed = self._read_back(selection, claimed, claimant=claimant, now=now, unlanded=unlanded)
         if again is not None:
             again[:] = unlanded
         return claimed
+
+    def _read_back(
+        self,
+        selection: Selection,
+        claimed: list[dict[str, Any]],
+        *,
+        claimant: str,
+        now: datetime,
+        unlanded: list[Chunk],
+    ) -> list[dict[str, Any]]:
+        """The claimed rows the store holds as this run's claims, read back in a transaction of their own: a claim
+        the store lost (`Dialect.loses_commits`) left its rows free, and a row another run claimed meanwhile is
+        that run's to pay. Lost rows still free are claimed again and read back in turn, up to `CLAIM_READS`
+        times; a row whose claim is never seen to land is not sent (the release gives it back). The transaction
+        writes the run's unlanded chunks again first, as the claim did (`write_again`)."""
+        key = selection.layout.key
+        schema = {k: selection.key_types[k] for k in key}
+        sent: list[dict[str, Any]] = []
+        pending = claimed
+        for _ in range(CLAIM_READS):
+            keys = pl.DataFrame([[r[k] for k in key] for r in pending], schema=schema, orient="row")
+
+            def work(con: Con, keys: pl.DataFrame = keys) -> tuple[pl.DataFrame, pl.DataFrame]:
+                unlanded[:] = write_again(con, selection.layout, claimant, unlanded, now=now)
+                return read_back(con, selection, keys, claimant=claimant, now=now)
+
+            held, again = self.conn.transaction(work)
+            landed = set(held.iter_rows())
+            sent += [r for r in pending if tuple(r[k] for k in key) in landed]
+            pending = list(again.iter_rows(named=True))
+            if not pending:
+                break
+        return sent
 
     @staticmethod
     def _twins(con: Con, selection: Selection, got: pl.DataFrame, *, claimant: str, now: datetime) -> pl.DataFrame:

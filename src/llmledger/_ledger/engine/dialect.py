@@ -78,6 +78,10 @@ class Dialect:
     matched to the table positionally, without a join."""
     writes_parquet: bool
     """The engine writes Parquet itself (DuckDB's COPY TO); PostgreSQL's rows are written chunk by chunk."""
+    loses_commits: bool
+    """A transaction whose COMMIT returned may yet be lost (DuckDB 2.0.1, when processes take turns on one file),
+    so a run reads its claims back before it sends their rows and writes its chunks again until it sees them
+    land (`again.py`); PostgreSQL keeps what it acknowledged."""
     read_only_transactions: bool
     """A read-only look is a read-only transaction (PostgreSQL); on DuckDB the file is opened read-only."""
     missing_text: str
@@ -164,6 +168,7 @@ DUCKDB = Dialect(
     structured_as_jsonb=False,
     ordered_scans=True,
     writes_parquet=True,
+    loses_commits=True,
     read_only_transactions=False,
     missing_text="chr(0)",
     setup=(),
@@ -179,6 +184,7 @@ POSTGRES = Dialect(
     structured_as_jsonb=True,
     ordered_scans=False,
     writes_parquet=False,
+    loses_commits=False,
     read_only_transactions=True,
     missing_text="chr(1)",
     setup=(_PG_JSONB_FUNCTION,),
