@@ -281,6 +281,7 @@ def test_a_price_or_budget_that_is_not_finite_is_refused() -> None:
         (lambda s: llmledger.undo_verdict(s, "messages", "summary", key={"id": [1]}), "one row's value"),
         (lambda s: llmledger.review(s, "messages", "summary", compare_with="summary"), "list of step names"),
         (lambda s: llmledger.review(s, "messages", "summary", seed="x"), "seed is an integer"),
+        (lambda s: llmledger.review(s, "messages", "summary", client="x"), "client is the SDK client"),
         (lambda s: llmledger.review(s, "messages", "summary", max_cost_usd="x"), "max_cost_usd must be a positive"),
         (lambda s: llmledger.accept(s, "messages", "summary", key={}), "names no key column"),
         (lambda s: llmledger.review(s, 5, "summary", rows=frame(1)), "table and step are names"),
@@ -305,3 +306,18 @@ def test_a_numpy_scalar_is_a_key_like_the_python_value(run, store: Path) -> None
     assert llmledger.accept(store, "messages", "summary", key=np.int64(1), by="ana") == 1
     assert llmledger.verdicts(store)["row_key"].to_list() == ['{"id":1}']
     assert llmledger.history(store, "messages", "summary", key=np.int64(1)).is_empty()
+
+
+def test_a_whole_number_names_a_row_of_a_float_key(target: Any, client: anthropic.AsyncAnthropic) -> None:
+    """Found in an attack: in a table keyed by a float column, `key=1` was refused as naming no row (rows match by
+    their text, "1" against the row's "1.0"), while `key=1.0` worked. A number, or its text from the command line,
+    now names the row of that value; a value no row has is still refused."""
+    ask = dict(store=target, table="floats", client=client, progress=False)
+    df = pl.DataFrame({"id": [1.0, 2.5, 0.1], "text": ["one", "two and a half", "a tenth"]})
+    apply_llm(df, "summary", prompt="Summarize: {text}", key="id", **ask)
+    for key in (1, "2.5", 0.1):
+        assert llmledger.accept(target, "floats", "summary", key=key, by="ana") == 1
+    verdicts = llmledger.sql(target, "SELECT id, summary_verdict FROM floats ORDER BY id").rows()
+    assert verdicts == [(0.1, "accepted"), (1.0, "accepted"), (2.5, "accepted")]
+    with pytest.raises(InvalidInputError, match="no row with key 3"):
+        llmledger.accept(target, "floats", "summary", key=3, by="ana")

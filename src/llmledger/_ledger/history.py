@@ -109,6 +109,7 @@ def side_by_side(con: Con, layout: Layout, key: Any = None) -> pl.DataFrame:
 _INTEGER_TYPES = frozenset({
     "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
 })  # fmt: skip
+_FLOAT_TYPES = frozenset({"FLOAT", "DOUBLE", "REAL", "FLOAT4", "FLOAT8", "DOUBLE PRECISION"})
 
 
 def key_match(
@@ -143,6 +144,7 @@ def key_match(
                 f"{value!r:.80}; pass a dict of key columns for a key of several columns"
             )
         _check_key_value(layout.table, column, types[column], value)
+        key[column] = _as_float(types[column], value)
     where = " AND ".join(f"CAST({alias}.{q(k)} AS VARCHAR) = CAST($k{i} AS VARCHAR)" for i, k in enumerate(key))
     return where, {f"k{i}": v for i, v in enumerate(key.values())}
 
@@ -150,6 +152,20 @@ def key_match(
 def _plain(value: Any) -> Any:
     """numpy's scalars (`df["id"].iloc[0]`) as Python's, which both engines take (DuckDB refused them)."""
     return cast(Any, value).item() if isinstance(value, Number) and type(value).__module__ == "numpy" else value
+
+
+def _as_float(sql_type: str, value: Any) -> Any:
+    """A number (or a number's text) for a floating-point key column, as a float: rows match by their text, and
+    `key=1` is "1" where the row's 1.0 is "1.0" (it was refused as naming no row). Both sides are then the engine's
+    own text of a float."""
+    if sql_type.upper() not in _FLOAT_TYPES or isinstance(value, bool):
+        return value
+    if isinstance(value, Number | Decimal):
+        return float(cast(Any, value))
+    try:
+        return float(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
 
 
 def _check_key_value(table: str, column: str, sql_type: str, value: Any) -> None:

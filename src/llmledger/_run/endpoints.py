@@ -158,6 +158,14 @@ def check_gateway(gateway: bool, endpoint: str | None, shape: ApiShape) -> None:
         )
 
 
+def check_any_client(client: Any, *, what: str) -> None:
+    """Refuse, before anything is sent, a `client=` that is no provider SDK's client (`client="x"`), where the step
+    it will send for is not known yet (`what`: the call that sends with it later)."""
+    if client is not None and not any(for_provider(s.provider).is_client(client) for s in SHAPES):
+        classes = " or ".join(dict.fromkeys(s.client_class for s in SHAPES))
+        raise InvalidInputError(f"client is the SDK client {what} sends with ({classes}), got {client!r:.80}")
+
+
 def _wrong_client(client: Any, shape: ApiShape) -> str:
     other = next((s for s in SHAPES if s is not shape and for_provider(s.provider).is_client(client)), None)
     hint = "" if other is None else f" (an {other.client_class} sends a model such as {other.model_example!r})"

@@ -9,6 +9,7 @@ from typing import Any
 
 from llmledger._ledger import known_table
 from llmledger._run.api import resume
+from llmledger._run.endpoints import check_any_client
 from llmledger._run.frames import as_polars
 from llmledger._run.options import check_max_cost
 from llmledger._run.run import Run
@@ -85,6 +86,7 @@ def review(
         )
     check_names(table, step)  # before rows= reads the table
     check_max_cost(max_cost_usd)  # checked now, not when "redo flagged" is pressed
+    check_any_client(client, what='"redo flagged"')
     if isinstance(seed, bool) or not isinstance(seed, Integral):
         raise InvalidInputError(f"seed is an integer that fixes the sample drawn, got {seed!r}")
 
