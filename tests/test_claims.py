@@ -223,6 +223,36 @@ def test_a_refused_redo_whose_commit_is_lost_is_written_again(
     assert tokens == stats["input_tokens"], "every try paid is in the ledger, once"
 
 
+def _losing_claim(monkeypatch: pytest.MonkeyPatch, lose: int, meanwhile: Any = None) -> list[int]:
+    """The run's first claim call loses its first `lose` transactions (the claim, then the claims again that reading
+    it back makes), as DuckDB 2.0.1 loses a committed transaction: the call returns, nothing is kept. `meanwhile`
+    runs after the first is lost (another run claiming). Returns the transactions that call ran, filled as it runs."""
+    from llmledger._ledger.ledger import SQLLedger
+
+    real_claim, runs = SQLLedger.claim, []
+
+    def losing(self: SQLLedger, *args: Any, **kwargs: Any) -> Any:
+        if runs:
+            return real_claim(self, *args, **kwargs)
+        real_tx = self.conn.transaction
+
+        def transaction(work: Any, **options: Any) -> Any:
+            runs.append(len(runs) + 1)
+            if len(runs) > lose:
+                return real_tx(work, **options)
+            got = real_tx(work, **{**options, "commit": False})
+            if meanwhile is not None and len(runs) == 1:
+                meanwhile()
+            return got
+
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(self.conn, "transaction", transaction)
+            return real_claim(self, *args, **kwargs)
+
+    monkeypatch.setattr(SQLLedger, "claim", losing)
+    return runs
+
+
 def test_a_claim_the_engine_loses_is_read_back_and_rows_another_run_took_are_not_sent(
     run, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,32 +260,11 @@ def test_a_claim_the_engine_loses_is_read_back_and_rows_another_run_took_are_not
     free, and another process claimed them and paid them while this run paid them too: every text twice, in CI.
     A run now reads its claim back before it sends a row of it: rows another run took meanwhile are that run's,
     and rows still free are claimed again. Before, this run paid all 12 rows."""
-    from llmledger._ledger.ledger import SQLLedger
-
     run(frame(12), "summary", prompt="Summarize: {text}", where="false")
-    real_claim, claims = SQLLedger.claim, []
-
-    def losing(self: SQLLedger, *args: Any, **kwargs: Any) -> Any:
-        claims.append(len(claims) + 1)
-        if len(claims) > 1:
-            return real_claim(self, *args, **kwargs)
-        real_tx, first = self.conn.transaction, [True]
-
-        def transaction(work: Any, **options: Any) -> Any:
-            if not first[0]:
-                return real_tx(work, **options)
-            first[0] = False
-            got = real_tx(work, **{**options, "commit": False})  # lost: the call returns, nothing is kept
-            _claim(store, [0, 1, 2, 3], "another-host/1234/remote", _now())  # another run claims meanwhile
-            return got
-
-        monkeypatch.setattr(self.conn, "transaction", transaction)
-        return real_claim(self, *args, **kwargs)
-
-    monkeypatch.setattr(SQLLedger, "claim", losing)
+    runs = _losing_claim(monkeypatch, 1, lambda: _claim(store, [0, 1, 2, 3], "another-host/1234/remote", _now()))
     with pytest.warns(RunningElsewhereWarning, match=r"^4 rows are being answered by another run"):
         out = run(frame(12), "summary", prompt="Summarize: {text}")
-    assert claims, "the run claimed"
+    assert runs == [1, 2, 3], "the lost claim, its reading back with the free rows claimed again, and theirs"
     statuses = dict(zip(out["id"], out["summary_status"], strict=True))
     assert [statuses[i] for i in range(4)] == ["RUNNING"] * 4, "the other run's rows are left to it"
     assert [statuses[i] for i in range(4, 12)] == ["DONE"] * 8, "rows the lost claim left free were claimed again"
@@ -263,6 +272,30 @@ def test_a_claim_the_engine_loses_is_read_back_and_rows_another_run_took_are_not
     assert sorted(sim.paid_prompts()) == sorted(f"Summarize: hello message number {i}" for i in range(4, 12))
     holders = sql(store, "SELECT DISTINCT summary_claimed_by FROM messages WHERE id < 4")
     assert holders == [("another-host/1234/remote",)]
+
+
+@pytest.mark.parametrize("lose", [2, 4])
+def test_rows_whose_claim_is_lost_again_and_again_are_claimed_later_in_the_run(
+    run, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch, lose: int
+) -> None:
+    """Found in an attack: when the claim and the claims again that reading it back made were all lost, the rows
+    were dropped from the run (it said "completed", 0 paid, 40 NOT_STARTED). Rows never seen held now go to the end
+    of the run's work and are claimed again later in the same run: every row is answered once. (4: every
+    transaction of the first claim call is lost.)"""
+    runs = _losing_claim(monkeypatch, lose)
+    out = run(frame(40), "summary", prompt="Summarize: {text}", chunk_size=40)
+    assert len(runs) >= lose, "the first claim call lost that many transactions"
+    assert out["summary_status"].to_list() == ["DONE"] * 40
+    assert sim.stats()["paid"] == 40 and max(sim.paid_prompts().values()) == 1
+
+
+def test_a_nan_key_is_read_back_as_its_own_row(run, sim: Simulator, store: Path) -> None:
+    """Found in an attack: reading a claim back matched keys in Python, where NaN equals nothing, so a row keyed by
+    NaN was never sent (every run "completed" with it NOT_STARTED). Keys are matched in SQL, as the claim did."""
+    df = pl.DataFrame({"k": [float("nan"), 1.0, 2.0], "text": ["not a number", "one", "two"]})
+    out = run(df, "summary", prompt="Summarize: {text}", key="k")
+    assert out["summary_status"].to_list() == ["DONE"] * 3 and sim.stats()["paid"] == 3
+    assert sql(store, "SELECT count(*) FROM messages WHERE summary_status = 'DONE'") == [(3,)]
 
 
 def test_runs_whose_claims_the_engine_loses_pay_each_duplicate_text_once(sim: Simulator, store: Path) -> None:

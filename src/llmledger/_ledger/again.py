@@ -7,23 +7,29 @@ on one file: the call returns, and nothing of the transaction is kept (`Dialect.
 - A claim: a run reads it back before it sends a row of it (`read_back`). A lost claim leaves its rows free, and
   another process claims and pays them while this one pays them too: every text twice, seen in CI with three
   `llmledger run` processes on one file.
+- A batch's intent and its confirmation: read back and done again until seen (`until_landed`). A lost intent left
+  a batch the API bills with no record, and its rows went back to be sent again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import TypeVar
 
 import polars as pl
 
 from llmledger._ledger.columns import lost_commit_sql
-from llmledger._ledger.engine import Con
+from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import registered
 from llmledger._ledger.packs import record_packs
 from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import Chunk, Selection
-from llmledger._ledger.verbs import claim_rows, commit_results
+from llmledger._ledger.verbs import commit_results
 from llmledger._step.sqltext import q
+
+T = TypeVar("T")
+READS = 3  # times a transaction the store lost is read back and done again, before the run gives it up
 
 _AGAIN = "llmledger_written_again"
 _CLAIMED = "llmledger_claimed"
@@ -65,23 +71,34 @@ def write_again(con: Con, layout: Layout, claimant: str, chunks: Sequence[Chunk]
     return written
 
 
-def read_back(
-    con: Con, selection: Selection, keys: pl.DataFrame, *, claimant: str, now: datetime
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Of the rows a claim by `claimant` took (`keys`), those the store holds as that claim (their keys), and the
-    rest claimed again where they may still be claimed (as `claim_rows` returns them): a claim the store lost.
-    Rows another run claimed meanwhile are in neither, and this run must not send them: the other run pays them.
-
-    The claim again may be lost too, so its rows are read back in the caller's next transaction, as these were."""
+def read_back(con: Con, selection: Selection, claimed: pl.DataFrame, *, claimant: str) -> list[int]:
+    """Of the rows a claim by `claimant` took (`claimed`: their keys, and `at`, each one's place in the claim), the
+    places of those the store holds as that claim. The others' claim was lost: another run may have claimed them
+    meanwhile, and this run must not send them. The keys are matched in SQL, as the claim matched them (a NaN key
+    is its own row there, and no Python value equals NaN)."""
     layout = selection.layout
-    keys_sql = ", ".join(f"t.{q(k)}" for k in layout.key)
-    with registered(con, _CLAIMED, keys):
+    with registered(con, _CLAIMED, claimed):
         held = con.execute(
-            f"SELECT {keys_sql} FROM {q(layout.table)} AS t JOIN {_CLAIMED} AS i ON {layout.key_join()} "
+            f"SELECT i.at FROM {q(layout.table)} AS t JOIN {_CLAIMED} AS i ON {layout.key_join()} "
             f"WHERE {layout.col('_status', 't')} = 'RUNNING' AND {layout.col('_claimed_by', 't')} = $claimant",
             {"claimant": claimant},
         ).fetchall()
-    found = pl.DataFrame(held, schema=keys.schema, orient="row")
-    lost = keys.join(found, on=layout.key, how="anti")
-    again = claim_rows(con, selection, lost, claimant=claimant, now=now) if lost.height else lost
-    return found, again
+    return [at for (at,) in held]
+
+
+def until_landed(
+    db: Database, work: Callable[[Con], T], landed: Callable[[Con, T], bool], *, wait: float | None
+) -> tuple[T, bool]:
+    """Run `work` in one transaction; on an engine that loses commits, read back in a transaction of its own whether
+    it landed (`landed`, given what `work` returned), and run it again while not, up to `READS` times. Returns what
+    the last run of `work` returned, and whether it was seen to land (always, on an engine that keeps its commits).
+    `work` must be safe to run again once its transaction is lost: it finds the store as it was before it."""
+    result = db.transaction(work, wait=wait)
+    if not db.dialect.loses_commits:
+        return result, True
+    for _ in range(READS):
+        done = result
+        if db.transaction(lambda con: landed(con, done), wait=wait):  # noqa: B023 (run at once, in this pass)
+            return result, True
+        result = db.transaction(work, wait=wait)
+    return result, False

@@ -25,6 +25,7 @@ from typing import Any
 
 import polars as pl
 
+from llmledger._ledger.again import READS, until_landed
 from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import column_types, one, registered, table_exists
@@ -37,6 +38,7 @@ from llmledger._ledger.verbs import commit_results, give_back, input_columns, re
 from llmledger._step.apis import ANTHROPIC
 from llmledger._step.request import PROVIDER_KEY
 from llmledger._step.sqltext import q
+from llmledger.errors import StoreError
 
 ASSIGNED = "llmledger_assigned"
 NO_LIMIT = 1 << 30  # max_attempts for giving back batch rows: each had its prior status recorded by its claim
@@ -136,7 +138,15 @@ class BatchVerbs:
             )
             record_packs(con, packs or [])
 
-        self.conn.transaction(work, wait=60.0)
+        def recorded(con: Con, _: None) -> bool:
+            return bool(one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE intent = ?", [intent])[0])
+
+        if not until_landed(self.conn, work, recorded, wait=60.0)[1]:  # before the API call: nothing is paid
+            raise StoreError(
+                f"the store {self.conn.path} did not keep batch intent {intent} ({READS + 1} tries): nothing was "
+                "sent; another process taking turns on this DuckDB file loses its commits at times (one process "
+                "per file, or PostgreSQL for several, avoids it): run again"
+            )
 
     def batch_packs(self, table: str, step: str, intent: str) -> dict[str, dict[str, Any]]:
         """The packs a batch intent sent, by their request's custom id (none when it sent no pack)."""
@@ -181,7 +191,10 @@ class BatchVerbs:
             )
             return rows
 
-        return self.conn.transaction(work, wait=None)
+        def confirmed(con: Con, rows: int | None) -> bool:  # None: the intent was settled otherwise, nothing to see
+            return rows is None or _state(con, intent) == ("submitted", batch_id)
+
+        return until_landed(self.conn, work, confirmed, wait=None)[0]  # not seen: the next run finds it by listing
 
     def reject_batch(self, batch: BatchRecord, *, note: str) -> int:
         """Reconciliation adopted a batch that was not the intent's (its results hold other custom ids):

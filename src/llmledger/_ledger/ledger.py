@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._ledger.again import read_back, write_again
+from llmledger._ledger.again import READS, read_back, write_again
 from llmledger._ledger.batches import BatchVerbs
 from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
 from llmledger._ledger.engine import Con, Database
@@ -40,8 +40,6 @@ from llmledger._ledger.verbs import (
 )
 from llmledger._step.sqltext import q
 from llmledger._time import utcnow
-
-CLAIM_READS = 3  # times a run reads back a claim the store lost and claimed again, before it gives up its rows
 
 
 class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs):
@@ -113,24 +111,33 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
     ) -> list[dict[str, Any]]:
         """The claimed rows the store holds as this run's claims, read back in a transaction of their own: a claim
         the store lost (`Dialect.loses_commits`) left its rows free, and a row another run claimed meanwhile is
-        that run's to pay. Lost rows still free are claimed again and read back in turn, up to `CLAIM_READS`
-        times; a row whose claim is never seen to land is not sent (the release gives it back). The transaction
-        writes the run's unlanded chunks again first, as the claim did (`write_again`)."""
+        that run's to pay. Rows left free are claimed again in that transaction and read back in the next, up to
+        `READS` reads; rows still not seen held then go to the end of the run's work, to be claimed again later
+        (claimed again and not read back, they would wait unsent until the release gave them back). Each
+        transaction writes the run's unlanded chunks again first, as the claim did (`write_again`)."""
         key = selection.layout.key
         schema = {k: selection.key_types[k] for k in key}
         sent: list[dict[str, Any]] = []
         pending = claimed
-        for _ in range(CLAIM_READS):
-            keys = pl.DataFrame([[r[k] for k in key] for r in pending], schema=schema, orient="row")
+        for read in range(1, READS + 1):
+            places = pl.DataFrame([[r[k] for k in key] for r in pending], schema=schema, orient="row")
+            places = places.with_row_index("at")
 
-            def work(con: Con, keys: pl.DataFrame = keys) -> tuple[pl.DataFrame, pl.DataFrame]:
+            def work(con: Con, places: pl.DataFrame = places, last: bool = read == READS) -> tuple[list[int], Any]:
                 unlanded[:] = write_again(con, selection.layout, claimant, unlanded, now=now)
-                return read_back(con, selection, keys, claimant=claimant, now=now)
+                held = read_back(con, selection, places, claimant=claimant)
+                lost = places.filter(~pl.col("at").is_in(held)).drop("at")
+                if last or not lost.height:
+                    return held, lost
+                return held, claim_rows(con, selection, lost, claimant=claimant, now=now)
 
-            held, again = self.conn.transaction(work)
-            landed = set(held.iter_rows())
-            sent += [r for r in pending if tuple(r[k] for k in key) in landed]
-            pending = list(again.iter_rows(named=True))
+            held, after = self.conn.transaction(work)
+            sent += [pending[at] for at in sorted(held)]
+            if read == READS:  # `after`: the keys of the rows never seen held
+                if after.height and not selection.open_ended:
+                    selection.work = pl.concat([selection.work, after.cast(selection.work.schema)])
+                break
+            pending = list(after.iter_rows(named=True))
             if not pending:
                 break
         return sent
