@@ -547,3 +547,31 @@ def test_a_batch_record_the_store_loses_is_written_again_and_no_row_is_paid_twic
     assert sim.stats()["batch_paid"] == 6 and sim.stats()["paid"] == 6, "each row paid once, in the batch"
     assert statuses(store) == {"DONE": 6}
     assert len(set(sql(store, "SELECT summary_batch_id FROM messages"))) == 1
+
+
+def test_a_batch_whose_record_the_store_never_keeps_stops_the_run_and_the_next_collects_it(
+    run: Any, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in an attack: a store that lost every confirmation of a batch the API took left the run waiting for
+    it forever. After four tries the run stops with a StoreError; the intent is kept, so the next call finds the
+    batch by it and collects its answers, and no row is paid twice."""
+    from llmledger._ledger.batches import BatchVerbs
+
+    real, calls = BatchVerbs.confirm_batch, []
+
+    def losing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 1:
+            return real(self, *args, **kwargs)
+        real_tx = self.conn.transaction
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(self.conn, "transaction", lambda work, **o: real_tx(work, **{**o, "commit": False}))
+            return real(self, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(BatchVerbs, "confirm_batch", losing)
+        with pytest.raises(llmledger.StoreError, match="did not keep the record of batch"):
+            run(frame(6), "summary", prompt="Summarize: {text}", mode="batch")
+    out = run(frame(6), "summary", prompt="Summarize: {text}", mode="batch")
+    assert out["summary_status"].to_list() == ["DONE"] * 6
+    assert sim.stats()["batches"] == 1 and sim.stats()["batch_paid"] == 6 and sim.stats()["paid"] == 6

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import llmledger
-from llmledger import RunningElsewhereWarning, Simulator, apply_llm, last_report
+from llmledger import RunningElsewhereWarning, Simulator, StoreError, apply_llm, last_report
 
 from .conftest import frame, helper_cmd, journals_left, sql, subprocess_env
 
@@ -275,16 +275,20 @@ def test_a_claim_the_engine_loses_is_read_back_and_rows_another_run_took_are_not
 
 
 @pytest.mark.parametrize("lose", [2, 4])
-def test_rows_whose_claim_is_lost_again_and_again_are_claimed_later_in_the_run(
+def test_a_claim_lost_again_and_again_stops_the_run_and_the_next_pays_each_row_once(
     run, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch, lose: int
 ) -> None:
-    """Found in an attack: when the claim and the claims again that reading it back made were all lost, the rows
-    were dropped from the run (it said "completed", 0 paid, 40 NOT_STARTED). Rows never seen held now go to the end
-    of the run's work and are claimed again later in the same run: every row is answered once. (4: every
-    transaction of the first claim call is lost.)"""
-    runs = _losing_claim(monkeypatch, lose)
+    """Found in two attacks: when the claim and the claims again that reading it back made were all lost, the rows
+    were dropped from the run (it said "completed", 0 paid, 40 NOT_STARTED); given to later claims instead, a store
+    that kept nothing had the run claim forever. Two lost are claimed again and answered; four (every transaction
+    of the claim call) stop the run with a StoreError before anything is sent, and the next run answers each row
+    once."""
+    _losing_claim(monkeypatch, lose)
+    if lose == 4:
+        with pytest.raises(StoreError, match="did not keep this run's claim of 40 rows"):
+            run(frame(40), "summary", prompt="Summarize: {text}", chunk_size=40)
+        assert sim.stats()["paid"] == 0
     out = run(frame(40), "summary", prompt="Summarize: {text}", chunk_size=40)
-    assert len(runs) >= lose, "the first claim call lost that many transactions"
     assert out["summary_status"].to_list() == ["DONE"] * 40
     assert sim.stats()["paid"] == 40 and max(sim.paid_prompts().values()) == 1
 

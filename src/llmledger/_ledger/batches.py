@@ -194,7 +194,14 @@ class BatchVerbs:
         def confirmed(con: Con, rows: int | None) -> bool:  # None: the intent was settled otherwise, nothing to see
             return rows is None or _state(con, intent) == ("submitted", batch_id)
 
-        return until_landed(self.conn, work, confirmed, wait=None)[0]  # not seen: the next run finds it by listing
+        rows, seen = until_landed(self.conn, work, confirmed, wait=None)
+        if not seen:  # waiting for a batch the store does not know would never end
+            raise StoreError(
+                f"the store {self.conn.path} did not keep the record of batch {batch_id} ({READS + 1} tries); its "
+                f"intent {intent} is kept, and the next run finds the batch by it and collects its answers (nothing "
+                "is sent again). Another process taking turns on this DuckDB file loses its commits at times"
+            )
+        return rows
 
     def reject_batch(self, batch: BatchRecord, *, note: str) -> int:
         """Reconciliation adopted a batch that was not the intent's (its results hold other custom ids):

@@ -40,6 +40,7 @@ from llmledger._ledger.verbs import (
 )
 from llmledger._step.sqltext import q
 from llmledger._time import utcnow
+from llmledger.errors import StoreError
 
 
 class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs):
@@ -112,9 +113,10 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         """The claimed rows the store holds as this run's claims, read back in a transaction of their own: a claim
         the store lost (`Dialect.loses_commits`) left its rows free, and a row another run claimed meanwhile is
         that run's to pay. Rows left free are claimed again in that transaction and read back in the next, up to
-        `READS` reads; rows still not seen held then go to the end of the run's work, to be claimed again later
-        (claimed again and not read back, they would wait unsent until the release gave them back). Each
-        transaction writes the run's unlanded chunks again first, as the claim did (`write_again`)."""
+        `READS` reads; a claim still not seen then stops the run with a `StoreError` (a store that loses three
+        claims of a row in a row keeps nothing: giving its rows to later claims had the run claim forever; dropping
+        them left them unanswered under a "completed" run). Each transaction writes the run's unlanded chunks again
+        first, as the claim did (`write_again`)."""
         key = selection.layout.key
         schema = {k: selection.key_types[k] for k in key}
         sent: list[dict[str, Any]] = []
@@ -133,10 +135,13 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
 
             held, after = self.conn.transaction(work)
             sent += [pending[at] for at in sorted(held)]
-            if read == READS:  # `after`: the keys of the rows never seen held
-                if after.height and not selection.open_ended:
-                    selection.work = pl.concat([selection.work, after.cast(selection.work.schema)])
-                break
+            if read == READS and after.height:  # `after`: the keys of the rows never seen held
+                raise StoreError(
+                    f"the store {self.conn.path} did not keep this run's claim of {after.height:,} rows ({READS} "
+                    "tries): they were not sent. Another process taking turns on this DuckDB file loses its commits "
+                    "at times (one process per file, or PostgreSQL for several, avoids it): run again, and the "
+                    "answers already paid for are kept"
+                )
             pending = list(after.iter_rows(named=True))
             if not pending:
                 break
