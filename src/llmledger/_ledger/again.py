@@ -27,6 +27,7 @@ from llmledger._ledger.survey import Layout
 from llmledger._ledger.types import Chunk, Selection
 from llmledger._ledger.verbs import commit_results
 from llmledger._step.sqltext import q
+from llmledger.errors import StoreError
 
 T = TypeVar("T")
 READS = 3  # times a transaction the store lost is read back and done again, before the run gives it up
@@ -87,18 +88,21 @@ def read_back(con: Con, selection: Selection, claimed: pl.DataFrame, *, claimant
 
 
 def until_landed(
-    db: Database, work: Callable[[Con], T], landed: Callable[[Con, T], bool], *, wait: float | None
-) -> tuple[T, bool]:
+    db: Database, work: Callable[[Con], T], landed: Callable[[Con, T], bool], *, wait: float | None, lost: str
+) -> T:
     """Run `work` in one transaction; on an engine that loses commits, read back in a transaction of its own whether
-    it landed (`landed`, given what `work` returned), and run it again while not, up to `READS` times. Returns what
-    the last run of `work` returned, and whether it was seen to land (always, on an engine that keeps its commits).
-    `work` must be safe to run again once its transaction is lost: it finds the store as it was before it."""
+    it landed (`landed`, given what `work` returned), and run it again while not, up to `READS` times; returns what
+    its last run returned. Never seen: a `StoreError` saying what was `lost` and what that means. `work` must be safe
+    to run again once its transaction is lost: it finds the store as it was before it."""
     result = db.transaction(work, wait=wait)
     if not db.dialect.loses_commits:
-        return result, True
+        return result
     for _ in range(READS):
         done = result
         if db.transaction(lambda con: landed(con, done), wait=wait):  # noqa: B023 (run at once, in this pass)
-            return result, True
+            return result
         result = db.transaction(work, wait=wait)
-    return result, False
+    raise StoreError(
+        f"the store {db.path} did not keep {lost} ({READS + 1} tries). Another process taking turns on this DuckDB "
+        "file loses its commits at times; one process per file, or PostgreSQL for several, avoids it"
+    )

@@ -25,7 +25,7 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._ledger.again import READS, until_landed
+from llmledger._ledger.again import until_landed
 from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import column_types, one, registered, table_exists
@@ -38,7 +38,6 @@ from llmledger._ledger.verbs import commit_results, give_back, input_columns, re
 from llmledger._step.apis import ANTHROPIC
 from llmledger._step.request import PROVIDER_KEY
 from llmledger._step.sqltext import q
-from llmledger.errors import StoreError
 
 ASSIGNED = "llmledger_assigned"
 NO_LIMIT = 1 << 30  # max_attempts for giving back batch rows: each had its prior status recorded by its claim
@@ -141,12 +140,8 @@ class BatchVerbs:
         def recorded(con: Con, _: None) -> bool:
             return bool(one(con, f"SELECT count(*) FROM {BATCHES_TABLE} WHERE intent = ?", [intent])[0])
 
-        if not until_landed(self.conn, work, recorded, wait=60.0)[1]:  # before the API call: nothing is paid
-            raise StoreError(
-                f"the store {self.conn.path} did not keep batch intent {intent} ({READS + 1} tries): nothing was "
-                "sent; another process taking turns on this DuckDB file loses its commits at times (one process "
-                "per file, or PostgreSQL for several, avoids it): run again"
-            )
+        lost = f"batch intent {intent}: nothing was sent, run again"  # before the API call: nothing is paid
+        until_landed(self.conn, work, recorded, wait=60.0, lost=lost)
 
     def batch_packs(self, table: str, step: str, intent: str) -> dict[str, dict[str, Any]]:
         """The packs a batch intent sent, by their request's custom id (none when it sent no pack)."""
@@ -194,14 +189,11 @@ class BatchVerbs:
         def confirmed(con: Con, rows: int | None) -> bool:  # None: the intent was settled otherwise, nothing to see
             return rows is None or _state(con, intent) == ("submitted", batch_id)
 
-        rows, seen = until_landed(self.conn, work, confirmed, wait=None)
-        if not seen:  # waiting for a batch the store does not know would never end
-            raise StoreError(
-                f"the store {self.conn.path} did not keep the record of batch {batch_id} ({READS + 1} tries); its "
-                f"intent {intent} is kept, and the next run finds the batch by it and collects its answers (nothing "
-                "is sent again). Another process taking turns on this DuckDB file loses its commits at times"
-            )
-        return rows
+        lost = (  # waiting for a batch the store does not know would never end
+            f"the record of batch {batch_id}: its intent {intent} is kept, and the next run finds the batch by it "
+            "and collects its answers (nothing is sent again)"
+        )
+        return until_landed(self.conn, work, confirmed, wait=None, lost=lost)
 
     def reject_batch(self, batch: BatchRecord, *, note: str) -> int:
         """Reconciliation adopted a batch that was not the intent's (its results hold other custom ids):
