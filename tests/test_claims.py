@@ -223,16 +223,18 @@ def test_a_refused_redo_whose_commit_is_lost_is_written_again(
     assert tokens == stats["input_tokens"], "every try paid is in the ledger, once"
 
 
-def _losing_claim(monkeypatch: pytest.MonkeyPatch, lose: int, meanwhile: Any = None) -> list[int]:
-    """The run's first claim call loses its first `lose` transactions (the claim, then the claims again that reading
-    it back makes), as DuckDB 2.0.1 loses a committed transaction: the call returns, nothing is kept. `meanwhile`
-    runs after the first is lost (another run claiming). Returns the transactions that call ran, filled as it runs."""
+def _losing_claim(monkeypatch: pytest.MonkeyPatch, lose: int, meanwhile: Any = None, *, call: int = 1) -> list[int]:
+    """The run's claim call number `call` loses its first `lose` transactions (the claim, then the claims again that
+    reading it back makes), as DuckDB 2.0.1 loses a committed transaction: the call returns, nothing is kept.
+    `meanwhile` runs after the first is lost (another run claiming). Returns the transactions that call ran, filled
+    as it runs."""
     from llmledger._ledger.ledger import SQLLedger
 
-    real_claim, runs = SQLLedger.claim, []
+    real_claim, runs, calls = SQLLedger.claim, [], []
 
     def losing(self: SQLLedger, *args: Any, **kwargs: Any) -> Any:
-        if runs:
+        calls.append(1)
+        if len(calls) != call:
             return real_claim(self, *args, **kwargs)
         real_tx = self.conn.transaction
 
@@ -291,6 +293,27 @@ def test_a_claim_lost_again_and_again_stops_the_run_and_the_next_pays_each_row_o
     out = run(frame(40), "summary", prompt="Summarize: {text}", chunk_size=40)
     assert out["summary_status"].to_list() == ["DONE"] * 40
     assert sim.stats()["paid"] == 40 and max(sim.paid_prompts().values()) == 1
+
+
+def test_a_run_stopped_by_a_claim_never_kept_keeps_the_answers_in_flight(
+    run, sim: Simulator, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in an attack: a run stopped by that StoreError cancelled the requests in flight. The API had taken
+    them (paid), their answers were dropped, and the next run paid those rows again (123 for 120). Requests in
+    flight are now answered first, into the journal, which the next run merges: nothing is paid twice."""
+    sim.configure(latency=0.3)
+    _losing_claim(monkeypatch, 4, call=3)
+    with pytest.raises(StoreError, match="did not keep this run's claim"):
+        run(frame(40), "summary", prompt="Summarize: {text}", chunk_size=5, commit_every=0.1, concurrency=4)
+    paid = sim.stats()["paid"]
+    assert 0 < paid < 40, "the run stopped part way"
+    time.sleep(0.6)
+    assert sim.stats()["paid"] == paid, "no request was still out when the run returned"
+    monkeypatch.undo()
+    sim.configure(latency=0.0)
+    out = run(frame(40), "summary", prompt="Summarize: {text}")
+    assert out["summary_status"].to_list() == ["DONE"] * 40
+    assert sim.stats()["paid"] == 40 and max(sim.paid_prompts().values()) == 1, "nothing paid twice"
 
 
 def test_a_nan_key_is_read_back_as_its_own_row(run, sim: Simulator, store: Path) -> None:

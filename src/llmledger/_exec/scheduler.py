@@ -39,7 +39,7 @@ from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
 from llmledger._time import utcnow
-from llmledger.errors import StoreBusy
+from llmledger.errors import StoreBusy, StoreError
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 BUDGET_GRACE = 600.0  # seconds a stopped run waits for the answers already in flight
@@ -199,7 +199,9 @@ class Scheduler(BudgetGuard):
                         self.stop(Outcome.ERROR, f"{type(failure).__name__}: {failure}")
                 if store_task.done():
                     break
-            if pending and self.stopping in DRAINING:  # requests in flight are paid for: take their answers
+            # requests in flight are paid for: take their answers (a store that failed: to the journal, which the
+            # next run merges; cancelled, they were paid and asked again)
+            if pending and (self.stopping in DRAINING or isinstance(failure, StoreError)):
                 deadline = time.monotonic() + BUDGET_GRACE
                 while self.in_flight and time.monotonic() < deadline and not self.stop_flag.is_set():
                     await asyncio.sleep(0.02)
