@@ -31,6 +31,10 @@ from llmledger.errors import StoreError
 
 T = TypeVar("T")
 READS = 3  # times a transaction the store lost is read back and done again, before the run gives it up
+LOSES_COMMITS = (  # why a store did not keep a transaction, and how to avoid it: the end of each such StoreError
+    "Another process taking turns on this DuckDB file loses its commits at times; one process per file, or "
+    "PostgreSQL for several, avoids it"
+)
 
 _AGAIN = "llmledger_written_again"
 _CLAIMED = "llmledger_claimed"
@@ -98,11 +102,11 @@ def until_landed(
     if not db.dialect.loses_commits:
         return result
     for _ in range(READS):
-        done = result
-        if db.transaction(lambda con: landed(con, done), wait=wait):  # noqa: B023 (run at once, in this pass)
+
+        def seen(con: Con, done: T = result) -> bool:
+            return landed(con, done)
+
+        if db.transaction(seen, wait=wait):
             return result
         result = db.transaction(work, wait=wait)
-    raise StoreError(
-        f"the store {db.path} did not keep {lost} ({READS + 1} tries). Another process taking turns on this DuckDB "
-        "file loses its commits at times; one process per file, or PostgreSQL for several, avoids it"
-    )
+    raise StoreError(f"the store {db.path} did not keep {lost} ({READS + 1} tries). {LOSES_COMMITS}")

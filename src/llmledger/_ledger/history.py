@@ -8,10 +8,11 @@ the row had. `side_by_side` reads them back next to the current answers.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import date, datetime, time
 from decimal import Decimal
-from numbers import Integral, Number
+from numbers import Integral, Number, Real
 from typing import Any, cast
 from uuid import UUID
 
@@ -160,12 +161,12 @@ def _as_float(sql_type: str, value: Any) -> Any:
     own text of a float."""
     if sql_type.upper() not in _FLOAT_TYPES or isinstance(value, bool):
         return value
-    if isinstance(value, Number | Decimal):
-        return float(cast(Any, value))
-    try:
-        return float(value) if isinstance(value, str) else value
-    except ValueError:
-        return value
+    if isinstance(value, Real | Decimal):  # not a complex number, which has no float
+        return float(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return float(value)
+    return value
 
 
 def _check_key_value(table: str, column: str, sql_type: str, value: Any) -> None:

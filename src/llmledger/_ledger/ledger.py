@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from llmledger._ledger.again import READS, read_back, write_again
+from llmledger._ledger.again import LOSES_COMMITS, READS, read_back, write_again
 from llmledger._ledger.batches import BatchVerbs
 from llmledger._ledger.budget import BudgetVerbs, drop, settle, touch
 from llmledger._ledger.engine import Con, Database
@@ -138,9 +138,7 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
             if read == READS and after.height:  # `after`: the keys of the rows never seen held
                 raise StoreError(
                     f"the store {self.conn.path} did not keep this run's claim of {after.height:,} rows ({READS} "
-                    "tries): they were not sent. Another process taking turns on this DuckDB file loses its commits "
-                    "at times (one process per file, or PostgreSQL for several, avoids it): run again, and the "
-                    "answers already paid for are kept"
+                    f"tries): they were not sent; run again, and the answers already paid for are kept. {LOSES_COMMITS}"
                 )
             pending = list(after.iter_rows(named=True))
             if not pending:
