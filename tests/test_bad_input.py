@@ -313,11 +313,16 @@ def test_a_whole_number_names_a_row_of_a_float_key(target: Any, client: anthropi
     their text, "1" against the row's "1.0"), while `key=1.0` worked. A number, or its text from the command line,
     now names the row of that value; a value no row has is still refused."""
     ask = dict(store=target, table="floats", client=client, progress=False)
-    df = pl.DataFrame({"id": [1.0, 2.5, 0.1], "text": ["one", "two and a half", "a tenth"]})
+    df = pl.DataFrame({"id": [1.0, 2.5, 0.1, 2.0**53], "text": ["one", "two and a half", "a tenth", "big"]})
     apply_llm(df, "summary", prompt="Summarize: {text}", key="id", **ask)
     for key in (1, "2.5", 0.1):
         assert llmledger.accept(target, "floats", "summary", key=key, by="ana") == 1
     verdicts = llmledger.sql(target, "SELECT id, summary_verdict FROM floats ORDER BY id").rows()
-    assert verdicts == [(0.1, "accepted"), (1.0, "accepted"), (2.5, "accepted")]
+    assert verdicts == [(0.1, "accepted"), (1.0, "accepted"), (2.5, "accepted"), (2.0**53, None)]
     with pytest.raises(InvalidInputError, match="no row with key 3"):
         llmledger.accept(target, "floats", "summary", key=3, by="ana")
+    # found in an attack: a value no float holds rounded onto another row's key, and judged that row
+    for key in (2**53 + 1, str(2**53 + 1), 10**400, "1e999"):
+        with pytest.raises(InvalidInputError, match="no row with key"):
+            llmledger.correct(target, "floats", "summary", key=key, answer="not mine", by="ana")
+    assert llmledger.sql(target, "SELECT count(*) FROM floats WHERE summary_verdict = 'corrected'").item() == 0

@@ -8,7 +8,6 @@ the row had. `side_by_side` reads them back next to the current answers.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -111,6 +110,7 @@ _INTEGER_TYPES = frozenset({
     "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
 })  # fmt: skip
 _FLOAT_TYPES = frozenset({"FLOAT", "DOUBLE", "REAL", "FLOAT4", "FLOAT8", "DOUBLE PRECISION"})
+_NUMBER_TEXT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)", re.IGNORECASE)
 
 
 def key_match(
@@ -158,15 +158,26 @@ def _plain(value: Any) -> Any:
 def _as_float(sql_type: str, value: Any) -> Any:
     """A number (or a number's text) for a floating-point key column, as a float: rows match by their text, and
     `key=1` is "1" where the row's 1.0 is "1.0" (it was refused as naming no row). Both sides are then the engine's
-    own text of a float."""
+    own text of a float. Only a value the float holds exactly: `2**53 + 1`, `10**20 + 1` or "1e999" would round onto
+    another row's key and judge that row, so they stay as given, and name no row."""
     if sql_type.upper() not in _FLOAT_TYPES or isinstance(value, bool):
         return value
-    if isinstance(value, Real | Decimal):  # not a complex number, which has no float
-        return float(value)
+    exact: Any = value
     if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return float(value)
-    return value
+        if not _NUMBER_TEXT.fullmatch(value.strip()):
+            return value
+        exact = Decimal(value.strip())
+    if not isinstance(exact, Real | Decimal):  # not a complex number, which has no float
+        return value
+    try:
+        as_float = float(exact)
+    except OverflowError:  # beyond every float (and every engine's integers): its text, which names no row
+        return str(value)
+    if isinstance(exact, Decimal):
+        same = exact.is_nan() or Decimal(as_float) == exact
+    else:
+        same = as_float != as_float or as_float == exact  # NaN, or Python's exact comparison of int and float
+    return as_float if same else value
 
 
 def _check_key_value(table: str, column: str, sql_type: str, value: Any) -> None:
