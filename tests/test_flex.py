@@ -89,11 +89,12 @@ def test_the_estimate_says_what_flex_would_cost(ask: Any, client: Any, store: Pa
 
 def test_a_deadline_moves_the_rest_to_the_standard_tier_in_time(ask: Any, sim: Simulator, store: Path) -> None:
     """Flex has no capacity at all: the run tries it for a fifth of the time, then sends the rest at the standard
-    tier and ends before the deadline, priced at the standard rate."""
+    tier and ends before the deadline, priced at the standard rate. (It takes about 4 s on an idle machine: the
+    deadline leaves room for a CI machine running two suites at once, where it took 8.2 s of an 8 s deadline.)"""
     sim.configure(flex_unavailable=1.0)
     started = time.monotonic()
-    out = ask(frame(30), "s", mode="flex", deadline=8.0, retry=FAST)
-    assert time.monotonic() - started < 8.0 and out["s_status"].to_list() == ["DONE"] * 30
+    out = ask(frame(30), "s", mode="flex", deadline=15.0, retry=FAST)
+    assert time.monotonic() - started < 15.0 and out["s_status"].to_list() == ["DONE"] * 30
     report = last_report()
     assert report is not None and report.standard_for_deadline == 30 and report.flex_saved_usd == 0
     assert any("standard tier" in hint and "deadline" in hint for hint in report.hints())
