@@ -439,3 +439,92 @@ def test_any_column_and_key_names_are_refused_or_every_row_is_sent_its_own_promp
     with duckdb.connect(str(store), read_only=True) as con:
         stored = con.execute('SELECT step_prompt, step_status FROM "t"').fetchall()
     assert sorted(p for p, _ in stored) == expected and {s for _, s in stored} == {"DONE"}
+
+
+# -- the survey: one positional scan or one hash join, the same facts --------------------------------------------------
+SURVEY_KEYS: dict[str, st.SearchStrategy[Any]] = {
+    "int": st.integers(-(2**63), 2**63 - 1),
+    "text": st.text(alphabet="aA é'\"$", max_size=3),
+    "float": st.one_of(st.floats(width=64, allow_infinity=True), st.just(float("nan"))),
+}
+
+
+@settings(max_examples=_examples(20))
+@given(kind=st.sampled_from(sorted(SURVEY_KEYS)), data=st.data())
+def test_the_survey_by_position_says_what_the_join_says(
+    tmp_path_factory: pytest.TempPathFactory, client: anthropic.AsyncAnthropic, kind: str, data: st.DataObject
+) -> None:
+    """A rerun whose frame the table holds first and in order is surveyed by one positional scan; any other frame
+    (shuffled, a subset, a prefix of a much longer table, new rows after, changed texts) falls back to the hash
+    join. Whichever is taken, every frame row's facts (status, answer, stale, eligible, changed, exists) are the
+    ones the join finds: the scan is an optimisation, never another answer."""
+    import llmledger._ledger.survey as survey_module
+    from llmledger._ledger.survey import Layout, survey
+
+    keys = data.draw(st.lists(SURVEY_KEYS[kind], min_size=1, max_size=12, unique_by=repr), label="keys")
+    keys = list({repr(k): k for k in keys}.values())  # NaN once (repr), -0.0 and 0.0 apart as DuckDB holds them
+    assume(kind != "float" or len({0.0 if k == 0 else k for k in keys if k == k}) == sum(1 for k in keys if k == k))
+    dtype = {"int": pl.Int64, "text": pl.String, "float": pl.Float64}[kind]
+    first = pl.DataFrame({"k": pl.Series(keys, dtype=dtype), "text": [f"row {i}" for i in range(len(keys))]})
+    more = data.draw(st.integers(0, 2 * len(keys)), label="rows another frame adds after")
+    store = tmp_path_factory.mktemp("survey") / "ledger.duckdb"
+    common = {"key": "k", "store": store, "table": "t", "client": client, "progress": False}
+    apply_llm(first, "s", prompt="{text}", where="false", **common)
+
+    def fresh(n: int, start: int) -> pl.DataFrame:  # rows keyed apart from `keys`
+        candidates = (f"{i}!" if kind == "text" else float(i) if kind == "float" else i for i in itertools.count(start))
+        values = list(itertools.islice((v for v in candidates if v not in keys), n))
+        return pl.DataFrame({"k": pl.Series(values, dtype=dtype), "text": ["more"] * n})
+
+    if more:
+        apply_llm(fresh(more, 10**6), "s", prompt="{text}", where="false", **common)
+    marks = data.draw(st.lists(st.sampled_from(["NOT_STARTED", "DONE", "STALE", "FAILED"]), min_size=len(keys),
+                               max_size=len(keys)), label="statuses")  # fmt: skip
+    with duckdb.connect(str(store)) as con:
+        con.register("marks", pl.DataFrame({"k": first["k"], "mark": marks}))
+        con.execute(
+            "UPDATE t SET s = 'answer ' || t.text, s_status = CASE m.mark WHEN 'STALE' THEN 'DONE' ELSE m.mark END, "
+            "s_fingerprint = CASE m.mark WHEN 'STALE' THEN uuid() ELSE s_request_fingerprint END, "
+            "s_attempts = 1 FROM marks AS m WHERE t.k IS NOT DISTINCT FROM m.k AND m.mark <> 'NOT_STARTED'"
+        )
+    shape = data.draw(st.sampled_from(["same", "prefix", "after", "shuffled", "subset", "changed"]), label="frame")
+    frame = first
+    if shape == "prefix":
+        frame = first.head(data.draw(st.integers(0, len(keys)), label="prefix"))
+    elif shape == "after":  # rows the table holds not
+        frame = pl.concat([first, fresh(2, 2 * 10**6)])
+    elif shape == "shuffled":
+        frame = first.sample(fraction=1.0, shuffle=True, seed=data.draw(st.integers(0, 99), label="seed"))
+    elif shape == "subset":
+        frame = first.filter(pl.Series(data.draw(st.lists(st.booleans(), min_size=len(keys), max_size=len(keys)))))
+    elif shape == "changed":
+        at = data.draw(st.integers(0, len(keys) - 1), label="changed row")
+        frame = first.with_columns(pl.when(pl.int_range(pl.len()) == at).then(pl.lit("edited")).otherwise("text")
+                                   .alias("text"))  # fmt: skip
+    layout = Layout("t", "s", ["k"], ["text"])
+    with duckdb.connect(str(store), read_only=True) as con:
+        version = con.execute("SELECT version FROM llmledger_steps WHERE step = 's'").fetchall()
+    params = {"version": version[0][0] if version else "", "max_attempts": 3, "redo": "none",
+              "run_started": dt.datetime(2100, 1, 1)}  # fmt: skip
+    fields = ("current", "status", "stale", "eligible", "waiting", "in_where", "output", "kept", "kept_flagged")
+
+    def surveyed(**patch: Any) -> pl.DataFrame:
+        with duckdb.connect(str(store), read_only=True) as con, pytest.MonkeyPatch.context() as mp:
+            for name, value in patch.items():
+                mp.setattr(survey_module, name, value)
+            return survey(con, layout, frame, fields=fields, params=params)
+
+    scanned: list[bool] = []
+    positional = survey_module._positional
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        found = positional(*args, **kwargs)
+        scanned.append(found is not None)
+        return found
+
+    got = surveyed(_positional=watched)
+    expected = surveyed(_positional=lambda *a, **k: None)
+    assert got.columns == expected.columns and got.height == frame.height
+    assert got.to_dicts() == expected.to_dicts() or repr(got.to_dicts()) == repr(expected.to_dicts())
+    if shape in ("same", "prefix", "changed"):
+        assert scanned == [True], f"a {shape} frame is surveyed by position"
