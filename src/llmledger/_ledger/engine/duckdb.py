@@ -72,12 +72,12 @@ MEMORY_LIMIT = os.environ.get("LLMLEDGER_DUCKDB_MEMORY")
 # working memory, and a hash join spills what does not fit, so reading a whole fact table for a frame runs
 # under these limits and leaves a notebook its memory.
 SCAN_MEMORY_LIMIT = 256_000_000  # bytes
+JOIN_MEMORY_LIMIT = 512_000_000  # bytes
 # DuckDB before 2.0 pushes a hash join's min and max down into the scan of the other side as a filter that leaves
 # NaN out: a join with a filter lost the row keyed NaN (1.2.2 to 1.5), or every row of a table holding one (1.2.0,
 # 1.2.1), so a run keyed by such a column never saw its claim of that row (found by the tests on the floors).
 # Those versions join without that filter; 2.0 joins NaN right.
 _JOIN_FILTER_LOSES_NAN = int(duckdb.__version__.split(".")[0]) < 2
-JOIN_MEMORY_LIMIT = 512_000_000  # bytes
 
 
 # A URL handed on as a `Path` (restore's store=, a `Path("mysql://...")`) lost a slash: its first part is the scheme
