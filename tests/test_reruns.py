@@ -185,3 +185,29 @@ def test_a_later_call_on_a_table_takes_the_key_the_table_records(run, sim: Simul
     assert out["title_status"].to_list() == ["DONE"] * 5 and sim.stats()["paid"] == 10
     with pytest.raises(llmledger.KeyColumnError, match="no 'id' column"):  # a frame without them: as before
         run(df.rename({"review_id": "rid"}), "other", prompt="{text}")
+
+
+@pytest.mark.parametrize(("key", "column"), [("__exists", "text"), ("id", "__output"), ("at", "__status")])
+def test_columns_named_like_the_surveys_own_read_as_the_users(run, sim: Simulator, key: str, column: str) -> None:
+    """Found in an attack on the one-scan survey: it read an input column named `__output` as the answers of a
+    plain rerun, a key named `__exists` hid an edited input (not stale, never redone), and a key named `at` broke
+    the read-back of claims. The survey's own columns now go under names no user column can shadow."""
+    df = pl.DataFrame({key: [0, 1, 2], column: ["a", "b", "c"]})
+    options = {"prompt": "Summarize: {" + column + "}", "key": key}
+    run(df, "summary", **options)
+    again = run(df, "summary", **options)
+    assert again["summary"].to_list() == ["Summary: a", "Summary: b", "Summary: c"] and sim.stats()["paid"] == 3
+    edited = df.with_columns(pl.when(pl.col(key) == 0).then(pl.lit("A")).otherwise(pl.col(column)).alias(column))
+    assert run(edited, "summary", **options)["summary_stale"].to_list() == [True, False, False]
+    redone = run(edited, "summary", redo="stale", **options)
+    assert redone["summary"].to_list() == ["Summary: A", "Summary: b", "Summary: c"] and sim.stats()["paid"] == 4
+
+
+def test_a_where_with_an_escaped_quote_and_a_parameter_name_in_its_text(run, sim: Simulator) -> None:
+    """Found in an attack: the survey wrote the call's parameters into its query, and past an E'\\'' string in a
+    `where=` it took the text "$max_attempts" in a later string for a parameter, so the where selected other rows.
+    A `where=` holding a "$" keeps the parameters."""
+    df = pl.DataFrame({"id": [1, 2, 3], "text": ["x", "retry 3", "retry $max_attempts"]})
+    run(df, "summary", prompt="Summarize: {text}", where="false")
+    out = run(df, "summary", prompt="Summarize: {text}", where=r"text <> E'\'' AND text <> 'retry $max_attempts'")
+    assert out["summary_status"].to_list() == ["DONE", "DONE", "NOT_STARTED"] and sim.stats()["paid"] == 2

@@ -77,18 +77,19 @@ def write_again(con: Con, layout: Layout, claimant: str, chunks: Sequence[Chunk]
 
 
 def read_back(con: Con, selection: Selection, claimed: pl.DataFrame, *, claimant: str) -> list[int]:
-    """Of the rows a claim by `claimant` took (`claimed`: their keys, and `at`, each one's place in the claim), the
-    places of those the store holds as that claim. The others' claim was lost: another run may have claimed them
-    meanwhile, and this run must not send them. The keys are matched in SQL, as the claim matched them (a NaN key
-    is its own row there, and no Python value equals NaN)."""
+    """Of the rows a claim by `claimant` took (`claimed`: their keys), the places (row numbers in `claimed`) of
+    those the store holds as that claim. The others' claim was lost: another run may have claimed them meanwhile,
+    and this run must not send them. The keys are matched in SQL, as the claim matched them (a NaN key is its own
+    row there, and no Python value equals NaN)."""
     layout = selection.layout
-    with registered(con, _CLAIMED, claimed):
+    at = "_" * (1 + max(map(len, layout.key))) + "at"  # a name no key column has (a key may be called "at")
+    with registered(con, _CLAIMED, claimed.with_row_index(at)):
         held = con.execute(
-            f"SELECT i.at FROM {q(layout.table)} AS t JOIN {_CLAIMED} AS i ON {layout.key_join()} "
+            f"SELECT i.{q(at)} FROM {q(layout.table)} AS t JOIN {_CLAIMED} AS i ON {layout.key_join()} "
             f"WHERE {layout.col('_status', 't')} = 'RUNNING' AND {layout.col('_claimed_by', 't')} = $claimant",
             {"claimant": claimant},
         ).fetchall()
-    return [at for (at,) in held]
+    return [place for (place,) in held]
 
 
 def until_landed(

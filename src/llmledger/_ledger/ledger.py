@@ -123,12 +123,11 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
         pending = claimed
         for read in range(1, READS + 1):
             places = pl.DataFrame([[r[k] for k in key] for r in pending], schema=schema, orient="row")
-            places = places.with_row_index("at")
 
             def work(con: Con, places: pl.DataFrame = places, last: bool = read == READS) -> tuple[list[int], Any]:
                 unlanded[:] = write_again(con, selection.layout, claimant, unlanded, now=now)
                 held = read_back(con, selection, places, claimant=claimant)
-                lost = places.filter(~pl.col("at").is_in(held)).drop("at")
+                lost = places.filter(~pl.int_range(pl.len()).is_in(held))
                 if last or not lost.height:
                     return held, lost
                 return held, claim_rows(con, selection, lost, claimant=claimant, now=now)

@@ -135,7 +135,10 @@ def survey(
     Read under a small memory limit, unless the transaction `wrote` rows (see `memory_limited`)."""
     flags = flag_sql(layout, where, named=named)
     exprs = {name: flags[name] for name in fields}
-    found = _positional(con, layout, frame, exprs, params, compare, 0 if wrote else SCAN_MEMORY_LIMIT)
+    # A `where=` holding a "$" (in quotes: the shape check refuses it outside) keeps the parameters: only there can
+    # one be in quoted text, and an E'\'' string there would lose `_inlined` the thread of what is quoted.
+    inline = "$" not in (where or "")
+    found = _positional(con, layout, frame, exprs, params, compare, 0 if wrote else SCAN_MEMORY_LIMIT, inline=inline)
     if found is None:
         found = _joined(con, layout, frame, exprs, params, compare, 0 if wrote else JOIN_MEMORY_LIMIT)
     return _structured(con, layout, found) if dialect_of(con).structured_as_jsonb and "output" in exprs else found
@@ -149,32 +152,29 @@ def _positional(
     params: dict[str, Any],
     compare: bool,
     limit: int,
+    *,
+    inline: bool,
 ) -> pl.DataFrame | None:
     """The survey by one scan of the table beside the frame (DuckDB's POSITIONAL JOIN: row i of each), when the
     table holds the frame's rows first and in the frame's order; None otherwise (always on PostgreSQL, whose
     tables keep no order). Only the facts come back to Python: the keys and copied inputs are compared in DuckDB
-    (as the join compares them), and a key out of place stops the scan at its batch."""
+    (as the join compares them), and a key out of place stops the scan at its batch. `inline`: the parameters are
+    written into the query (`_inlined`)."""
     if not dialect_of(con).ordered_scans:
         return None
-    mirror = layout.mirror if compare else []
-    same = " AND ".join(f"t.{q(k)} IS NOT DISTINCT FROM i.{q(k)}" for k in layout.key)
-    changed = " OR ".join(f"t.{q(c)} IS DISTINCT FROM i.{q(c)}" for c in mirror) or "false"
-    inner = ", ".join(q(c) for c in [*layout.key, *mirror])
-    outs = ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
+    sides = _Sides(layout, frame, exprs, compare)
     # A LIMIT scans on one thread: only a table much longer than the frame is worth it (row counts are kept)
     longer = one(con, f"SELECT count(*) FROM {q(layout.table)}")[0] > _LIMIT_OVER * frame.height
     query = (
-        f"SELECT i.__row, {outs}, t.__exists IS NOT NULL AS {q('exists')}, "
-        f"t.__exists IS NULL OR ({same}) AS __aligned"
-        + (f", coalesce(t.__exists AND ({changed}), false) AS changed" if compare else "")
-        + f" FROM (SELECT {inner}, true AS __exists, {_select_list(exprs)} FROM {q(layout.table)} AS t"
-        + (f" LIMIT {frame.height}" if longer else "")
-        + f") AS t POSITIONAL JOIN {FRAME} AS i WHERE i.__row IS NOT NULL"
+        f"SELECT i.__row, {sides.outs}, t.__exists IS NOT NULL AS {q('exists')}, "
+        f"t.__exists IS NULL OR ({sides.same}) AS __aligned"
+        + (f", coalesce(t.__exists AND ({sides.changed}), false) AS changed" if compare else "")
+        + f" FROM ({sides.table}{f' LIMIT {frame.height}' if longer else ''}) AS t POSITIONAL JOIN {FRAME} AS i "
+        "WHERE i.__row IS NOT NULL"
     )
-    query, left = _inlined(query, params)
+    query, left = _inlined(query, params) if inline else (query, _used(params, query))
     parts: list[pl.DataFrame] = []
-    beside = frame.select([*layout.key, *mirror]).with_row_index("__row")
-    with registered(con, FRAME, beside), memory_limited(con, limit):
+    with registered(con, FRAME, sides.frame), memory_limited(con, limit):
         for batch in arrow_batches(con.sql(query, params=left), BATCH_ROWS):
             part = cast(pl.DataFrame, pl.from_arrow(batch))
             if not part["__aligned"].all():
@@ -182,7 +182,30 @@ def _positional(
             parts.append(part.drop("__aligned"))
     if not parts:  # an empty frame
         return _absent(0, exprs, compare)
-    found = pl.concat(parts, rechunk=False)
+    return _settled(pl.concat(parts, rechunk=False))
+
+
+class _Sides:
+    """The two sides of a survey under llmledger's own names only: the table's as a subquery (its keys `__k0`...,
+    its copied inputs `__m0`..., `__exists` and the facts `__status`...), the frame's keys and inputs under the same
+    names beside `__row`. A user's column may be called `__status`, `__exists` or `__row`; the query around the
+    two sides never sees it (it once read an input column named `__output` as the answers)."""
+
+    def __init__(self, layout: Layout, frame: pl.DataFrame, exprs: dict[str, str], compare: bool) -> None:
+        keys = {f"__k{n}": name for n, name in enumerate(layout.key)}
+        inputs = {f"__m{n}": name for n, name in enumerate(layout.mirror if compare else [])}
+        own = {**keys, **inputs}
+        columns = "".join(f"{q(name)} AS {alias}, " for alias, name in own.items())
+        self.table = f"SELECT {columns}true AS __exists, {_select_list(exprs)} FROM {q(layout.table)} AS t"
+        self.frame = frame.select([pl.col(name).alias(alias) for alias, name in own.items()]).with_row_index("__row")
+        self.outs = ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
+        self.same = " AND ".join(f"t.{alias} IS NOT DISTINCT FROM i.{alias}" for alias in keys)
+        self.join = " AND ".join(f"t.{alias} = i.{alias}" for alias in keys)
+        self.changed = " OR ".join(f"t.{alias} IS DISTINCT FROM i.{alias}" for alias in inputs) or "false"
+
+
+def _settled(found: pl.DataFrame) -> pl.DataFrame:
+    """A survey's rows as callers take them: flags false where the table has no row, statuses typed, frame order."""
     found = found.with_columns(pl.col(f).fill_null(False) for f in _FLAGS if f in found.columns)
     if "status" in found.columns:
         found = found.with_columns(pl.col("status").cast(STATUS_TYPE))
@@ -269,27 +292,18 @@ def _joined(
     limit: int,
 ) -> pl.DataFrame:
     """The survey by one hash join, for frames whose order is not the table's."""
-    mirror = layout.mirror if compare else []
-    with registered(con, FRAME, frame.select([*layout.key, *mirror]).with_row_index("__row")):
-        changed = " OR ".join(f"t.{q(c)} IS DISTINCT FROM i.{q(c)}" for c in mirror) or "false"
-        inner = ", ".join(q(c) for c in [*layout.key, *mirror])
-        outs = ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
-        query = (
-            f"SELECT i.__row, {outs}, t.__exists IS NOT NULL AS {q('exists')}"
-            + (f", coalesce(({changed}), false) AS changed" if compare else "")
-            + f" FROM {FRAME} AS i LEFT JOIN (SELECT {inner}, true AS __exists, {_select_list(exprs)} "
-            f"FROM {q(layout.table)} AS t) AS t ON {layout.key_join('t', 'i')}"
-        )
-        with memory_limited(con, limit):
-            relation = con.sql(query, params=_used(params, query))
-            batches = [cast(pl.DataFrame, pl.from_arrow(b)) for b in arrow_batches(relation, BATCH_ROWS)]
+    sides = _Sides(layout, frame, exprs, compare)
+    query = (
+        f"SELECT i.__row, {sides.outs}, t.__exists IS NOT NULL AS {q('exists')}"
+        + (f", coalesce(({sides.changed}), false) AS changed" if compare else "")
+        + f" FROM {FRAME} AS i LEFT JOIN ({sides.table}) AS t ON {sides.join}"
+    )
+    with registered(con, FRAME, sides.frame), memory_limited(con, limit):
+        relation = con.sql(query, params=_used(params, query))
+        batches = [cast(pl.DataFrame, pl.from_arrow(b)) for b in arrow_batches(relation, BATCH_ROWS)]
     if not batches:  # an empty frame
         return _absent(0, exprs, compare)
-    found = pl.concat(batches, rechunk=False)
-    found = found.with_columns(pl.col(f).fill_null(False) for f in _FLAGS if f in found.columns)
-    if "status" in found.columns:
-        found = found.with_columns(pl.col("status").cast(STATUS_TYPE))
-    return _in_frame_order(found)
+    return _settled(pl.concat(batches, rechunk=False))
 
 
 def _structured(con: Any, layout: Layout, found: pl.DataFrame) -> pl.DataFrame:
