@@ -138,23 +138,14 @@ def survey(
     # A `where=` holding a "$" (in quotes: the shape check refuses it outside) keeps the parameters: only there can
     # one be in quoted text, and an E'\'' string there would lose `_inlined` the thread of what is quoted.
     inline = "$" not in (where or "")
-    found = _positional(con, layout, frame, exprs, params, compare, 0 if wrote else SCAN_MEMORY_LIMIT, inline=inline)
+    sides = _Sides(layout, frame, exprs, compare)
+    found = _positional(con, sides, params, 0 if wrote else SCAN_MEMORY_LIMIT, inline=inline)
     if found is None:
-        found = _joined(con, layout, frame, exprs, params, compare, 0 if wrote else JOIN_MEMORY_LIMIT)
+        found = _joined(con, sides, params, 0 if wrote else JOIN_MEMORY_LIMIT)
     return _structured(con, layout, found) if dialect_of(con).structured_as_jsonb and "output" in exprs else found
 
 
-def _positional(
-    con: Con,
-    layout: Layout,
-    frame: pl.DataFrame,
-    exprs: dict[str, str],
-    params: dict[str, Any],
-    compare: bool,
-    limit: int,
-    *,
-    inline: bool,
-) -> pl.DataFrame | None:
+def _positional(con: Con, sides: _Sides, params: dict[str, Any], limit: int, *, inline: bool) -> pl.DataFrame | None:
     """The survey by one scan of the table beside the frame (DuckDB's POSITIONAL JOIN: row i of each), when the
     table holds the frame's rows first and in the frame's order; None otherwise (always on PostgreSQL, whose
     tables keep no order). Only the facts come back to Python: the keys and copied inputs are compared in DuckDB
@@ -162,15 +153,15 @@ def _positional(
     written into the query (`_inlined`)."""
     if not dialect_of(con).ordered_scans:
         return None
-    sides = _Sides(layout, frame, exprs, compare)
+    height = sides.frame.height
     # A LIMIT scans on one thread: only a table much longer than the frame is worth it (row counts are kept)
-    longer = one(con, f"SELECT count(*) FROM {q(layout.table)}")[0] > _LIMIT_OVER * frame.height
+    longer = one(con, f"SELECT count(*) FROM {q(sides.table_name)}")[0] > _LIMIT_OVER * height
     query = (
-        f"SELECT i.__row, {sides.outs}, t.__exists IS NOT NULL AS {q('exists')}, "
+        f"SELECT {sides.outs}, t.__exists IS NOT NULL AS {q('exists')}, "
         f"t.__exists IS NULL OR ({sides.same}) AS __aligned"
-        + (f", coalesce(t.__exists AND ({sides.changed}), false) AS changed" if compare else "")
-        + f" FROM ({sides.table}{f' LIMIT {frame.height}' if longer else ''}) AS t POSITIONAL JOIN {FRAME} AS i "
-        "WHERE i.__row IS NOT NULL"
+        + (f", coalesce(t.__exists AND ({sides.changed}), false) AS changed" if sides.compare else "")
+        + f" FROM ({sides.table}{f' LIMIT {height}' if longer else ''}) AS t POSITIONAL JOIN {FRAME} AS i "
+        f"WHERE i.{q(sides.row)} IS NOT NULL"
     )
     query, left = _inlined(query, params) if inline else (query, _used(params, query))
     parts: list[pl.DataFrame] = []
@@ -181,27 +172,32 @@ def _positional(
                 return None
             parts.append(part.drop("__aligned"))
     if not parts:  # an empty frame
-        return _absent(0, exprs, compare)
+        return _absent(0, sides.exprs, sides.compare)
     return _settled(pl.concat(parts, rechunk=False))
 
 
 class _Sides:
-    """The two sides of a survey under llmledger's own names only: the table's as a subquery (its keys `__k0`...,
-    its copied inputs `__m0`..., `__exists` and the facts `__status`...), the frame's keys and inputs under the same
-    names beside `__row`. A user's column may be called `__status`, `__exists` or `__row`; the query around the
-    two sides never sees it (it once read an input column named `__output` as the answers)."""
+    """The two sides of a survey, kept apart from the user's column names: the table's as a subquery whose columns
+    are llmledger's own names only (its keys `__k0`..., its copied inputs `__m0`..., `__exists` and the facts
+    `__status`...), and the frame's keys and inputs under their own names beside its row number (`row`, a name no
+    such column has). A user's column may be called `__status`, `__exists` or `__row`; the query around the two
+    sides never takes it for one of llmledger's (it once read an input column named `__output` as the answers).
+    The frame keeps its names for the errors PostgreSQL's registration gives about its values."""
 
     def __init__(self, layout: Layout, frame: pl.DataFrame, exprs: dict[str, str], compare: bool) -> None:
+        self.table_name, self.exprs, self.compare = layout.table, exprs, compare
         keys = {f"__k{n}": name for n, name in enumerate(layout.key)}
         inputs = {f"__m{n}": name for n, name in enumerate(layout.mirror if compare else [])}
         own = {**keys, **inputs}
         columns = "".join(f"{q(name)} AS {alias}, " for alias, name in own.items())
         self.table = f"SELECT {columns}true AS __exists, {_select_list(exprs)} FROM {q(layout.table)} AS t"
-        self.frame = frame.select([pl.col(name).alias(alias) for alias, name in own.items()]).with_row_index("__row")
-        self.outs = ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
-        self.same = " AND ".join(f"t.{alias} IS NOT DISTINCT FROM i.{alias}" for alias in keys)
-        self.join = " AND ".join(f"t.{alias} = i.{alias}" for alias in keys)
-        self.changed = " OR ".join(f"t.{alias} IS DISTINCT FROM i.{alias}" for alias in inputs) or "false"
+        self.row = "_" * (1 + max(map(len, own.values()))) + "row"
+        self.frame = frame.select(list(own.values())).with_row_index(self.row)
+        self.outs = f"i.{q(self.row)} AS __row, " + ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
+        self.same = " AND ".join(f"t.{alias} IS NOT DISTINCT FROM i.{q(name)}" for alias, name in keys.items())
+        self.join = " AND ".join(f"t.{alias} = i.{q(name)}" for alias, name in keys.items())
+        changed = " OR ".join(f"t.{alias} IS DISTINCT FROM i.{q(name)}" for alias, name in inputs.items())
+        self.changed = changed or "false"
 
 
 def _settled(found: pl.DataFrame) -> pl.DataFrame:
@@ -282,27 +278,18 @@ def _select_list(exprs: dict[str, str]) -> str:
     return ", ".join(f"{sql} AS {q('__' + name)}" for name, sql in exprs.items())
 
 
-def _joined(
-    con: Con,
-    layout: Layout,
-    frame: pl.DataFrame,
-    exprs: dict[str, str],
-    params: dict[str, Any],
-    compare: bool,
-    limit: int,
-) -> pl.DataFrame:
+def _joined(con: Con, sides: _Sides, params: dict[str, Any], limit: int) -> pl.DataFrame:
     """The survey by one hash join, for frames whose order is not the table's."""
-    sides = _Sides(layout, frame, exprs, compare)
     query = (
-        f"SELECT i.__row, {sides.outs}, t.__exists IS NOT NULL AS {q('exists')}"
-        + (f", coalesce(({sides.changed}), false) AS changed" if compare else "")
+        f"SELECT {sides.outs}, t.__exists IS NOT NULL AS {q('exists')}"
+        + (f", coalesce(({sides.changed}), false) AS changed" if sides.compare else "")
         + f" FROM {FRAME} AS i LEFT JOIN ({sides.table}) AS t ON {sides.join}"
     )
     with registered(con, FRAME, sides.frame), memory_limited(con, limit):
         relation = con.sql(query, params=_used(params, query))
         batches = [cast(pl.DataFrame, pl.from_arrow(b)) for b in arrow_batches(relation, BATCH_ROWS)]
     if not batches:  # an empty frame
-        return _absent(0, exprs, compare)
+        return _absent(0, sides.exprs, sides.compare)
     return _settled(pl.concat(batches, rechunk=False))
 
 
