@@ -23,7 +23,7 @@ from llmledger._ledger.columns import lost_commit_sql
 from llmledger._ledger.engine import Con, Database
 from llmledger._ledger.engine.shared import registered
 from llmledger._ledger.packs import record_packs
-from llmledger._ledger.survey import Layout
+from llmledger._ledger.survey import Layout, apart
 from llmledger._ledger.types import Chunk, Selection
 from llmledger._ledger.verbs import commit_results
 from llmledger._step.sqltext import q
@@ -82,7 +82,7 @@ def read_back(con: Con, selection: Selection, claimed: pl.DataFrame, *, claimant
     and this run must not send them. The keys are matched in SQL, as the claim matched them (a NaN key is its own
     row there, and no Python value equals NaN)."""
     layout = selection.layout
-    at = "_" * (1 + max(map(len, layout.key))) + "at"  # a name no key column has (a key may be called "at")
+    at = apart("at", layout.key)
     with registered(con, _CLAIMED, claimed.with_row_index(at)):
         held = con.execute(
             f"SELECT i.{q(at)} FROM {q(layout.table)} AS t JOIN {_CLAIMED} AS i ON {layout.key_join()} "

@@ -65,6 +65,12 @@ class Layout:
         return f"('{{' || {parts} || '}}')"
 
 
+def apart(name: str, taken: Sequence[str]) -> str:
+    """`name` with underscores before it, enough that none of the `taken` column names is it: a column of
+    llmledger's own beside a user's columns (a key may be called `at`, an input `__row`)."""
+    return "_" * (1 + max(map(len, taken), default=0)) + name
+
+
 def flag_sql(layout: Layout, where: str | None, *, named: bool | None = None) -> dict[str, str]:
     """Per-row facts, as SQL over the fact table `t` (parameters: version, max_attempts, redo, run_started).
     `named`: the call's own where= names the rows (by default, when there is a `where`)."""
@@ -191,7 +197,7 @@ class _Sides:
         own = {**keys, **inputs}
         columns = "".join(f"{q(name)} AS {alias}, " for alias, name in own.items())
         self.table = f"SELECT {columns}true AS __exists, {_select_list(exprs)} FROM {q(layout.table)} AS t"
-        self.row = "_" * (1 + max(map(len, own.values()))) + "row"
+        self.row = apart("row", list(own.values()))
         self.frame = frame.select(list(own.values())).with_row_index(self.row)
         self.outs = f"i.{q(self.row)} AS __row, " + ", ".join(f"t.{q('__' + n)} AS {q(n)}" for n in exprs)
         self.same = " AND ".join(f"t.{alias} IS NOT DISTINCT FROM i.{q(name)}" for alias, name in keys.items())
