@@ -325,4 +325,7 @@ def test_a_whole_number_names_a_row_of_a_float_key(target: Any, client: anthropi
     for key in (2**53 + 1, str(2**53 + 1), 10**400, "1e999"):
         with pytest.raises(InvalidInputError, match="no row with key"):
             llmledger.correct(target, "floats", "summary", key=key, answer="not mine", by="ana")
+    # found in an attack: a complex number reached the engine, which raised its own error
+    with pytest.raises(InvalidInputError, match=r"key=\(1\+0j\) is a complex number"):
+        llmledger.correct(target, "floats", "summary", key=1 + 0j, answer="not mine", by="ana")
     assert llmledger.sql(target, "SELECT count(*) FROM floats WHERE summary_verdict = 'corrected'").item() == 0

@@ -182,7 +182,13 @@ def _as_float(sql_type: str, value: Any) -> Any:
 
 def _check_key_value(table: str, column: str, sql_type: str, value: Any) -> None:
     """Refuse a key value that no row of an integer key column can have (`key="notanint"`): the rows are matched by
-    their text, so it would match none and say nothing. A text key takes any value, as its text."""
+    their text, so it would match none and say nothing. A text key takes any value, as its text; a complex number
+    no column holds (it reached the engine, whose own error said nothing of the key)."""
+    if isinstance(value, complex):
+        raise InvalidInputError(
+            f"key {column!r} is {sql_type} in table {table!r}, and key={value!r} is a complex number: no row can "
+            "have it. Pass the row's key."
+        )
     if sql_type.upper() not in _INTEGER_TYPES:
         return
     if isinstance(value, Integral) and not isinstance(value, bool):
