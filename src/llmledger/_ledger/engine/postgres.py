@@ -9,7 +9,8 @@ only, so they run side by side; preparing a step, migrating and the verbs
 people call (flag, reset) take one advisory lock, so they happen one at a
 time, as on a DuckDB file. A connection lost mid-transaction (a network cut,
 a server restart) is opened again and the transaction redone, waiting as a
-busy DuckDB file waits.
+busy DuckDB file waits; one lost as its COMMIT was sent is redone only if the
+server says it did not commit.
 """
 
 from __future__ import annotations
@@ -164,6 +165,31 @@ class PgConnection:
         self._raw = raw
         return raw
 
+    def _landed(self, xid: int, wait: float | None, start: float) -> bool:
+        """Whether transaction `xid`, whose COMMIT was sent as the connection was lost, committed: asked of the
+        server once it is reached again (`txid_status`: a crash aborts what it had not made durable; a backend still
+        finishing its COMMIT says "in progress" a moment longer)."""
+        psycopg = _psycopg()
+        status: str | None = "unasked"
+        for _ in range(600):
+            try:
+                raw = self._connection(None if wait is None else max(0.0, wait - (time.monotonic() - start)))
+                (found,) = raw.execute("SELECT txid_status(%s)", [xid]).fetchone()
+                status = None if found is None else str(found)
+            except psycopg.OperationalError:
+                self._drop()
+                status = "unreachable"
+            if status in ("committed", "aborted"):
+                return status == "committed"
+            if status is None or (wait is not None and time.monotonic() - start > wait):
+                break
+            time.sleep(0.1)
+        raise StoreError(
+            f"lost the PostgreSQL store {self.name} while committing, and it cannot say whether that transaction "
+            f"landed (txid {xid}: {status}). Answers are kept in this machine's journal; the next run merges what "
+            "did not land."
+        )
+
     def _drop(self) -> None:
         with contextlib.suppress(Exception):
             self._raw.close()
@@ -215,20 +241,27 @@ class PgConnection:
     ) -> T:
         """Run `work` in one transaction, redoing it after a serialization failure, a deadlock or a lost
         connection (`commit=False`: roll it back; `exclusive`: one such transaction at a time in the database;
-        `read_only` is for a DuckDB file: the server decides what this role may do)."""
+        `read_only` is for a DuckDB file: the server decides what this role may do).
+
+        A connection lost while the COMMIT was on its way leaves the transaction's fate unknown here: redone, it
+        could write twice (answers, a run's row, a claim whose rows then wait for nobody). So the transaction's id
+        is taken just before the COMMIT, and the server, once reached again, says whether it committed
+        (`_landed`): if so its result stands, if not it is redone."""
         psycopg = _psycopg()
         retry = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
         start = time.monotonic()
         for attempt in range(1000):
             with self._lock:
                 raw = self._connection(None if wait is None else max(0.0, wait - (time.monotonic() - start)))
-                ending = False
+                xid: int | None = None
+                result: T | None = None
                 try:
                     raw.execute("BEGIN")
                     if exclusive:
                         raw.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
                     result = work(PgCon(raw))
-                    ending = True
+                    if commit:  # NULL when it wrote nothing: then there is nothing to lose, and a redo is harmless
+                        xid = raw.execute("SELECT txid_current_if_assigned()").fetchone()[0]
                     raw.execute("COMMIT" if commit else "ROLLBACK")
                     return result
                 except retry:
@@ -242,12 +275,8 @@ class PgConnection:
                             raw.execute("ROLLBACK")
                         raise
                     self._drop()  # the server went away: connect again and redo the transaction
-                    if ending and commit:  # it may have committed: redoing it could write twice
-                        raise StoreError(
-                            f"lost the PostgreSQL store {self.name} while committing; whether the "
-                            "transaction landed is unknown. Answers are kept in this machine's "
-                            "journal, and the next run merges what did not land."
-                        ) from None
+                    if xid is not None and self._landed(xid, wait, start):
+                        return result  # type: ignore[return-value]  # set: the xid is taken after the work
                     if wait is not None and time.monotonic() - start > wait:
                         raise StoreBusy(
                             f"cannot reach the PostgreSQL store {self.name} (waited {time.monotonic() - start:.0f}s)"

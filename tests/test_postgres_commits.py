@@ -1,0 +1,120 @@
+"""A PostgreSQL connection cut while its COMMIT is on the way: landed or not, the run neither writes twice nor stops.
+
+Such a cut (a server crash, a network drop, a failover) leaves the client not knowing whether the transaction
+committed. The cut here is made exactly there, on a real server: the session's own backend is terminated
+(`pg_terminate_backend`) either just after the COMMIT was executed (it landed; the client sees the connection
+drop) or just before (it did not land). A seeded share of every COMMIT of a whole run is cut so, and the run must
+finish with every row answered once.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import anthropic
+import psycopg
+import pytest
+
+import llmledger
+from llmledger import Simulator
+from llmledger._ledger.engine.postgres import PgConnection
+
+from .conftest import frame
+
+pytestmark = pytest.mark.slow
+
+
+class _CutAtCommit:
+    """A psycopg connection whose COMMITs are cut (`cut()` says which, and whether after or before it lands)."""
+
+    def __init__(self, raw: Any, admin_url: str, cut: Any) -> None:
+        self._raw, self._admin_url, self._cut = raw, admin_url, cut
+
+    def _terminate(self) -> None:
+        with psycopg.connect(self._admin_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [self._raw.info.backend_pid])
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        how = self._cut() if query == "COMMIT" else None
+        if how == "after":
+            self._raw.execute(query)
+            self._terminate()
+            return self._raw.execute("SELECT 1")  # the acknowledgement never arrives: the connection is gone
+        if how == "before":
+            self._terminate()
+        return self._raw.execute(query, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+def _cutting(monkeypatch: pytest.MonkeyPatch, admin_url: str, cut: Any) -> list[str]:
+    """Have every PostgreSQL store connection cut its COMMITs as `cut()` says; returns the cuts made."""
+    made: list[str] = []
+    connect = PgConnection._connection
+
+    def record() -> str | None:
+        how = cut()
+        if how:
+            made.append(how)
+        return how
+
+    monkeypatch.setattr(
+        PgConnection, "_connection", lambda self, wait: _CutAtCommit(connect(self, wait), admin_url, record)
+    )
+    return made
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_transaction_cut_at_its_commit_is_written_once(
+    pg_server: Any, pg_url: str, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        con.execute("CREATE TABLE t (n int)")
+    cuts = iter(["after" if landed else "before"])
+    made = _cutting(monkeypatch, pg_server.url(), lambda: next(cuts, None))
+    db = PgConnection(pg_url)
+    calls = []
+
+    def work(con: Any) -> str:
+        calls.append(1)
+        con.execute("INSERT INTO t VALUES (1)")
+        return "the work's result"
+
+    assert db.transaction(work, wait=30.0) == "the work's result"
+    assert made == ["after" if landed else "before"]
+    assert len(calls) == (1 if landed else 2), "landed: asked of the server, not redone; lost: redone"
+    with psycopg.connect(pg_url) as con:
+        assert con.execute("SELECT count(*) FROM t").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_run_whose_commits_are_cut_at_random_finishes_and_pays_each_row_once(
+    pg_server: Any, pg_url: str, sim: Simulator, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """About one COMMIT in four is cut, half after it landed: claims, answers, the run's row, the release."""
+    rng = random.Random(seed)
+    made = _cutting(
+        monkeypatch, pg_server.url(), lambda: rng.choice(["after", "before", None, None, None, None, None, None])
+    )
+    client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+    rows = 40
+    out = llmledger.apply_llm(
+        frame(rows),
+        "s",
+        prompt="A: {text}",
+        store=pg_url,
+        table="t",
+        client=client,
+        progress=False,
+        concurrency=4,
+        chunk_size=5,
+    )
+    assert len(made) >= 3, f"seed {seed} cut only {made}"
+    assert out["s_status"].to_list() == ["DONE"] * rows
+    assert sim.stats()["paid"] == rows and max(sim.paid_prompts().values()) == 1
+    status = llmledger.sql(pg_url, "SELECT s_status, count(*) FROM t GROUP BY 1").rows()
+    assert status == [("DONE", rows)]
+    runs = llmledger.sql(pg_url, "SELECT outcome, calls FROM llmledger_runs").rows()
+    assert runs == [("completed", rows)], runs
