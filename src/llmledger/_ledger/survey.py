@@ -25,7 +25,15 @@ from llmledger._ledger.columns import names
 from llmledger._ledger.engine import Con
 from llmledger._ledger.engine.dialect import dialect_of
 from llmledger._ledger.engine.duckdb import JOIN_MEMORY_LIMIT, SCAN_MEMORY_LIMIT
-from llmledger._ledger.engine.shared import arrow_batches, column_types, db_errors, memory_limited, one, registered
+from llmledger._ledger.engine.shared import (
+    arrow_batches,
+    column_types,
+    db_errors,
+    memory_limited,
+    one,
+    registered,
+    result_frames,
+)
 from llmledger._ledger.states import STATUSES, eligible_sql, kept_sql, stale_sql
 from llmledger._ledger.where import check_where_shape
 from llmledger._step.request import sql_literal
@@ -292,8 +300,7 @@ def _joined(con: Con, sides: _Sides, params: dict[str, Any], limit: int) -> pl.D
         + f" FROM {FRAME} AS i LEFT JOIN ({sides.table}) AS t ON {sides.join}"
     )
     with registered(con, FRAME, sides.frame), memory_limited(con, limit):
-        relation = con.sql(query, params=_used(params, query))
-        batches = [cast(pl.DataFrame, pl.from_arrow(b)) for b in arrow_batches(relation, BATCH_ROWS)]
+        batches = result_frames(con, query, _used(params, query), BATCH_ROWS)
     if not batches:  # an empty frame
         return _absent(0, sides.exprs, sides.compare)
     return _settled(pl.concat(batches, rechunk=False))

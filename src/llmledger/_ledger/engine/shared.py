@@ -158,6 +158,15 @@ def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]
     yield from read(rows)
 
 
+def result_frames(con: Any, query: str, params: dict[str, Any], rows: int) -> list[pl.DataFrame]:
+    """A query's whole result as polars frames (none for no rows): DuckDB's Arrow batches of at most `rows`, or
+    PostgreSQL's rows in one frame, sent as CSV and parsed by polars (`PgCon.frame`)."""
+    if dialect_of(con).name == "postgres":
+        found = con.frame(query, params)
+        return [found] if found.height else []
+    return [cast(pl.DataFrame, pl.from_arrow(b)) for b in arrow_batches(con.sql(query, params=params), rows)]
+
+
 def frames(con: Any, query: str, rows: int) -> Iterator[pl.DataFrame]:
     """A query's rows as polars frames of at most `rows`, without holding the whole result (on PostgreSQL,
     through a server-side cursor)."""

@@ -1,0 +1,85 @@
+"""A large PostgreSQL result read as the server's CSV (`PgCon.frame`) is the result `PgCon.sql` fetches row by row.
+
+The survey of every rerun reads one row per frame row this way. CSV must keep apart what the ledger keeps apart: NULL
+and '', NaN and infinities, -0.0, text with quotes, commas, newlines and a "%", and JSON answers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from typing import Any
+
+import hypothesis.strategies as st
+import polars as pl
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from llmledger._ledger.engine.pgcon import PgCon
+
+pytestmark = pytest.mark.slow
+
+_TEXT = st.one_of(
+    st.none(),
+    st.just(""),
+    st.sampled_from(['"', '""', ",", "\n", "\r\n", "a,b", 'say "hi"', "%s", "%(x)s", "\\N", " ", "t", "NULL"]),
+    st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=12),
+)
+_FLOAT = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.just(-0.0))
+_ROW = st.tuples(
+    st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)),
+    _FLOAT,
+    st.one_of(st.none(), st.booleans()),
+    _TEXT,
+    st.one_of(st.none(), st.dictionaries(st.sampled_from(["a", "b"]), st.one_of(st.integers(0, 9), _TEXT), max_size=2)),
+)
+
+
+def _same(a: pl.DataFrame, b: pl.DataFrame) -> bool:
+    if a.schema != b.schema or a.height != b.height:
+        return False
+    for left, right in zip(a.iter_rows(), b.iter_rows(), strict=True):
+        for x, y in zip(left, right, strict=True):
+            if isinstance(x, float) and isinstance(y, float):
+                if not ((x == y and math.copysign(1, x) == math.copysign(1, y)) or (math.isnan(x) and math.isnan(y))):
+                    return False
+            elif x != y:
+                return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def raw(pg_server: Any) -> Any:
+    with psycopg.connect(pg_server.new_database()) as con:
+        for name in ("uuid", "json", "jsonb"):  # as the store's connections read them (`PgConnection._connection`)
+            con.adapters.register_loader(name, psycopg.types.string.TextLoader)
+        yield con
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(_ROW, max_size=12))
+def test_a_result_read_as_csv_is_the_result_fetched_row_by_row(raw: Any, rows: list[tuple[Any, ...]]) -> None:
+    raw.execute("DROP TABLE IF EXISTS r")
+    raw.execute("CREATE TEMP TABLE r (n BIGINT, x DOUBLE PRECISION, b BOOLEAN, s VARCHAR, j JSONB)")
+    with raw.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO r VALUES (%s, %s, %s, %s, %s)",
+            [(*row[:4], None if row[4] is None else psycopg.types.json.Jsonb(row[4])) for row in rows],
+        )
+    con = PgCon(raw)
+    query = "SELECT n, x, b, s, j, s = $like AS same, 'a%b' AS lit FROM r ORDER BY n NULLS FIRST, s, x"
+    params = {"like": "%s"}
+    fetched = con.sql(query, params)
+    assert fetched is not None
+    expected = fetched.pl()
+    found = con.frame(query, params)
+    assert _same(found, expected), (found, expected)
+
+
+def test_a_result_of_another_type_is_fetched_as_before(raw: Any) -> None:
+    con = PgCon(raw)
+    found = con.frame("SELECT DATE '2026-11-30' AS d, NULL::TIMESTAMP AS t, 1 AS n WHERE $yes", {"yes": True})
+    assert found.schema == pl.Schema({"d": pl.Date, "t": pl.Datetime("us"), "n": pl.Int32})
+    assert found.rows() == [(datetime.date(2026, 11, 30), None, 1)]
+    assert con.frame("SELECT 1 AS n WHERE false").schema == pl.Schema({"n": pl.Int32})
