@@ -152,10 +152,13 @@ def survey(
     # A `where=` holding a "$" (in quotes: the shape check refuses it outside) keeps the parameters: only there can
     # one be in quoted text, and an E'\'' string there would lose `_inlined` the thread of what is quoted.
     inline = "$" not in (where or "")
-    sides = _Sides(layout, frame, exprs, compare)
-    found = _positional(con, sides, params, 0 if wrote else SCAN_MEMORY_LIMIT, inline=inline)
-    if found is None:
-        found = _joined(con, sides, params, 0 if wrote else JOIN_MEMORY_LIMIT)
+    if not one(con, f"SELECT EXISTS (SELECT 1 FROM {q(layout.table)})")[0]:  # a new table: nothing to join
+        found = _absent(frame.height, exprs, compare)
+    else:
+        sides = _Sides(layout, frame, exprs, compare)
+        found = _positional(con, sides, params, 0 if wrote else SCAN_MEMORY_LIMIT, inline=inline)
+        if found is None:
+            found = _joined(con, sides, params, 0 if wrote else JOIN_MEMORY_LIMIT)
     return _structured(con, layout, found) if dialect_of(con).structured_as_jsonb and "output" in exprs else found
 
 

@@ -1,7 +1,8 @@
-"""A large PostgreSQL result read as the server's CSV (`PgCon.frame`) is the result `PgCon.sql` fetches row by row.
+"""Large frames on PostgreSQL: their rows written into an empty table before its indexes are built, and the survey
+of every rerun read as the server's CSV.
 
-The survey of every rerun reads one row per frame row this way. CSV must keep apart what the ledger keeps apart: NULL
-and '', NaN and infinities, -0.0, text with quotes, commas, newlines and a "%", and JSON answers.
+A result read as CSV (`PgCon.frame`) must be the result `PgCon.sql` fetches row by row: CSV must keep apart what the
+ledger keeps apart: NULL and '', NaN and infinities, -0.0, text with quotes, commas, newlines and a "%", and JSON.
 """
 
 from __future__ import annotations
@@ -10,13 +11,19 @@ import datetime
 import math
 from typing import Any
 
+import anthropic
 import hypothesis.strategies as st
 import polars as pl
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+import llmledger
+from llmledger import Simulator
 from llmledger._ledger.engine.pgcon import PgCon
+from llmledger._ledger.prepare import BULK_ROWS
+
+from .conftest import frame
 
 pytestmark = pytest.mark.slow
 
@@ -83,3 +90,33 @@ def test_a_result_of_another_type_is_fetched_as_before(raw: Any) -> None:
     assert found.schema == pl.Schema({"d": pl.Date, "t": pl.Datetime("us"), "n": pl.Int32})
     assert found.rows() == [(datetime.date(2026, 11, 30), None, 1)]
     assert con.frame("SELECT 1 AS n WHERE false").schema == pl.Schema({"n": pl.Int32})
+
+
+def _indexes(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as con:
+        return con.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 't' ORDER BY 1").fetchall()
+
+
+def test_an_empty_table_takes_many_rows_then_has_every_index_it_had(pg_url: str, sim: Simulator) -> None:
+    """A first call of BULK_ROWS rows writes them without the indexes and builds them after; a table a person
+    emptied gets back its indexes, theirs included; a table with rows keeps its indexes throughout."""
+    client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+    ask: dict[str, Any] = dict(prompt="A: {text}", store=pg_url, table="t", client=client, progress=False)
+    small = frame(3)
+    llmledger.apply_llm(small, "s", **ask)  # a table built the usual way: its indexes, one row at a time
+    assert {name for name, _ in _indexes(pg_url)} == {"t__key", "t__s_status", "t__s_request_fingerprint"}
+    with psycopg.connect(pg_url, autocommit=True) as con:
+        con.execute("DELETE FROM t")
+        con.execute("CREATE INDEX mine ON t (lower(text)) WHERE id > 0")
+    before = _indexes(pg_url)
+    assert len(before) == 4
+    many = frame(BULK_ROWS, start=10)
+    out = llmledger.apply_llm(many, "s", where="id < 20", **ask)
+    assert out["s_status"].to_list()[:10] == ["DONE"] * 10 and sim.stats()["paid"] == 3 + 10
+    assert _indexes(pg_url) == before
+    llmledger.apply_llm(frame(BULK_ROWS, start=10 + BULK_ROWS), "s", where="false", **ask)  # rows there: kept
+    assert len(_indexes(pg_url)) == 4
+    with psycopg.connect(pg_url) as con:
+        assert con.execute("SELECT count(*), count(DISTINCT id) FROM t").fetchone() == (2 * BULK_ROWS, 2 * BULK_ROWS)
+        plan = con.execute("EXPLAIN SELECT * FROM t WHERE id = 12").fetchall()
+    assert "t__key" in " ".join(row[0] for row in plan), plan
