@@ -99,7 +99,8 @@ def _indexes(url: str) -> list[tuple[str, str]]:
 
 def test_an_empty_table_takes_many_rows_then_has_every_index_it_had(pg_url: str, sim: Simulator) -> None:
     """A first call of BULK_ROWS rows writes them without the indexes and builds them after; a table a person
-    emptied gets back its indexes, theirs included; a table with rows keeps its indexes throughout."""
+    emptied gets back its indexes, theirs included, and one with a comment is left in place; a table with rows
+    keeps its indexes throughout."""
     client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
     ask: dict[str, Any] = dict(prompt="A: {text}", store=pg_url, table="t", client=client, progress=False)
     small = frame(3)
@@ -108,15 +109,33 @@ def test_an_empty_table_takes_many_rows_then_has_every_index_it_had(pg_url: str,
     with psycopg.connect(pg_url, autocommit=True) as con:
         con.execute("DELETE FROM t")
         con.execute("CREATE INDEX mine ON t (lower(text)) WHERE id > 0")
+        con.execute("COMMENT ON INDEX t__s_status IS 'kept'")  # left in place: its definition has no comment
     before = _indexes(pg_url)
     assert len(before) == 4
     many = frame(BULK_ROWS, start=10)
     out = llmledger.apply_llm(many, "s", where="id < 20", **ask)
     assert out["s_status"].to_list()[:10] == ["DONE"] * 10 and sim.stats()["paid"] == 3 + 10
     assert _indexes(pg_url) == before
+    with psycopg.connect(pg_url) as con:
+        assert con.execute("SELECT obj_description('t__s_status'::regclass, 'pg_class')").fetchone() == ("kept",)
     llmledger.apply_llm(frame(BULK_ROWS, start=10 + BULK_ROWS), "s", where="false", **ask)  # rows there: kept
     assert len(_indexes(pg_url)) == 4
     with psycopg.connect(pg_url) as con:
         assert con.execute("SELECT count(*), count(DISTINCT id) FROM t").fetchone() == (2 * BULK_ROWS, 2 * BULK_ROWS)
         plan = con.execute("EXPLAIN SELECT * FROM t WHERE id = 12").fetchall()
     assert "t__key" in " ".join(row[0] for row in plan), plan
+
+
+def test_a_key_column_named_with_a_percent_sign_is_read_back(pg_url: str, sim: Simulator) -> None:
+    """psycopg reads "%%" as "%" in a query given parameters; the survey's CSV read once sent "id%%" to the server
+    (found by an attack: rows paid, then every call failed)."""
+    client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+    df = frame(3).rename({"id": "id%"})
+    ask: dict[str, Any] = dict(key="id%", prompt="A: {text}", store=pg_url, table="t", client=client, progress=False)
+    assert llmledger.apply_llm(df, "s", where='"id%" % 2 = 0', **ask)["s_status"].to_list() == [
+        "DONE",
+        "NOT_STARTED",
+        "DONE",
+    ]
+    assert llmledger.apply_llm(df, "s", **ask)["s_status"].to_list() == ["DONE"] * 3
+    assert sim.stats()["paid"] == 3

@@ -28,6 +28,7 @@ from llmledger._view.overview import StoreView, show
 from llmledger.errors import (
     AuthenticationFailed,
     BudgetReachedWarning,
+    CommitUnknown,
     InvalidInputError,
     KeyColumnError,
     LedgerError,
@@ -55,6 +56,7 @@ __all__ = [
     "Accuracy",
     "AuthenticationFailed",
     "BudgetReachedWarning",
+    "CommitUnknown",
     "Comparison",
     "InvalidInputError",
     "KeyColumnError",

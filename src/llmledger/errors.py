@@ -8,7 +8,9 @@
     │   └── WhereClauseError          `where` does not parse or bind against the fact table
     ├── StoreError                    the store cannot be used as asked (not a ValueError: the call may be fine)
     │   ├── StoreNotFound             (also FileNotFoundError) no store at that path
-    │   └── StoreBusy                 (also TimeoutError) another process held the store for too long
+    │   ├── StoreBusy                 (also TimeoutError) another process held the store for too long
+    │   └── CommitUnknown             the connection to PostgreSQL was lost as a COMMIT went, and whether it
+    │                                 landed cannot be known (the server restarted)
     └── RunStopped                    (also RuntimeError) the run stopped early: finished rows are committed,
         │                             the rest stay retryable, and calling again resumes
         ├── AuthenticationFailed      401/403: the API refused the credentials
@@ -97,6 +99,13 @@ class StoreNotFound(StoreError, FileNotFoundError):
 
 class StoreBusy(StoreError, TimeoutError):
     """Another process held the store longer than the call was willing to wait."""
+
+
+class CommitUnknown(StoreError):
+    """The connection to a PostgreSQL store was lost while a COMMIT was on its way, and the server cannot say whether
+    it landed: it restarted, and a crash forgets what it had not made durable (and may give its transaction id to
+    another). A run keeps the answers in its journal and writes them again where they did not land; a verb such as
+    `flag` or `reset` should be called again once the server is back, after checking what it holds."""
 
 
 class RunStopped(LedgerError, RuntimeError):

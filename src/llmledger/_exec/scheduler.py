@@ -39,7 +39,7 @@ from llmledger._ledger.liveness import Claimant
 from llmledger._ledger.states import Outcome
 from llmledger._report import RunReport
 from llmledger._time import utcnow
-from llmledger.errors import StoreBusy, StoreError
+from llmledger.errors import CommitUnknown, StoreBusy, StoreError
 
 ACTIVE: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 BUDGET_GRACE = 600.0  # seconds a stopped run waits for the answers already in flight
@@ -339,6 +339,9 @@ class Scheduler(BudgetGuard):
             self.report.message += (
                 f" The store stayed locked; {len(batch)} answers are kept in {journal} and the next run merges them."
             )
+            return 0.0
+        except CommitUnknown:  # the next transaction writes the chunk again where it did not land (journal kept)
+            self.unlanded = [*self.unlanded, Chunk(results, packs)]
             return 0.0
         if journal is not None:
             journal.unlink(missing_ok=True)

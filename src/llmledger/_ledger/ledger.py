@@ -198,7 +198,7 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
                 {"claimant": claimant, "max_attempts": selection.params["max_attempts"]},
             ).height
 
-        return self.conn.transaction(work, wait=30.0)
+        return self.conn.transaction(work, wait=30.0, idempotent=True)  # each chunk looks before it writes
 
     def renew(self, selection: Selection, *, claimant: str, now: datetime) -> int:
         """Mark the claims this run still holds as alive now (so no other run takes them back by age)."""
@@ -215,12 +215,12 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
                 ).fetchall()
             )
 
-        return self.conn.transaction(work, wait=30.0)
+        return self.conn.transaction(work, wait=30.0, idempotent=True)
 
     def recover(self, table: str, step: str, params: RunParams) -> int:
         """Give back claims of runs that died on this host, and claims older than `params.stale_before`."""
         layout = Layout(table, step, [], [])
-        return self.conn.transaction(lambda con: recover_claims(con, layout, params), wait=30.0)
+        return self.conn.transaction(lambda con: recover_claims(con, layout, params), wait=30.0, idempotent=True)
 
     def outputs(self, selection: Selection, frame: pl.DataFrame) -> pl.DataFrame:
         """`{step}`, `{step}_status` and `{step}_stale` for the frame's keys, in frame order, and `_kept`: the
@@ -242,4 +242,4 @@ class SQLLedger(SelectionVerbs, BatchVerbs, BudgetVerbs, LookVerbs, ReviewVerbs)
     def record_run(self, row: dict[str, Any]) -> None:
         """Write the run's row, replacing the one it wrote when it started (same run_id and step)."""
 
-        self.conn.transaction(lambda con: write_run(con, row), wait=30.0)
+        self.conn.transaction(lambda con: write_run(con, row), wait=30.0, idempotent=True)

@@ -198,17 +198,21 @@ BULK_ROWS = 10_000
 @contextlib.contextmanager
 def _indexes_built_after(con: Con, table: str, rows: int) -> Iterator[None]:
     """Within the transaction, drop the indexes of an empty PostgreSQL table about to take at least `BULK_ROWS`
-    rows, and build them again once they are in (each from its own definition, so it comes back as it was, a
-    person's own index too). The table is empty, so nothing another run reads is missing meanwhile; the DROP
-    holds the table until the transaction ends. A failed build (a repeated key) fails the transaction, which then
-    leaves the table as it was."""
+    rows, and build them again once they are in, each from its own definition (a person's own index too). An
+    index its definition does not rebuild whole is left in place: one a constraint owns, the table's replica
+    identity, the one it is clustered on, one with a comment or in a tablespace of its own (an attack found the
+    first two lost, or a publication's updates refused). The table is empty, so nothing another run reads is
+    missing meanwhile; the DROP holds the table until the transaction ends. A failed build (a person's unique
+    index) fails the transaction, which then leaves the table as it was."""
     if rows < BULK_ROWS or not dialect_of(con).indexed or one(con, f"SELECT EXISTS (SELECT 1 FROM {q(table)})")[0]:
         yield
         return
     found = con.execute(
         "SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) FROM pg_index AS i "
-        "WHERE i.indrelid = $table::regclass AND NOT EXISTS "
-        "(SELECT 1 FROM pg_constraint AS c WHERE c.conindid = i.indexrelid)",
+        "JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = $table::regclass "
+        "AND NOT i.indisreplident AND NOT i.indisclustered AND c.reltablespace = 0 "
+        "AND obj_description(i.indexrelid, 'pg_class') IS NULL "
+        "AND NOT EXISTS (SELECT 1 FROM pg_constraint AS k WHERE k.conindid = i.indexrelid)",
         {"table": q(table)},
     ).fetchall()
     for name, _ in found:

@@ -54,6 +54,7 @@ class Database(Protocol):
         commit: bool = True,
         exclusive: bool = False,
         read_only: bool = False,
+        idempotent: bool = False,
     ) -> T: ...
 
     def exists(self) -> bool: ...

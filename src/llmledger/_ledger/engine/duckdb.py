@@ -391,8 +391,10 @@ class Connection:
         commit: bool = True,
         exclusive: bool = False,
         read_only: bool = False,
+        idempotent: bool = False,
     ) -> T:
         """Run `work` in one transaction, retrying on a write conflict (`commit=False`: roll it back).
+        `idempotent` is for PostgreSQL (a COMMIT lost in flight is redone without asking whether it landed).
 
         `exclusive` is for PostgreSQL (one such transaction at a time); a DuckDB file has one writer anyway.
         `read_only`: `work` only reads (the file is opened read-only, see `open`).

@@ -213,7 +213,9 @@ class PgCon:
         tuples and building the frame from those, and without holding the million tuples. A result with a column of
         another type (`_CSV_OUT`) is fetched as `sql` fetches it."""
         psycopg = _psycopg()
-        text, args = translate(sql, params)
+        # no parameters as None, not {}: psycopg's execute reads "%%" as "%" given {}, its copy only given some (a
+        # key column named "id%" was sent as "id%%")
+        text, args = translate(sql, params or None)
         description = self.raw.execute(f"SELECT * FROM ({text}) AS r LIMIT 0", args).description
         if any(d.type_code not in _CSV_OUT for d in description):
             return PgRelation(description, self.execute(sql, params).fetchall()).pl()

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 from llmledger._ledger.engine.dialect import POSTGRES
 from llmledger._ledger.engine.pgcon import PgCon, _psycopg
 from llmledger._ledger.engine.shared import Patience
-from llmledger.errors import InvalidInputError, StoreBusy, StoreError, StoreNotFound
+from llmledger.errors import CommitUnknown, InvalidInputError, StoreBusy, StoreError, StoreNotFound
 
 T = TypeVar("T")
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -165,15 +165,20 @@ class PgConnection:
         self._raw = raw
         return raw
 
-    def _landed(self, xid: int, wait: float | None, start: float) -> bool:
+    def _landed(self, xid: int, server_started: Any, wait: float | None, start: float) -> bool:
         """Whether transaction `xid`, whose COMMIT was sent as the connection was lost, committed: asked of the
-        server once it is reached again (`txid_status`: a crash aborts what it had not made durable; a backend still
-        finishing its COMMIT says "in progress" a moment longer)."""
+        server once it is reached again (`txid_status`; a backend still finishing its COMMIT says "in progress" a
+        moment longer). Only the same server, not restarted since (`server_started`), can say: a crash forgets the
+        transactions it had not made durable, and may give their ids to others, whose status it would then report
+        (found by an attack: a `flag` reported done that was not). After a restart it is `CommitUnknown`."""
         psycopg = _psycopg()
         status: str | None = "unasked"
         for _ in range(600):
             try:
                 raw = self._connection(None if wait is None else max(0.0, wait - (time.monotonic() - start)))
+                if raw.execute("SELECT pg_postmaster_start_time()").fetchone()[0] != server_started:
+                    status = "the server restarted since"
+                    break
                 (found,) = raw.execute("SELECT txid_status(%s)", [xid]).fetchone()
                 status = None if found is None else str(found)
             except psycopg.OperationalError:
@@ -184,10 +189,11 @@ class PgConnection:
             if status is None or (wait is not None and time.monotonic() - start > wait):
                 break
             time.sleep(0.1)
-        raise StoreError(
-            f"lost the PostgreSQL store {self.name} while committing, and it cannot say whether that transaction "
-            f"landed (txid {xid}: {status}). Answers are kept in this machine's journal; the next run merges what "
-            "did not land."
+        raise CommitUnknown(
+            f"lost the PostgreSQL store {self.name} while committing, and whether that transaction landed cannot be "
+            f"known (txid {xid}: {status}). A run keeps its answers in this machine's journal, and the next "
+            "transaction or run writes them again where they did not land; call a verb again once you have checked "
+            "what the store holds."
         )
 
     def _drop(self) -> None:
@@ -238,15 +244,17 @@ class PgConnection:
         commit: bool = True,
         exclusive: bool = False,
         read_only: bool = False,
+        idempotent: bool = False,
     ) -> T:
         """Run `work` in one transaction, redoing it after a serialization failure, a deadlock or a lost
         connection (`commit=False`: roll it back; `exclusive`: one such transaction at a time in the database;
         `read_only` is for a DuckDB file: the server decides what this role may do).
 
         A connection lost while the COMMIT was on its way leaves the transaction's fate unknown here: redone, it
-        could write twice (answers, a run's row, a claim whose rows then wait for nobody). So the transaction's id
-        is taken just before the COMMIT, and the server, once reached again, says whether it committed
-        (`_landed`): if so its result stands, if not it is redone."""
+        could write twice (answers, a claim whose rows then wait for nobody). So the transaction's id is taken
+        just before the COMMIT, and the server, once reached again, says whether it committed (`_landed`): if so
+        its result stands, if not it is redone. `idempotent`: done twice, `work` leaves what doing it once does
+        (a run's row written whole, a heartbeat), so it is redone without asking, even after a restart."""
         psycopg = _psycopg()
         retry = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
         start = time.monotonic()
@@ -254,14 +262,17 @@ class PgConnection:
             with self._lock:
                 raw = self._connection(None if wait is None else max(0.0, wait - (time.monotonic() - start)))
                 xid: int | None = None
+                server_started: Any = None
                 result: T | None = None
                 try:
                     raw.execute("BEGIN")
                     if exclusive:
                         raw.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
                     result = work(PgCon(raw))
-                    if commit:  # NULL when it wrote nothing: then there is nothing to lose, and a redo is harmless
-                        xid = raw.execute("SELECT txid_current_if_assigned()").fetchone()[0]
+                    if commit and not idempotent:  # NULL when it wrote nothing: nothing to lose, a redo is harmless
+                        xid, server_started = raw.execute(
+                            "SELECT txid_current_if_assigned(), pg_postmaster_start_time()"
+                        ).fetchone()
                     raw.execute("COMMIT" if commit else "ROLLBACK")
                     return result
                 except retry:
@@ -275,7 +286,7 @@ class PgConnection:
                             raw.execute("ROLLBACK")
                         raise
                     self._drop()  # the server went away: connect again and redo the transaction
-                    if xid is not None and self._landed(xid, wait, start):
+                    if xid is not None and self._landed(xid, server_started, wait, start):
                         return result  # type: ignore[return-value]  # set: the xid is taken after the work
                     if wait is not None and time.monotonic() - start > wait:
                         raise StoreBusy(
