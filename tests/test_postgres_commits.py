@@ -158,3 +158,42 @@ def test_a_commit_cut_by_a_crash_is_never_taken_as_landed_on_another_transaction
             db.transaction(work, wait=60.0)
     with psycopg.connect(pg_url) as con:
         assert con.execute("SELECT count(*) FROM t").fetchone() == (1 if idempotent else 0,)
+
+
+def test_a_chunk_whose_commit_a_crash_cut_is_written_again_and_the_run_finishes(
+    pg_server: Any, pg_url: str, sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server crashes as the second chunk's COMMIT is sent: `CommitUnknown` inside the run, which keeps the
+    chunk and writes it again in its next transaction where it did not land. Every row ends DONE, paid once."""
+    import llmledger._ledger.ledger as ledger_module
+
+    chunks: list[int] = []
+    commit_results = ledger_module.commit_results
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        chunks.append(1)
+        return commit_results(*args, **kwargs)
+
+    def crash() -> None:
+        pg_server._run("pg_ctl", "-D", str(pg_server.data), "-m", "immediate", "-w", "stop")
+        pg_server.start()
+
+    crashed: list[int] = []
+
+    def cut() -> Any:
+        if len(chunks) == 2 and not crashed:  # the second chunk's transaction is committing
+            crashed.append(1)
+            return crash
+        return None
+
+    monkeypatch.setattr(ledger_module, "commit_results", counted)
+    _cutting(monkeypatch, pg_server.url(), cut)
+    client = anthropic.AsyncAnthropic(base_url=sim.base_url, api_key="test-key")
+    rows = 30
+    out = llmledger.apply_llm(
+        frame(rows), "s", prompt="A: {text}", store=pg_url, table="t", client=client, progress=False, chunk_size=5
+    )
+    assert crashed, "the crash came"
+    assert out["s_status"].to_list() == ["DONE"] * rows
+    assert sim.stats()["paid"] == rows and max(sim.paid_prompts().values()) == 1
+    assert llmledger.sql(pg_url, "SELECT s_status, count(*) FROM t GROUP BY 1").rows() == [("DONE", rows)]
