@@ -98,7 +98,8 @@ def test_an_online_call_waits_for_a_running_batch_that_holds_its_identical_reque
         }
     )
     out = run(twins, "summary", prompt=PROMPT)
-    assert sim.stats()["paid"] - sent == 1, "only the request no batch holds is paid online"
+    online = sim.stats()["paid"] - sim.stats()["batch_paid"] - sent  # the batch may end meanwhile on a slow machine
+    assert online == 1, "only the request no batch holds is paid online"
     assert out["summary_status"].to_list() == ["SUBMITTED"] * 3 + ["DONE"]
     report = llmledger.last_report()
     assert report is not None and report.calls == 1 and report.in_batches == 3
