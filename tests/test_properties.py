@@ -444,6 +444,7 @@ def test_any_column_and_key_names_are_refused_or_every_row_is_sent_its_own_promp
 # -- the survey: one positional scan or one hash join, the same facts --------------------------------------------------
 SURVEY_KEYS: dict[str, st.SearchStrategy[Any]] = {
     "int": st.integers(-(2**63), 2**63 - 1),
+    "int32": st.integers(-(2**31), 2**31 - 1),
     "text": st.text(alphabet="aA é'\"$", max_size=3),
     "float": st.one_of(st.floats(width=64, allow_infinity=True), st.just(float("nan"))),
 }
@@ -454,8 +455,9 @@ SURVEY_KEYS: dict[str, st.SearchStrategy[Any]] = {
 def test_the_survey_by_position_says_what_the_join_says(
     tmp_path_factory: pytest.TempPathFactory, client: anthropic.AsyncAnthropic, kind: str, data: st.DataObject
 ) -> None:
-    """A rerun whose frame the table holds first and in order is surveyed by one positional scan; any other frame
-    (shuffled, a subset, a prefix of a much longer table, new rows after, changed texts) falls back to the hash
+    """A rerun whose frame the table holds first and in order is surveyed by one scan beside it (keys and inputs
+    compared in polars for plain types: ints, text; by DuckDB's positional join for others: floats); any other
+    frame (shuffled, a subset, a prefix of a much longer table, new rows after, changed texts) falls back to the hash
     join. Whichever is taken, every frame row's facts (status, answer, stale, eligible, changed, exists) are the
     ones the join finds: the scan is an optimisation, never another answer."""
     import llmledger._ledger.survey as survey_module
@@ -464,7 +466,7 @@ def test_the_survey_by_position_says_what_the_join_says(
     keys = data.draw(st.lists(SURVEY_KEYS[kind], min_size=1, max_size=12, unique_by=repr), label="keys")
     keys = list({repr(k): k for k in keys}.values())  # NaN once (repr), -0.0 and 0.0 apart as DuckDB holds them
     assume(kind != "float" or len({0.0 if k == 0 else k for k in keys if k == k}) == sum(1 for k in keys if k == k))
-    dtype = {"int": pl.Int64, "text": pl.String, "float": pl.Float64}[kind]
+    dtype = {"int": pl.Int64, "int32": pl.Int32, "text": pl.String, "float": pl.Float64}[kind]
     first = pl.DataFrame({"k": pl.Series(keys, dtype=dtype), "text": [f"row {i}" for i in range(len(keys))]})
     more = data.draw(st.integers(0, 2 * len(keys)), label="rows another frame adds after")
     store = tmp_path_factory.mktemp("survey") / "ledger.duckdb"
@@ -515,15 +517,20 @@ def test_the_survey_by_position_says_what_the_join_says(
             return survey(con, layout, frame, fields=fields, params=params)
 
     scanned: list[bool] = []
-    positional = survey_module._positional
+    beside = "_positional" if kind == "float" else "_scanned"  # floats: NaN and -0.0 compared by DuckDB
+    reads = {name: getattr(survey_module, name) for name in ("_positional", "_scanned")}
 
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        found = positional(*args, **kwargs)
-        scanned.append(found is not None)
-        return found
+    def watched(name: str) -> Any:
+        def read(*args: Any, **kwargs: Any) -> Any:
+            assert name == beside, f"a {kind} key is read beside the frame by {beside}, not {name}"
+            found = reads[name](*args, **kwargs)
+            scanned.append(found is not None)
+            return found
 
-    got = surveyed(_positional=watched)
-    expected = surveyed(_positional=lambda *a, **k: None)
+        return read
+
+    got = surveyed(**{name: watched(name) for name in reads})
+    expected = surveyed(_positional=lambda *a, **k: None, _scanned=lambda *a, **k: None)
     assert got.columns == expected.columns and got.height == frame.height
     assert got.to_dicts() == expected.to_dicts() or repr(got.to_dicts()) == repr(expected.to_dicts())
     if shape in ("same", "prefix", "changed"):

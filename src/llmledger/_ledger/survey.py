@@ -155,29 +155,31 @@ def survey(
     if not one(con, f"SELECT EXISTS (SELECT 1 FROM {q(layout.table)})")[0]:  # a new table: nothing to join
         found = _absent(frame.height, exprs, compare)
     else:
-        sides = _Sides(layout, frame, exprs, compare)
-        found = _positional(con, sides, params, 0 if wrote else SCAN_MEMORY_LIMIT, inline=inline)
-        if found is None:
-            found = _joined(con, sides, params, 0 if wrote else JOIN_MEMORY_LIMIT)
+        found = _read(con, _Sides(layout, frame, exprs, compare), params, wrote=wrote, inline=inline)
     return _structured(con, layout, found) if dialect_of(con).structured_as_jsonb and "output" in exprs else found
+
+
+def _read(con: Con, sides: _Sides, params: dict[str, Any], *, wrote: bool, inline: bool) -> pl.DataFrame:
+    """The survey of a table with rows: read beside the frame when the table holds the frame's rows first and in
+    its order (DuckDB; PostgreSQL's tables keep no order), else by one hash join."""
+    if dialect_of(con).ordered_scans:
+        beside = _scanned if _plain(con, sides) else _positional
+        found = beside(con, sides, params, 0 if wrote else SCAN_MEMORY_LIMIT, inline=inline)
+        if found is not None:
+            return found
+    return _joined(con, sides, params, 0 if wrote else JOIN_MEMORY_LIMIT)
 
 
 def _positional(con: Con, sides: _Sides, params: dict[str, Any], limit: int, *, inline: bool) -> pl.DataFrame | None:
     """The survey by one scan of the table beside the frame (DuckDB's POSITIONAL JOIN: row i of each), when the
-    table holds the frame's rows first and in the frame's order; None otherwise (always on PostgreSQL, whose
-    tables keep no order). Only the facts come back to Python: the keys and copied inputs are compared in DuckDB
-    (as the join compares them), and a key out of place stops the scan at its batch. `inline`: the parameters are
-    written into the query (`_inlined`)."""
-    if not dialect_of(con).ordered_scans:
-        return None
-    height = sides.frame.height
-    # A LIMIT scans on one thread: only a table much longer than the frame is worth it (row counts are kept)
-    longer = one(con, f"SELECT count(*) FROM {q(sides.table_name)}")[0] > _LIMIT_OVER * height
+    table holds the frame's rows first and in the frame's order; None otherwise. Only the facts come back to
+    Python: the keys and copied inputs are compared in DuckDB (as the join compares them), and a key out of place
+    stops the scan at its batch. `inline`: the parameters are written into the query (`_inlined`)."""
     query = (
         f"SELECT {sides.outs}, t.__exists IS NOT NULL AS {q('exists')}, "
         f"t.__exists IS NULL OR ({sides.same}) AS __aligned"
         + (f", coalesce(t.__exists AND ({sides.changed}), false) AS changed" if sides.compare else "")
-        + f" FROM ({sides.table}{f' LIMIT {height}' if longer else ''}) AS t POSITIONAL JOIN {FRAME} AS i "
+        + f" FROM ({sides.table}{_limit(con, sides)}) AS t POSITIONAL JOIN {FRAME} AS i "
         f"WHERE i.{q(sides.row)} IS NOT NULL"
     )
     query, left = _inlined(query, params) if inline else (query, _used(params, query))
@@ -193,6 +195,69 @@ def _positional(con: Con, sides: _Sides, params: dict[str, Any], limit: int, *, 
     return _settled(pl.concat(parts, rechunk=False))
 
 
+def _limit(con: Con, sides: _Sides) -> str:
+    """A LIMIT to the frame's height for a table much longer than the frame; none otherwise, as a LIMIT scans on one
+    thread (row counts are kept: the count costs nothing)."""
+    longer = one(con, f"SELECT count(*) FROM {q(sides.table_name)}")[0] > _LIMIT_OVER * sides.frame.height
+    return f" LIMIT {sides.frame.height}" if longer else ""
+
+
+# DuckDB's types whose values polars compares as DuckDB does, read back as the same polars type: no floats (NaN,
+# -0.0), no time zones or units to convert, nothing nested.
+_PLAIN = {
+    "BIGINT": pl.Int64,
+    "INTEGER": pl.Int32,
+    "SMALLINT": pl.Int16,
+    "TINYINT": pl.Int8,
+    "UBIGINT": pl.UInt64,
+    "UINTEGER": pl.UInt32,
+    "USMALLINT": pl.UInt16,
+    "UTINYINT": pl.UInt8,
+    "VARCHAR": pl.String,
+    "BOOLEAN": pl.Boolean,
+    "DATE": pl.Date,
+}
+
+
+def _plain(con: Con, sides: _Sides) -> bool:
+    """Whether every key and compared input is of a `_PLAIN` type in the table, and of that same type in the frame."""
+    types = column_types(con, sides.table_name)
+    return all(_PLAIN.get(types.get(name, "")) == sides.frame.schema[name] for name in sides.own.values())
+
+
+def _scanned(con: Con, sides: _Sides, params: dict[str, Any], limit: int, *, inline: bool) -> pl.DataFrame | None:
+    """The survey by a plain scan of the table (on all threads, in storage order) whose keys and copied inputs are
+    compared with the frame's in polars, slice by slice; None at the first slice out of place. For `_plain` types
+    only, where polars compares as DuckDB would: 1,000,000 rows took 0.13 s this way, 0.19 s by `_positional`,
+    whose POSITIONAL JOIN runs on one thread. Only one slice of the table's inputs is held at a time."""
+    height, frame = sides.frame.height, sides.frame
+    if not height:
+        return _absent(0, sides.exprs, sides.compare)
+    keys = [(alias, name) for alias, name in sides.own.items() if alias.startswith("__k")]
+    inputs = [(alias, name) for alias, name in sides.own.items() if alias.startswith("__m")]
+    query = f"SELECT * FROM ({sides.table}{_limit(con, sides)}) AS t"
+    query, left = _inlined(query, params) if inline else (query, _used(params, query))
+    parts: list[pl.DataFrame] = []
+    at = 0
+    with memory_limited(con, limit):
+        for batch in arrow_batches(con.sql(query, params=left), BATCH_ROWS):
+            part = cast(pl.DataFrame, pl.from_arrow(batch)).head(height - at)
+            mine = frame.slice(at, part.height)
+            if not all(part[alias].eq_missing(mine[name]).all() for alias, name in keys):
+                return None
+            facts = [pl.col("__" + name).alias(name) for name in sides.exprs] + [pl.lit(True).alias("exists")]
+            if sides.compare:
+                changed = pl.any_horizontal([part[alias].ne_missing(mine[name]) for alias, name in inputs] or [False])
+                facts.append(changed.alias("changed"))
+            parts.append(part.select(facts))
+            at += part.height
+            if at >= height:
+                break
+    if at < height:  # frame rows past the table's end: not there
+        parts.append(_absent(height - at, sides.exprs, sides.compare))
+    return _settled(pl.concat(parts, how="vertical_relaxed").with_row_index("__row"))
+
+
 class _Sides:
     """The two sides of a survey, kept apart from the user's column names: the table's as a subquery whose columns
     are llmledger's own names only (its keys `__k0`..., its copied inputs `__m0`..., `__exists` and the facts
@@ -205,7 +270,7 @@ class _Sides:
         self.table_name, self.exprs, self.compare = layout.table, exprs, compare
         keys = {f"__k{n}": name for n, name in enumerate(layout.key)}
         inputs = {f"__m{n}": name for n, name in enumerate(layout.mirror if compare else [])}
-        own = {**keys, **inputs}
+        self.own = own = {**keys, **inputs}  # llmledger's name -> the user's
         columns = "".join(f"{q(name)} AS {alias}, " for alias, name in own.items())
         self.table = f"SELECT {columns}true AS __exists, {_select_list(exprs)} FROM {q(layout.table)} AS t"
         self.row = apart("row", list(own.values()))
@@ -299,7 +364,7 @@ def _joined(con: Con, sides: _Sides, params: dict[str, Any], limit: int) -> pl.D
     """The survey by one hash join, for frames whose order is not the table's."""
     query = (
         f"SELECT {sides.outs}, t.__exists IS NOT NULL AS {q('exists')}"
-        + (f", coalesce(({sides.changed}), false) AS changed" if sides.compare else "")
+        + (f", coalesce(t.__exists AND ({sides.changed}), false) AS changed" if sides.compare else "")
         + f" FROM {FRAME} AS i LEFT JOIN ({sides.table}) AS t ON {sides.join}"
     )
     with registered(con, FRAME, sides.frame), memory_limited(con, limit):
