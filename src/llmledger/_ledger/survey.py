@@ -2,11 +2,12 @@
 
 The common case is a rerun of the same cell: the fact table holds the frame's
 rows in the frame's order (they were inserted from it). Then the survey is one
-scan of the table beside the frame (a positional join, no hash table): DuckDB
-compares the keys and copied inputs row by row, and only the per-row facts come
-back. When the orders differ (a shuffled or filtered frame, a table fed by other
-frames) it falls back to one hash join in DuckDB and puts the rows back in frame
-order.
+scan of the table beside the frame, no hash table: for plain key and input types
+a scan on every thread whose keys and inputs polars compares with the frame's
+(`_scanned`), for the others DuckDB's positional join (`_positional`). When the
+orders differ (a shuffled or filtered frame, a table fed by other frames) it
+falls back to one hash join and puts the rows back in frame order; PostgreSQL,
+whose tables keep no order, always joins. A table with no rows is not read.
 """
 
 from __future__ import annotations

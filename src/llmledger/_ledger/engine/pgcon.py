@@ -209,9 +209,9 @@ class PgCon:
 
     def frame(self, sql: str, params: Any = None) -> pl.DataFrame:
         """A query's whole result as polars, sent by the server as CSV (`COPY (query) TO STDOUT`) and parsed by
-        polars: a survey of 1,000,000 rows came back in about 0.5 s this way, against 2.3 s fetching them as Python
-        tuples and building the frame from those, and without holding the million tuples. A result with a column of
-        another type (`_CSV_OUT`) is fetched as `sql` fetches it."""
+        polars: the survey of 1,000,000 rows, its query included, took 3.8 s this way against 5.0 s fetching them
+        as Python tuples and building the frame from those, and grew the process by 41 MB rather than 304 MB. A
+        result with a column of another type (`_CSV_OUT`) is fetched as `sql` fetches it."""
         psycopg = _psycopg()
         # no parameters as None, not {}: psycopg's execute reads "%%" as "%" given {}, its copy only given some (a
         # key column named "id%" was sent as "id%%")
