@@ -234,8 +234,6 @@ def _scanned(con: Con, sides: _Sides, params: dict[str, Any], limit: int, *, inl
     height, frame = sides.frame.height, sides.frame
     if not height:
         return _absent(0, sides.exprs, sides.compare)
-    keys = [(alias, name) for alias, name in sides.own.items() if alias.startswith("__k")]
-    inputs = [(alias, name) for alias, name in sides.own.items() if alias.startswith("__m")]
     query = f"SELECT * FROM ({sides.table}{_limit(con, sides)}) AS t"
     query, left = _inlined(query, params) if inline else (query, _used(params, query))
     parts: list[pl.DataFrame] = []
@@ -244,11 +242,12 @@ def _scanned(con: Con, sides: _Sides, params: dict[str, Any], limit: int, *, inl
         for batch in arrow_batches(con.sql(query, params=left), BATCH_ROWS):
             part = cast(pl.DataFrame, pl.from_arrow(batch)).head(height - at)
             mine = frame.slice(at, part.height)
-            if not all(part[alias].eq_missing(mine[name]).all() for alias, name in keys):
+            if not all(part[alias].eq_missing(mine[name]).all() for alias, name in sides.keys.items()):
                 return None
             facts = [pl.col("__" + name).alias(name) for name in sides.exprs] + [pl.lit(True).alias("exists")]
             if sides.compare:
-                changed = pl.any_horizontal([part[alias].ne_missing(mine[name]) for alias, name in inputs] or [False])
+                differs = [part[alias].ne_missing(mine[name]) for alias, name in sides.inputs.items()]
+                changed = pl.any_horizontal(differs or [False])
                 facts.append(changed.alias("changed"))
             parts.append(part.select(facts))
             at += part.height
@@ -271,7 +270,8 @@ class _Sides:
         self.table_name, self.exprs, self.compare = layout.table, exprs, compare
         keys = {f"__k{n}": name for n, name in enumerate(layout.key)}
         inputs = {f"__m{n}": name for n, name in enumerate(layout.mirror if compare else [])}
-        self.own = own = {**keys, **inputs}  # llmledger's name -> the user's
+        self.keys, self.inputs = keys, inputs  # llmledger's name -> the user's
+        self.own = own = {**keys, **inputs}
         columns = "".join(f"{q(name)} AS {alias}, " for alias, name in own.items())
         self.table = f"SELECT {columns}true AS __exists, {_select_list(exprs)} FROM {q(layout.table)} AS t"
         self.row = apart("row", list(own.values()))
