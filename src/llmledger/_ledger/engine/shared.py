@@ -155,7 +155,12 @@ def arrow_batches(relation: duckdb.DuckDBPyRelation, rows: int) -> Iterator[Any]
         return
     # DuckDB 2 deprecates fetch_arrow_reader for to_arrow_reader, which 1.x lacks
     read = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
-    yield from read(rows)
+    try:
+        yield from read(rows)
+    except OSError as exc:  # Arrow's reader hands DuckDB's out-of-memory on as an OSError: give it back its kind,
+        if "Out of Memory" in str(exc):  # which the transaction retries without the lowered limit (`unlimited`)
+            raise duckdb.OutOfMemoryException(str(exc)) from exc
+        raise
 
 
 def result_frames(con: Any, query: str, params: dict[str, Any], rows: int) -> list[pl.DataFrame]:
